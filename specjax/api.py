@@ -1,0 +1,206 @@
+"""`generate` and `speculative_generate`: validated entry points.
+
+Everything shape- or value-related is checked here, on the host, before the
+jitted loop runs, so misuse gets a ValueError/TypeError naming the argument
+rather than an XLA error (or a silent clamp) from deep inside.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.generation import AutoregressiveDecoder, GenerationOutput, SpeculativeDecoder
+from specjax.protocol import check_model
+from specjax.sampling import SamplingConfig
+from specjax.verify import rejection_verify
+
+__all__ = ["generate", "speculative_generate", "required_cache_len"]
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+  if value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+  return int(value)
+
+
+def _is_concrete(x) -> bool:
+  return not isinstance(x, jax.core.Tracer)
+
+
+def _check_prompts(prompts, prompt_lengths):
+  if not hasattr(prompts, "shape") or not hasattr(prompts, "dtype"):
+    prompts = np.asarray(prompts)
+  if prompts.ndim != 2:
+    raise ValueError(f"prompts must be 2-D [batch, prompt_len], got shape {tuple(prompts.shape)}")
+  if not jnp.issubdtype(prompts.dtype, jnp.integer):
+    raise TypeError(f"prompts must hold integer token ids, got dtype {prompts.dtype}")
+  b, p = prompts.shape
+  if b < 1 or p < 1:
+    raise ValueError(f"prompts must have batch >= 1 and length >= 1, got shape {(b, p)}")
+  if prompt_lengths is None:
+    prompt_lengths = np.full((b,), p, np.int32)
+  if not hasattr(prompt_lengths, "shape"):
+    prompt_lengths = np.asarray(prompt_lengths)
+  if prompt_lengths.ndim != 1 or prompt_lengths.shape[0] != b:
+    raise ValueError(
+        f"prompt_lengths must have shape [batch] = ({b},) to match prompts {(b, p)}, "
+        f"got {tuple(prompt_lengths.shape)}")
+  if not jnp.issubdtype(prompt_lengths.dtype, jnp.integer):
+    raise TypeError(f"prompt_lengths must be integers, got dtype {prompt_lengths.dtype}")
+  if _is_concrete(prompt_lengths):
+    lens = np.asarray(prompt_lengths)
+    bad = np.nonzero((lens < 1) | (lens > p))[0]
+    if bad.size:
+      raise ValueError(
+          f"prompt_lengths must lie in [1, {p}] (the padded prompt length); row {bad[0]} "
+          f"has {lens[bad[0]]} ({bad.size} rows out of range)")
+  return jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32)
+
+
+def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
+  if key is None:
+    if not sampling.is_greedy:
+      raise ValueError("key is required when sampling (temperature > 0); pass "
+                       "jax.random.key(seed) or one key per row")
+    key = jax.random.key(0)
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.dtype != jnp.uint32 or key.ndim not in (1, 2):
+      raise TypeError(f"key must be a PRNG key (jax.random.key / PRNGKey) or one per row, got "
+                      f"dtype {key.dtype} shape {tuple(key.shape)}")
+    key = jax.random.wrap_key_data(key)
+  if key.ndim == 0:
+    return jax.random.split(key, batch)
+  if key.shape == (batch,):
+    return key
+  raise ValueError(f"key must be a single key or one key per row (shape ({batch},)), "
+                   f"got key shape {tuple(key.shape)}")
+
+
+def required_cache_len(model, prompt_len: int, max_new_tokens: int, gamma: int = 0) -> int:
+  """Slots a cache needs for `max_new_tokens` after a prompt of padded length
+  `prompt_len`, with `gamma` drafts per iteration (0 for autoregressive)."""
+  return model.prefill_positions(prompt_len) + max_new_tokens + gamma - 1
+
+
+def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len):
+  need = required_cache_len(model, prompt_len, max_new, gamma)
+  if cache is None:
+    if cache_len is None:
+      cache_len = need
+    cache_len = _check_int("cache_len", cache_len, 1)
+    if cache_len < need:
+      raise ValueError(
+          f"cache_len={cache_len} is too short: prompt ({prompt_len} tokens → "
+          f"{model.prefill_positions(prompt_len)} positions) + max_new_tokens ({max_new}) "
+          f"+ gamma ({gamma}) needs {need} slots")
+    return model.init_cache(batch, cache_len, prompt_len)
+  cache_b = cache.lengths.shape[0]
+  if cache_b != batch:
+    raise ValueError(f"{name} has batch {cache_b}, prompts have batch {batch}")
+  if cache.max_len < need:
+    raise ValueError(
+        f"{name} has {cache.max_len} slots; prompt ({prompt_len} tokens) + max_new_tokens "
+        f"({max_new}) + gamma ({gamma}) needs {need}")
+  return cache
+
+
+def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size):
+  max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
+  if not isinstance(sampling, SamplingConfig):
+    raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+  if eos_id is not None:
+    eos_id = _check_int("eos_id", eos_id, 0)
+    if eos_id >= vocab_size:
+      raise ValueError(f"eos_id must lie in [0, {vocab_size}) (the vocabulary), got {eos_id}")
+  pad_id = _check_int("pad_id", pad_id, 0)
+  return max_new_tokens, eos_id, pad_id
+
+
+def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
+             sampling: SamplingConfig = SamplingConfig(), key=None, eos_id: Optional[int] = None,
+             pad_id: int = 0, cache=None, cache_len: Optional[int] = None) -> GenerationOutput:
+  """Autoregressive decoding, one jitted `lax.while_loop`.
+
+  Args:
+    model: a `specjax.protocol.LanguageModel` (e.g. `DecoderLM`, `T5`).
+    params: its parameters.
+    prompts: int `[B, P]` right-padded prompts (encoder inputs for T5).
+    prompt_lengths: int `[B]` in [1, P]; default all P.
+    max_new_tokens: N, tokens to generate per row (EOS included).
+    sampling: a `SamplingConfig` (temperature 0 = greedy).
+    key: a PRNG key, or one per row (`[B]`) for batch-independent rows;
+      required unless greedy.
+    eos_id: a row stops after emitting it; None: rows run to N.
+    pad_id: fills output slots past each row's length.
+    cache: a cache from `model.init_cache` to reuse (donated); or
+    cache_len: slots of the cache to allocate (default: the minimum).
+
+  Returns:
+    `GenerationOutput` (tokens `[B, N]`, lengths `[B]`, stats, final cache).
+  """
+  check_model(model, "model")
+  max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
+                                                 model.vocab_size)
+  prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
+  b, p = prompts.shape
+  cache = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len)
+  keys = _row_keys(key, b, sampling)
+  dec = AutoregressiveDecoder(model, sampling, max_new_tokens, eos_id, pad_id)
+  return dec.run(params, prompts, prompt_lengths, keys, cache)
+
+
+def speculative_generate(target, target_params, draft, draft_params, prompts,
+                         prompt_lengths=None, *, max_new_tokens: int, gamma: int = 4,
+                         sampling: SamplingConfig = SamplingConfig(), key=None,
+                         eos_id: Optional[int] = None, pad_id: int = 0, target_cache=None,
+                         draft_cache=None, cache_len: Optional[int] = None,
+                         verify_fn: Callable = rejection_verify) -> GenerationOutput:
+  """Exact speculative decoding (draft γ, verify once), one jitted while_loop.
+
+  The output has exactly the distribution of `generate(target, ...)` with the
+  same `sampling` (greedy: the very same tokens). Every row accepts its own
+  number of drafts per iteration and rolls back its own caches.
+
+  Args:
+    target, target_params: the model whose distribution is sampled.
+    draft, draft_params: the proposal model; same vocabulary as the target.
+    prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id:
+      as in `generate`.
+    gamma: γ ≥ 1 drafts per iteration (static: one compilation per value).
+    target_cache, draft_cache: caches to reuse (donated), or `cache_len` for
+      both (default: the minimum).
+    verify_fn: the accept/reject rule (`specjax.verify`); the default is exact.
+
+  Returns:
+    `GenerationOutput` with acceptance statistics.
+  """
+  check_model(target, "target")
+  check_model(draft, "draft")
+  if target.vocab_size != draft.vocab_size:
+    raise ValueError(
+        f"draft vocab_size ({draft.vocab_size}) must equal target vocab_size "
+        f"({target.vocab_size}): both must share one tokenizer")
+  gamma = _check_int("gamma", gamma, 1)
+  if not callable(verify_fn):
+    raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
+  max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
+                                                 target.vocab_size)
+  prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
+  b, p = prompts.shape
+  target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens, gamma,
+                              cache_len)
+  draft_cache = _check_cache("draft_cache", draft, draft_cache, b, p, max_new_tokens, gamma,
+                             cache_len)
+  keys = _row_keys(key, b, sampling)
+  dec = SpeculativeDecoder(target, draft, gamma, sampling, max_new_tokens, eos_id, pad_id,
+                           verify_fn)
+  return dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
+                 draft_cache)

@@ -1,0 +1,279 @@
+"""Chinchilla-style decoder-only language model with a static KV cache.
+
+Pre-norm transformer: RMSNorm, rotary positions, SwiGLU MLP, multi-head or
+grouped-query attention, tied or untied embeddings, no biases. `DecoderLM`
+follows `specjax.protocol.LanguageModel`.
+
+Parameter tree (all kernels `[in..., out...]`):
+
+  embed/embedding [V, E]
+  layer_{i}/attn_norm/scale [E]
+  layer_{i}/{q [E, H, D], k [E, K, D], v [E, K, D], o [H, D, E]}/kernel
+  layer_{i}/mlp_norm/scale [E]
+  layer_{i}/{gate [E, F], up [E, F], down [F, E]}/kernel
+  final_norm/scale [E]
+  lm_head/kernel [E, V]        (absent when embeddings are tied)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from specjax.models.layers import KVCache, RMSNorm, apply_rope, attend, valid_mask, write_rows
+
+__all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_positive_int(name: str, value: Any) -> None:
+  if isinstance(value, bool) or not isinstance(value, int):
+    raise TypeError(f"{name} must be an int, got {value!r}")
+  if value <= 0:
+    raise ValueError(f"{name} must be > 0, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+  """Shape and numerics of a decoder-only LM (frozen, hashable).
+
+  Attributes:
+    vocab_size: V.
+    d_model: E.
+    num_layers: L.
+    num_heads: H query heads.
+    num_kv_heads: K key/value heads (K == H: multi-head; K < H: grouped-query;
+      must divide H).
+    head_dim: D.
+    mlp_dim: F, the SwiGLU hidden width.
+    tie_embeddings: output projection = embedding transposed.
+    rope_theta: rotary base.
+    norm_eps: RMSNorm epsilon.
+    dtype: compute dtype name; param_dtype: parameter dtype name.
+  """
+
+  vocab_size: int
+  d_model: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  tie_embeddings: bool = False
+  rope_theta: float = 10000.0
+  norm_eps: float = 1e-6
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+
+  def __post_init__(self):
+    for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
+                 "head_dim", "mlp_dim"):
+      _check_positive_int(name, getattr(self, name))
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(
+          f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim must be even for rotary positions, got {self.head_dim}")
+    for name in ("dtype", "param_dtype"):
+      if getattr(self, name) not in _DTYPES:
+        raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
+
+  def num_params(self) -> int:
+    """Exact parameter count."""
+    e, f, v = self.d_model, self.mlp_dim, self.vocab_size
+    attn = e * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+    per_layer = attn + 3 * e * f + 2 * e
+    head = 0 if self.tie_embeddings else e * v
+    return v * e + self.num_layers * per_layer + e + head
+
+  def replace(self, **changes) -> "DecoderConfig":
+    return dataclasses.replace(self, **changes)
+
+
+def _cfg(**kw) -> DecoderConfig:
+  return DecoderConfig(**kw)
+
+
+# Named shapes. Chinchilla-70B: 80 layers, d_model 8192, 64 heads of 128,
+# vocab 32k (Hoffmann et al. 2022). Chinchilla's MLP was 4x wide with two
+# matrices; with SwiGLU's three matrices we use F = 22016 (~2/3 * 4 * E, a
+# multiple of 256), which keeps the per-layer FLOPs and gives ~65B params.
+# The 4B draft follows Chen et al. 2023's latency-first design: few, wide
+# layers (8 layers of width 6144), since a draft's sampling latency is set by
+# its depth (sequential layer steps), not its width.
+DECODER_CONFIGS: Dict[str, DecoderConfig] = {
+    "chinchilla-70b": _cfg(vocab_size=32000, d_model=8192, num_layers=80, num_heads=64,
+                           num_kv_heads=64, head_dim=128, mlp_dim=22016),
+    "chinchilla-4b-draft": _cfg(vocab_size=32000, d_model=6144, num_layers=8, num_heads=48,
+                                num_kv_heads=48, head_dim=128, mlp_dim=16384),
+    "llama-7b-like": _cfg(vocab_size=32000, d_model=4096, num_layers=32, num_heads=32,
+                          num_kv_heads=32, head_dim=128, mlp_dim=11008),
+    "draft-0.5b-like": _cfg(vocab_size=32000, d_model=1024, num_layers=24, num_heads=16,
+                            num_kv_heads=16, head_dim=64, mlp_dim=2816),
+    # Small CPU sizes.
+    "cpu-target-27m": _cfg(vocab_size=8192, d_model=512, num_layers=6, num_heads=8,
+                           num_kv_heads=8, head_dim=64, mlp_dim=1536),
+    "cpu-draft-1m": _cfg(vocab_size=8192, d_model=64, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=16, mlp_dim=192, tie_embeddings=True),
+    "tiny": _cfg(vocab_size=64, d_model=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                 head_dim=8, mlp_dim=64),
+}
+
+
+def decoder_config(name: str, **overrides) -> DecoderConfig:
+  """A named config, optionally with fields replaced (e.g. vocab_size=...)."""
+  if name not in DECODER_CONFIGS:
+    raise ValueError(f"unknown decoder config {name!r}; known: {sorted(DECODER_CONFIGS)}")
+  return DECODER_CONFIGS[name].replace(**overrides)
+
+
+def _dense(features, name, config, axis=-1):
+  return nn.DenseGeneral(
+      features, axis=axis, use_bias=False, name=name, dtype=jnp.dtype(config.dtype),
+      param_dtype=jnp.dtype(config.param_dtype),
+      kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"))
+
+
+class _Block(nn.Module):
+  config: DecoderConfig
+
+  @nn.compact
+  def __call__(self, x_BTE, positions_BT, cache: KVCache, layer: int):
+    c = self.config
+    norm = lambda name: RMSNorm(c.norm_eps, jnp.dtype(c.dtype), jnp.dtype(c.param_dtype), name=name)
+    h_BTE = norm("attn_norm")(x_BTE)
+    q = _dense((c.num_heads, c.head_dim), "q", c)
+    k = _dense((c.num_kv_heads, c.head_dim), "k", c)
+    v = _dense((c.num_kv_heads, c.head_dim), "v", c)
+    o = _dense(c.d_model, "o", c, axis=(-2, -1))
+    q_BTHD = apply_rope(q(h_BTE), positions_BT, c.rope_theta)
+    k_BTKD = apply_rope(k(h_BTE), positions_BT, c.rope_theta)
+    v_BTKD = v(h_BTE)
+    new_k = write_rows(cache.k, layer, k_BTKD, cache.lengths)
+    new_v = write_rows(cache.v, layer, v_BTKD, cache.lengths)
+    mask_BTS = valid_mask(positions_BT, cache.max_len)
+    att_BTHD = attend(q_BTHD, new_k[layer], new_v[layer], mask_BTS,
+                      scale=c.head_dim ** -0.5)
+    x_BTE = x_BTE + o(att_BTHD)
+    h_BTE = norm("mlp_norm")(x_BTE)
+    gate = _dense(c.mlp_dim, "gate", c)(h_BTE)
+    up = _dense(c.mlp_dim, "up", c)(h_BTE)
+    x_BTE = x_BTE + _dense(c.d_model, "down", c)(nn.silu(gate) * up)
+    return x_BTE, cache.replace(k=new_k, v=new_v)
+
+
+class DecoderModule(nn.Module):
+  """The Flax module. `__call__` returns final-normed hidden states and the cache."""
+
+  config: DecoderConfig
+
+  def setup(self):
+    c = self.config
+    self.embed = nn.Embed(c.vocab_size, c.d_model, dtype=jnp.dtype(c.dtype),
+                          param_dtype=jnp.dtype(c.param_dtype),
+                          embedding_init=nn.initializers.normal(1.0))
+    self.layers = [_Block(c, name=f"layer_{i}") for i in range(c.num_layers)]
+    self.final_norm = RMSNorm(c.norm_eps, jnp.dtype(c.dtype), jnp.dtype(c.param_dtype))
+    if not c.tie_embeddings:
+      self.lm_head = _dense(c.vocab_size, "lm_head", c)
+
+  def __call__(self, tokens_BT: jax.Array, cache: KVCache) -> Tuple[jax.Array, KVCache]:
+    t = tokens_BT.shape[1]
+    positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    x_BTE = self.embed(tokens_BT)
+    for i, block in enumerate(self.layers):
+      x_BTE, cache = block(x_BTE, positions_BT, cache, i)
+    cache = cache.replace(lengths=cache.lengths + t)
+    return self.final_norm(x_BTE), cache
+
+  def init_all(self, tokens_BT: jax.Array, cache: KVCache) -> jax.Array:
+    """Touches every parameter (used by `DecoderLM.init`)."""
+    h_BTE, _ = self(tokens_BT, cache)
+    return self.project(h_BTE)
+
+  def project(self, h_xE: jax.Array) -> jax.Array:
+    """Hidden states `[..., E]` → float32 logits `[..., V]`."""
+    if self.config.tie_embeddings:
+      logits = self.embed.attend(h_xE)
+    else:
+      logits = self.lm_head(h_xE)
+    return logits.astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderLM:
+  """A decoder-only LM following `specjax.protocol.LanguageModel`.
+
+  Example:
+    >>> lm = DecoderLM(decoder_config("tiny"))
+    >>> params = lm.init(jax.random.PRNGKey(0))
+    >>> cache = lm.init_cache(batch_size=2, max_len=32, prompt_len=8)
+  """
+
+  config: DecoderConfig
+
+  @property
+  def vocab_size(self) -> int:
+    return self.config.vocab_size
+
+  @property
+  def module(self) -> DecoderModule:
+    return DecoderModule(self.config)
+
+  def init(self, key: jax.Array) -> Dict[str, Any]:
+    """Random parameters (the `params` collection)."""
+    cache = self.init_cache(1, 2, 2)
+    variables = self.module.init(key, jnp.zeros((1, 2), jnp.int32), cache,
+                                 method=DecoderModule.init_all)
+    return variables["params"]
+
+  def init_cache(self, batch_size: int, max_len: int, prompt_len: int = 0) -> KVCache:
+    """An empty `KVCache` with `max_len` slots (prompt_len is unused)."""
+    _check_positive_int("batch_size", batch_size)
+    _check_positive_int("max_len", max_len)
+    c = self.config
+    return KVCache.zeros(c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim,
+                         jnp.dtype(c.dtype))
+
+  def prefill_positions(self, prompt_len: int) -> int:
+    return prompt_len
+
+  def extend_with_hidden(self, params, tokens_BT: jax.Array,
+                         cache: KVCache) -> Tuple[jax.Array, jax.Array, KVCache]:
+    """Like `extend`, also returning the final hidden states `[B, T, E]`."""
+    module = self.module
+    h_BTE, cache = module.apply({"params": params}, tokens_BT, cache)
+    logits = module.apply({"params": params}, h_BTE, method=DecoderModule.project)
+    return logits, h_BTE, cache
+
+  def extend(self, params, tokens_BT: jax.Array, cache: KVCache) -> Tuple[jax.Array, KVCache]:
+    """Writes `tokens_BT` at each row's length; returns logits `[B, T, V]`, cache."""
+    logits, _, cache = self.extend_with_hidden(params, tokens_BT, cache)
+    return logits, cache
+
+  def prefill(self, params, prompts_BP: jax.Array, prompt_lengths_B: jax.Array,
+              cache: KVCache) -> Tuple[jax.Array, jax.Array, KVCache]:
+    """Fills the cache with right-padded prompts; next-token logits `[B, V]`."""
+    p = prompts_BP.shape[1]
+    if p > cache.max_len:
+      raise ValueError(f"prompts length {p} exceeds the cache's {cache.max_len} slots")
+    module = self.module
+    cache = cache.replace(lengths=jnp.zeros_like(cache.lengths))
+    h_BPE, cache = module.apply({"params": params}, prompts_BP, cache)
+    last_B = prompt_lengths_B.astype(jnp.int32) - 1
+    h_BE = jnp.take_along_axis(h_BPE, last_B[:, None, None], axis=1)[:, 0]
+    logits_BV = module.apply({"params": params}, h_BE, method=DecoderModule.project)
+    last_token_B = jnp.take_along_axis(prompts_BP, last_B[:, None], axis=1)[:, 0]
+    return logits_BV, last_token_B.astype(jnp.int32), cache.replace(
+        lengths=prompt_lengths_B.astype(jnp.int32))
+
+  def forward(self, params, tokens_BT: jax.Array) -> jax.Array:
+    """Full causal forward without a persistent cache: logits `[B, T, V]`."""
+    b, t = tokens_BT.shape
+    logits, _ = self.extend(params, tokens_BT, self.init_cache(b, t))
+    return logits

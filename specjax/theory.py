@@ -1,0 +1,506 @@
+"""Analytic results for speculative decoding (Leviathan, Kalman, Matias 2023).
+
+Closed-form predictions of arXiv 2211.17192 ("Fast Inference from
+Transformers via Speculative Decoding", §3), as small pure numpy functions.
+They are used to set γ, to predict a speedup before a run, and to check a
+measured run against the model afterwards.
+
+Notation (the paper's):
+
+  p       the draft (approximation) model's next-token distribution,
+  q       the target model's next-token distribution,
+  β       the acceptance rate of one step, Σ_x min(p(x), q(x)),
+  α       the expected acceptance rate E[β] over prefixes,
+  γ       the number of draft tokens per iteration (``gamma``),
+  c       the cost coefficient t_draft_step / t_target_step,
+  ĉ       the ratio of arithmetic operations per token, draft / target.
+
+Every prediction except `acceptance_rate` rests on the paper's simplifying
+assumption that the β of successive positions are i.i.d. with mean α. Real
+acceptance is correlated (easy stretches accept whole blocks), so compare a
+measured run with `walltime_improvement_from_tokens` built on the measured
+mean tokens per target call, not with α alone.
+
+Conventions: arguments are Python scalars or array-likes and broadcast
+against each other with numpy's rules; a function returns a Python ``float``
+(or ``int``) when every input is a scalar and an ``np.ndarray`` otherwise.
+Invalid input raises ``TypeError`` (wrong kind: a string, a bool, a
+non-integer γ) or ``ValueError`` (wrong value or shape); each message names
+the argument, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Tuple
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+__all__ = [
+    "acceptance_rate",
+    "expected_tokens_per_call",
+    "walltime_improvement",
+    "walltime_improvement_from_tokens",
+    "optimal_gamma",
+    "optimal_gamma_and_improvement",
+    "operations_factor",
+    "breakeven_alpha",
+    "improvement_lower_bound",
+    "expected_accepted_histogram",
+]
+
+Number = float | np.ndarray
+
+# -----------------------------------------------------------------------------
+# Validation helpers.
+# -----------------------------------------------------------------------------
+
+
+def _first_bad(arr: np.ndarray, bad: np.ndarray) -> str:
+  """Describes the first offending entry of `arr` (where `bad` is True)."""
+  if arr.ndim == 0:
+    return repr(arr.item())
+  count = int(np.count_nonzero(bad))
+  index = tuple(int(i) for i in np.argwhere(bad)[0])
+  return f"{arr[index].item()!r} at index {index} ({count} invalid entries)"
+
+
+def _real(name: str, value: ArrayLike) -> np.ndarray:
+  """Converts `value` to a float64 array of finite real numbers."""
+  if isinstance(value, (str, bytes)):
+    raise TypeError(
+        f"{name} must be a real number or an array-like of real numbers, "
+        f"got the string {value!r}")
+  try:
+    arr = np.asarray(value)
+  except (ValueError, TypeError) as e:
+    raise ValueError(
+        f"{name} must be a real number or a rectangular array-like of real "
+        f"numbers, got {value!r} ({e})") from None
+  if arr.dtype.kind not in "iuf":
+    raise TypeError(
+        f"{name} must be a real number or an array-like of real numbers "
+        f"(int or float dtype), got {value!r} with dtype {arr.dtype}")
+  arr = arr.astype(np.float64)
+  bad = ~np.isfinite(arr)
+  if bad.any():
+    raise ValueError(
+        f"{name} must be finite, got {_first_bad(arr, bad)}")
+  return arr
+
+
+def _in_unit_interval(name: str, value: ArrayLike) -> np.ndarray:
+  arr = _real(name, value)
+  bad = (arr < 0) | (arr > 1)
+  if bad.any():
+    raise ValueError(
+        f"{name} must lie in [0, 1], got {_first_bad(arr, bad)}")
+  return arr
+
+
+def _non_negative(name: str, value: ArrayLike) -> np.ndarray:
+  arr = _real(name, value)
+  bad = arr < 0
+  if bad.any():
+    raise ValueError(f"{name} must be >= 0, got {_first_bad(arr, bad)}")
+  return arr
+
+
+def _positive(name: str, value: ArrayLike) -> np.ndarray:
+  arr = _real(name, value)
+  bad = arr <= 0
+  if bad.any():
+    raise ValueError(f"{name} must be > 0, got {_first_bad(arr, bad)}")
+  return arr
+
+
+def _integer(name: str, value: ArrayLike, minimum: int) -> np.ndarray:
+  """Converts `value` to an int64 array of integers >= `minimum`."""
+  if isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be an integer >= {minimum}, got the bool "
+                    f"{value!r}")
+  if isinstance(value, (str, bytes)):
+    raise TypeError(f"{name} must be an integer >= {minimum}, got the string "
+                    f"{value!r}")
+  try:
+    arr = np.asarray(value)
+  except (ValueError, TypeError) as e:
+    raise ValueError(
+        f"{name} must be an integer or a rectangular array-like of integers, "
+        f"got {value!r} ({e})") from None
+  if arr.dtype.kind not in "iu":
+    raise TypeError(
+        f"{name} must be an integer (a Python int, numpy integer or integer "
+        f"array) >= {minimum}, got {value!r} with dtype {arr.dtype}")
+  arr = arr.astype(np.int64)
+  bad = arr < minimum
+  if bad.any():
+    raise ValueError(
+        f"{name} must be an integer >= {minimum}, got {_first_bad(arr, bad)}")
+  return arr
+
+
+def _scalar_int(name: str, value: object, minimum: int) -> int:
+  """Validates a scalar integer argument (a size, not a broadcast operand)."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(
+      value, numbers.Integral):
+    raise TypeError(
+        f"{name} must be a scalar integer >= {minimum}, got {value!r} of type "
+        f"{type(value).__name__}")
+  if value < minimum:
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+  return int(value)
+
+
+def _broadcast(**named: np.ndarray) -> Tuple[np.ndarray, ...]:
+  """Broadcasts the arrays together, naming them when their shapes clash."""
+  try:
+    return tuple(np.broadcast_arrays(*named.values()))
+  except ValueError:
+    shapes = ", ".join(f"{k} shape {v.shape}" for k, v in named.items())
+    raise ValueError(
+        f"arguments do not broadcast together: {shapes}") from None
+
+
+def _out(x: np.ndarray) -> Number:
+  """A Python float for a 0-d result, the array otherwise."""
+  x = np.asarray(x)
+  return float(x) if x.ndim == 0 else x
+
+
+def _tokens(alpha: np.ndarray, gamma: np.ndarray) -> np.ndarray:
+  """(1 − α^{γ+1}) / (1 − α) on validated, broadcast arrays.
+
+  Written as −expm1((γ+1)·log α) / (1 − α), which is accurate to a few ulps
+  for every α in [0, 1] (no cancellation as α → 1); α = 1 takes the exact
+  limit γ + 1, and the result is clipped to its true range [1, γ + 1].
+  """
+  n = gamma.astype(np.float64) + 1.0
+  with np.errstate(divide="ignore", invalid="ignore"):
+    t = -np.expm1(n * np.log(alpha)) / (1.0 - alpha)
+  t = np.where(alpha == 1.0, n, t)
+  return np.clip(t, 1.0, n)
+
+
+# -----------------------------------------------------------------------------
+# The acceptance rate.
+# -----------------------------------------------------------------------------
+
+
+def acceptance_rate(p: ArrayLike, q: ArrayLike, axis: int = -1,
+                    atol: float = 1e-5) -> Number:
+  """β = Σ_x min(p(x), q(x)) = 1 − TV(p, q), the chance a draft is accepted.
+
+  Leviathan et al. 2023, Theorem 3.5 and Corollary 3.6: with draft p and
+  target q, speculative sampling accepts the drafted token with probability
+  β = Σ_x min(p(x), q(x)) = 1 − D_LK(p, q), where D_LK is the total
+  variation distance ½ Σ_x |p(x) − q(x)|. α = E[β] over prefixes.
+
+  Args:
+    p: draft distribution(s): non-negative, summing to 1 along `axis`.
+      Leading (and trailing) dimensions are batch dimensions.
+    q: target distribution(s), same shape as `p` and the same conditions.
+    axis: the vocabulary axis (an int within p's dimensions).
+    atol: tolerance (>= 0) on |Σ p − 1| and |Σ q − 1|; default 1e-5.
+
+  Returns:
+    β in [0, 1]: a float for 1-D inputs, else an array of p's shape without
+    `axis`. (Sums within the tolerance could give β a hair above 1; it is
+    clipped to 1.)
+  """
+  p_arr = _real("p", p)
+  q_arr = _real("q", q)
+  if p_arr.shape != q_arr.shape:
+    raise ValueError(
+        f"p and q must have the same shape, got p.shape={p_arr.shape} and "
+        f"q.shape={q_arr.shape}")
+  if p_arr.ndim == 0:
+    raise ValueError(
+        "p and q must be probability vectors (at least 1-D), got scalars "
+        f"p={p_arr.item()!r}, q={q_arr.item()!r}")
+  if isinstance(axis, (bool, np.bool_)) or not isinstance(
+      axis, numbers.Integral):
+    raise TypeError(f"axis must be an int, got {axis!r} of type "
+                    f"{type(axis).__name__}")
+  if not -p_arr.ndim <= axis < p_arr.ndim:
+    raise ValueError(
+        f"axis must be in [{-p_arr.ndim}, {p_arr.ndim - 1}] for p and q of "
+        f"shape {p_arr.shape}, got {axis}")
+  tol = float(_non_negative("atol", atol))
+  for name, arr in (("p", p_arr), ("q", q_arr)):
+    bad = arr < 0
+    if bad.any():
+      raise ValueError(f"{name} must be non-negative (a probability vector), "
+                       f"got {_first_bad(arr, bad)}")
+    sums = arr.sum(axis=axis)
+    bad = np.abs(sums - 1.0) > tol
+    if bad.any():
+      raise ValueError(
+          f"{name} must sum to 1 along axis {axis} (tolerance {tol:g}), got "
+          f"sum {_first_bad(sums, bad)}")
+  beta = np.minimum(p_arr, q_arr).sum(axis=axis)
+  return _out(np.clip(beta, 0.0, 1.0))
+
+
+# -----------------------------------------------------------------------------
+# Tokens per call, walltime and operations (i.i.d. model).
+# -----------------------------------------------------------------------------
+
+
+def expected_tokens_per_call(alpha: ArrayLike, gamma: ArrayLike) -> Number:
+  """Expected tokens produced per target call: (1 − α^{γ+1}) / (1 − α).
+
+  Leviathan et al. 2023, Equation (1) (§3.3): with i.i.d. acceptances of
+  mean α, the number of accepted drafts is a capped geometric variable and
+  each iteration also emits one corrected or bonus token, so an iteration
+  (one target call) yields 1 + α + … + α^γ tokens on average.
+
+  The α → 1 limit γ + 1 is returned exactly (no 0/0), α = 0 gives 1, and
+  γ = 0 (plain decoding) gives 1 for every α.
+
+  Args:
+    alpha: expected acceptance rate(s), in [0, 1].
+    gamma: draft length(s), integer(s) >= 0.
+
+  Returns:
+    The expected tokens per call, in [1, γ + 1].
+  """
+  a = _in_unit_interval("alpha", alpha)
+  g = _integer("gamma", gamma, 0)
+  a, g = _broadcast(alpha=a, gamma=g)
+  return _out(_tokens(a, g))
+
+
+def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike,
+                         c: ArrayLike) -> Number:
+  """Expected walltime speedup: (1 − α^{γ+1}) / ((1 − α)(γc + 1)).
+
+  Leviathan et al. 2023, Theorem 3.8: one iteration costs γ draft steps and
+  one target call (assumed to cost the same as one target decode step, since
+  verifying γ + 1 tokens in parallel is ~free on idle hardware), i.e.
+  (γc + 1) target-step units, and yields `expected_tokens_per_call` tokens.
+
+  Args:
+    alpha: expected acceptance rate(s), in [0, 1].
+    gamma: draft length(s), integer(s) >= 0 (γ = 0 gives exactly 1).
+    c: cost coefficient(s) t_draft_step / t_target_step, >= 0.
+
+  Returns:
+    The speedup factor over plain target decoding, in (0, γ + 1].
+  """
+  a = _in_unit_interval("alpha", alpha)
+  g = _integer("gamma", gamma, 0)
+  cc = _non_negative("c", c)
+  a, g, cc = _broadcast(alpha=a, gamma=g, c=cc)
+  return _out(_tokens(a, g) / (g * cc + 1.0))
+
+
+def walltime_improvement_from_tokens(tokens_per_call: ArrayLike,
+                                     gamma: ArrayLike, c: ArrayLike,
+                                     verify_cost: ArrayLike = 1.0) -> Number:
+  """Speedup predicted from MEASURED tokens per call and component costs.
+
+  tokens_per_call / (γ·c + verify_cost), where
+
+    c           = t_draft_step / t_target_step,
+    verify_cost = t_verify(γ + 1 tokens) / t_target_step
+                  (1.0 = the paper's assumption that verification is free).
+
+  Why (specjax BRIEF §2): the closed forms above assume the β of successive
+  positions are i.i.d. with mean α. They are not — acceptances cluster (an
+  easy stretch accepts the whole block), so the mean tokens per call can
+  exceed (1 − α^{γ+1}) / (1 − α) for the measured α. Leviathan's own CNN/DM
+  temperature-0 row (α 0.65, γ 5) measured 3.1×, above the c = 0 bound of
+  2.64× that α implies. A run should therefore be checked against this
+  function fed with the measured mean tokens per target call (accepted drafts
+  + 1, averaged over iterations) and the measured step times: given those,
+  the speedup (n_tokens · t_target_step) / (n_calls · (γ t_draft_step +
+  t_verify)) is exactly this ratio, so a gap between it and the measured
+  speedup points at overheads (host syncs, sampling, cache bookkeeping), not
+  at the acceptance model. With verify_cost = 1 and tokens_per_call =
+  `expected_tokens_per_call(α, γ)` it equals `walltime_improvement`.
+
+  Args:
+    tokens_per_call: measured mean tokens emitted per target call, in
+      [1, γ + 1] (each call emits between 1 and γ + 1 tokens).
+    gamma: draft length(s), integer(s) >= 0.
+    c: draft-to-target step-time ratio(s), >= 0.
+    verify_cost: cost of the verify call in target decode steps, > 0.
+
+  Returns:
+    The predicted speedup factor over plain target decoding.
+  """
+  t = _real("tokens_per_call", tokens_per_call)
+  g = _integer("gamma", gamma, 0)
+  cc = _non_negative("c", c)
+  v = _positive("verify_cost", verify_cost)
+  t, g, cc, v = _broadcast(tokens_per_call=t, gamma=g, c=cc, verify_cost=v)
+  bad = (t < 1.0) | (t > g + 1.0)
+  if bad.any():
+    raise ValueError(
+        "tokens_per_call must lie in [1, gamma + 1] (a call emits between 1 "
+        f"and gamma + 1 tokens), got {_first_bad(t, bad)} with gamma "
+        f"{_first_bad(g, bad)}")
+  return _out(t / (g * cc + v))
+
+
+def _optimal(alpha: ArrayLike, c: ArrayLike,
+             max_gamma: int) -> Tuple[np.ndarray, np.ndarray]:
+  a = _in_unit_interval("alpha", alpha)
+  cc = _non_negative("c", c)
+  m = _scalar_int("max_gamma", max_gamma, 1)
+  a, cc = _broadcast(alpha=a, c=cc)
+  gammas = np.arange(1, m + 1, dtype=np.int64)
+  a_, c_ = a[..., None], cc[..., None]
+  improvement = _tokens(a_, gammas) / (gammas * c_ + 1.0)
+  best = np.argmax(improvement, axis=-1)  # First maximum: smallest γ on ties.
+  value = np.take_along_axis(improvement, best[..., None], axis=-1)[..., 0]
+  return best + 1, value
+
+
+def optimal_gamma(alpha: ArrayLike, c: ArrayLike,
+                  max_gamma: int = 32) -> int | np.ndarray:
+  """The integer γ in 1..max_gamma that maximises `walltime_improvement`.
+
+  Leviathan et al. 2023, §3.5 (Figure 3): the improvement
+  (1 − α^{γ+1}) / ((1 − α)(γc + 1)) has no closed-form maximiser, so it is
+  found by evaluating every γ in 1..max_gamma. Ties (e.g. α = 0 with c = 0,
+  where every γ gives 1) go to the smallest γ. The optimum grows with α and
+  shrinks with c; at α = 1 and c < 1 it is max_gamma.
+
+  Args:
+    alpha: expected acceptance rate(s), in [0, 1].
+    c: cost coefficient(s) t_draft_step / t_target_step, >= 0.
+    max_gamma: the largest γ searched, a scalar integer >= 1.
+
+  Returns:
+    The best γ: an int for scalar inputs, else an int64 array of the
+    broadcast shape of alpha and c. (See `optimal_gamma_and_improvement`
+    for the improvement it reaches.)
+  """
+  best, _ = _optimal(alpha, c, max_gamma)
+  return int(best) if best.ndim == 0 else best
+
+
+def optimal_gamma_and_improvement(
+    alpha: ArrayLike, c: ArrayLike, max_gamma: int = 32
+) -> Tuple[int | np.ndarray, Number]:
+  """`optimal_gamma` and the `walltime_improvement` it achieves.
+
+  Same arguments and rules as `optimal_gamma`. Returns (γ*, improvement at
+  γ*); the improvement is >= `improvement_lower_bound(alpha, c)`.
+  """
+  best, value = _optimal(alpha, c, max_gamma)
+  return (int(best) if best.ndim == 0 else best), _out(value)
+
+
+def operations_factor(alpha: ArrayLike, gamma: ArrayLike,
+                      c_hat: ArrayLike) -> Number:
+  """Factor of extra arithmetic: (1 − α)(γĉ + γ + 1) / (1 − α^{γ+1}).
+
+  Leviathan et al. 2023, Theorem 3.11: per iteration the target runs on
+  γ + 1 tokens and the draft on γ tokens (ĉ = draft operations per token /
+  target operations per token), i.e. γĉ + γ + 1 target-token units of work,
+  for `expected_tokens_per_call` tokens. The factor is always >= 1 (at most
+  γ + 1 tokens come from γĉ + γ + 1 units): speculative decoding trades extra
+  work for fewer serial calls. The α → 1 limit (γĉ + γ + 1)/(γ + 1) is
+  returned exactly.
+
+  Args:
+    alpha: expected acceptance rate(s), in [0, 1].
+    gamma: draft length(s), integer(s) >= 0 (γ = 0 gives exactly 1).
+    c_hat: operations ratio(s) draft / target per token, >= 0.
+
+  Returns:
+    The expected operations of speculative decoding over plain decoding.
+  """
+  a = _in_unit_interval("alpha", alpha)
+  g = _integer("gamma", gamma, 0)
+  ch = _non_negative("c_hat", c_hat)
+  a, g, ch = _broadcast(alpha=a, gamma=g, c_hat=ch)
+  return _out((g * ch + g + 1.0) / _tokens(a, g))
+
+
+# -----------------------------------------------------------------------------
+# Break-even and bounds.
+# -----------------------------------------------------------------------------
+
+
+def breakeven_alpha(gamma: ArrayLike, overhead: ArrayLike) -> Number:
+  """α at which speculation breaks even: (1 + γα)/(1 + ε) = 1, so α = ε/γ.
+
+  The first-order rule of thumb of specjax BRIEF §2: an iteration costs
+  (1 + ε) target steps, ε = overhead being the relative extra cost of
+  drafting plus verification (ε = γc + verify_cost − 1 in the notation of
+  `walltime_improvement_from_tokens`), and yields about 1 + γα tokens.
+  Speculation pays off for α above the returned value. It is a single-request
+  rule: under high concurrency verification stops being free (ε grows) and
+  the practical break-even is ~0.45–0.55. The linearised 1 + γα
+  overestimates the i.i.d. model's tokens (1 − α^{γ+1})/(1 − α), so this
+  threshold is a lower bound on the α that model would need.
+
+  No break-even: the raw ratio ε/γ is returned even when it exceeds 1 (it is
+  not turned into inf and does not raise). A value > 1 means no acceptance
+  rate α ∈ [0, 1] recovers the overhead at this γ; a gate `alpha >=
+  breakeven_alpha(...)` then correctly never opens.
+
+  Args:
+    gamma: draft length(s), integer(s) >= 1.
+    overhead: ε, relative extra cost per iteration, >= 0.
+
+  Returns:
+    The break-even α (>= 0; > 1 means unreachable).
+  """
+  g = _integer("gamma", gamma, 1)
+  eps = _non_negative("overhead", overhead)
+  g, eps = _broadcast(gamma=g, overhead=eps)
+  return _out(eps / g)
+
+
+def improvement_lower_bound(alpha: ArrayLike, c: ArrayLike) -> Number:
+  """(1 + α)/(1 + c): a walltime improvement the best γ is sure to reach.
+
+  Leviathan et al. 2023, Corollary 3.9: if α > c there is a γ with an
+  improvement (a factor > 1), and the factor is at least (1 + α)/(1 + c).
+  (It is `walltime_improvement(α, 1, c)`, so the optimum over γ >= 1 is
+  never below it.) The value is returned for any α and c; the condition
+  α > c is exactly when it exceeds 1 — for α <= c it is <= 1 and promises no
+  speedup (the caller checks `alpha > c`; nothing is raised).
+
+  Args:
+    alpha: expected acceptance rate(s), in [0, 1].
+    c: cost coefficient(s) t_draft_step / t_target_step, >= 0.
+
+  Returns:
+    (1 + α)/(1 + c).
+  """
+  a = _in_unit_interval("alpha", alpha)
+  cc = _non_negative("c", c)
+  a, cc = _broadcast(alpha=a, c=cc)
+  return _out((1.0 + a) / (1.0 + cc))
+
+
+def expected_accepted_histogram(alpha: ArrayLike, gamma: int) -> np.ndarray:
+  """The i.i.d. model's distribution of accepted drafts n ∈ 0..γ per iteration.
+
+  P(n = k) = α^k (1 − α) for k < γ and P(n = γ) = α^γ (Leviathan et al.
+  2023, §3.3: a geometric variable capped at γ). Its mean plus 1 (the
+  corrected or bonus token) is `expected_tokens_per_call`. Compare it with a
+  measured histogram of accepted counts: a measured histogram heavier at 0
+  and γ than this one is the signature of correlated acceptances.
+
+  Args:
+    alpha: expected acceptance rate(s), in [0, 1]; any shape.
+    gamma: the draft length, a scalar integer >= 0.
+
+  Returns:
+    Array of shape alpha.shape + (γ + 1,) whose last axis sums to 1.
+  """
+  a = _in_unit_interval("alpha", alpha)
+  g = _scalar_int("gamma", gamma, 0)
+  k = np.arange(g + 1)
+  a_ = a[..., None]
+  probs = np.power(a_, k) * (1.0 - a_)
+  probs[..., g] = np.power(a, g)
+  return probs
