@@ -1,0 +1,124 @@
+"""Reading and writing transformers-format weights, without a hub.
+
+* `load_state_dict(path)`: a `.safetensors` file, a sharded safetensors
+  index (`model.safetensors.index.json`), a directory holding either, or a
+  PyTorch `.bin` / `.pt` state dict loaded with `torch.load(weights_only=True)`
+  — never plain unpickling. Returns numpy float32 arrays by name.
+* `save_safetensors(tensors, path)`: writes one safetensors file atomically.
+* `check_state_dict(expected_shapes, tensors)`: missing, unexpected or
+  mis-shaped tensors become a ValueError that names them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Dict, Iterable, Mapping, Tuple
+
+import numpy as np
+
+__all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json", "write_json"]
+
+
+def _load_safetensors(path: str) -> Dict[str, np.ndarray]:
+  from safetensors.numpy import load_file
+  try:
+    return dict(load_file(path))
+  except Exception:  # bfloat16 tensors cannot be read by the numpy backend.
+    import torch
+    from safetensors.torch import load_file as torch_load_file
+    return {k: v.to(torch.float32).numpy() for k, v in torch_load_file(path).items()}
+
+
+def _load_torch(path: str) -> Dict[str, np.ndarray]:
+  import torch
+  state = torch.load(path, map_location="cpu", weights_only=True)
+  if not isinstance(state, Mapping):
+    raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__})")
+  return {k: v.detach().to(torch.float32).numpy() for k, v in state.items()}
+
+
+def load_state_dict(path: str) -> Dict[str, np.ndarray]:
+  """Loads transformers-format weights from a file or a checkpoint directory."""
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+      candidate = os.path.join(path, name)
+      if os.path.exists(candidate):
+        return load_state_dict(candidate)
+    raise FileNotFoundError(
+        f"{path} holds no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"checkpoint file {path} does not exist")
+  if path.endswith(".index.json"):
+    index = read_json(path)
+    folder = os.path.dirname(path)
+    out: Dict[str, np.ndarray] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+      out.update(load_state_dict(os.path.join(folder, shard)))
+    return out
+  if path.endswith(".safetensors"):
+    tensors = _load_safetensors(path)
+  elif path.endswith((".bin", ".pt", ".pth")):
+    tensors = _load_torch(path)
+  else:
+    raise ValueError(f"unknown checkpoint format for {path}: expected .safetensors, "
+                     ".safetensors.index.json, .bin, .pt or .pth")
+  return {k: np.asarray(v, np.float32) if v.dtype != np.float32 else v for k, v in tensors.items()}
+
+
+def save_safetensors(tensors: Mapping[str, np.ndarray], path: str,
+                     metadata: Mapping[str, str] | None = None) -> None:
+  """Writes `tensors` (contiguous numpy arrays) to `path` atomically."""
+  from safetensors.numpy import save_file
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+  os.close(fd)
+  try:
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp,
+              metadata=dict(metadata or {"format": "pt"}))
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def check_state_dict(expected_shapes: Mapping[str, Tuple[int, ...]],
+                     tensors: Mapping[str, np.ndarray],
+                     optional: Iterable[str] = ()) -> None:
+  """Raises ValueError naming every missing, unexpected or mis-shaped tensor.
+
+  Names in `optional` may be absent or present (e.g. a tied lm_head copy).
+  """
+  optional = set(optional)
+  missing = sorted(k for k in expected_shapes if k not in tensors and k not in optional)
+  unexpected = sorted(k for k in tensors if k not in expected_shapes)
+  misshaped = sorted(
+      f"{k}: expected {tuple(expected_shapes[k])}, got {tuple(tensors[k].shape)}"
+      for k in tensors if k in expected_shapes and tuple(tensors[k].shape) != tuple(expected_shapes[k]))
+  problems = []
+  if missing:
+    problems.append(f"missing tensors: {', '.join(missing)}")
+  if unexpected:
+    problems.append(f"unexpected tensors: {', '.join(unexpected)}")
+  if misshaped:
+    problems.append(f"mis-shaped tensors: {'; '.join(misshaped)}")
+  if problems:
+    raise ValueError("checkpoint does not match the model config — " + " | ".join(problems))
+
+
+def read_json(path: str):
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def write_json(obj, path: str) -> None:
+  """Writes JSON atomically (temp file + rename)."""
+  folder = os.path.dirname(os.path.abspath(path))
+  os.makedirs(folder, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+  with os.fdopen(fd, "w", encoding="utf-8") as f:
+    json.dump(obj, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
