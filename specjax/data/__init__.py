@@ -1,0 +1,63 @@
+"""Offline datasets for the speculative-decoding experiments.
+
+One interface for every task (see `specjax.data.tasks` for the table):
+
+  build_task(task, cache_dir, options=None, *, overwrite=False,
+             show_progress=True, **option_overrides) -> BuildResult
+  load_task(task, split, cache_dir, build_if_missing=False) -> list[dict]
+  train_sentencepiece(task_names, cache_dir, vocab_size=8000, ...) -> path
+
+(`build_task` / `load_task` are `specjax.data.tasks.build` / `.load`; the
+package does not export the name ``build`` because ``specjax.data.build`` is
+the command-line module.)
+
+Records are dicts with ``"inputs"`` and ``"targets"`` strings (plus
+task-specific fields); splits are "train", "validation" and "test". The
+command line is ``python -m specjax.data.build --task=... --cache_dir=...``.
+
+Tasks built from what a Debian machine has offline: ``translate_en_de``
+(German gettext catalogs), ``summarize_debian`` (package descriptions),
+``code_python`` (the standard library), ``humaneval``; with internet and
+``pip install specjax[tfds]``: ``wmt14_translate/de-en``,
+``cnn_dailymail``, ``xsum`` (each also buildable from local JSONL/TSV).
+"""
+
+from specjax.data.common import LengthFilter
+from specjax.data.common import read_jsonl
+from specjax.data.common import SplitFractions
+from specjax.data.common import SPLITS
+from specjax.data.common import split_of
+from specjax.data.common import write_task
+from specjax.data.sources import FieldMapping
+from specjax.data.sources import records_from_examples
+from specjax.data.tasks import build as build_task
+from specjax.data.tasks import BuildOptions
+from specjax.data.tasks import BuildResult
+from specjax.data.tasks import get_builder
+from specjax.data.tasks import load as load_task
+from specjax.data.tasks import task_dir
+from specjax.data.tasks import task_names
+from specjax.data.tasks import TaskBuilder
+from specjax.data.tasks import TASKS
+from specjax.data.vocab import train_sentencepiece
+
+__all__ = [
+    "BuildOptions",
+    "BuildResult",
+    "FieldMapping",
+    "LengthFilter",
+    "SPLITS",
+    "SplitFractions",
+    "TASKS",
+    "TaskBuilder",
+    "build_task",
+    "get_builder",
+    "load_task",
+    "read_jsonl",
+    "records_from_examples",
+    "split_of",
+    "task_dir",
+    "task_names",
+    "train_sentencepiece",
+    "write_task",
+]

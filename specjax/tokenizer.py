@@ -1,0 +1,224 @@
+"""A SentencePiece tokenizer with T5's conventions.
+
+Ids: pad = 0, EOS = 1 (UNK = 2 in vocabularies trained by
+`specjax.data.train_sentencepiece`), no BOS; the decoder of an
+encoder-decoder model starts from the pad id (T5's ``decoder_start_token``).
+
+Batches are right-padded ``np.int32`` arrays of shape ``[B, P]`` together
+with ``lengths [B]``, the number of real tokens per row (EOS included when
+added). Rows longer than ``max_len`` are an error unless ``truncate=True``.
+
+  tok = SentencePieceTokenizer("/tmp/data/vocab/spm8000_.../spiece.model")
+  tokens_bp, lengths_b = tok.encode_batch(["Hello world."], max_len=16)
+  tok.decode_batch(tokens_bp, lengths_b)  # ["Hello world."]
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+__all__ = ["SentencePieceTokenizer"]
+
+
+class SentencePieceTokenizer:
+  """Encodes and decodes text with a SentencePiece model (T5 conventions).
+
+  Attributes:
+    path: the model file it was loaded from.
+  """
+
+  def __init__(self, path: str | os.PathLike, *, require_t5_ids: bool = True):
+    """Loads the ``spiece.model``-style file at `path`.
+
+    Args:
+      path: a serialized SentencePiece model.
+      require_t5_ids: check that the model has pad id 0 and EOS id 1.
+
+    Raises:
+      FileNotFoundError: `path` does not exist.
+      ValueError: the file is not a SentencePiece model, or (with
+        `require_t5_ids`) its pad / EOS ids are not 0 / 1. Messages name the
+        path.
+    """
+    self.path = os.fspath(path)
+    if not os.path.isfile(self.path):
+      raise FileNotFoundError(
+          f"SentencePiece model not found: {self.path} (build one with "
+          f"`python -m specjax.data.build --task=... --spm_vocab_size=N`)")
+    with open(self.path, "rb") as f:
+      proto = f.read()
+    self._sp = spm.SentencePieceProcessor()
+    try:
+      self._sp.LoadFromSerializedProto(proto)
+    except Exception as e:  # sentencepiece raises OSError/RuntimeError
+      raise ValueError(
+          f"{self.path} is not a valid SentencePiece model: {e}") from None
+    if self._sp.get_piece_size() <= 0:
+      raise ValueError(f"{self.path} is not a valid SentencePiece model: it "
+                       f"has no pieces")
+    if require_t5_ids and (self._sp.pad_id() != 0 or self._sp.eos_id() != 1):
+      raise ValueError(
+          f"{self.path} does not follow T5's ids: pad_id={self._sp.pad_id()} "
+          f"(want 0), eos_id={self._sp.eos_id()} (want 1); train it with "
+          f"pad_id=0 eos_id=1 unk_id=2 bos_id=-1 or pass "
+          f"require_t5_ids=False")
+
+  def __repr__(self) -> str:
+    return (f"SentencePieceTokenizer(path={self.path!r}, "
+            f"vocab_size={self.vocab_size})")
+
+  def __getstate__(self) -> dict[str, object]:
+    return {"path": self.path, "proto": self._sp.serialized_model_proto()}
+
+  def __setstate__(self, state: dict[str, object]) -> None:
+    self.path = state["path"]
+    self._sp = spm.SentencePieceProcessor()
+    self._sp.LoadFromSerializedProto(state["proto"])
+
+  # ---------------------------------------------------------------------------
+  # Properties.
+  # ---------------------------------------------------------------------------
+
+  @property
+  def processor(self) -> spm.SentencePieceProcessor:
+    """The underlying ``SentencePieceProcessor``."""
+    return self._sp
+
+  @property
+  def vocab_size(self) -> int:
+    """Number of pieces; valid ids are ``0 .. vocab_size - 1``."""
+    return int(self._sp.get_piece_size())
+
+  @property
+  def pad_id(self) -> int:
+    """The padding id (0 for T5)."""
+    return int(self._sp.pad_id())
+
+  @property
+  def eos_id(self) -> int:
+    """The end-of-sequence id (1 for T5)."""
+    return int(self._sp.eos_id())
+
+  @property
+  def unk_id(self) -> int:
+    """The unknown-piece id."""
+    return int(self._sp.unk_id())
+
+  @property
+  def decoder_start_id(self) -> int:
+    """The first decoder input of an encoder-decoder model: the pad id."""
+    return self.pad_id
+
+  # ---------------------------------------------------------------------------
+  # Single sequences.
+  # ---------------------------------------------------------------------------
+
+  def encode(self, text: str, add_eos: bool = True) -> list[int]:
+    """Token ids of `text`, with EOS appended when `add_eos`."""
+    if not isinstance(text, str):
+      raise TypeError(f"text must be a str, got {type(text).__name__}")
+    ids = list(self._sp.encode(text, out_type=int))
+    if add_eos:
+      ids.append(self.eos_id)
+    return ids
+
+  def _check_ids(self, ids: Sequence[int]) -> None:
+    bad = [i for i in ids if not 0 <= i < self.vocab_size]
+    if bad:
+      raise ValueError(
+          f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
+          f" of {self.path}")
+
+  def decode(self, ids: Iterable[int]) -> str:
+    """Text of `ids`: stops at the first EOS and drops pad ids.
+
+    Raises:
+      ValueError: an id before the first EOS is outside the vocabulary.
+    """
+    kept = []
+    for i in np.asarray(list(ids), dtype=np.int64).reshape(-1).tolist():
+      if i == self.eos_id:
+        break
+      if i == self.pad_id:
+        continue
+      kept.append(int(i))
+    self._check_ids(kept)
+    return self._sp.decode(kept)
+
+  # ---------------------------------------------------------------------------
+  # Batches.
+  # ---------------------------------------------------------------------------
+
+  def encode_batch(self, texts: Sequence[str], max_len: int, *,
+                   add_eos: bool = True, truncate: bool = False
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Encodes `texts` into a right-padded batch.
+
+    Args:
+      texts: B strings.
+      max_len: P, the padded length.
+      add_eos: append EOS to every row.
+      truncate: cut rows longer than `max_len` to `max_len` tokens; with
+        `add_eos` the last kept token is replaced by EOS, so every row still
+        ends with EOS.
+
+    Returns:
+      ``tokens [B, P]`` (np.int32, pad id after the last token) and
+      ``lengths [B]`` (np.int32, real tokens per row, EOS included).
+
+    Raises:
+      ValueError: `max_len` < 1, or a row is longer than `max_len` and
+        `truncate` is False (the message names the row and its length).
+    """
+    if isinstance(texts, str):
+      raise TypeError("texts must be a sequence of strings, not one string")
+    if max_len < 1:
+      raise ValueError(f"max_len must be >= 1, got {max_len}")
+    tokens_bp = np.full((len(texts), max_len), self.pad_id, dtype=np.int32)
+    lengths_b = np.zeros((len(texts),), dtype=np.int32)
+    for row, text in enumerate(texts):
+      ids = self.encode(text, add_eos=add_eos)
+      if len(ids) > max_len:
+        if not truncate:
+          raise ValueError(
+              f"row {row} has {len(ids)} tokens (EOS included: {add_eos}), "
+              f"more than max_len={max_len}; raise max_len or pass "
+              f"truncate=True (text starts {text[:60]!r})")
+        ids = ids[:max_len]
+        if add_eos:
+          ids[-1] = self.eos_id
+      tokens_bp[row, :len(ids)] = ids
+      lengths_b[row] = len(ids)
+    return tokens_bp, lengths_b
+
+  def decode_batch(self, tokens_bn: np.ndarray,
+                   lengths_b: np.ndarray | Sequence[int] | None = None
+                   ) -> list[str]:
+    """Decodes each row of `tokens_bn`.
+
+    Args:
+      tokens_bn: ``[B, N]`` token ids (any integer array-like).
+      lengths_b: ``[B]`` tokens to read per row (default: the whole row);
+        decoding of a row also stops at its first EOS and skips pad ids.
+
+    Returns:
+      B strings.
+    """
+    tokens_bn = np.asarray(tokens_bn)
+    if tokens_bn.ndim != 2:
+      raise ValueError(f"tokens must have shape [B, N], got {tokens_bn.shape}")
+    if lengths_b is None:
+      lengths_b = np.full((tokens_bn.shape[0],), tokens_bn.shape[1])
+    lengths_b = np.asarray(lengths_b)
+    if lengths_b.shape != (tokens_bn.shape[0],):
+      raise ValueError(f"lengths must have shape [{tokens_bn.shape[0]}], got "
+                       f"{lengths_b.shape}")
+    if (lengths_b < 0).any() or (lengths_b > tokens_bn.shape[1]).any():
+      raise ValueError(f"lengths must lie in [0, {tokens_bn.shape[1]}], got "
+                       f"{lengths_b.tolist()}")
+    return [self.decode(tokens_bn[b, :int(lengths_b[b])])
+            for b in range(tokens_bn.shape[0])]
