@@ -1,0 +1,84 @@
+"""Sampling configs and logit processing against an independent numpy reference."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from reference import processed_probs
+from specjax.sampling import GREEDY, SamplingConfig, process_logits, sample_tokens
+
+CONFIGS = [
+    SamplingConfig(1.0),
+    SamplingConfig(0.7),
+    SamplingConfig(1.3, top_k=3),
+    SamplingConfig(1.0, top_p=0.9),
+    SamplingConfig(0.7, top_p=0.9),
+    SamplingConfig(0.8, top_k=5, top_p=0.5),
+    SamplingConfig(1.0, top_k=1),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_process_logits_matches_reference(cfg):
+  logits = np.random.default_rng(0).normal(size=(4, 3, 17)) * 2.0
+  got = np.asarray(process_logits(jnp.asarray(logits, jnp.float32), cfg))
+  want = processed_probs(logits, cfg.temperature, cfg.top_k, cfg.top_p)
+  np.testing.assert_allclose(got, want, atol=2e-6)
+  np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
+
+
+def test_top_p_keeps_smallest_prefix_reaching_mass():
+  probs = np.array([0.5, 0.3, 0.15, 0.05])
+  got = np.asarray(process_logits(jnp.log(jnp.asarray(probs, jnp.float32)), SamplingConfig(top_p=0.8)))
+  # 0.5 + 0.3 reaches 0.8: exactly the first two survive, renormalised.
+  np.testing.assert_allclose(got, [0.625, 0.375, 0.0, 0.0], atol=1e-6)
+  got = np.asarray(process_logits(jnp.log(jnp.asarray(probs, jnp.float32)), SamplingConfig(top_p=0.81)))
+  np.testing.assert_allclose(got, np.array([0.5, 0.3, 0.15, 0]) / 0.95, atol=1e-6)
+
+
+def test_top_k_hand_case():
+  got = np.asarray(process_logits(jnp.array([0.0, 2.0, 1.0, -1.0]), SamplingConfig(top_k=2)))
+  e = np.exp([2.0, 1.0])
+  np.testing.assert_allclose(got, [0, e[0] / e.sum(), e[1] / e.sum(), 0], atol=1e-6)
+
+
+def test_greedy_is_one_hot_argmax_first_on_ties():
+  logits = jnp.array([[0.0, 3.0, 3.0, 1.0], [5.0, -1.0, 2.0, 0.0]])
+  got = np.asarray(process_logits(logits, GREEDY))
+  np.testing.assert_array_equal(got, [[0, 1, 0, 0], [1, 0, 0, 0]])
+  keys = jax.random.split(jax.random.key(0), 2)
+  np.testing.assert_array_equal(sample_tokens(keys, jnp.asarray(got)), [1, 0])
+
+
+def test_sample_tokens_frequencies():
+  probs = jnp.array([0.1, 0.6, 0.3, 0.0])
+  keys = jax.random.split(jax.random.key(3), 20000)
+  toks = np.asarray(sample_tokens(keys, jnp.broadcast_to(probs, (20000, 4))))
+  freq = np.bincount(toks, minlength=4) / toks.size
+  np.testing.assert_allclose(freq, probs, atol=0.015)
+  assert freq[3] == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, needle",
+    [
+        (dict(temperature=-0.1), ValueError, "temperature"),
+        (dict(temperature=float("nan")), ValueError, "temperature"),
+        (dict(temperature="1"), TypeError, "temperature"),
+        (dict(top_k=-1), ValueError, "top_k"),
+        (dict(top_k=2.5), TypeError, "top_k"),
+        (dict(top_p=0.0), ValueError, "top_p"),
+        (dict(top_p=1.5), ValueError, "top_p"),
+        (dict(top_p=None), TypeError, "top_p"),
+    ],
+)
+def test_config_validation(kwargs, exc, needle):
+  with pytest.raises(exc, match=needle):
+    SamplingConfig(**kwargs)
+
+
+def test_configs_are_hashable_and_normalised():
+  assert SamplingConfig(1, 0, 1) == SamplingConfig(1.0, 0, 1.0)
+  assert hash(SamplingConfig(1, 0, 1)) == hash(SamplingConfig(1.0, 0, 1.0))
+  assert GREEDY.is_greedy and not SamplingConfig(0.5).is_greedy
