@@ -1,0 +1,29 @@
+"""Autoregressive vs speculative generation on a built-in pair; prints the
+acceptance, the tokens per target call and the speedup measured side by side.
+
+  python experiments/demo.py --config=configs/demo.py
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from specjax.experiments import demo  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py"),
+    "Demo config (configs/demo.py).")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.INFO)
+  demo.run(_CONFIG.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,1 @@
+"""Importable logic of the launchers in the top-level `experiments/` folder."""

@@ -1,0 +1,145 @@
+"""Speculative sampling has exactly the target's distribution.
+
+The target's distribution over the first generated tokens is enumerated
+exactly (table models: by formula; a tiny transformer: by running it on every
+prefix) and compared with >= 50,000 speculative samples by chi-square. The
+tokens compared come from the first speculative iterations and include
+positions that follow a rejection. A verifier whose residual step samples from
+q instead of norm(max(0, q - p)) must be caught (negative control).
+"""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from reference import chi_square_pvalue, processed_probs
+from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.models.ngram import BigramLM
+from specjax.sampling import SamplingConfig, sample_tokens
+from specjax.verify import rejection_verify
+
+N_SAMPLES = 50_000
+CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9), SamplingConfig(1.0, top_k=3)]
+
+
+def residual_from_q_verify(keys, drafts, p, q):
+  """Broken on purpose: after a rejection it samples from q, not the residual."""
+  n, _ = rejection_verify(keys, drafts, p, q)
+  q_n = jnp.take_along_axis(q, n[:, None, None], axis=1)[:, 0]
+  second = jax.vmap(lambda k: jax.random.split(k, 2)[1])(keys)
+  return n, sample_tokens(second, q_n)
+
+
+def _counts(tokens, cols, vocab):
+  counts = np.zeros((vocab,) * len(cols))
+  np.add.at(counts, tuple(tokens[:, c] for c in cols), 1)
+  return counts
+
+
+# ------------------------------------------------------------- bigram tables
+V_TABLE = 6
+_rng = np.random.default_rng(0)
+TARGET_TABLE = _rng.normal(size=(V_TABLE, V_TABLE)) * 1.5
+DRAFT_TABLE = TARGET_TABLE + _rng.normal(size=(V_TABLE, V_TABLE)) * 1.5
+PROMPT_TOKEN = 2
+
+
+def _bigram_run(cfg, verify_fn, seed):
+  lm = BigramLM(V_TABLE)
+  prompts = np.full((N_SAMPLES, 1), PROMPT_TOKEN, np.int32)
+  out = specjax.speculative_generate(
+      lm, {"logits": jnp.asarray(TARGET_TABLE, jnp.float32)}, lm,
+      {"logits": jnp.asarray(DRAFT_TABLE, jnp.float32)}, prompts, max_new_tokens=4, gamma=2,
+      sampling=cfg, key=jax.random.key(seed), verify_fn=verify_fn)
+  return out
+
+
+def _bigram_joint(cfg):
+  """Exact P(t2, t3, t4) of the processed target chain (t1 marginalised)."""
+  q = processed_probs(TARGET_TABLE, cfg.temperature, cfg.top_k, cfg.top_p)
+  return np.einsum("a,ab,bc,cd->bcd", q[PROMPT_TOKEN], q, q, q)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_bigram_pair_is_exact(cfg):
+  out = _bigram_run(cfg, rejection_verify, seed=1)
+  tokens = np.asarray(out.tokens)
+  # t2, t3 come from the first iteration (t3 after a rejection of d1 when it
+  # happens, which it often does), t4 from the second.
+  hist = np.asarray(out.stats.accepted_hist)[:, :]
+  assert hist[:, 0].sum() > 0.2 * N_SAMPLES, "the test needs many rejections"
+  pvalue = chi_square_pvalue(_counts(tokens, (1, 2, 3), V_TABLE), _bigram_joint(cfg))
+  assert pvalue > 1e-3, pvalue
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+def test_bigram_negative_control_is_detected(cfg):
+  out = _bigram_run(cfg, residual_from_q_verify, seed=1)
+  pvalue = chi_square_pvalue(_counts(np.asarray(out.tokens), (1, 2, 3), V_TABLE),
+                             _bigram_joint(cfg))
+  assert pvalue < 1e-6, pvalue
+
+
+def test_first_token_after_rejection_has_target_conditional():
+  """Among rows whose first draft was rejected, t2 must follow q(. | t1): the
+  residual alone is not q, but mixing accepts and residuals is. Checks the
+  conditional P(t2 | t1) for the most frequent t1."""
+  cfg = SamplingConfig(1.0)
+  out = _bigram_run(cfg, rejection_verify, seed=3)
+  tokens = np.asarray(out.tokens)
+  q = processed_probs(TARGET_TABLE, 1.0)
+  t1 = np.bincount(tokens[:, 0], minlength=V_TABLE).argmax()
+  rows = tokens[tokens[:, 0] == t1]
+  pvalue = chi_square_pvalue(np.bincount(rows[:, 1], minlength=V_TABLE), q[t1])
+  assert pvalue > 1e-3, pvalue
+
+
+# ----------------------------------------------------- tiny transformer pair
+V_LM = 8
+PROMPT = [3, 1, 4]
+
+
+def _lm_pair():
+  target = DecoderLM(decoder_config("tiny", vocab_size=V_LM, num_layers=1, d_model=16,
+                                    num_heads=2, num_kv_heads=1, head_dim=8, mlp_dim=32))
+  tp = target.init(jax.random.PRNGKey(0))
+  leaves, tree = jax.tree_util.tree_flatten(tp)
+  keys = jax.random.split(jax.random.PRNGKey(1), len(leaves))
+  dp = jax.tree_util.tree_unflatten(tree, [
+      x + 0.6 * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+  return target, tp, dp
+
+
+def _lm_joint(target, params, cfg):
+  """Exact P(t2, t3, t4): the target run on all V^3 continuations (t1, t2, t3)."""
+  conts = np.array(list(itertools.product(range(V_LM), repeat=3)), np.int32)
+  seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
+  logits = np.asarray(jax.jit(target.forward)(params, jnp.asarray(seqs)))
+  p = len(PROMPT)
+  q = processed_probs(logits[:, p - 1:], cfg.temperature, cfg.top_k, cfg.top_p)
+  t1, t2, t3 = conts.T
+  joint_full = (q[:, 0, :][np.arange(len(conts)), t1] * q[:, 1][np.arange(len(conts)), t2]
+                * q[:, 2][np.arange(len(conts)), t3])[:, None] * q[:, 3]
+  # joint_full[(t1,t2,t3), t4] = P(t1,t2,t3,t4); sum over t1.
+  return joint_full.reshape(V_LM, V_LM, V_LM, V_LM).sum(axis=0)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS[:2], ids=str)
+def test_transformer_pair_is_exact_and_control_detected(cfg):
+  target, tp, dp = _lm_pair()
+  joint = _lm_joint(target, tp, cfg)
+  prompts = np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1))
+  results = {}
+  for name, fn in (("exact", rejection_verify), ("broken", residual_from_q_verify)):
+    out = specjax.speculative_generate(target, tp, target, dp, prompts, max_new_tokens=4,
+                                       gamma=2, sampling=cfg, key=jax.random.key(5),
+                                       verify_fn=fn)
+    results[name] = chi_square_pvalue(_counts(np.asarray(out.tokens), (1, 2, 3), V_LM), joint)
+    if name == "exact":
+      assert 0.2 < out.acceptance_rate < 0.9, out.acceptance_rate
+  assert results["exact"] > 1e-3, results
+  assert results["broken"] < 1e-6, results
