@@ -1,0 +1,279 @@
+"""T5 weights in transformers' format: import into `specjax.models.t5.T5`, export back.
+
+* `import_hf_t5(path_or_state_dict, config=None) -> (params, config)`: a
+  `model.safetensors` / sharded index / PyTorch `.bin` file or a checkpoint
+  folder (read by `hf_common.load_state_dict`, `torch.load(weights_only=True)`
+  for `.bin`), or an in-memory state dict (numpy arrays or torch tensors).
+  Without `config`, the `config.json` next to the weights is read
+  (`t5_config_from_hf`).
+* `export_hf_t5(params, config, directory)`: `model.safetensors` and a
+  `config.json` that `transformers.T5ForConditionalGeneration.from_pretrained`
+  loads offline.
+
+Tensor mapping (torch Linear weights are `[out, in]`; ours `[in..., out...]`):
+
+  shared.weight [V, E]                            shared/embedding
+  {enc,dec}oder.block.0.layer.0.SelfAttention.relative_attention_bias.weight [NB, H]
+                                                  {enc,dec}oder/relpos_bias
+  encoder.block.{i}.layer.0.SelfAttention.{q,k,v}.weight [H*D, E]   attn/{q,k,v}/kernel [E, H, D]
+  encoder.block.{i}.layer.0.SelfAttention.o.weight [E, H*D]         attn/o/kernel [H, D, E]
+  encoder.block.{i}.layer.0.layer_norm.weight     attn_norm/scale
+  encoder.block.{i}.layer.1.DenseReluDense.{wi | wi_0, wi_1}.weight [F, E], wo.weight [E, F]
+  encoder.block.{i}.layer.1.layer_norm.weight     mlp_norm/scale
+  decoder.block.{i}.layer.0 (SelfAttention), layer.1 (EncDecAttention), layer.2 (DenseReluDense)
+  {enc,dec}oder.final_layer_norm.weight           {enc,dec}oder/final_norm/scale
+  lm_head.weight [V, E]                           lm_head/kernel [E, V] (v1.1)
+
+Accepted but not stored: `encoder.embed_tokens.weight` / `decoder.embed_tokens.weight`
+(copies of shared), v1.0's tied `lm_head.weight` (must equal shared), and the
+unused `decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight`
+of old checkpoints (transformers ignores it too).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.checkpoints.hf_common import (
+    check_state_dict, load_state_dict, read_json, save_safetensors, write_json)
+from specjax.models.t5_config import T5Config
+
+__all__ = ["import_hf_t5", "export_hf_t5", "t5_config_from_hf", "hf_config_from_t5",
+           "hf_t5_shapes"]
+
+_FF_FROM_HF = {"relu": "relu", "gated-gelu": "gated-gelu"}
+
+
+def t5_config_from_hf(hf: Mapping[str, Any], **overrides) -> T5Config:
+  """A transformers T5 `config.json` dict → `T5Config`.
+
+  transformers 5 always writes `tie_word_embeddings: true` for T5 and keeps
+  the v1.0 / v1.1 difference in `scale_decoder_outputs`; older versions
+  only have `tie_word_embeddings`. Both are understood.
+  """
+  model_type = hf.get("model_type", "t5")
+  if model_type not in ("t5", "mt5"):  # mT5 is T5 v1.1 with a larger vocabulary.
+    raise ValueError(f"config.json model_type must be 't5' or 'mt5', got {model_type!r}")
+  ff = hf.get("feed_forward_proj", "relu")
+  if ff not in _FF_FROM_HF:
+    raise ValueError(f"feed_forward_proj {ff!r} is not supported; expected one of "
+                     f"{sorted(_FF_FROM_HF)}")
+  tied = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
+  eos = hf.get("eos_token_id", 1)
+  if isinstance(eos, (list, tuple)):
+    eos = eos[0]
+  pad = hf.get("pad_token_id", 0)
+  start = hf.get("decoder_start_token_id")
+  fields = dict(
+      vocab_size=hf.get("vocab_size", 32128), d_model=hf.get("d_model", 512),
+      d_kv=hf.get("d_kv", 64), num_heads=hf.get("num_heads", 8), d_ff=hf.get("d_ff", 2048),
+      num_layers=hf.get("num_layers", 6), num_decoder_layers=hf.get("num_decoder_layers"),
+      relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
+      relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
+      feed_forward=_FF_FROM_HF[ff], tie_word_embeddings=bool(tied),
+      layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-6)),
+      pad_id=0 if pad is None else pad, eos_id=1 if eos is None else eos,
+      decoder_start_id=(0 if pad is None else pad) if start is None else start)
+  fields.update(overrides)
+  return T5Config(**fields)
+
+
+def hf_config_from_t5(config: T5Config) -> Dict[str, Any]:
+  """`T5Config` → a transformers `config.json` dict (T5ForConditionalGeneration)."""
+  c = config
+  return {
+      "architectures": ["T5ForConditionalGeneration"],
+      "model_type": "t5",
+      "vocab_size": c.vocab_size,
+      "d_model": c.d_model,
+      "d_kv": c.d_kv,
+      "d_ff": c.d_ff,
+      "num_layers": c.num_layers,
+      "num_decoder_layers": c.num_decoder_layers,
+      "num_heads": c.num_heads,
+      "relative_attention_num_buckets": c.relative_attention_num_buckets,
+      "relative_attention_max_distance": c.relative_attention_max_distance,
+      "feed_forward_proj": c.feed_forward,
+      "tie_word_embeddings": c.tie_word_embeddings,
+      "scale_decoder_outputs": c.tie_word_embeddings,
+      "is_encoder_decoder": True,
+      "use_cache": True,
+      "pad_token_id": c.pad_id,
+      "eos_token_id": c.eos_id,
+      "decoder_start_token_id": c.decoder_start_id,
+      "layer_norm_epsilon": c.layer_norm_epsilon,
+      "dropout_rate": 0.0,
+      "initializer_factor": 1.0,
+  }
+
+
+# One entry per stored tensor: (transformers name, params path, to_hf, from_hf).
+_Conv = Tuple[str, Tuple[str, ...], Callable[[np.ndarray], np.ndarray],
+              Callable[[np.ndarray], np.ndarray]]
+
+
+def _entries(c: T5Config) -> List[_Conv]:
+  e, h, d = c.d_model, c.num_heads, c.d_kv
+  ident = (lambda x: x, lambda x: x)
+  dense = (lambda k: k.T, lambda w: w.T)
+  qkv = (lambda k: k.reshape(e, h * d).T, lambda w: w.T.reshape(e, h, d))
+  out = (lambda k: k.reshape(h * d, e).T, lambda w: w.T.reshape(h, d, e))
+  entries: List[_Conv] = [("shared.weight", ("shared", "embedding"), *ident)]
+  mlp_names = ("wi_0", "wi_1", "wo") if c.is_gated else ("wi", "wo")
+
+  def attention(prefix, path):
+    for p in "qkv":
+      entries.append((f"{prefix}.{p}.weight", path + (p, "kernel"), *qkv))
+    entries.append((f"{prefix}.o.weight", path + ("o", "kernel"), *out))
+
+  def mlp(prefix, path):
+    for m in mlp_names:
+      entries.append((f"{prefix}.DenseReluDense.{m}.weight", path + ("mlp", m, "kernel"), *dense))
+    entries.append((f"{prefix}.layer_norm.weight", path + ("mlp_norm", "scale"), *ident))
+
+  for stack, n in (("encoder", c.num_layers), ("decoder", c.num_decoder_layers)):
+    entries.append((f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+                    (stack, "relpos_bias"), *ident))
+    for i in range(n):
+      hf, ours = f"{stack}.block.{i}.layer", (stack, f"layers_{i}")
+      if stack == "encoder":
+        attention(f"{hf}.0.SelfAttention", ours + ("attn",))
+        entries.append((f"{hf}.0.layer_norm.weight", ours + ("attn_norm", "scale"), *ident))
+        mlp(f"{hf}.1", ours)
+      else:
+        attention(f"{hf}.0.SelfAttention", ours + ("self_attn",))
+        entries.append((f"{hf}.0.layer_norm.weight", ours + ("self_norm", "scale"), *ident))
+        attention(f"{hf}.1.EncDecAttention", ours + ("cross_attn",))
+        entries.append((f"{hf}.1.layer_norm.weight", ours + ("cross_norm", "scale"), *ident))
+        mlp(f"{hf}.2", ours)
+    entries.append((f"{stack}.final_layer_norm.weight", (stack, "final_norm", "scale"), *ident))
+  if not c.tie_word_embeddings:
+    entries.append(("lm_head.weight", ("lm_head", "kernel"), *dense))
+  return entries
+
+
+def hf_t5_shapes(config: T5Config) -> Dict[str, Tuple[int, ...]]:
+  """transformers tensor name → shape, for every tensor `import_hf_t5` needs."""
+  c = config
+  e, v, f, a, nb = c.d_model, c.vocab_size, c.d_ff, c.inner_dim, c.relative_attention_num_buckets
+  shapes: Dict[str, Tuple[int, ...]] = {}
+  for name, _, _, _ in _entries(c):
+    if name == "shared.weight" or name == "lm_head.weight":
+      shapes[name] = (v, e)
+    elif name.endswith("relative_attention_bias.weight"):
+      shapes[name] = (nb, c.num_heads)
+    elif name.endswith(("q.weight", "k.weight", "v.weight")):
+      shapes[name] = (a, e)
+    elif name.endswith(".o.weight"):
+      shapes[name] = (e, a)
+    elif name.endswith(("wi.weight", "wi_0.weight", "wi_1.weight")):
+      shapes[name] = (f, e)
+    elif name.endswith("wo.weight"):
+      shapes[name] = (e, f)
+    else:
+      shapes[name] = (e,)
+  return shapes
+
+
+def _optional_shapes(c: T5Config) -> Dict[str, Tuple[int, ...]]:
+  shapes = {"encoder.embed_tokens.weight": (c.vocab_size, c.d_model),
+            "decoder.embed_tokens.weight": (c.vocab_size, c.d_model),
+            "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight":
+                (c.relative_attention_num_buckets, c.num_heads)}
+  if c.tie_word_embeddings:
+    shapes["lm_head.weight"] = (c.vocab_size, c.d_model)
+  return shapes
+
+
+def _to_numpy(tensors: Mapping[str, Any]) -> Dict[str, np.ndarray]:
+  out = {}
+  for k, t in tensors.items():
+    if hasattr(t, "detach"):  # A torch tensor.
+      import torch
+      t = t.detach().to(torch.float32).cpu().numpy()
+    out[k] = np.asarray(t, np.float32)
+  return out
+
+
+def _set(tree: Dict[str, Any], path: Tuple[str, ...], value) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _get(tree: Mapping[str, Any], path: Tuple[str, ...]):
+  for key in path:
+    if key not in tree:
+      raise ValueError(f"params lack {'/'.join(path)} (wrong config for these params?)")
+    tree = tree[key]
+  return tree
+
+
+def _find_hf_config(path: str) -> Optional[Dict[str, Any]]:
+  folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+  candidate = os.path.join(folder, "config.json")
+  return read_json(candidate) if os.path.exists(candidate) else None
+
+
+def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None) -> Tuple[Any, T5Config]:
+  """transformers-format T5 weights → `(params, config)` for `T5(config)`.
+
+  Raises ValueError naming every missing, unexpected or mis-shaped tensor,
+  and when a copy that must equal `shared.weight` differs from it.
+  """
+  hf_config = None
+  if isinstance(path_or_state_dict, Mapping):
+    tensors = _to_numpy(path_or_state_dict)
+  else:
+    path = os.fspath(path_or_state_dict)
+    tensors = load_state_dict(path)
+    hf_config = _find_hf_config(path)
+  if config is None:
+    if hf_config is None:
+      raise ValueError("config is required: pass a T5Config, or keep transformers' "
+                       "config.json next to the weights")
+    config = t5_config_from_hf(hf_config)
+  if not isinstance(config, T5Config):
+    raise TypeError(f"config must be a T5Config, got {type(config).__name__}")
+
+  expected = hf_t5_shapes(config)
+  optional = _optional_shapes(config)
+  # transformers 5 ties a v1.1 head to shared (config says tie_word_embeddings:
+  # true) and may then save no lm_head.weight: the head is shared's copy.
+  head_from_shared = (not config.tie_word_embeddings and "lm_head.weight" not in tensors
+                      and hf_config is not None and hf_config.get("tie_word_embeddings") is True)
+  if head_from_shared and "shared.weight" in tensors:
+    tensors = dict(tensors, **{"lm_head.weight": tensors["shared.weight"]})
+  check_state_dict({**expected, **optional}, tensors, optional=optional)
+  for copy in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+    if copy in optional and copy in tensors and not np.array_equal(tensors[copy],
+                                                                   tensors["shared.weight"]):
+      raise ValueError(f"{copy} differs from shared.weight; this T5 layout ties them "
+                       f"(tie_word_embeddings={config.tie_word_embeddings})")
+
+  dtype = jnp.dtype(config.param_dtype)
+  params: Dict[str, Any] = {}
+  for name, path, _, from_hf in _entries(config):
+    _set(params, path, jnp.asarray(np.ascontiguousarray(from_hf(tensors[name])), dtype))
+  return params, config
+
+
+def export_hf_t5(params, config: T5Config, directory: str) -> None:
+  """Writes `directory/model.safetensors` and `directory/config.json` in
+  transformers' T5ForConditionalGeneration format (float32 tensors)."""
+  if not isinstance(config, T5Config):
+    raise TypeError(f"config must be a T5Config, got {type(config).__name__}")
+  directory = os.fspath(directory)
+  os.makedirs(directory, exist_ok=True)
+  tensors = {}
+  for name, path, to_hf, _ in _entries(config):
+    value = np.asarray(jax.device_get(_get(params, path)), np.float32)
+    tensors[name] = np.ascontiguousarray(to_hf(value))
+  check_state_dict(hf_t5_shapes(config), tensors)
+  save_safetensors(tensors, os.path.join(directory, "model.safetensors"))
+  write_json(hf_config_from_t5(config), os.path.join(directory, "config.json"))
