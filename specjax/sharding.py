@@ -1,0 +1,113 @@
+"""Scaling out with JAX's own SPMD: a mesh, partition specs, `device_put`.
+
+Nothing here is a distribution scheme of our own: parameters, caches and
+inputs are placed with `jax.sharding.NamedSharding`s over a 2-D mesh
+(`data`, `model`), and the jitted decoding loop is partitioned by XLA
+(GSPMD) from those input shardings.
+
+* batch rows (prompts, lengths, keys, every cache's batch axis) go over `data`;
+* attention heads (q/k/v/o kernels, the cache's kv-head axis), MLP hidden
+  units and the vocabulary of the output projection go over `model`
+  (Megatron-style). An axis that does not divide evenly is replicated.
+
+Example (8 devices):
+
+  mesh = specjax.sharding.make_mesh(data=4, model=2)
+  tp = shard_params(tp, mesh); dp = shard_params(dp, mesh)
+  tc = sharded_cache(target, mesh, batch, cache_len, prompt_len)
+  dc = sharded_cache(draft, mesh, batch, cache_len, prompt_len)
+  prompts, lengths, keys = shard_batch(mesh, prompts, lengths, keys)
+  out = speculative_generate(target, tp, draft, dp, prompts, lengths, key=keys,
+                             target_cache=tc, draft_cache=dc, ...)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+__all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch"]
+
+DATA, MODEL = "data", "model"
+
+_HEAD_KERNELS = {"q", "k", "v"}            # [E, H, D]: heads on axis 1
+_OUT_KERNELS = {"o"}                       # [H, D, E]: heads on axis 0
+_COLUMN_KERNELS = {"gate", "up", "wi", "wi_0", "wi_1", "lm_head"}  # [E, F]: axis 1
+_ROW_KERNELS = {"down", "wo"}              # [F, E]: axis 0
+
+
+def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
+  """A (`data`, `model`) mesh over `data * model` devices."""
+  devices = list(jax.devices() if devices is None else devices)
+  if data < 1 or model < 1:
+    raise ValueError(f"mesh axes must be >= 1, got data={data}, model={model}")
+  if data * model > len(devices):
+    raise ValueError(f"a {data}x{model} mesh needs {data * model} devices, "
+                     f"{len(devices)} are available")
+  return Mesh(np.array(devices[: data * model]).reshape(data, model), (DATA, MODEL))
+
+
+def _divisible(shape, axis, mesh: Mesh, name: str) -> bool:
+  return shape[axis] % mesh.shape[name] == 0
+
+
+def param_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
+  """PartitionSpec of one parameter from its path in the params tree."""
+  names = [str(getattr(k, "key", k)) for k in path]
+  owner = names[-2] if len(names) >= 2 else ""
+  spec = [None] * len(shape)
+  if names[-1] == "kernel":
+    if owner in _HEAD_KERNELS and len(shape) == 3:
+      spec[1] = MODEL
+    elif owner in _OUT_KERNELS and len(shape) == 3:
+      spec[0] = MODEL
+    elif owner in _COLUMN_KERNELS and len(shape) == 2:
+      spec[1] = MODEL
+    elif owner in _ROW_KERNELS and len(shape) == 2:
+      spec[0] = MODEL
+  for axis, name in enumerate(spec):
+    if name is not None and not _divisible(shape, axis, mesh, name):
+      spec[axis] = None
+  return P(*spec)
+
+
+def shard_params(params, mesh: Mesh):
+  """Places a params tree on `mesh` (heads / hidden units over `model`)."""
+  def put(path, x):
+    return jax.device_put(x, NamedSharding(mesh, param_spec(path, x.shape, mesh)))
+  return jax.tree_util.tree_map_with_path(put, params)
+
+
+def cache_spec(x, mesh: Mesh) -> P:
+  """Caches: `[L, B, S, K, D]` → batch over data, kv heads over model;
+  `[B]` vectors → data."""
+  if getattr(x, "ndim", 0) == 5:
+    spec = [None, DATA, None, MODEL, None]
+  elif getattr(x, "ndim", 0) == 1:
+    spec = [DATA]
+  else:
+    return P()
+  for axis, name in enumerate(spec):
+    if name is not None and not _divisible(x.shape, axis, mesh, name):
+      spec[axis] = None
+  return P(*spec)
+
+
+def sharded_cache(model, mesh: Mesh, batch_size: int, max_len: int, prompt_len: int):
+  """`model.init_cache(...)` placed on `mesh` (see `cache_spec`)."""
+  cache = model.init_cache(batch_size, max_len, prompt_len)
+  return jax.tree_util.tree_map(
+      lambda x: jax.device_put(x, NamedSharding(mesh, cache_spec(x, mesh))), cache)
+
+
+def shard_batch(mesh: Mesh, *arrays):
+  """Places per-row arrays (prompts `[B, P]`, lengths `[B]`, keys `[B]`)
+  with their leading axis over `data`."""
+  out = []
+  for x in arrays:
+    spec = P(DATA) if x.shape[0] % mesh.shape[DATA] == 0 else P()
+    out.append(jax.device_put(x, NamedSharding(mesh, spec)))
+  return tuple(out)

@@ -1,0 +1,68 @@
+"""Decoding on a (data, model) mesh of 8 CPU devices equals single-device decoding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import sharding
+from specjax.models.t5 import T5, t5_config
+from tiny import EOS, noisy_draft, ragged_prompts, target
+
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 8,
+                                reason="needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+
+
+def test_param_specs_follow_megatron_layout():
+  mesh = sharding.make_mesh(data=4, model=2)
+  lm, params = target()
+  sp = sharding.shard_params(params, mesh)
+  assert sp["layer_0"]["q"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(None, "model", None)
+  assert sp["layer_0"]["o"]["kernel"].sharding.spec == jax.sharding.PartitionSpec("model", None, None)
+  assert sp["layer_0"]["gate"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(None, "model")
+  assert sp["layer_0"]["down"]["kernel"].sharding.spec == jax.sharding.PartitionSpec("model", None)
+  assert sp["final_norm"]["scale"].sharding.spec == jax.sharding.PartitionSpec(None)
+
+
+def test_mesh_errors_are_clear():
+  with pytest.raises(ValueError, match="needs 64 devices"):
+    sharding.make_mesh(data=8, model=8)
+
+
+def _run_sharded(tm, tp, dm, dp, prompts, lengths, mesh, **kw):
+  b, p = prompts.shape
+  need = specjax.required_cache_len(tm, p, kw["max_new_tokens"], kw["gamma"])
+  keys = jax.random.split(jax.random.key(3), b)
+  sp, ln, ks = sharding.shard_batch(mesh, prompts, lengths, keys)
+  return specjax.speculative_generate(
+      tm, sharding.shard_params(tp, mesh), dm, sharding.shard_params(dp, mesh), sp, ln, key=ks,
+      target_cache=sharding.sharded_cache(tm, mesh, b, need, p),
+      draft_cache=sharding.sharded_cache(dm, mesh, b, need, p), **kw)
+
+
+def test_sharded_decoder_speculative_equals_unsharded():
+  mesh = sharding.make_mesh(data=4, model=2)
+  lm, params = target()
+  draft, draft_params = noisy_draft()
+  prompts, lengths = ragged_prompts(batch=8)
+  kw = dict(max_new_tokens=12, gamma=3, sampling=specjax.SamplingConfig(1.0), eos_id=EOS)
+  keys = jax.random.split(jax.random.key(3), 8)
+  ref = specjax.speculative_generate(lm, params, draft, draft_params, prompts, lengths, key=keys, **kw)
+  out = _run_sharded(lm, params, draft, draft_params, prompts, lengths, mesh, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.stats.accepted, ref.stats.accepted)
+  spec = out.target_cache.k.sharding.spec
+  assert spec[1] == "data" and spec[3] == "model", spec
+
+
+def test_sharded_t5_greedy_equals_unsharded():
+  mesh = sharding.make_mesh(data=4, model=2)
+  t = T5(t5_config("t5-v1_1-tiny"))
+  tp = t.init(jax.random.PRNGKey(0))
+  prompts, lengths = ragged_prompts(batch=8)
+  prompts = prompts % t.vocab_size
+  kw = dict(max_new_tokens=8, gamma=2, sampling=specjax.GREEDY)
+  ref = specjax.speculative_generate(t, tp, t, tp, prompts, lengths, **kw)
+  out = _run_sharded(t, tp, t, tp, prompts, lengths, mesh, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
