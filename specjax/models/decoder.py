@@ -176,7 +176,10 @@ class DecoderModule(nn.Module):
     c = self.config
     self.embed = nn.Embed(c.vocab_size, c.d_model, dtype=jnp.dtype(c.dtype),
                           param_dtype=jnp.dtype(c.param_dtype),
-                          embedding_init=nn.initializers.normal(1.0))
+                          # Tied: the embedding is also the output layer, so keep
+                          # initial logits O(1) (std d^-0.5 against unit-RMS states).
+                          embedding_init=nn.initializers.normal(
+                              c.d_model ** -0.5 if c.tie_embeddings else 1.0))
     self.layers = [_Block(c, name=f"layer_{i}") for i in range(c.num_layers)]
     self.final_norm = RMSNorm(c.norm_eps, jnp.dtype(c.dtype), jnp.dtype(c.param_dtype))
     if not c.tie_embeddings:

@@ -1,0 +1,146 @@
+"""The training config (an ml_collections ConfigDict) and its validation.
+
+`default_config()` lists every field with its default; `validate_config`
+checks a config against it and raises ValueError / TypeError naming the
+field ("config.learning_rate must be > 0, got -1.0"; unknown fields are
+errors too, with the closest known name), so a typo never trains silently
+with a default.
+
+Fields that change the trajectory (everything but `RUN_ONLY_FIELDS`) are
+stored with each checkpoint; resuming with a different value is an error
+naming the field.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from typing import Any
+
+import ml_collections
+
+from specjax.training.optim import OPTIMIZERS, SCHEDULES
+
+__all__ = ["default_config", "validate_config", "RUN_ONLY_FIELDS", "trajectory_fields"]
+
+# Fields that may differ between a run and its resumption.
+RUN_ONLY_FIELDS = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
+                   "keep_checkpoints", "async_checkpointing")
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every training field with its default (see the comments)."""
+  c = ml_collections.ConfigDict()
+  c.steps = 1000               # optimizer steps in the whole run
+  c.batch_size = 16            # rows per step
+  c.seed = 0                   # data order and init: a resumed run needs the same one
+  c.optimizer = "adamw"        # "adamw" | "adafactor"
+  c.learning_rate = 1e-3       # peak learning rate
+  c.schedule = "cosine"        # "cosine" | "linear" | "inverse_sqrt" | "constant"
+  c.warmup_steps = 100         # linear warmup from 0
+  c.min_lr_ratio = 0.1         # final lr / peak lr (cosine, linear)
+  c.weight_decay = 0.0         # AdamW: decoupled, matrices only
+  c.b1 = 0.9
+  c.b2 = 0.95
+  c.eps = 1e-8
+  c.grad_clip = 1.0            # global-norm clip; 0 disables
+  c.distill_weight = 0.0       # loss = (1 - w) CE + w tau^2 KL(teacher || student)
+  c.distill_temperature = 1.0  # tau
+  c.checkpoint_every = 500     # steps between orbax checkpoints (the last step always)
+  c.keep_checkpoints = 2       # the last k are kept
+  c.async_checkpointing = True
+  c.log_every = 50             # steps between progress lines
+  c.eval_every = 500           # steps between validation losses (0: only at the end)
+  c.eval_batches = 8           # fixed validation batches (0: no validation)
+  return c
+
+
+_DEFAULTS = default_config()
+
+
+def trajectory_fields(config) -> dict:
+  """The fields that determine the parameters a run ends with."""
+  return {k: config[k] for k in sorted(_DEFAULTS) if k not in RUN_ONLY_FIELDS}
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+  return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def _int(config, name, minimum):
+  v = config[name]
+  if not _is_int(v):
+    raise TypeError(f"config.{name} must be an int, got {v!r} ({type(v).__name__})")
+  if v < minimum:
+    raise ValueError(f"config.{name} must be >= {minimum}, got {v}")
+
+
+def _num(config, name, lo=None, hi=None, lo_open=False, hi_open=False):
+  v = config[name]
+  if not _is_num(v):
+    raise TypeError(f"config.{name} must be a number, got {v!r} ({type(v).__name__})")
+  bad = ((lo is not None and (v < lo or (lo_open and v == lo)))
+         or (hi is not None and (v > hi or (hi_open and v == hi))))
+  if bad or v != v:
+    lo_s = "(" if lo_open else "["
+    hi_s = ")" if hi_open else "]"
+    raise ValueError(f"config.{name} must lie in {lo_s}{lo if lo is not None else '-inf'}, "
+                     f"{hi if hi is not None else 'inf'}{hi_s}, got {v}")
+
+
+def _choice(config, name, choices):
+  v = config[name]
+  if v not in choices:
+    raise ValueError(f"config.{name} must be one of {choices}, got {v!r}")
+
+
+def validate_config(config: Any) -> ml_collections.ConfigDict:
+  """Checks a training config (ConfigDict or dict); returns it as a ConfigDict.
+
+  Raises ValueError / TypeError naming the bad field."""
+  if not isinstance(config, (ml_collections.ConfigDict, dict)):
+    raise TypeError(f"config must be an ml_collections.ConfigDict, got {type(config).__name__}")
+  keys = set(config.keys())
+  unknown = sorted(keys - set(_DEFAULTS.keys()))
+  if unknown:
+    close = difflib.get_close_matches(unknown[0], list(_DEFAULTS.keys()), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(f"config.{unknown[0]} is not a training field{hint}; known: "
+                     f"{sorted(_DEFAULTS.keys())}")
+  missing = sorted(set(_DEFAULTS.keys()) - keys)
+  if missing:
+    raise ValueError(f"config.{missing[0]} is missing; start from "
+                     f"specjax.training.default_config()")
+  _int(config, "steps", 1)
+  _int(config, "batch_size", 1)
+  _int(config, "seed", 0)
+  _choice(config, "optimizer", OPTIMIZERS)
+  _num(config, "learning_rate", 0, None, lo_open=True)
+  _choice(config, "schedule", SCHEDULES)
+  _int(config, "warmup_steps", 0)
+  if config["warmup_steps"] > config["steps"]:
+    raise ValueError(f"config.warmup_steps ({config['warmup_steps']}) must not exceed "
+                     f"config.steps ({config['steps']})")
+  _num(config, "min_lr_ratio", 0, 1)
+  _num(config, "weight_decay", 0)
+  _num(config, "b1", 0, 1, hi_open=True)
+  _num(config, "b2", 0, 1, hi_open=True)
+  _num(config, "eps", 0, None, lo_open=True)
+  _num(config, "grad_clip", 0)
+  _num(config, "distill_weight", 0, 1)
+  _num(config, "distill_temperature", 0, None, lo_open=True)
+  _int(config, "checkpoint_every", 1)
+  _int(config, "keep_checkpoints", 1)
+  if not isinstance(config["async_checkpointing"], bool):
+    raise TypeError(f"config.async_checkpointing must be a bool, got "
+                    f"{config['async_checkpointing']!r}")
+  _int(config, "log_every", 1)
+  _int(config, "eval_every", 0)
+  _int(config, "eval_batches", 0)
+  if isinstance(config, dict):
+    config = ml_collections.ConfigDict(config)
+  return config

@@ -1,0 +1,344 @@
+"""`train_model`: the training loop with exact resume.
+
+  params = train_model(model, None, source, config, "/tmp/run")
+
+runs `config.steps` optimizer steps (see `specjax.training.config`), saving
+the full train state every `config.checkpoint_every` steps (and at the last
+step) with orbax. Called again with the same arguments and workdir — after a
+kill, or after `stop_at_step` — it restores the latest checkpoint and
+continues: batch s is a pure function of (seed, s) (`batching`), the state
+holds everything else, so the run ends with the same parameters, bit for bit
+on CPU, as an uninterrupted one. A run that already finished returns its
+parameters without training. Resuming with a different model, teacher, data
+or trajectory field is an error naming what changed.
+
+Host syncs: none per step. Metrics stay on the device until a log step
+(`log_every`), when they are fetched together; progress lines give the loss,
+tokens/s (real target tokens, and all decoder positions), steps/s and ETA.
+The first step (compilation) is timed separately.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging as py_logging
+import math
+import os
+import time
+from typing import Any, Mapping, Optional, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+
+from specjax.checkpoints.orbax_io import config_to_dict
+from specjax.training import batching
+from specjax.training.checkpoint import Checkpointer, atomic_write_json, save_final_params
+from specjax.training.config import trajectory_fields, validate_config
+from specjax.training.optim import OptimizerSpec
+from specjax.training import steps as steps_lib
+from specjax.training.steps import StepSpec, TrainState, eval_step, init_state, train_step
+
+__all__ = ["train_model", "evaluate_loss", "summarize_metrics", "quiet_orbax_info_logs"]
+
+
+class _DropOrbaxInfo(py_logging.Filter):
+  """Drops orbax's INFO lines (dozens per checkpoint); its warnings pass."""
+
+  def filter(self, record):
+    return record.levelno >= py_logging.WARNING or "/orbax/" not in (record.pathname or "")
+
+
+_ORBAX_FILTER = _DropOrbaxInfo()
+
+
+def quiet_orbax_info_logs(quiet: bool = True) -> None:
+  """Hides (or shows again) orbax's INFO logs on absl's logger, process-wide."""
+  logger = py_logging.getLogger("absl")
+  if quiet:
+    if _ORBAX_FILTER not in logger.filters:
+      logger.addFilter(_ORBAX_FILTER)
+  else:
+    logger.removeFilter(_ORBAX_FILTER)
+
+
+def _model_format(model) -> Optional[str]:
+  """"seq2seq" / "decoder" for the known model classes, None for others."""
+  from specjax.models.decoder import DecoderLM  # pylint: disable=g-import-not-at-top
+  if isinstance(model, DecoderLM):
+    return "decoder"
+  try:
+    from specjax.models.t5 import T5  # pylint: disable=g-import-not-at-top
+  except ImportError:  # pragma: no cover
+    return None
+  return "seq2seq" if isinstance(model, T5) else None
+
+
+def _model_meta(model) -> Any:
+  config = getattr(model, "config", None)
+  try:
+    return config_to_dict(config)
+  except TypeError:
+    return {"class": f"{type(model).__module__}.{type(model).__qualname__}", "repr": repr(model)}
+
+
+def _jsonable(x):
+  return json.loads(json.dumps(x, default=str))
+
+
+def _data_meta(mixture: batching.Mixture) -> dict:
+  return _jsonable({
+      "format": mixture.format,
+      "row_spec": {k: [list(s), np.dtype(d).name] for k, (s, d) in mixture.row_spec.items()},
+      "num_items": [s.num_items for s in mixture.sources],
+      "weights": [round(float(w), 12) for w in mixture.weights],
+  })
+
+
+def summarize_metrics(sums: Mapping[str, float]) -> dict:
+  """Token-weighted means from summed metrics (`token_losses`' sums)."""
+  tokens = max(float(sums.get("tokens", 0.0)), 1.0)
+  out = {"ce": sums["ce_sum"] / tokens, "accuracy": sums["correct"] / tokens,
+         "tokens": float(sums.get("tokens", 0.0))}
+  if "kl_sum" in sums:
+    out["kl"] = sums["kl_sum"] / tokens
+    out["teacher_ce"] = sums["teacher_ce_sum"] / tokens
+  return out
+
+
+def evaluate_loss(spec: StepSpec, params, batches: Sequence[dict], teacher_params=None) -> dict:
+  """Token-weighted CE / accuracy (and KL to the teacher) over fixed batches."""
+  fn = eval_step(spec)
+  parts = [fn(params, b, teacher_params) for b in batches]
+  sums = {k: float(np.sum([float(p[k]) for p in parts])) for k in parts[0]}
+  return summarize_metrics(sums)
+
+
+def _check_resume(meta: dict, expected: dict, directory: str, step: int) -> None:
+  for section in ("model", "teacher", "train", "data"):
+    old, new = meta.get(section), expected[section]
+    if old == new:
+      continue
+    field = section
+    if isinstance(old, dict) and isinstance(new, dict):
+      for k in sorted(set(old) | set(new)):
+        if old.get(k) != new.get(k):
+          field, old, new = f"{section}.{k}", old.get(k), new.get(k)
+          break
+      if isinstance(old, dict) and isinstance(new, dict):  # One more level (config fields).
+        for k in sorted(set(old) | set(new)):
+          if old.get(k) != new.get(k):
+            field, old, new = f"{field}.{k}", old.get(k), new.get(k)
+            break
+    raise ValueError(
+        f"cannot resume from the checkpoint at step {step} in {directory}: {field} was "
+        f"{old!r}, now {new!r}; use the same settings or a new workdir")
+
+
+class _Progress:
+  """Accumulates device metrics; logs and writes them every `log_every` steps."""
+
+  def __init__(self, workdir: str, log_every: int, end_step: int, positions_per_step: int):
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.log_every = log_every
+    self.end_step = end_step
+    self.positions_per_step = positions_per_step
+    self.pending: list = []
+    self.t0 = None
+    self.steps_since = 0
+    self.excluded = 0.0
+    self.last_eval = None
+    self.last: dict = {}
+
+  def write(self, record: dict) -> None:
+    with open(self.path, "a", encoding="utf-8") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+
+  def start_clock(self):
+    self.t0 = time.perf_counter()
+    self.steps_since = 0
+    self.excluded = 0.0
+
+  def exclude(self, seconds: float) -> None:
+    """Time not to count in the throughput (validation)."""
+    self.excluded += seconds
+
+  def add(self, step: int, metrics, timed: bool = True) -> None:
+    """Queues a step's device metrics; `timed=False` keeps it out of the rates."""
+    self.pending.append((metrics, timed))
+    self.steps_since += int(timed)
+    if step % self.log_every == 0 or step == self.end_step:
+      self.flush(step)
+
+  def flush(self, step: int) -> None:
+    if not self.pending:
+      return
+    fetched = jax.device_get([m for m, _ in self.pending])
+    timed_tokens = float(sum(m["tokens"] for m, (_, t) in zip(fetched, self.pending) if t))
+    self.pending = []
+    sums = {k: float(np.sum([m[k] for m in fetched])) for k in fetched[0]
+            if k.endswith("_sum") or k in ("correct", "tokens")}
+    rec = {"step": step, "loss": float(np.mean([m["loss"] for m in fetched])),
+           "learning_rate": float(fetched[-1]["learning_rate"]),
+           "grad_norm": float(np.mean([m["grad_norm"] for m in fetched]))}
+    rec.update({f"train_{k}": v for k, v in summarize_metrics(sums).items()})
+    now = time.perf_counter()
+    if self.t0 is not None and self.steps_since:
+      dt = max(now - self.t0 - self.excluded, 1e-9)
+      rec["steps_per_s"] = self.steps_since / dt
+      rec["tokens_per_s"] = timed_tokens / dt
+      rec["positions_per_s"] = self.steps_since * self.positions_per_step / dt
+      rec["eta_s"] = (self.end_step - step) / rec["steps_per_s"]
+    self.start_clock()
+    self.last = rec
+    self.write(rec)
+    extra = ""
+    if "steps_per_s" in rec:
+      extra = (f" | {rec['tokens_per_s']:.0f} tok/s ({rec['positions_per_s']:.0f} pos/s)"
+               f" | {rec['steps_per_s']:.2f} steps/s | ETA {rec['eta_s'] / 60:.1f} min")
+    kl = f" kl {rec['train_kl']:.4f}" if "train_kl" in rec else ""
+    logging.info("step %d/%d | loss %.4f (ce %.4f%s, acc %.3f) | lr %.2e | gnorm %.3f%s", step,
+                 self.end_step, rec["loss"], rec["train_ce"], kl, rec["train_accuracy"],
+                 rec["learning_rate"], rec["grad_norm"], extra)
+
+
+def _positions_per_step(mixture: batching.Mixture, batch_size: int) -> int:
+  spec = mixture.row_spec
+  key = "decoder_inputs" if "decoder_inputs" in spec else "tokens"
+  return batch_size * int(spec[key][0][0])
+
+
+def train_model(model, init_params, dataset, config, workdir: str, teacher=None, *,
+                eval_dataset=None, stop_at_step: Optional[int] = None):
+  """Trains `model` and returns its parameters (see the module doc).
+
+  Args:
+    model: a `DecoderLM` or `T5` (any object whose `forward` matches the
+      batch layout: `forward(params, tokens)` or `forward(params, inputs,
+      input_lengths, decoder_inputs)`); hashable.
+    init_params: starting parameters, or None for `model.init(PRNGKey(seed))`.
+      Ignored when the workdir holds a checkpoint (the run resumes).
+    dataset: a `batching.Source`, `Mixture` or `[(Source, weight), ...]`.
+    config: a training ConfigDict (`default_config()`), validated here.
+    workdir: checkpoints, metrics.jsonl, summary.json and final/ go here.
+    teacher: `(teacher_model, teacher_params)` for distillation (needs
+      config.distill_weight > 0; same vocabulary and batch layout).
+    eval_dataset: a Source (or {name: Source}) for the validation loss on its
+      first `eval_batches * batch_size` items.
+    stop_at_step: stop (with a checkpoint) once this step is reached, as a
+      preempted run would; calling again continues to config.steps.
+
+  Returns:
+    The parameters after `min(config.steps, stop_at_step)` steps.
+  """
+  config = validate_config(config)
+  quiet_orbax_info_logs()
+  mixture = batching.as_mixture(dataset)
+  fmt = _model_format(model)
+  if fmt is not None and fmt != mixture.format:
+    raise ValueError(f"dataset rows are {mixture.format!r} but {type(model).__name__} needs "
+                     f"{fmt!r} rows")
+  teacher_model, teacher_params = None, None
+  if config.distill_weight > 0:
+    if teacher is None:
+      raise ValueError(f"config.distill_weight is {config.distill_weight} but no teacher was "
+                       "given; pass teacher=(model, params) or set distill_weight=0")
+    teacher_model, teacher_params = teacher
+    if teacher_model.vocab_size != model.vocab_size:
+      raise ValueError(f"teacher vocab_size {teacher_model.vocab_size} != student vocab_size "
+                       f"{model.vocab_size}")
+    tfmt = _model_format(teacher_model)
+    if tfmt is not None and tfmt != mixture.format:
+      raise ValueError(f"the teacher {type(teacher_model).__name__} needs {tfmt!r} rows, the "
+                       f"dataset has {mixture.format!r}")
+  elif teacher is not None:
+    logging.warning("a teacher was given but config.distill_weight = 0: it is not used")
+  if stop_at_step is not None:
+    stop_at_step = batching._check_pos_int("stop_at_step", stop_at_step)  # pylint: disable=protected-access
+  end = config.steps if stop_at_step is None else min(config.steps, stop_at_step)
+
+  spec = StepSpec(model=model, optimizer=OptimizerSpec.from_config(config), teacher=teacher_model,
+                  distill_weight=float(config.distill_weight),
+                  distill_temperature=float(config.distill_temperature))
+  os.makedirs(workdir, exist_ok=True)
+  meta = {"model": _jsonable(_model_meta(model)),
+          "teacher": _jsonable(_model_meta(teacher_model)) if teacher_model is not None else None,
+          "train": _jsonable(trajectory_fields(config)), "data": _data_meta(mixture)}
+  for k, s in enumerate(mixture.sources):
+    logging.info("data source %d (%s, weight %.3f): %s", k, s.format, mixture.weights[k],
+                 s.stats)
+
+  ckpt = Checkpointer(workdir, config.keep_checkpoints, config.async_checkpointing)
+  try:
+    if init_params is None:
+      init_params = steps_lib.init_params(model, config.seed)
+    state = init_state(spec, init_params, config.seed)
+    latest = ckpt.latest_step()
+    if latest is not None:
+      _check_resume(ckpt.restore_meta(latest), meta, ckpt.directory, latest)
+      state = TrainState.from_dict(ckpt.restore(latest, state.to_dict()))
+      logging.info("resumed from the checkpoint at step %d in %s", latest, ckpt.directory)
+    start = int(state.step)
+    if start > end:
+      raise ValueError(f"the checkpoint is at step {start}, past the requested end {end}")
+
+    eval_sets = {}
+    if eval_dataset is not None and config.eval_batches:
+      named = eval_dataset if isinstance(eval_dataset, Mapping) else {"validation": eval_dataset}
+      eval_sets = {name: batching.eval_batches(src, config.batch_size, config.eval_batches)
+                   for name, src in named.items()}
+    progress = _Progress(workdir, config.log_every, end,
+                         _positions_per_step(mixture, config.batch_size))
+
+    def run_eval(step, params):
+      for name, batches in eval_sets.items():
+        t0 = time.perf_counter()
+        res = evaluate_loss(spec, params, batches, teacher_params)
+        rec = {"step": step, "eval": name, **{f"eval_{k}": v for k, v in res.items()}}
+        progress.write(rec)
+        progress.last_eval = rec
+        logging.info("step %d | %s: ce %.4f (ppl %.4g), acc %.3f%s | %.1fs", step, name,
+                     res["ce"], math.exp(min(res["ce"], 50.0)), res["accuracy"],
+                     f", kl {res['kl']:.4f}" if "kl" in res else "", time.perf_counter() - t0)
+        progress.exclude(time.perf_counter() - t0)
+
+    if start == 0 and eval_sets:
+      run_eval(0, state.params)  # The starting point (e.g. the KL to the teacher before).
+    step_fn = train_step(spec)
+    compile_s = None
+    t_run = time.perf_counter()
+    for step in range(start, end):
+      batch = mixture.batch(config.seed, step, config.batch_size)
+      first = compile_s is None
+      if first:
+        t0 = time.perf_counter()
+        state, metrics = step_fn(state, batch, teacher_params)
+        jax.block_until_ready(metrics)
+        compile_s = time.perf_counter() - t0
+        logging.info("first step (compilation included): %.1fs", compile_s)
+        progress.start_clock()
+      else:
+        state, metrics = step_fn(state, batch, teacher_params)
+      done = step + 1
+      progress.add(done, metrics, timed=not first)
+      if done % config.checkpoint_every == 0 or done == end:
+        ckpt.save(done, state.to_dict(), meta)
+      if eval_sets and ((config.eval_every and done % config.eval_every == 0)
+                        or done == config.steps):
+        run_eval(done, state.params)
+    ckpt.wait()
+    finished = int(state.step) == config.steps
+    if finished:
+      final = None
+      if dataclasses.is_dataclass(getattr(model, "config", None)):
+        final = save_final_params(workdir, state.params, model.config)
+      summary = {"step": int(state.step), "final_params": final,
+                 "compile_s": compile_s, "wall_s_this_run": time.perf_counter() - t_run,
+                 "steps_this_run": end - start, "last_train": progress.last,
+                 "last_eval": progress.last_eval,
+                 "data": [s.stats.__dict__ for s in mixture.sources]}
+      atomic_write_json(summary, os.path.join(workdir, "summary.json"))
+    return state.params
+  finally:
+    ckpt.close()
