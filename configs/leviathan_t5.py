@@ -1,0 +1,126 @@
+"""Leviathan et al. 2023 reproduction: T5 v1.1 target, small/base/large drafts,
+EN→DE and summarisation, temperature 0 and 1, γ sweep, batch 1.
+
+Run (from the repository root):
+  python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:quick \
+      --config.workdir=runs/leviathan_quick          # ≤ 15 min from a fresh clone
+  python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:full \
+      --config.workdir=runs/leviathan_full           # ≤ 3 h on 2 CPU cores, resumable
+  python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:micro \
+      --config.workdir=/tmp/lev_micro --config.data.translate_source=jsonl:... \
+      --config.data.summarize_source=jsonl:...       # seconds; CI end-to-end test
+
+A rerun with the same workdir reuses the data, vocabulary, trained models,
+compiled executables and finished measurements. Results (JSON, markdown, PNG)
+go to `<workdir>/results/` and, with --config.results_dir, also there.
+
+Model sizes (T5 v1.1: gated-GELU, untied head) follow the paper's ratios as
+far as this CPU allows: T5-XXL : small ≈ 140, : base ≈ 44, : large ≈ 14.
+"""
+
+import ml_collections
+
+
+def _t5(d_model, d_kv, num_heads, d_ff, num_layers):
+  return ml_collections.ConfigDict(dict(d_model=d_model, d_kv=d_kv, num_heads=num_heads,
+                                        d_ff=d_ff, num_layers=num_layers))
+
+
+def _train(steps, batch_size, lr, warmup, distill_weight=0.0, log_every=50):
+  c = ml_collections.ConfigDict()
+  c.steps = steps
+  c.batch_size = batch_size
+  c.learning_rate = lr
+  c.warmup_steps = warmup
+  c.distill_weight = distill_weight
+  c.checkpoint_every = max(steps // 6, 1)
+  c.eval_every = max(steps // 3, 1)
+  c.eval_batches = 4
+  c.log_every = log_every
+  return c
+
+
+def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.preset = preset
+  c.workdir = f"runs/leviathan_{preset}"
+  c.results_dir = ""                  # also copy results here (e.g. results/leviathan_t5)
+  c.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.cache_dir = "data_cache"     # shared by runs; never committed
+  c.data.translate_source = ""       # "" = Debian gettext catalogs; or jsonl:/tsv:/tfds
+  c.data.summarize_source = ""       # "" = Debian package descriptions; or jsonl:/tsv:/tfds
+  c.data.max_packages = 0             # extra Debian packages to download for catalogs
+  c.data.apt_update = True            # fetch apt's English descriptions if missing
+  c.data.vocab_size = 4096
+  c.data.spm_sentences = 200_000
+  c.data.input_len = 96               # encoder tokens (longer inputs are truncated)
+  c.data.target_len = 48
+
+  c.models = ml_collections.ConfigDict()
+  c.models.target = _t5(384, 64, 6, 1024, 4)     # ~19.7M with a 4096 vocab ("XXL")
+  c.models.drafts = ml_collections.ConfigDict()
+  c.models.drafts.small = _t5(16, 8, 2, 32, 1)   # ~0.14M (1 : 140)
+  c.models.drafts.base = _t5(48, 24, 2, 96, 1)   # ~0.45M (1 : 44)
+  c.models.drafts.large = _t5(128, 32, 4, 320, 2)  # ~1.4M (1 : 14)
+
+  c.train = ml_collections.ConfigDict()
+  c.train.target = _train(2000, 16, 2e-3, 150)
+  c.train.draft = _train(1200, 16, 3e-3, 100, distill_weight=0.5)
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.num_prompts = 100
+  c.eval.gammas = list(range(1, 9))
+  c.eval.temperatures = [0.0, 1.0]
+  c.eval.drafts = ["small", "base", "large"]
+  c.eval.translate_prompt_len = 64
+  c.eval.summarize_prompt_len = 96
+  c.eval.translate_max_new = 48
+  c.eval.summarize_max_new = 32
+  c.eval.chunk = 25                   # prompts per resumable measurement chunk
+
+  if preset == "full":
+    c.data.max_packages = 40
+  elif preset == "quick":
+    c.data.vocab_size = 2048
+    c.data.spm_sentences = 60_000
+    c.data.input_len = 64
+    c.data.target_len = 32
+    c.models.target = _t5(256, 32, 8, 768, 3)      # ~6.3M with a 2048 vocab
+    c.models.drafts.small = _t5(16, 8, 2, 32, 1)     # ~0.07M (1 : 90)
+    c.models.drafts.base = _t5(32, 16, 2, 64, 1)     # ~0.14M (1 : 45)
+    c.models.drafts.large = _t5(96, 24, 4, 192, 1)   # ~0.5M (1 : 13)
+    c.train.target = _train(400, 16, 3e-3, 40, log_every=50)
+    c.train.draft = _train(300, 16, 4e-3, 30, distill_weight=0.5, log_every=100)
+    c.eval.num_prompts = 12
+    c.eval.gammas = [1, 3, 5]
+    # One prompt bucket and output length for both tasks: one compilation each.
+    c.eval.translate_prompt_len = 64
+    c.eval.summarize_prompt_len = 64
+    c.eval.translate_max_new = 32
+    c.eval.summarize_max_new = 32
+    c.eval.chunk = 12
+  elif preset == "micro":
+    c.data.apt_update = False
+    c.data.vocab_size = 96
+    c.data.spm_sentences = 5_000
+    c.data.input_len = 32
+    c.data.target_len = 16
+    c.models.target = _t5(32, 8, 4, 64, 1)
+    c.models.drafts.small = _t5(8, 4, 2, 16, 1)
+    c.models.drafts.base = _t5(8, 4, 2, 16, 1)
+    c.models.drafts.large = _t5(16, 4, 2, 32, 1)
+    c.train.target = _train(20, 8, 3e-3, 5, log_every=10)
+    c.train.draft = _train(10, 8, 3e-3, 2, distill_weight=0.5, log_every=10)
+    c.eval.num_prompts = 3
+    c.eval.gammas = [2]
+    c.eval.drafts = ["small", "large"]
+    c.eval.translate_prompt_len = 32
+    c.eval.summarize_prompt_len = 32
+    c.eval.translate_max_new = 8
+    c.eval.summarize_max_new = 8
+    c.eval.chunk = 3
+  elif preset != "full":
+    raise ValueError(f"unknown preset {preset!r}; known: quick, full, micro")
+  return c

@@ -1,0 +1,30 @@
+"""Leviathan et al. 2023 reproduction (T5): data, training, measurements, report.
+
+  python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:quick
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from specjax.experiments import leviathan  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "leviathan_t5.py"),
+    "Experiment config (configs/leviathan_t5.py:<preset>).")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.INFO)
+  results_md = os.path.join(leviathan.run(_CONFIG.value)["_out_dir"], "results.md")
+  with open(results_md, encoding="utf-8") as f:
+    print(f.read())
+
+
+if __name__ == "__main__":
+  app.run(main)

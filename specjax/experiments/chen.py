@@ -1,0 +1,404 @@
+"""Chen et al. 2023 end to end on this machine (see configs/chen_chinchilla.py).
+
+Stages, each cached under the workdir (a rerun reuses them):
+
+  1. data: the Python standard library (code documents), Debian package
+     descriptions → synopses (XSum-like), the 164 HumanEval prompts;
+  2. a lossless code + text SentencePiece vocabulary
+     (`specjax.data.code_vocab`: newlines and indentation survive);
+  3. the target, a decoder-only "Chinchilla-70B analog", trained on the
+     mixture of packed code documents and "…text… Summary: <synopsis>"
+     examples (loss on the synopsis);
+  4. the draft, a "4B analog" ~1/17 of the target's size, built for sampling
+     latency (few, wide layers), trained on the same mixture and distilled
+     from the target;
+  5. measurements: the K sweep (K = 0 autoregressive, 1..7 speculative) at
+     batch 1 for XSum-like nucleus / greedy and HumanEval nucleus sampling,
+     α from exact distributions along the target's own samples, component
+     times (c, verify cost), speedup vs batch size at the headline K, and the
+     quality checks (`chen_quality`);
+  6. report (`chen_report`): results.json, results.md in the layout of Chen's
+     Table 1 with their numbers next to ours, ms_per_token_vs_K.png,
+     acceptance_vs_K.png, speedup_vs_batch.png.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import time
+from typing import Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+import specjax
+from specjax.analysis import measure_beta, position_distributions
+from specjax.benchmarking import count_params, step_times
+from specjax.checkpoints.hf_common import write_json
+from specjax.data import build_task, load_task
+from specjax.data.code_vocab import train_code_sentencepiece
+from specjax.experiments import chen_quality, chen_report, report
+from specjax.experiments.common import Stages, enable_compilation_cache, pad_batch, train_or_restore
+from specjax.experiments.speed import cell_name, summarize, sweep
+from specjax.models.decoder import DecoderConfig, DecoderLM
+from specjax.tokenizer import SentencePieceTokenizer
+
+SUMMARY_PROMPT = "{inputs} Summary:"
+SUMMARY_TARGET = " {targets}"  # The vocabulary has no dummy prefix: the space is explicit.
+DRAFT = "draft"
+
+# The three (task, sampling) rows of Chen's Table 1.
+SETTINGS = {
+    "xsum_nucleus": dict(task="xsum", temperature=1.0, top_p=0.8, label="Nucleus"),
+    "xsum_greedy": dict(task="xsum", temperature=0.0, top_p=1.0, label="Greedy"),
+    "humaneval_nucleus": dict(task="humaneval", temperature=0.8, top_p=0.95, label="Nucleus"),
+}
+# Chen et al. 2023, Table 1 (Chinchilla 70B, 4B draft, K = 4, batch 1, 16 TPU-v4), as
+# given in BRIEF §3: ms/token AR → SpS, speed-up, quality AR / SpS (None: not listed there).
+PAPER_TABLE1 = {
+    "xsum_nucleus": dict(ar_ms=14.1, sp_ms=7.52, speedup=1.92, metric="ROUGE-2",
+                         ar_quality=0.112, sp_quality=0.114),
+    "xsum_greedy": dict(ar_ms=14.1, sp_ms=7.00, speedup=2.01, metric="ROUGE-2",
+                        ar_quality=None, sp_quality=None),
+    "humaneval_nucleus": dict(ar_ms=14.1, sp_ms=5.73, speedup=2.46, metric="pass@100",
+                              ar_quality=0.451, sp_quality=0.470),
+}
+PAPER_K_SWEEP = {"xsum": "bottoms near K ≈ 3", "humaneval": "keeps improving to K ≈ 6–7"}
+
+
+def sampling_config(setting: str) -> specjax.SamplingConfig:
+  s = SETTINGS[setting]
+  return specjax.SamplingConfig(temperature=s["temperature"], top_p=s["top_p"])
+
+
+def decoder(mcfg, vocab_size: int) -> DecoderLM:
+  """A `DecoderLM` from a config section (d_model, num_layers, ...)."""
+  return DecoderLM(DecoderConfig(
+      vocab_size=vocab_size, d_model=mcfg.d_model, num_layers=mcfg.num_layers,
+      num_heads=mcfg.num_heads, num_kv_heads=mcfg.num_kv_heads, head_dim=mcfg.head_dim,
+      mlp_dim=mcfg.mlp_dim, tie_embeddings=bool(mcfg.tie_embeddings)))
+
+
+def _train_config(c):
+  from specjax.train import default_config  # Imported late: pulls in optax/orbax.
+  tc = default_config()
+  for k, v in c.items():
+    tc[k] = v
+  return tc
+
+
+def _have_descriptions(lists_dir: str = "/var/lib/apt/lists") -> bool:
+  return os.path.isdir(lists_dir) and any("Translation-en" in f for f in os.listdir(lists_dir))
+
+
+def prepare_data(cfg) -> str:
+  """Builds the three tasks and the code + text vocabulary; returns the spm path."""
+  cache = cfg.data.cache_dir
+  code_opts = {"source": cfg.data.code_source or None}
+  build_task("code_python", cache, **code_opts)
+  sum_opts = {"source": cfg.data.summarize_source or None}
+  if not cfg.data.summarize_source:
+    sum_opts["apt_update"] = bool(cfg.data.apt_update) and not _have_descriptions()
+  build_task("summarize_debian", cache, **sum_opts)
+  build_task("humaneval", cache, source=cfg.data.humaneval_source or None)
+  return train_code_sentencepiece(
+      cache, cfg.data.vocab_size, max_sentences=cfg.data.spm_sentences,
+      code_fraction=cfg.data.spm_code_fraction, text_template=SUMMARY_PROMPT + SUMMARY_TARGET,
+      name=f"chen_code{cfg.data.vocab_size}_{cfg.data.spm_sentences}")
+
+
+def _sources(cfg, tok, split: str) -> Dict[str, object]:
+  """{"code": packed documents, "summarize": packed "text Summary: synopsis" rows}."""
+  from specjax.train import LMSource, lm_examples
+  code = lm_examples(load_task("code_python", split, cfg.data.cache_dir), tok, None, "{inputs}")
+  summ = lm_examples(load_task("summarize_debian", split, cfg.data.cache_dir), tok,
+                     SUMMARY_PROMPT, SUMMARY_TARGET)
+  out = {}
+  for name, ex, packing in (("code", code, True), ("summarize", summ, cfg.data.pack_summaries)):
+    try:
+      out[name] = LMSource(ex, cfg.data.seq_len, packing=packing)
+    except ValueError as e:  # A tiny split (fixtures): no validation set for it.
+      if split == "train":
+        raise
+      logging.warning("no %s %s source: %s", split, name, e)
+  return out
+
+
+def train_models(cfg, tok, workdir: str, stages: Stages):
+  """(target, params), (draft, params): trained, or restored when already trained."""
+  from specjax.train import Mixture
+  src = _sources(cfg, tok, "train")
+  train = Mixture([(src["code"], cfg.data.code_weight), (src["summarize"], 1 - cfg.data.code_weight)])
+  valid = _sources(cfg, tok, "validation") or None
+  target = decoder(cfg.models.target, tok.vocab_size)
+  draft = decoder(cfg.models.draft, tok.vocab_size)
+  t0 = time.time()
+  tp = train_or_restore(target, train, _train_config(cfg.train.target),
+                        os.path.join(workdir, "target"), eval_dataset=valid)
+  if stages.get("timing/train_target") is None:
+    stages.put("timing/train_target", time.time() - t0)
+  dcfg = _train_config(cfg.train.draft)
+  t0 = time.time()
+  dp = train_or_restore(draft, train, dcfg, os.path.join(workdir, "draft"),
+                        teacher=(target, tp) if dcfg.distill_weight > 0 else None,
+                        eval_dataset=valid)
+  if stages.get("timing/train_draft") is None:
+    stages.put("timing/train_draft", time.time() - t0)
+  return (target, tp), (draft, dp)
+
+
+def task_prompts(cfg, tok, task: str):
+  """(prompts [N, P], lengths [N], records, number cut) for "xsum" / "humaneval".
+
+  Prompts longer than the bucket keep their end (the "Summary:" cue, the end of
+  the docstring), as the training rows do."""
+  if task == "xsum":
+    records = load_task("summarize_debian", "test", cfg.data.cache_dir)[:cfg.eval.xsum_prompts]
+    texts = [SUMMARY_PROMPT.format(**r) for r in records]
+    p_len = cfg.eval.xsum_prompt_len
+  else:
+    records = load_task("humaneval", "test", cfg.data.cache_dir)[:cfg.eval.humaneval_prompts]
+    texts = [r["inputs"] for r in records]
+    p_len = cfg.eval.humaneval_prompt_len
+  seqs = [tok.encode(t, add_eos=False) for t in texts]
+  cut = sum(len(s) > p_len for s in seqs)
+  prompts, lengths = pad_batch([s[-p_len:] for s in seqs], p_len)
+  return prompts, lengths, records, cut
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2, 8))
+def _beta(target, tp, draft, dp, prompts, lengths, tokens, token_lengths, sampling):
+  return measure_beta(target, tp, draft, dp, prompts, lengths, tokens, token_lengths, sampling)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 5))
+def _token_probs(model, params, prompts, lengths, tokens, sampling):
+  q = position_distributions(model, params, prompts, lengths, tokens, sampling)
+  return jnp.take_along_axis(q, tokens[..., None], axis=-1)[..., 0]
+
+
+def _chunked(fn, batch: int, *arrays):
+  """Applies fn to fixed-size row chunks (the last one padded by repeating
+  row 0), concatenating the outputs; one compilation for all chunks."""
+  n = arrays[0].shape[0]
+  outs = []
+  for s in range(0, n, batch):
+    idx = np.arange(s, s + batch)
+    idx = np.where(idx < n, idx, 0)
+    out = fn(*[jnp.asarray(a[idx]) for a in arrays])
+    out = jax.tree_util.tree_map(lambda x: np.asarray(x)[: min(batch, n - s)], out)
+    outs.append(out)
+  return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *outs)
+
+
+def _first_eos_lengths(outputs, eos_id: int) -> np.ndarray:
+  """Tokens up to and including the first EOS (all, when there is none)."""
+  return np.asarray([o.index(eos_id) + 1 if eos_id in o else len(o) for o in outputs], np.int32)
+
+
+def exact_alpha(cfg, tok, target, draft, prompts, lengths, outputs, sampling) -> dict:
+  """α = mean β along the target's own samples; for the XSum-like task also
+  on the synopsis (up to its first EOS) and after it (eos is ignored)."""
+  (tm, tp), (dm, dp) = target, draft
+  out_NT, _ = pad_batch([o if o else [0] for o in outputs], cfg.eval.max_new_tokens)
+  full = np.asarray([len(o) for o in outputs], np.int32)
+  fn = lambda x, l, t, n: _beta(tm, tp, dm, dp, x, l, t, n, sampling)
+  beta, mask = _chunked(fn, cfg.eval.alpha_batch, prompts, lengths, out_NT, full)
+  eos_len = _first_eos_lengths(outputs, tok.eos_id)
+  pos = np.arange(out_NT.shape[1])[None]
+  before = mask & (pos < eos_len[:, None])
+  after = mask & ~before
+  mean = lambda m: float((beta * m).sum() / m.sum()) if m.sum() else None
+  per_pos = [mean(mask & (pos == i)) for i in range(min(8, out_NT.shape[1]))]
+  return {"alpha": mean(mask), "alpha_before_eos": mean(before), "alpha_after_eos": mean(after),
+          "fraction_after_eos": float(after.sum() / max(mask.sum(), 1)), "alpha_by_position": per_pos}
+
+
+def target_probs(cfg, target, prompts, lengths, outputs, sampling) -> np.ndarray:
+  """The target's processed probability of every sampled token `[N, T]`."""
+  tm, tp = target
+  out_NT, _ = pad_batch([o if o else [0] for o in outputs], cfg.eval.max_new_tokens)
+  fn = lambda x, l, t: _token_probs(tm, tp, x, l, t, sampling)
+  return _chunked(fn, cfg.eval.alpha_batch, prompts, lengths, out_NT)
+
+
+def components(target, draft, prompt_len: int, cache_len: int, ks, batch_sizes) -> dict:
+  """In-graph step times: target on 1 and K+1 tokens, draft on 1 and 2 tokens,
+  per batch size (seconds)."""
+  (tm, tp), (dm, dp) = target, draft
+  out = {}
+  for b in batch_sizes:
+    t_counts = [1] + [k + 1 for k in ks] if b == 1 else [1, max(ks) + 1]
+    out[str(b)] = {
+        "target": {str(k): v for k, v in step_times(tm, tp, b, cache_len, prompt_len,
+                                                    sorted(set(t_counts))).items()},
+        DRAFT: {str(k): v for k, v in step_times(dm, dp, b, cache_len, prompt_len, [1, 2]).items()}}
+  return out
+
+
+def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -> list:
+  """One row per K (0 = autoregressive) with timing, acceptance and predictions."""
+  from specjax import theory
+  t1 = comp["target"]["1"]
+  d1, d2 = comp[DRAFT]["1"], comp[DRAFT]["2"]
+  ar = summary["ar"]
+  rows = [{"k": 0, "ms_per_token": ar["ms_per_token"], "speedup": 1.0,
+           "seconds_per_prompt": ar["seconds"] / n_prompts, "acceptance_rate": None,
+           "accepted_per_iteration": 0.0, "tokens_per_iteration": 1.0}]
+  for k in ks:
+    if k == 0:
+      continue
+    c = summary[cell_name(DRAFT, k)]
+    verify = comp["target"].get(str(k + 1))
+    draft_iter = d2 + (k - 1) * d1
+    row = {"k": k, "ms_per_token": c["ms_per_token"], "speedup": c["speedup"],
+           "seconds_per_prompt": c["seconds"] / n_prompts,
+           "acceptance_rate": c["acceptance_rate"],
+           "accepted_per_iteration": c["tokens_per_iteration"] - 1.0,
+           "tokens_per_iteration": c["tokens_per_iteration"],
+           "accepted_hist": c["accepted_hist"], "identical_fraction": c["identical_fraction"],
+           "predicted_from_alpha": float(theory.walltime_improvement(alpha, k, d1 / t1)),
+           "expected_tokens_from_alpha": float(theory.expected_tokens_per_call(alpha, k))}
+    if verify is not None:
+      row["verify_cost"] = verify / t1
+      row["predicted_from_components"] = c["tokens_per_iteration"] * t1 / (draft_iter + verify)
+    rows.append(row)
+  return rows
+
+
+def measure(cfg, tok, target, draft, stages: Stages) -> dict:
+  """Every measurement (each stage cached in `stages`)."""
+  ks = [int(k) for k in cfg.eval.ks]
+  gammas = [k for k in ks if k > 0]
+  head = int(cfg.eval.headline_k)
+  eos = None if cfg.eval.ignore_eos else tok.eos_id
+  results = {"settings": {}, "tasks": {}}
+  prompts_by_task = {}
+  for task in ("xsum", "humaneval"):
+    prompts, lengths, records, cut = task_prompts(cfg, tok, task)
+    prompts_by_task[task] = (prompts, lengths, records)
+    p_len = prompts.shape[1]
+    cache_len = specjax.required_cache_len(target[0], p_len, cfg.eval.max_new_tokens, max(gammas))
+    comp = stages.run(f"{task}/components", lambda: components(
+        target, draft, p_len, cache_len, gammas, list(cfg.eval.batch_sizes)))
+    results["tasks"][task] = {"components": comp, "num_prompts": int(len(prompts)),
+                              "prompts_cut": int(cut), "prompt_len": int(p_len)}
+  for name in SETTINGS:
+    task = SETTINGS[name]["task"]
+    prompts, lengths, records = prompts_by_task[task]
+    sampling = sampling_config(name)
+    t0 = time.time()
+    recs = sweep(target[0], target[1], {DRAFT: draft}, prompts, lengths, gammas=gammas,
+                 sampling=sampling, max_new_tokens=cfg.eval.max_new_tokens, eos_id=eos,
+                 stages=stages, prefix=f"{name}/k", chunk=cfg.eval.chunk, seed=cfg.seed,
+                 keep_cell_tokens=[cell_name(DRAFT, head)])
+    summary = summarize(recs)
+    ar_out = [o for r in recs for o in r["ar"]["outputs"]]
+    sp_out = [o for r in recs for o in r["cells"][cell_name(DRAFT, head)]["outputs"]]
+    n = len(ar_out)
+    alpha = stages.run(f"{name}/alpha", lambda: exact_alpha(
+        cfg, tok, target, draft, prompts[:n], lengths[:n], ar_out, sampling))
+
+    def quality():
+      q = {}
+      if not sampling.is_greedy:
+        q_ar = target_probs(cfg, target, prompts[:n], lengths[:n], ar_out, sampling)
+        q_sp = target_probs(cfg, target, prompts[:n], lengths[:n], sp_out, sampling)
+        q["target_logprob"] = chen_quality.logprob_comparison(q_ar, q_sp)
+      q.update(chen_quality.compare_samples(task, tok, records[:n], ar_out, sp_out, cfg.eval))
+      return q
+    qual = stages.run(f"{name}/quality", quality)
+    if stages.get(f"timing/{name}") is None:
+      stages.put(f"timing/{name}", time.time() - t0)
+    comp = results["tasks"][task]["components"]["1"]
+    results["settings"][name] = {
+        **SETTINGS[name], "cells": summary, "alpha": alpha, "quality": qual,
+        "k_sweep": k_sweep_table(summary, comp, alpha["alpha"], ks, n),
+        "compile_s": stages.get(f"{name}/k/compile_s")}
+  results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, stages, eos, head)
+  return results
+
+
+def measure_batch(cfg, target, draft, prompts_by_task, stages, eos, k: int) -> dict:
+  """Speedup at the headline K for each batch size, same prompts for all."""
+  out = {}
+  for name in cfg.eval.batch_settings:
+    prompts, lengths, _ = prompts_by_task[SETTINGS[name]["task"]]
+    n = min(int(cfg.eval.batch_prompts), len(prompts))
+    t0 = time.time()
+    res = {}
+    for b in cfg.eval.batch_sizes:
+      if n < b:
+        continue
+      recs = sweep(target[0], target[1], {DRAFT: draft}, prompts[:n], lengths[:n], gammas=[k],
+                   sampling=sampling_config(name), max_new_tokens=cfg.eval.max_new_tokens,
+                   eos_id=eos, stages=stages, prefix=f"{name}/batch{b}", batch_size=int(b),
+                   chunk=max(int(cfg.eval.chunk), int(b)), seed=cfg.seed, keep_ar_tokens=False)
+      s = summarize(recs)
+      c = s[cell_name(DRAFT, k)]
+      res[str(b)] = {"ar_ms_per_token": s["ar"]["ms_per_token"], "sp_ms_per_token": c["ms_per_token"],
+                     "speedup": c["speedup"], "acceptance_rate": c["acceptance_rate"],
+                     "tokens_per_iteration": c["tokens_per_iteration"], "num_prompts": n}
+    if stages.get(f"timing/{name}/batch") is None:
+      stages.put(f"timing/{name}/batch", time.time() - t0)
+    out[name] = res
+  return out
+
+
+def model_info(cfg, target, draft, workdir: str) -> dict:
+  """Sizes, shapes and training summaries of both models."""
+  import json
+  info = {}
+  for name, (model, params) in (("target", target), (DRAFT, draft)):
+    c = model.config
+    entry = {"params": count_params(params), "num_layers": c.num_layers, "d_model": c.d_model,
+             "num_heads": c.num_heads, "head_dim": c.head_dim, "mlp_dim": c.mlp_dim,
+             "tie_embeddings": c.tie_embeddings,
+             "non_embedding_params": count_params(params) - c.vocab_size * c.d_model
+             * (1 if c.tie_embeddings else 2)}
+    path = os.path.join(workdir, name, "summary.json")
+    if os.path.exists(path):
+      with open(path, encoding="utf-8") as f:
+        s = json.load(f)
+      entry["train"] = {"steps": s.get("step"), "last_train": s.get("last_train"),
+                        "last_eval": s.get("last_eval"), "wall_s": s.get("wall_s_this_run")}
+    info[name] = entry
+  info["ratio"] = info["target"]["params"] / info[DRAFT]["params"]
+  info["distill_weight"] = float(cfg.train.draft.distill_weight)
+  info["tokens_per_step"] = int(cfg.data.seq_len) * int(cfg.train.target.batch_size)
+  return info
+
+
+def run(cfg) -> dict:
+  """Runs every stage (reusing finished ones) and writes the report."""
+  workdir = os.path.abspath(cfg.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  enable_compilation_cache(os.path.join(workdir, "jax_cache"))
+  stages = Stages(os.path.join(workdir, "stages.json"))
+  t0 = time.time()
+  spm_path = prepare_data(cfg)
+  if stages.get("timing/data_and_vocab") is None:
+    stages.put("timing/data_and_vocab", time.time() - t0)
+  tok = SentencePieceTokenizer(spm_path)
+  target, draft = train_models(cfg, tok, workdir, stages)
+  results = measure(cfg, tok, target, draft, stages)
+  results["models"] = model_info(cfg, target, draft, workdir)
+  results["vocab"] = {"path": spm_path, "size": tok.vocab_size}
+  results["timings"] = {k[len("timing/"):]: v for k, v in stages.data.items()
+                        if k.startswith("timing/")}
+  results["config"] = cfg.to_dict()
+  results["machine"] = report.machine_info()
+  out_dir = os.path.join(workdir, "results")
+  write_json(results, os.path.join(out_dir, "results.json"))
+  chen_report.write_chen(results, out_dir, PAPER_TABLE1, PAPER_K_SWEEP)
+  if cfg.results_dir:
+    os.makedirs(cfg.results_dir, exist_ok=True)
+    for f in os.listdir(out_dir):
+      shutil.copy2(os.path.join(out_dir, f), os.path.join(cfg.results_dir, f))
+  logging.info("results in %s", out_dir)
+  results["_out_dir"] = out_dir
+  return results

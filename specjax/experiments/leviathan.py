@@ -1,0 +1,260 @@
+"""Leviathan et al. 2023 end to end on this machine (see configs/leviathan_t5.py).
+
+Stages, each cached under the workdir (a rerun reuses them):
+
+  1. data: EN→DE pairs and description → synopsis pairs (`specjax.data`);
+  2. a shared SentencePiece vocabulary trained on both training splits;
+  3. the target, one multi-task T5 v1.1 ("translate English to German: ...",
+     "summarize: ..."), trained from scratch;
+  4. three drafts (small/base/large analogs) trained on the same data,
+     distilled from the target (config.train.draft.distill_weight);
+  5. measurements on the test split at batch 1: α (exact β along the
+     target's own outputs), the component times (c, verify cost), and the
+     walltime of autoregressive vs speculative decoding for every task ×
+     draft × temperature × γ; unigram/bigram α (Table 3);
+  6. report: results.json, results.md (the paper's layout, its numbers next
+     to ours), speedup_vs_gamma.png, alpha.png.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Dict, List
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+import specjax
+from specjax import theory
+from specjax.analysis import measure_beta, position_distributions
+from specjax.benchmarking import count_params, step_times
+from specjax.checkpoints.hf_common import write_json
+from specjax.data import build_task, load_task, train_sentencepiece
+from specjax.experiments import report
+from specjax.experiments.common import Stages, enable_compilation_cache, pad_batch, train_or_restore
+from specjax.experiments.speed import cell_name, summarize, sweep
+from specjax.models.ngram import fit_ngram
+from specjax.models.t5 import T5
+from specjax.models.t5_config import T5Config
+from specjax.tokenizer import SentencePieceTokenizer
+
+TASKS = {
+    "translate": dict(data="translate_en_de", prefix="translate English to German: ",
+                      paper="EN-DE"),
+    "summarize": dict(data="summarize_debian", prefix="summarize: ", paper="CNN/DM"),
+}
+# Leviathan et al. 2023, Table 2 (T5-XXL target, TPU-v4, batch 1): (γ, α, speedup).
+PAPER_TABLE2 = {
+    ("EN-DE", "small", 0): (7, 0.75, 3.4), ("EN-DE", "base", 0): (7, 0.80, 2.8),
+    ("EN-DE", "large", 0): (7, 0.82, 1.7), ("EN-DE", "small", 1): (7, 0.62, 2.6),
+    ("EN-DE", "base", 1): (5, 0.68, 2.4), ("EN-DE", "large", 1): (3, 0.71, 1.4),
+    ("CNN/DM", "small", 0): (5, 0.65, 3.1), ("CNN/DM", "base", 0): (5, 0.73, 3.0),
+    ("CNN/DM", "large", 0): (3, 0.74, 2.2), ("CNN/DM", "small", 1): (5, 0.53, 2.3),
+    ("CNN/DM", "base", 1): (3, 0.55, 2.2), ("CNN/DM", "large", 1): (3, 0.56, 1.7),
+}
+# Table 3: T5-XXL EN-DE, unigram / bigram drafts (temperature 0).
+PAPER_TABLE3 = {"unigram": 0.08, "bigram": 0.20}
+
+
+def _t5(cfg, vocab_size: int) -> T5:
+  return T5(T5Config(vocab_size=vocab_size, d_model=cfg.d_model, d_kv=cfg.d_kv,
+                     num_heads=cfg.num_heads, d_ff=cfg.d_ff, num_layers=cfg.num_layers,
+                     feed_forward="gated-gelu", tie_word_embeddings=False))
+
+
+def _train_config(c):
+  from specjax.train import default_config
+  tc = default_config()
+  for k, v in c.items():
+    tc[k] = v
+  return tc
+
+
+def prepare_data(cfg) -> Dict[str, str]:
+  """Builds both tasks and the shared vocabulary; returns the spm path."""
+  cache = cfg.data.cache_dir
+  sources = {"translate": cfg.data.translate_source, "summarize": cfg.data.summarize_source}
+  for name, spec in TASKS.items():
+    opts = dict(source=sources[name] or None)
+    if spec["data"] == "translate_en_de" and not sources[name]:
+      opts["max_packages"] = cfg.data.max_packages
+    if spec["data"] == "summarize_debian" and not sources[name]:
+      opts["apt_update"] = bool(cfg.data.apt_update) and not _have_descriptions()
+    res = build_task(spec["data"], cache, **opts)
+    logging.info("task %s: %s", spec["data"], res.meta.get("counts", res.meta))
+  return train_sentencepiece([TASKS[t]["data"] for t in TASKS], cache,
+                             vocab_size=cfg.data.vocab_size,
+                             max_sentences=cfg.data.spm_sentences,
+                             name=f"leviathan_{cfg.data.vocab_size}")
+
+
+def _have_descriptions() -> bool:
+  lists = "/var/lib/apt/lists"
+  return os.path.isdir(lists) and any("Translation-en" in f for f in os.listdir(lists))
+
+
+def _sources(cfg, tok, split: str):
+  from specjax.train import Seq2SeqSource, seq2seq_examples
+  out = []
+  for name, spec in TASKS.items():
+    records = load_task(spec["data"], split, cfg.data.cache_dir)
+    ex = seq2seq_examples(records, tok, input_template=spec["prefix"] + "{inputs}")
+    out.append((Seq2SeqSource(ex, cfg.data.input_len, cfg.data.target_len), 1.0))
+  return out
+
+
+def train_models(cfg, tok, workdir: str):
+  """The target and the drafts (trained, or restored when already trained)."""
+  from specjax.train import Mixture
+  train = Mixture(_sources(cfg, tok, "train"))
+  valid = {name: src for name, (src, _) in zip(TASKS, _sources(cfg, tok, "validation"))}
+  target = _t5(cfg.models.target, tok.vocab_size)
+  tp = train_or_restore(target, train, _train_config(cfg.train.target),
+                        os.path.join(workdir, "target"), eval_dataset=valid)
+  drafts = {}
+  for name in cfg.eval.drafts:
+    model = _t5(cfg.models.drafts[name], tok.vocab_size)
+    dcfg = _train_config(cfg.train.draft)
+    teacher = (target, tp) if dcfg.distill_weight > 0 else None
+    dp = train_or_restore(model, train, dcfg, os.path.join(workdir, f"draft_{name}"),
+                          teacher=teacher, eval_dataset=valid)
+    drafts[name] = (model, dp)
+  return target, tp, drafts
+
+
+def test_prompts(cfg, tok, task: str, prompt_len: int):
+  """The first `num_prompts` test examples, encoded (EOS kept on truncation)."""
+  records = load_task(TASKS[task]["data"], "test", cfg.data.cache_dir)[: cfg.eval.num_prompts]
+  seqs = []
+  for r in records:
+    ids = tok.encode(TASKS[task]["prefix"] + r["inputs"])
+    if len(ids) > prompt_len:
+      ids = ids[: prompt_len - 1] + [tok.eos_id]
+    seqs.append(ids)
+  prompts, lengths = pad_batch(seqs, prompt_len)
+  return prompts, lengths, records
+
+
+def _ngram_alpha(tables, target, tp, prompts, lengths, outputs_NT, out_lens, sampling):
+  q = position_distributions(target, tp, jnp.asarray(prompts), jnp.asarray(lengths),
+                             jnp.asarray(outputs_NT), sampling)
+  prev = np.concatenate([np.zeros((len(outputs_NT), 1), np.int32), outputs_NT[:, :-1]], axis=1)
+  mask = np.arange(outputs_NT.shape[1])[None] < out_lens[:, None]
+  res = {}
+  for name, logits in tables.items():
+    table = jnp.asarray(logits)
+    lg = table[jnp.asarray(prev)] if table.ndim == 2 else jnp.broadcast_to(table, q.shape)
+    p = specjax.sampling.process_logits(lg, sampling)
+    beta = np.asarray(jnp.sum(jnp.minimum(p, q), -1))
+    res[name] = float((beta * mask).sum() / mask.sum())
+  return res
+
+
+def measure(cfg, tok, target, tp, drafts, stages: Stages) -> dict:
+  """All measurements (each stage cached in `stages`)."""
+  results = {"tasks": {}, "params": {"target": count_params(tp)}}
+  for name, (_, dp) in drafts.items():
+    results["params"][name] = count_params(dp)
+  # Unigram/bigram drafts from the decoder streams of the training targets.
+  train_streams = []
+  for spec in TASKS.values():
+    for r in load_task(spec["data"], "train", cfg.data.cache_dir):
+      train_streams.append([0] + tok.encode(r["targets"]))
+  tables = {"unigram": fit_ngram(train_streams, tok.vocab_size, 1)["logits"],
+            "bigram": fit_ngram(train_streams, tok.vocab_size, 2)["logits"]}
+  for task in TASKS:
+    p_len = cfg.eval[f"{task}_prompt_len"]
+    max_new = cfg.eval[f"{task}_max_new"]
+    prompts, lengths, _ = test_prompts(cfg, tok, task, p_len)
+    cache_len = specjax.required_cache_len(target, p_len, max_new, max(cfg.eval.gammas))
+
+    def components():
+      tt = step_times(target, tp, 1, cache_len, p_len, [1] + [g + 1 for g in cfg.eval.gammas])
+      out = {"target": {str(k): v for k, v in tt.items()}}
+      for name, (model, dp) in drafts.items():
+        out[name] = {str(k): v for k, v in step_times(model, dp, 1, cache_len, p_len, [1, 2]).items()}
+      return out
+    # Tasks with the same shapes share one measurement (and one compilation).
+    comp = stages.run(f"components/p{p_len}_n{max_new}", components)
+    task_res = {"components": comp, "temperatures": {}, "num_prompts": int(len(prompts))}
+    for temp in cfg.eval.temperatures:
+      sampling = specjax.SamplingConfig(temperature=float(temp))
+      recs = sweep(target, tp, drafts, prompts, lengths, gammas=cfg.eval.gammas, sampling=sampling,
+                   max_new_tokens=max_new, eos_id=tok.eos_id, stages=stages,
+                   prefix=f"{task}/t{temp:g}", chunk=cfg.eval.chunk, seed=cfg.seed)
+      summary = summarize(recs)
+      outputs = [o for r in recs for o in r["ar"]["outputs"]]
+      out_NT, out_lens = pad_batch([o if o else [0] for o in outputs], max_new)
+      out_lens = np.asarray([len(o) for o in outputs], np.int32)
+
+      def alphas():
+        res = {}
+        for name, (model, dp) in drafts.items():
+          beta, mask = measure_beta(target, tp, model, dp, jnp.asarray(prompts),
+                                    jnp.asarray(lengths), jnp.asarray(out_NT),
+                                    jnp.asarray(out_lens), sampling)
+          beta, mask = np.asarray(beta), np.asarray(mask)
+          res[name] = float((beta * mask).sum() / mask.sum())
+        res.update(_ngram_alpha(tables, target, tp, prompts, lengths, out_NT, out_lens, sampling))
+        return res
+      alpha = stages.run(f"{task}/t{temp:g}/alpha", alphas)
+      task_res["temperatures"][f"{temp:g}"] = {
+          "alpha": alpha, "cells": summary, "compile_s": stages.get(f"{task}/t{temp:g}/compile_s")}
+    results["tasks"][task] = task_res
+  return results
+
+
+def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict:
+  """Theory next to measurement: from (α, c) and from (tokens/iteration,
+  component times); best γ per cell."""
+  for task, tr in results["tasks"].items():
+    comp = tr["components"]
+    t1 = comp["target"]["1"]
+    for temp, te in tr["temperatures"].items():
+      best = {}
+      for d in drafts:
+        c = comp[d]["1"] / t1
+        alpha = te["alpha"][d]
+        for g in gammas:
+          cell = te["cells"][cell_name(d, g)]
+          verify = comp["target"][str(g + 1)] / t1
+          draft_iter = comp[d]["2"] + (g - 1) * comp[d]["1"]
+          cell["c"] = c
+          cell["verify_cost"] = verify
+          cell["predicted_from_alpha"] = float(theory.walltime_improvement(alpha, g, c))
+          cell["predicted_from_components"] = float(
+              cell["tokens_per_iteration"] * t1 / (draft_iter + comp["target"][str(g + 1)]))
+          cell["measured_over_predicted"] = cell["speedup"] / cell["predicted_from_components"]
+        g_best = max(gammas, key=lambda g: te["cells"][cell_name(d, g)]["speedup"])
+        best[d] = {"gamma": g_best, **te["cells"][cell_name(d, g_best)], "alpha": alpha,
+                   "theory_optimal_gamma": int(theory.optimal_gamma(alpha, c, max(gammas)))}
+      te["best"] = best
+  return results
+
+
+def run(cfg) -> dict:
+  """Runs every stage (reusing finished ones) and writes the report."""
+  workdir = os.path.abspath(cfg.workdir)
+  os.makedirs(workdir, exist_ok=True)
+  enable_compilation_cache(os.path.join(workdir, "jax_cache"))
+  stages = Stages(os.path.join(workdir, "stages.json"))
+  spm_path = prepare_data(cfg)
+  tok = SentencePieceTokenizer(spm_path)
+  target, tp, drafts = train_models(cfg, tok, workdir)
+  results = measure(cfg, tok, target, tp, drafts, stages)
+  results = add_predictions(results, list(cfg.eval.gammas), list(cfg.eval.drafts))
+  results["config"] = cfg.to_dict()
+  results["machine"] = report.machine_info()
+  out_dir = os.path.join(workdir, "results")
+  write_json(results, os.path.join(out_dir, "results.json"))
+  report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)
+  if cfg.results_dir:
+    os.makedirs(cfg.results_dir, exist_ok=True)
+    for f in os.listdir(out_dir):
+      shutil.copy2(os.path.join(out_dir, f), os.path.join(cfg.results_dir, f))
+  logging.info("results in %s", out_dir)
+  results["_out_dir"] = out_dir
+  return results

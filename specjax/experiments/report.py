@@ -1,0 +1,196 @@
+"""Markdown tables, findings and plots for the reproductions."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from typing import Dict
+
+import jax
+
+from specjax.experiments.common import atomic_write_text
+
+__all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars"]
+
+
+def machine_info() -> dict:
+  return {"machine": f"{platform.machine()} {os.cpu_count()} cores", "python": platform.python_version(),
+          "jax": jax.__version__, "backend": jax.default_backend(),
+          "date": time.strftime("%Y-%m-%d %H:%M"),
+          "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def _mpl():
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def plot_lines(panels: Dict[str, Dict[str, tuple]], path: str, xlabel: str, ylabel: str,
+               hline: float | None = None) -> None:
+  """One subplot per panel; each panel maps a label to (xs, ys)."""
+  plt = _mpl()
+  n = len(panels)
+  fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False)
+  for ax, (title, lines) in zip(axes[0], panels.items()):
+    for label, (xs, ys) in lines.items():
+      ax.plot(xs, ys, marker="o", label=label)
+    if hline is not None:
+      ax.axhline(hline, color="grey", lw=0.8, ls="--")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  tmp = path + ".tmp.png"
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  os.replace(tmp, path)
+
+
+def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str) -> None:
+  """Grouped bars: groups (x positions) × series."""
+  plt = _mpl()
+  import numpy as np
+  names = list(groups)
+  series = list(next(iter(groups.values())))
+  fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.4))
+  width = 0.8 / len(series)
+  for i, s in enumerate(series):
+    ax.bar(np.arange(len(names)) + i * width, [groups[g][s] for g in names], width, label=s)
+  ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2)
+  ax.set_xticklabels(names, fontsize=8)
+  ax.set_ylabel(ylabel)
+  ax.legend(fontsize=8)
+  ax.grid(alpha=0.3, axis="y")
+  fig.tight_layout()
+  tmp = path + ".tmp.png"
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  os.replace(tmp, path)
+
+
+def _findings(results) -> list:
+  lines = []
+  tasks = results["tasks"]
+  drafts = list(results["config"]["eval"]["drafts"])
+  temps = sorted(next(iter(tasks.values()))["temperatures"])
+  for task, tr in tasks.items():
+    te = tr["temperatures"]
+    if "0" in te and "1" in te:
+      higher = [d for d in drafts if te["0"]["alpha"][d] > te["1"]["alpha"][d]]
+      detail = ", ".join("%s %.2f vs %.2f" % (d, te["0"]["alpha"][d], te["1"]["alpha"][d])
+                         for d in drafts)
+      lines.append(f"- {task}: α at temperature 0 > α at temperature 1 for "
+                   f"{len(higher)}/{len(drafts)} drafts ({detail}).")
+    for t in temps:
+      a = [te[t]["alpha"][d] for d in drafts]
+      grows = all(x <= y for x, y in zip(a, a[1:]))
+      best = max(drafts, key=lambda d: te[t]["best"][d]["speedup"])
+      by_size = ", ".join("%s %.2f" % (d, x) for d, x in zip(drafts, a))
+      b = te[t]["best"][best]
+      lines.append(
+          f"- {task}, temperature {t}: α by draft size {by_size} "
+          f"({'grows' if grows else 'does not grow monotonically'} with size); best walltime: "
+          f"**{best}** ({b['speedup']:.2f}x at γ={b['gamma']}).")
+      pairs = sorted((te[t]["alpha"][d], te[t]["best"][d]["gamma"], d) for d in drafts)
+      lines.append("  best γ by α: " + ", ".join("%s: α %.2f → γ %d" % (d, a_, g)
+                                                 for a_, g, d in pairs))
+  ratios = [c["measured_over_predicted"] for tr in tasks.values() for te in tr["temperatures"].values()
+            for k, c in te["cells"].items() if k != "ar"]
+  within = sum(abs(r - 1) <= 0.15 for r in ratios)
+  lines.append(f"- measured / predicted-from-component-times speedup: median "
+               f"{sorted(ratios)[len(ratios) // 2]:.2f}, within ±15% in {within}/{len(ratios)} cells.")
+  return lines
+
+
+def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
+  """results.md + speedup_vs_gamma.png + alpha.png."""
+  os.makedirs(out_dir, exist_ok=True)
+  cfg = results["config"]
+  drafts = list(cfg["eval"]["drafts"])
+  gammas = list(cfg["eval"]["gammas"])
+  params = results["params"]
+  m = results["machine"]
+  lines = [
+      "# Leviathan et al. 2023 on this machine: T5 v1.1 target, three drafts", "",
+      f"Preset `{cfg['preset']}` · {m['machine']} · JAX {m['jax']} ({m['backend']}) · {m['date']} · "
+      f"batch 1 · {next(iter(results['tasks'].values()))['num_prompts']} test prompts per task.", "",
+      "Models (parameters; ratio to the target): target "
+      f"{params['target'] / 1e6:.2f}M · " + " · ".join(
+          f"{d} {params[d] / 1e6:.3f}M (1:{params['target'] / params[d]:.0f})" for d in drafts)
+      + f". Drafts distilled from the target with weight {cfg['train']['draft']['distill_weight']} "
+      "(paper: T5-small/base/large, not distilled). Tasks: EN→DE Debian gettext pairs (paper: WMT "
+      "EN-DE), Debian description → synopsis (paper: CNN/DM).", "",
+      "## Table 2 layout (best γ per cell, as the paper picks it)", "",
+      "| task (paper) | draft | temp | γ | α | tok/iter | speedup | pred. (α, c) | pred. (components) "
+      "| paper γ | paper α | paper speedup |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  for task, tr in results["tasks"].items():
+    paper_task = tasks_meta[task]["paper"]
+    for t, te in tr["temperatures"].items():
+      for d in drafts:
+        b = te["best"][d]
+        pg, pa, ps = paper2.get((paper_task, d, int(float(t))), (None, None, None))
+        lines.append(
+            f"| {task} ({paper_task}) | {d} | {t} | {b['gamma']} | {b['alpha']:.2f} | "
+            f"{b['tokens_per_iteration']:.2f} | **{b['speedup']:.2f}x** | "
+            f"{b['predicted_from_alpha']:.2f}x | {b['predicted_from_components']:.2f}x | "
+            f"{pg} | {pa} | {ps}x |")
+  lines += ["", "`pred. (α, c)`: Leviathan's formula (1−α^{γ+1})/((1−α)(γc+1)) with the measured α and "
+            "c; `pred. (components)`: measured tokens per iteration × target step time / (measured draft "
+            "time per iteration + measured verify time of γ+1 tokens).", ""]
+  lines += ["## Component times (batch 1, in-graph)", "",
+            "| task | target step ms | " + " | ".join(f"verify γ={g} (×step)" for g in gammas) + " | "
+            + " | ".join(f"{d} step ms (c)" for d in drafts) + " |",
+            "|---|---|" + "---|" * (len(gammas) + len(drafts))]
+  for task, tr in results["tasks"].items():
+    comp = tr["components"]
+    t1 = comp["target"]["1"]
+    lines.append(f"| {task} | {1e3 * t1:.2f} | " + " | ".join(
+        f"{comp['target'][str(g + 1)] / t1:.2f}" for g in gammas) + " | " + " | ".join(
+        f"{1e3 * comp[d]['1']:.3f} ({comp[d]['1'] / t1:.3f})" for d in drafts) + " |")
+  lines += ["", "## Speedup for every γ", ""]
+  for task, tr in results["tasks"].items():
+    for t, te in tr["temperatures"].items():
+      lines += [f"**{task}, temperature {t}** (AR {te['cells']['ar']['ms_per_token']:.2f} ms/token)", "",
+                "| draft | α | " + " | ".join(f"γ={g}" for g in gammas) + " |",
+                "|---|---|" + "---|" * len(gammas)]
+      for d in drafts:
+        cells = [te["cells"]["%s/g%d" % (d, g)] for g in gammas]
+        lines.append(f"| {d} | {te['alpha'][d]:.2f} | " + " | ".join(
+            "%.2fx (%.2f)" % (c["speedup"], c["tokens_per_iteration"]) for c in cells) + " |")
+      ident = [te["cells"]["%s/g%d" % (d, g)]["identical_fraction"] for d in drafts for g in gammas]
+      if float(t) == 0:
+        lines.append(f"\nGreedy outputs identical to autoregressive decoding in "
+                     f"{100 * min(ident):.0f}% of prompts (worst cell).")
+      lines.append("")
+  lines += ["Cells: measured speedup (tokens per iteration).", "",
+            "## Table 3 layout: α of n-gram drafts", "",
+            "| task | temp | unigram | bigram | " + " | ".join(drafts) + " |",
+            "|---|---|---|---|" + "---|" * len(drafts)]
+  for task, tr in results["tasks"].items():
+    for t, te in tr["temperatures"].items():
+      a = te["alpha"]
+      lines.append(f"| {task} | {t} | {a['unigram']:.2f} | {a['bigram']:.2f} | "
+                   + " | ".join(f"{a[d]:.2f}" for d in drafts) + " |")
+  lines += ["", f"Paper (T5-XXL EN-DE, temperature 0): unigram {paper3['unigram']}, bigram "
+            f"{paper3['bigram']}.", "", "## Findings", ""]
+  lines += _findings(results)
+  atomic_write_text("\n".join(lines) + "\n", os.path.join(out_dir, "results.md"))
+
+  panels = {}
+  for task, tr in results["tasks"].items():
+    for t, te in tr["temperatures"].items():
+      panels[f"{task}, T={t}"] = {
+          "%s (α=%.2f)" % (d, te["alpha"][d]): (gammas, [te["cells"]["%s/g%d" % (d, g)]["speedup"]
+                                                          for g in gammas])
+          for d in drafts}
+  plot_lines(panels, os.path.join(out_dir, "speedup_vs_gamma.png"), "γ", "walltime speedup", 1.0)
+  groups = {f"{task}\nT={t}": {d: te["alpha"][d] for d in ["unigram", "bigram"] + drafts}
+            for task, tr in results["tasks"].items() for t, te in tr["temperatures"].items()}
+  plot_bars(groups, os.path.join(out_dir, "alpha.png"), "α")

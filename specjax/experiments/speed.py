@@ -1,0 +1,146 @@
+"""Walltime sweeps of autoregressive vs speculative decoding over real prompts.
+
+`sweep` runs, for every batch of prompts (batch 1 in the papers' setting),
+the autoregressive baseline and then every (draft, γ) cell on the same
+prompts, interleaved, so slow phases of a noisy machine hit all cells alike.
+Compilation happens once per cell before any timing. Results are stored per
+chunk of prompts in a `Stages` file, so a killed run resumes and a rerun
+costs nothing. `summarize` turns the records into per-cell totals.
+
+Speedup is measured per generated token: (AR seconds / AR tokens) /
+(speculative seconds / speculative tokens); at temperature 0 both decoders
+emit the same tokens, at temperature > 0 they sample different (equally
+distributed) continuations.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specjax
+from specjax.experiments.common import Progress, Stages
+
+__all__ = ["sweep", "summarize", "cell_name"]
+
+
+def cell_name(draft: str, gamma: int) -> str:
+  return f"{draft}/g{gamma}"
+
+
+def _timed(fn):
+  t0 = time.perf_counter()
+  out = fn()
+  out.tokens.block_until_ready()
+  return out, time.perf_counter() - t0
+
+
+def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
+          prompts_NP: np.ndarray, lengths_N: np.ndarray, *, gammas: Sequence[int],
+          sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: int, stages: Stages,
+          prefix: str, batch_size: int = 1, chunk: int = 25, seed: int = 0,
+          keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = ()) -> List[dict]:
+  """Measures AR and every (draft, γ) on all prompts; returns chunk records.
+
+  Each record: {"ar": {...}, "cells": {cell_name: {...}}} with per-batch
+  lists of seconds, generated tokens, target calls and accepted histograms;
+  the cells named in `keep_cell_tokens` also keep their "outputs" (one token
+  list per prompt, as the AR record does with `keep_ar_tokens`).
+  """
+  n = (len(prompts_NP) // batch_size) * batch_size
+  if n == 0:
+    raise ValueError(f"need at least batch_size={batch_size} prompts, got {len(prompts_NP)}")
+  p = prompts_NP.shape[1]
+  cache_len = max(specjax.required_cache_len(target, p, max_new_tokens, max(gammas)),
+                  max(specjax.required_cache_len(d, p, max_new_tokens, max(gammas))
+                      for d, _ in drafts.values()))
+  common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id, pad_id=0,
+                cache_len=cache_len)
+
+  def keys_for(start):
+    return jnp.stack([jax.random.key(seed * 1_000_003 + start + r) for r in range(batch_size)])
+
+  def run_ar(x, l, k):
+    return specjax.generate(target, target_params, x, l, key=k, **common)
+
+  def run_sp(name, g, x, l, k):
+    model, params = drafts[name]
+    return specjax.speculative_generate(target, target_params, model, params, x, l, gamma=g,
+                                        key=k, **common)
+
+  cells = [(d, g) for d in drafts for g in gammas]
+  batches = [(s, jnp.asarray(prompts_NP[s:s + batch_size]), jnp.asarray(lengths_N[s:s + batch_size]))
+             for s in range(0, n, batch_size)]
+  chunks = [batches[i:i + max(chunk // batch_size, 1)]
+            for i in range(0, len(batches), max(chunk // batch_size, 1))]
+  records = []
+  todo = [k for k in range(len(chunks)) if stages.get(f"{prefix}/chunk{k}") is None]
+  if todo:
+    # Compile every cell once, outside the timings.
+    s0, x0, l0 = batches[0]
+    t0 = time.perf_counter()
+    _timed(lambda: run_ar(x0, l0, keys_for(s0)))
+    for d, g in cells:
+      _timed(lambda: run_sp(d, g, x0, l0, keys_for(s0)))
+    compile_s = time.perf_counter() - t0
+    stages.put(f"{prefix}/compile_s", compile_s)
+  progress = Progress(prefix, sum(len(chunks[k]) for k in todo))
+  for k, chunk_batches in enumerate(chunks):
+    def measure(chunk_batches=chunk_batches):
+      rec = {"ar": {"seconds": [], "tokens": [], "outputs": []},
+             "cells": {cell_name(d, g): {"seconds": [], "tokens": [], "target_calls": [],
+                                         "hist": [], "identical": []} for d, g in cells}}
+      for s, x, l in chunk_batches:
+        keys = keys_for(s)
+        ar, t_ar = _timed(lambda: run_ar(x, l, keys))
+        lens = np.asarray(ar.lengths)
+        toks = np.asarray(ar.tokens)
+        rec["ar"]["seconds"].append(t_ar)
+        rec["ar"]["tokens"].append(int(lens.sum()))
+        if keep_ar_tokens:
+          rec["ar"]["outputs"].extend(toks[r, :lens[r]].tolist() for r in range(len(lens)))
+        for d, g in cells:
+          sp, t_sp = _timed(lambda: run_sp(d, g, x, l, keys))
+          c = rec["cells"][cell_name(d, g)]
+          c["seconds"].append(t_sp)
+          c["tokens"].append(int(np.asarray(sp.lengths).sum()))
+          c["target_calls"].append(int(np.asarray(sp.stats.target_calls).sum()))
+          c["hist"].append(np.asarray(sp.stats.accepted_hist).sum(0).tolist())
+          c["identical"].append(bool(np.array_equal(np.asarray(sp.tokens), toks)))
+          if cell_name(d, g) in keep_cell_tokens:
+            sp_lens, sp_toks = np.asarray(sp.lengths), np.asarray(sp.tokens)
+            c.setdefault("outputs", []).extend(
+                sp_toks[r, :sp_lens[r]].tolist() for r in range(len(sp_lens)))
+        progress.update(1)
+      return rec
+    records.append(stages.run(f"{prefix}/chunk{k}", measure))
+  return records
+
+
+def summarize(records: Sequence[dict]) -> Dict[str, dict]:
+  """Per-cell totals: seconds, tokens, ms/token, speedup vs AR, tokens per
+  iteration (from the histograms), acceptance, identical fraction."""
+  ar_s = sum(sum(r["ar"]["seconds"]) for r in records)
+  ar_tok = sum(sum(r["ar"]["tokens"]) for r in records)
+  out = {"ar": {"seconds": ar_s, "tokens": ar_tok, "ms_per_token": 1e3 * ar_s / ar_tok}}
+  for name in records[0]["cells"]:
+    s = sum(sum(r["cells"][name]["seconds"]) for r in records)
+    tok = sum(sum(r["cells"][name]["tokens"]) for r in records)
+    hist = np.sum([h for r in records for h in r["cells"][name]["hist"]], axis=0)
+    iters = hist.sum()
+    g = len(hist) - 1
+    accepted = float((hist * np.arange(g + 1)).sum())
+    identical = [x for r in records for x in r["cells"][name]["identical"]]
+    out[name] = {
+        "seconds": s, "tokens": tok, "ms_per_token": 1e3 * s / tok,
+        "speedup": (ar_s / ar_tok) / (s / tok),
+        "tokens_per_iteration": float((hist * (np.arange(g + 1) + 1)).sum() / iters) if iters else 1.0,
+        "acceptance_rate": accepted / (g * iters) if iters else 0.0,
+        "accepted_hist": hist.tolist(), "identical_fraction": float(np.mean(identical)),
+        "target_calls": int(sum(sum(r["cells"][name]["target_calls"]) for r in records)),
+    }
+  return out
