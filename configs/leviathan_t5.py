@@ -66,7 +66,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.models.drafts.large = _t5(128, 32, 4, 320, 2)  # ~1.4M (1 : 14)
 
   c.train = ml_collections.ConfigDict()
-  c.train.target = _train(2000, 16, 2e-3, 150)
+  c.train.target = _train(2000, 16, 1e-3, 300)
   c.train.draft = _train(1200, 16, 3e-3, 100, distill_weight=0.5)
 
   c.eval = ml_collections.ConfigDict()
@@ -103,7 +103,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval.chunk = 12
   elif preset == "micro":
     c.data.apt_update = False
-    c.data.vocab_size = 96
+    c.data.vocab_size = 64
     c.data.spm_sentences = 5_000
     c.data.input_len = 32
     c.data.target_len = 16

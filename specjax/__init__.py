@@ -1,4 +1,38 @@
-"""specjax: exact, batched speculative decoding as jitted pure functions."""
-from specjax.api import generate, speculative_generate, required_cache_len
-from specjax.generation import GenerationOutput, DecodeStats
-from specjax.sampling import SamplingConfig, GREEDY
+"""specjax: exact, batched speculative decoding as jitted pure functions.
+
+Decoding (one jit, one `lax.while_loop`, donated static-shape caches):
+
+  generate(model, params, prompts, prompt_lengths, max_new_tokens=..., ...)
+  speculative_generate(target, target_params, draft, draft_params, prompts,
+                       prompt_lengths, max_new_tokens=..., gamma=..., ...)
+
+Models follow `specjax.protocol.LanguageModel`: `DecoderLM` (Chinchilla /
+Llama style), `T5` (v1.0 / v1.1), `UnigramLM` / `BigramLM`. Sampling choices
+are `SamplingConfig`s; `specjax.theory` has the analytic results;
+`specjax.sharding` places everything on a `jax.sharding` mesh.
+
+Shape names: B batch, P prompt, T tokens per call, S cache slots, V vocab,
+L layers, H heads, K kv heads, D head dim, E width, G = gamma.
+"""
+
+from specjax import theory
+from specjax.analysis import measure_beta
+from specjax.api import generate, required_cache_len, speculative_generate
+from specjax.generation import (AutoregressiveDecoder, DecodeState, DecodeStats,
+                                GenerationOutput, SpeculativeDecoder)
+from specjax.models.decoder import DECODER_CONFIGS, DecoderConfig, DecoderLM, decoder_config
+from specjax.models.ngram import BigramLM, UnigramLM
+from specjax.models.t5 import T5, T5_CONFIGS, T5Config, t5_config
+from specjax.protocol import LanguageModel
+from specjax.sampling import GREEDY, SamplingConfig, process_logits
+from specjax.verify import rejection_verify
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "generate", "speculative_generate", "required_cache_len", "GenerationOutput", "DecodeStats",
+    "DecodeState", "AutoregressiveDecoder", "SpeculativeDecoder", "SamplingConfig", "GREEDY",
+    "process_logits", "rejection_verify", "measure_beta", "LanguageModel", "DecoderLM",
+    "DecoderConfig", "decoder_config", "DECODER_CONFIGS", "T5", "T5Config", "t5_config",
+    "T5_CONFIGS", "UnigramLM", "BigramLM", "theory",
+]

@@ -41,11 +41,15 @@ def test_autoregressive_greedy_matches_full_forward_argmax(greedy_reference):
   """The jitted loop agrees with a step-by-step argmax over full forwards."""
   prompts, lengths, out = greedy_reference
   lm, params = target()
+  width = prompts.shape[1] + MAX_NEW
+  forward = jax.jit(lm.forward)  # causal: padding after the sequence does not matter
   for b in (0, 3):
     seq = list(np.asarray(prompts[b, : lengths[b]]))
     for _ in range(int(out.lengths[b])):
-      logits = lm.forward(params, jnp.asarray([seq], jnp.int32))
-      seq.append(int(jnp.argmax(logits[0, -1])))
+      padded = np.zeros((1, width), np.int32)
+      padded[0, : len(seq)] = seq
+      logits = forward(params, jnp.asarray(padded))
+      seq.append(int(jnp.argmax(logits[0, len(seq) - 1])))
     np.testing.assert_array_equal(seq[int(lengths[b]):], out.tokens[b, : out.lengths[b]])
 
 
@@ -115,10 +119,10 @@ def test_per_row_keys_make_rows_independent_of_the_batch():
                                          max_new_tokens=16, gamma=3, sampling=cfg, key=keys,
                                          eos_id=EOS)
   for b in range(8):
-    n = int(lengths[b])
-    alone = specjax.speculative_generate(lm, params, draft, draft_params, prompts[b:b + 1, :n],
-                                         max_new_tokens=16, gamma=3, sampling=cfg,
-                                         key=keys[b:b + 1], eos_id=EOS)
+    # Alone: a batch of one row (its own length; padding past it is ignored).
+    alone = specjax.speculative_generate(lm, params, draft, draft_params, prompts[b:b + 1],
+                                         lengths[b:b + 1], max_new_tokens=16, gamma=3,
+                                         sampling=cfg, key=keys[b:b + 1], eos_id=EOS)
     np.testing.assert_array_equal(alone.tokens[0], batched.tokens[b])
     np.testing.assert_array_equal(alone.stats.accepted_hist[0], batched.stats.accepted_hist[b])
 
@@ -130,7 +134,7 @@ def test_per_row_keys_autoregressive():
   batched = specjax.generate(lm, params, prompts, lengths, max_new_tokens=12,
                              sampling=SamplingConfig(0.9, top_k=20), key=keys)
   for b in range(4):
-    alone = specjax.generate(lm, params, prompts[b:b + 1, : int(lengths[b])], max_new_tokens=12,
+    alone = specjax.generate(lm, params, prompts[b:b + 1], lengths[b:b + 1], max_new_tokens=12,
                              sampling=SamplingConfig(0.9, top_k=20), key=keys[b:b + 1])
     np.testing.assert_array_equal(alone.tokens[0], batched.tokens[b])
 
@@ -153,9 +157,13 @@ def test_rollback_reads_exactly_prefix_accepted_and_resampled():
   lengths = jnp.full((4,), 9, jnp.int32)
   dec = _spec_decoder(draft, 5, SamplingConfig(1.0), rigged_verify)
   keys = jax.random.split(jax.random.key(1), 4)
-  state = _init(dec, params, draft_params, prompts, lengths, keys, cache_len=32)
+  state = jax.jit(lambda tp, dp: _init(dec, tp, dp, prompts, lengths, keys, cache_len=32))(
+      params, draft_params)
   np.testing.assert_array_equal(state.seq_len, 9)
-  after = dec.step(params, draft_params, state)
+  after = jax.jit(dec.step)(params, draft_params, state)
+  lm_extend, lm_forward, lm_prefill = jax.jit(lm.extend), jax.jit(lm.forward), jax.jit(lm.prefill)
+  d_extend, d_forward, d_prefill = (jax.jit(draft.extend), jax.jit(draft.forward),
+                                    jax.jit(draft.prefill))
   np.testing.assert_array_equal(after.seq_len, 10 + kept)
   np.testing.assert_array_equal(after.out_len, 1 + kept + 1)
 
@@ -169,12 +177,12 @@ def test_rollback_reads_exactly_prefix_accepted_and_resampled():
     row_cache = jax.tree_util.tree_map(lambda x: x, after.target_cache)
     row_cache = jax.tree_util.tree_map(lambda x: x[:, b:b + 1] if x.ndim == 5 else x[b:b + 1], row_cache)
     row_cache = row_cache.replace(lengths=after.seq_len[b:b + 1])
-    logits, _ = lm.extend(params, jnp.asarray([[resampled]], jnp.int32), row_cache)
-    want = lm.forward(params, full_seq)[0, -1]
+    logits, _ = lm_extend(params, jnp.asarray([[resampled]], jnp.int32), row_cache)
+    want = lm_forward(params, full_seq)[0, -1]
     np.testing.assert_allclose(logits[0, 0], want, atol=1e-5)
     # The target's valid slots equal a fresh prefill of the stream.
     fresh = lm.init_cache(1, 32)
-    _, _, fresh = lm.prefill(params, jnp.asarray([stream], jnp.int32),
+    _, _, fresh = lm_prefill(params, jnp.asarray([stream], jnp.int32),
                              jnp.asarray([len(stream)]), fresh)
     n = len(stream)
     np.testing.assert_allclose(after.target_cache.k[:, b, :n], fresh.k[:, 0, :n], atol=1e-5)
@@ -184,10 +192,10 @@ def test_rollback_reads_exactly_prefix_accepted_and_resampled():
                                      after.draft_cache)
     d_cache = d_cache.replace(lengths=after.seq_len[b:b + 1] - 1)
     assert after.prev[b] == stream[-1]
-    d_logits, _ = draft.extend(draft_params, jnp.asarray([[stream[-1], resampled]], jnp.int32), d_cache)
-    np.testing.assert_allclose(d_logits[0], draft.forward(draft_params, full_seq)[0, -2:], atol=1e-5)
+    d_logits, _ = d_extend(draft_params, jnp.asarray([[stream[-1], resampled]], jnp.int32), d_cache)
+    np.testing.assert_allclose(d_logits[0], d_forward(draft_params, full_seq)[0, -2:], atol=1e-5)
     d_fresh = draft.init_cache(1, 32)
-    _, _, d_fresh = draft.prefill(draft_params, jnp.asarray([stream], jnp.int32),
+    _, _, d_fresh = d_prefill(draft_params, jnp.asarray([stream], jnp.int32),
                                   jnp.asarray([n]), d_fresh)
     np.testing.assert_allclose(after.draft_cache.k[:, b, : n - 1], d_fresh.k[:, 0, : n - 1], atol=1e-5)
 

@@ -1,3 +1,5 @@
 """Checkpoints: orbax save/restore with config, transformers-format import/export."""
-from specjax.checkpoints.orbax_io import save_params, restore_params
-from specjax.checkpoints.hf_common import load_state_dict, save_safetensors, check_state_dict
+from specjax.checkpoints.hf_common import check_state_dict, load_state_dict, save_safetensors
+from specjax.checkpoints.hf_llama import export_hf_llama, import_hf_llama
+from specjax.checkpoints.hf_t5 import export_hf_t5, import_hf_t5
+from specjax.checkpoints.orbax_io import restore_params, save_params
