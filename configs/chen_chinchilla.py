@@ -128,16 +128,17 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.models.draft = _decoder(16, 1, 2, 8, 32, tie_embeddings=True)
     c.train.target = _train(12, 4, 3e-3, 2, log_every=6)
     c.train.draft = _train(6, 4, 3e-3, 1, distill_weight=0.5, log_every=6)
-    c.eval.ks = [0, 1, 2]
+    c.eval.ks = [0, 2]
     c.eval.headline_k = 2
     c.eval.max_new_tokens = 8
     c.eval.xsum_prompts = 3
     c.eval.humaneval_prompts = 2
     c.eval.xsum_prompt_len = 32
-    c.eval.humaneval_prompt_len = 48
+    c.eval.humaneval_prompt_len = 32
     c.eval.chunk = 3
     c.eval.alpha_batch = 2
     c.eval.batch_sizes = [1, 2]
+    c.eval.batch_settings = ["humaneval_nucleus"]
     c.eval.batch_prompts = 2
     c.eval.bootstrap = 50
     c.eval.humaneval_harness = "off"

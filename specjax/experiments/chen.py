@@ -28,7 +28,7 @@ import functools
 import os
 import shutil
 import time
-from typing import Dict, Tuple
+from typing import Dict
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ from absl import logging
 
 import specjax
 from specjax.analysis import measure_beta, position_distributions
-from specjax.benchmarking import count_params, step_times
+from specjax.benchmarking import count_params, step_times, time_call
 from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
@@ -131,9 +131,13 @@ def _sources(cfg, tok, split: str) -> Dict[str, object]:
 def train_models(cfg, tok, workdir: str, stages: Stages):
   """(target, params), (draft, params): trained, or restored when already trained."""
   from specjax.train import Mixture
-  src = _sources(cfg, tok, "train")
-  train = Mixture([(src["code"], cfg.data.code_weight), (src["summarize"], 1 - cfg.data.code_weight)])
-  valid = _sources(cfg, tok, "validation") or None
+  train = valid = None
+  if not all(os.path.exists(os.path.join(workdir, m, "final", "config.json"))
+             for m in ("target", DRAFT)):  # Tokenize the corpora only when training.
+    src = _sources(cfg, tok, "train")
+    train = Mixture([(src["code"], cfg.data.code_weight),
+                     (src["summarize"], 1 - cfg.data.code_weight)])
+    valid = _sources(cfg, tok, "validation") or None
   target = decoder(cfg.models.target, tok.vocab_size)
   draft = decoder(cfg.models.draft, tok.vocab_size)
   t0 = time.time()
@@ -215,7 +219,8 @@ def exact_alpha(cfg, tok, target, draft, prompts, lengths, outputs, sampling) ->
   mean = lambda m: float((beta * m).sum() / m.sum()) if m.sum() else None
   per_pos = [mean(mask & (pos == i)) for i in range(min(8, out_NT.shape[1]))]
   return {"alpha": mean(mask), "alpha_before_eos": mean(before), "alpha_after_eos": mean(after),
-          "fraction_after_eos": float(after.sum() / max(mask.sum(), 1)), "alpha_by_position": per_pos}
+          "fraction_after_eos": float(after.sum() / max(mask.sum(), 1)),
+          "alpha_by_position": per_pos}
 
 
 def target_probs(cfg, target, prompts, lengths, outputs, sampling) -> np.ndarray:
@@ -226,18 +231,37 @@ def target_probs(cfg, target, prompts, lengths, outputs, sampling) -> np.ndarray
   return _chunked(fn, cfg.eval.alpha_batch, prompts, lengths, out_NT)
 
 
-def components(target, draft, prompt_len: int, cache_len: int, ks, batch_sizes) -> dict:
-  """In-graph step times: target on 1 and K+1 tokens, draft on 1 and 2 tokens,
-  per batch size (seconds)."""
+def prefill_seconds(model, params, batch_size: int, cache_len: int, prompt_len: int) -> float:
+  """Median wall time of one jitted prefill of a full prompt bucket."""
+  prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
+  lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
+  fn = jax.jit(lambda params, cache: model.prefill(params, prompt, lengths, cache)[0])
+  cache = model.init_cache(batch_size, cache_len, prompt_len)
+  return time_call(lambda: fn(params, cache), repeats=5)["median_s"]
+
+
+def components(target, draft, prompt_len: int, cache_len: int, ks, batch_sizes,
+               head_k: int) -> dict:
+  """In-graph step times (seconds): target on 1 and K+1 tokens (every K at
+  batch 1, the headline K at larger batches), draft on 1 and 2 tokens; and
+  the prefill of both (subtracted for the decode-only times)."""
   (tm, tp), (dm, dp) = target, draft
   out = {}
   for b in batch_sizes:
-    t_counts = [1] + [k + 1 for k in ks] if b == 1 else [1, max(ks) + 1]
+    t_counts = [1] + [k + 1 for k in ks] if b == 1 else [1, head_k + 1]
     out[str(b)] = {
         "target": {str(k): v for k, v in step_times(tm, tp, b, cache_len, prompt_len,
                                                     sorted(set(t_counts))).items()},
-        DRAFT: {str(k): v for k, v in step_times(dm, dp, b, cache_len, prompt_len, [1, 2]).items()}}
+        DRAFT: {str(k): v for k, v in step_times(dm, dp, b, cache_len, prompt_len,
+                                                 [1, 2]).items()},
+        "prefill": {"target": prefill_seconds(tm, tp, b, cache_len, prompt_len),
+                    DRAFT: prefill_seconds(dm, dp, b, cache_len, prompt_len)}}
   return out
+
+
+def _decode_ms(seconds: float, tokens: int, calls: int, prefill: float) -> float:
+  """ms/token with the prompts' prefill subtracted (`calls` generate calls)."""
+  return 1e3 * max(seconds - calls * prefill, 0.0) / tokens
 
 
 def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -> list:
@@ -245,8 +269,12 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
   from specjax import theory
   t1 = comp["target"]["1"]
   d1, d2 = comp[DRAFT]["1"], comp[DRAFT]["2"]
+  pre_ar = comp["prefill"]["target"]
+  pre_sp = pre_ar + comp["prefill"][DRAFT]
   ar = summary["ar"]
+  ar_decode = _decode_ms(ar["seconds"], ar["tokens"], n_prompts, pre_ar)
   rows = [{"k": 0, "ms_per_token": ar["ms_per_token"], "speedup": 1.0,
+           "decode_ms_per_token": ar_decode, "decode_speedup": 1.0,
            "seconds_per_prompt": ar["seconds"] / n_prompts, "acceptance_rate": None,
            "accepted_per_iteration": 0.0, "tokens_per_iteration": 1.0}]
   for k in ks:
@@ -255,7 +283,9 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
     c = summary[cell_name(DRAFT, k)]
     verify = comp["target"].get(str(k + 1))
     draft_iter = d2 + (k - 1) * d1
+    decode = _decode_ms(c["seconds"], c["tokens"], n_prompts, pre_sp)
     row = {"k": k, "ms_per_token": c["ms_per_token"], "speedup": c["speedup"],
+           "decode_ms_per_token": decode, "decode_speedup": ar_decode / max(decode, 1e-9),
            "seconds_per_prompt": c["seconds"] / n_prompts,
            "acceptance_rate": c["acceptance_rate"],
            "accepted_per_iteration": c["tokens_per_iteration"] - 1.0,
@@ -283,8 +313,11 @@ def measure(cfg, tok, target, draft, stages: Stages) -> dict:
     prompts_by_task[task] = (prompts, lengths, records)
     p_len = prompts.shape[1]
     cache_len = specjax.required_cache_len(target[0], p_len, cfg.eval.max_new_tokens, max(gammas))
-    comp = stages.run(f"{task}/components", lambda: components(
-        target, draft, p_len, cache_len, gammas, list(cfg.eval.batch_sizes)))
+    t0 = time.time()  # Keyed by shape: tasks with one prompt bucket share it.
+    comp = stages.run(f"components/p{p_len}_c{cache_len}", lambda: components(
+        target, draft, p_len, cache_len, gammas, list(cfg.eval.batch_sizes), head))
+    if stages.get(f"timing/{task}/components") is None:
+      stages.put(f"timing/{task}/components", time.time() - t0)
     results["tasks"][task] = {"components": comp, "num_prompts": int(len(prompts)),
                               "prompts_cut": int(cut), "prompt_len": int(p_len)}
   for name in SETTINGS:
@@ -308,7 +341,8 @@ def measure(cfg, tok, target, draft, stages: Stages) -> dict:
       if not sampling.is_greedy:
         q_ar = target_probs(cfg, target, prompts[:n], lengths[:n], ar_out, sampling)
         q_sp = target_probs(cfg, target, prompts[:n], lengths[:n], sp_out, sampling)
-        q["target_logprob"] = chen_quality.logprob_comparison(q_ar, q_sp)
+        q["target_logprob"] = chen_quality.logprob_comparison(
+            q_ar, q_sp, [len(o) for o in ar_out], [len(o) for o in sp_out])
       q.update(chen_quality.compare_samples(task, tok, records[:n], ar_out, sp_out, cfg.eval))
       return q
     qual = stages.run(f"{name}/quality", quality)
@@ -319,12 +353,14 @@ def measure(cfg, tok, target, draft, stages: Stages) -> dict:
         **SETTINGS[name], "cells": summary, "alpha": alpha, "quality": qual,
         "k_sweep": k_sweep_table(summary, comp, alpha["alpha"], ks, n),
         "compile_s": stages.get(f"{name}/k/compile_s")}
-  results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, stages, eos, head)
+  comps = {t: r["components"] for t, r in results["tasks"].items()}
+  results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, head)
   return results
 
 
-def measure_batch(cfg, target, draft, prompts_by_task, stages, eos, k: int) -> dict:
-  """Speedup at the headline K for each batch size, same prompts for all."""
+def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: int) -> dict:
+  """Speedup at the headline K for each batch size, same prompts for all;
+  `comps`: {task: components by batch size} (for the prefill times)."""
   out = {}
   for name in cfg.eval.batch_settings:
     prompts, lengths, _ = prompts_by_task[SETTINGS[name]["task"]]
@@ -340,7 +376,16 @@ def measure_batch(cfg, target, draft, prompts_by_task, stages, eos, k: int) -> d
                    chunk=max(int(cfg.eval.chunk), int(b)), seed=cfg.seed, keep_ar_tokens=False)
       s = summarize(recs)
       c = s[cell_name(DRAFT, k)]
-      res[str(b)] = {"ar_ms_per_token": s["ar"]["ms_per_token"], "sp_ms_per_token": c["ms_per_token"],
+      pre = comps[SETTINGS[name]["task"]].get(str(b), {}).get("prefill")
+      calls = n // int(b)
+      decode = {}
+      if pre:
+        ar_d = _decode_ms(s["ar"]["seconds"], s["ar"]["tokens"], calls, pre["target"])
+        sp_d = _decode_ms(c["seconds"], c["tokens"], calls, pre["target"] + pre[DRAFT])
+        decode = {"ar_decode_ms_per_token": ar_d, "sp_decode_ms_per_token": sp_d,
+                  "decode_speedup": ar_d / max(sp_d, 1e-9)}
+      res[str(b)] = {**decode, "ar_ms_per_token": s["ar"]["ms_per_token"],
+                     "sp_ms_per_token": c["ms_per_token"],
                      "speedup": c["speedup"], "acceptance_rate": c["acceptance_rate"],
                      "tokens_per_iteration": c["tokens_per_iteration"], "num_prompts": n}
     if stages.get(f"timing/{name}/batch") is None:
@@ -364,13 +409,51 @@ def model_info(cfg, target, draft, workdir: str) -> dict:
     if os.path.exists(path):
       with open(path, encoding="utf-8") as f:
         s = json.load(f)
-      entry["train"] = {"steps": s.get("step"), "last_train": s.get("last_train"),
-                        "last_eval": s.get("last_eval"), "wall_s": s.get("wall_s_this_run")}
+      tcfg = cfg.train.target if name == "target" else cfg.train.draft
+      evals = {}  # The last validation CE per eval set.
+      metrics = os.path.join(workdir, name, "metrics.jsonl")
+      if os.path.exists(metrics):
+        with open(metrics, encoding="utf-8") as f:
+          for line in f:
+            rec = json.loads(line)
+            if "eval" in rec:
+              evals[rec["eval"]] = rec["eval_ce"]
+      entry["train"] = {"steps": s.get("step"), "positions": int(s.get("step") or 0)
+                        * int(tcfg.batch_size) * int(cfg.data.seq_len),
+                        "last_train_ce": (s.get("last_train") or {}).get("train_ce"),
+                        "eval_ce": evals, "wall_s": s.get("wall_s_this_run")}
     info[name] = entry
   info["ratio"] = info["target"]["params"] / info[DRAFT]["params"]
   info["distill_weight"] = float(cfg.train.draft.distill_weight)
-  info["tokens_per_step"] = int(cfg.data.seq_len) * int(cfg.train.target.batch_size)
   return info
+
+
+def check_config(cfg, stages: Stages) -> None:
+  """The stored measurements belong to this config: a ValueError names the
+  first field that changed (paths and apt_update may change freely)."""
+  import json
+  if int(cfg.eval.headline_k) not in [int(k) for k in cfg.eval.ks if int(k) > 0]:
+    raise ValueError(f"config.eval.headline_k ({cfg.eval.headline_k}) must be one of the "
+                     f"speculative K in config.eval.ks ({list(cfg.eval.ks)})")
+  now = cfg.to_dict()
+  for k in ("workdir", "results_dir"):
+    now.pop(k, None)
+  now["data"] = {k: v for k, v in now["data"].items() if k not in ("cache_dir", "apt_update")}
+  now = json.loads(json.dumps(now))
+  old = stages.get("config")
+  if old is None:
+    stages.put("config", now)
+    return
+  for section in sorted(set(old) | set(now)):
+    a, b = old.get(section), now.get(section)
+    if a == b:
+      continue
+    field = section
+    if isinstance(a, dict) and isinstance(b, dict):
+      field = next(f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+    raise ValueError(
+        f"{stages.path} holds measurements made with a different config ({field} changed); "
+        "use a new workdir, or delete stages.json to measure again with the trained models")
 
 
 def run(cfg) -> dict:
@@ -379,6 +462,7 @@ def run(cfg) -> dict:
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
   stages = Stages(os.path.join(workdir, "stages.json"))
+  check_config(cfg, stages)
   t0 = time.time()
   spm_path = prepare_data(cfg)
   if stages.get("timing/data_and_vocab") is None:

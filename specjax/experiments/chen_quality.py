@@ -115,15 +115,19 @@ def ks_test(a: Sequence[float], b: Sequence[float]) -> Dict:
   return {**out, "p_value": float(stats.ks_2samp(a, b).pvalue)}
 
 
-def logprob_comparison(q_ar: np.ndarray, q_sp: np.ndarray) -> Dict:
-  """Target probabilities `[N, T]` of AR / speculative tokens → per-sample
-  mean log-probability test and the fraction outside the target's support."""
+def logprob_comparison(q_ar: np.ndarray, q_sp: np.ndarray, len_ar: Sequence[int],
+                       len_sp: Sequence[int]) -> Dict:
+  """Target probabilities `[N, T]` of AR / speculative tokens (the first
+  `len_*[i]` of row i are real) → a KS test on the per-sample mean
+  log-probability and the fraction of tokens outside the target's support."""
   out = {}
   means = []
-  for name, q in (("ar", q_ar), ("sp", q_sp)):
+  for name, q, lens in (("ar", q_ar, len_ar), ("sp", q_sp, len_sp)):
     q = np.asarray(q, np.float64)
-    out[f"outside_support_{name}"] = float((q <= 0).mean())
-    means.append(np.log(np.maximum(q, 1e-30)).mean(1))
+    lens = np.maximum(np.asarray(lens), 1)
+    mask = np.arange(q.shape[1])[None] < lens[:, None]
+    out[f"outside_support_{name}"] = float(((q <= 0) & mask).sum() / mask.sum())
+    means.append((np.log(np.maximum(q, 1e-30)) * mask).sum(1) / lens)
   out.update(ks_test(means[0], means[1]))
   return out
 

@@ -1,0 +1,31 @@
+"""Chen et al. 2023 reproduction (Chinchilla-style decoders): data, training,
+measurements, report.
+
+  python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:quick
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from specjax.experiments import chen  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "chen_chinchilla.py"),
+    "Experiment config (configs/chen_chinchilla.py:<preset>).")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.INFO)
+  results_md = os.path.join(chen.run(_CONFIG.value)["_out_dir"], "results.md")
+  with open(results_md, encoding="utf-8") as f:
+    print(f.read())
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,187 @@
+"""The Chen et al. reproduction: lossless code vocabulary, quality checks, and
+the micro preset end to end on fixture data."""
+
+import json
+import os
+import random
+import shutil
+
+import numpy as np
+import pytest
+
+from configs import chen_chinchilla as chen_config
+from specjax.data import build_task
+from specjax.data import code as code_lib
+from specjax.data.code_vocab import code_sentences, round_trip_failures, train_code_sentencepiece
+from specjax.experiments import chen, chen_quality
+from specjax.tokenizer import SentencePieceTokenizer
+
+WORDS = ("the package provides a library for reading and writing files with support for "
+         "compressed archives network tools command line utility python module data").split()
+STDLIB_FILES = ("colorsys.py", "bisect.py", "keyword.py", "fnmatch.py", "this.py", "stat.py",
+                "glob.py", "shlex.py")
+
+
+def _write_fixtures(root):
+  code_dir = root / "code"
+  code_dir.mkdir()
+  for name in STDLIB_FILES:
+    shutil.copy(os.path.join(code_lib.stdlib_dir(), name), code_dir / name)
+  rng = random.Random(0)
+  with open(root / "summ.jsonl", "w") as f:
+    for split, n in (("train", 200), ("validation", 20), ("test", 20)):
+      for i in range(n):
+        s = [rng.choice(WORDS) for _ in range(rng.randint(10, 20))]
+        f.write(json.dumps({"document": " ".join(s) + f" {i}.", "summary": " ".join(s[:4]),
+                            "split": split}) + "\n")
+  return code_dir, root / "summ.jsonl"
+
+
+@pytest.fixture(scope="module")
+def fixture_data(tmp_path_factory):
+  root = tmp_path_factory.mktemp("chen")
+  code_dir, summ = _write_fixtures(root)
+  return root, f"dir:{code_dir}", f"jsonl:{summ}"
+
+
+@pytest.fixture(scope="module")
+def code_tokenizer(fixture_data):
+  root, code_source, summ_source = fixture_data
+  cache = str(root / "data")
+  build_task("code_python", cache, source=code_source, show_progress=False)
+  build_task("summarize_debian", cache, source=summ_source, show_progress=False)
+  path = train_code_sentencepiece(cache, 400, max_sentences=2000)
+  assert train_code_sentencepiece(cache, 400, max_sentences=2000) == path  # reused
+  return SentencePieceTokenizer(path), cache
+
+
+def test_code_sentences_concatenate_back():
+  text = "def f(x):\n    return x\n\n\nclass A:\n\tpass\n" * 7
+  chunks = list(code_sentences(text, lines_per_sentence=4))
+  assert "".join(chunks) == text and all(c.count("\n") <= 4 for c in chunks)
+  long_line = "x = '" + "é" * 5000 + "'\n"
+  pieces = list(code_sentences(long_line, max_bytes=1000))
+  assert "".join(pieces) == long_line and all(len(p.encode()) <= 1000 for p in pieces)
+
+
+def test_code_vocab_round_trips_python_exactly(code_tokenizer):
+  tok, _ = code_tokenizer
+  problems = code_lib.read_humaneval()
+  texts = [p["prompt"] for p in problems]
+  texts += [p["prompt"] + p["canonical_solution"] for p in problems]
+  texts += ["\tif x:\n\t\treturn  'a  b'\n", "  \n\n    \n", "naïve — 日本語 😀\r\n", ""]
+  assert round_trip_failures(tok, texts) == []
+  pieces = tok.processor.encode("def f():\n    return 1\n", out_type=str)
+  assert "\n" in pieces and "\u2581" * 4 in pieces  # newline and indent are single pieces
+
+
+def test_code_vocab_keeps_the_summary_space(code_tokenizer):
+  tok, _ = code_tokenizer
+  prompt = tok.encode("some text Summary:", add_eos=False)
+  target = tok.encode(" python module", add_eos=False)
+  assert tok.decode(prompt + target) == "some text Summary: python module"
+
+
+def test_bootstrap_and_tests_are_sane():
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=400)
+  ci = chen_quality.bootstrap_mean(x, 500)
+  assert ci["lo"] < x.mean() < ci["hi"] and ci["hi"] - ci["lo"] < 0.4
+  assert chen_quality.paired_bootstrap_diff(x, x + 1.0, 200)["contains_zero"] is False
+  assert chen_quality.paired_bootstrap_diff(x, x, 200)["contains_zero"] is True
+  same = chen_quality.first_token_test(list(rng.integers(0, 4, 300)), list(rng.integers(0, 4, 300)))
+  diff = chen_quality.first_token_test([0] * 150 + [1] * 150, [2] * 150 + [1] * 150)
+  assert same["p_value"] > 0.001 and diff["p_value"] < 1e-6
+  assert chen_quality.ks_test(rng.normal(size=200), rng.normal(3, 1, 200))["p_value"] < 1e-6
+  assert chen_quality.truncate_completion("    return 1\ndef g():\n") == "    return 1"
+  assert chen_quality.parses("def f():\n    return 1\n") and not chen_quality.parses("def f(:\n")
+
+
+def test_harness_runs_sandboxed_with_a_timeout():
+  problems = code_lib.read_humaneval()[:2]
+  probs = [{k: p[k] for k in ("task_id", "prompt", "test", "entry_point")} for p in problems]
+  res = chen_quality.run_humaneval_harness(
+      probs, [problems[0]["canonical_solution"], "    while True:\n        pass\n"], timeout_s=1.0)
+  assert res == [True, False]
+
+
+@pytest.fixture(scope="module")
+def micro_run(fixture_data):
+  root, code_source, summ_source = fixture_data
+  cfg = chen_config.get_config("micro")
+  cfg.workdir = str(root / "run")
+  cfg.data.cache_dir = str(root / "data")
+  cfg.data.code_source = code_source
+  cfg.data.summarize_source = summ_source
+  return cfg, chen.run(cfg)
+
+
+def test_micro_preset_end_to_end(micro_run):
+  cfg, results = micro_run
+  out = results["_out_dir"]
+  for name in ("results.json", "results.md", "ms_per_token_vs_K.png", "acceptance_vs_K.png",
+               "speedup_vs_batch.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 0, name
+  with open(os.path.join(out, "results.json")) as f:
+    stored = json.load(f)
+  assert set(stored["settings"]) == {"xsum_nucleus", "xsum_greedy", "humaneval_nucleus"}
+  for name, s in stored["settings"].items():
+    assert [r["k"] for r in s["k_sweep"]] == list(cfg.eval.ks)
+    for r in s["k_sweep"]:
+      assert r["ms_per_token"] > 0 and r["speedup"] > 0
+      if r["k"]:
+        assert 0.0 <= r["acceptance_rate"] <= 1.0
+        assert 1.0 <= r["tokens_per_iteration"] <= r["k"] + 1
+    assert 0.0 <= s["alpha"]["alpha"] <= 1.0
+    assert s["quality"]["num_samples"] == stored["tasks"][s["task"]]["num_prompts"]
+    # Eos is ignored: every sample has exactly max_new_tokens tokens.
+    assert s["cells"]["ar"]["tokens"] == cfg.eval.max_new_tokens * s["quality"]["num_samples"]
+  greedy = stored["settings"]["xsum_greedy"]
+  assert all(r["identical_fraction"] == 1.0 for r in greedy["k_sweep"] if r["k"])
+  assert greedy["quality"]["rouge2_diff"]["mean"] == 0.0
+  nucleus = stored["settings"]["xsum_nucleus"]["quality"]
+  assert nucleus["target_logprob"]["outside_support_ar"] == 0.0
+  assert nucleus["target_logprob"]["outside_support_sp"] == 0.0  # exactness: inside the nucleus
+  he = stored["settings"]["humaneval_nucleus"]["quality"]
+  assert 0.0 <= he["parse_ar"]["mean"] <= 1.0 and he["harness"]["ran"] is False
+  assert set(stored["batch"]) == set(cfg.eval.batch_settings)
+  for res in stored["batch"].values():
+    assert set(res) == {str(b) for b in cfg.eval.batch_sizes}
+  assert stored["models"]["ratio"] > 1
+  md = open(os.path.join(out, "results.md")).read()
+  for heading in ("Table 1 layout", "K sweep", "speedup vs batch size", "## Findings",
+                  "Quality is unchanged", "7.52 ms"):
+    assert heading in md, heading
+
+
+def test_micro_prompts_keep_their_end(micro_run):
+  cfg, _ = micro_run
+  tok = SentencePieceTokenizer(chen.prepare_data(cfg))
+  prompts, lengths, records, cut = chen.task_prompts(cfg, tok, "humaneval")
+  assert prompts.shape == (cfg.eval.humaneval_prompts, cfg.eval.humaneval_prompt_len)
+  assert cut == len(records)  # HumanEval prompts are longer than the micro bucket
+  tail = tok.decode(prompts[0, :lengths[0]].tolist())
+  assert records[0]["inputs"].endswith(tail)
+
+
+def test_rerun_reuses_everything(micro_run):
+  cfg, first = micro_run
+  again = chen.run(cfg)
+  for name in first["settings"]:
+    assert again["settings"][name]["k_sweep"] == first["settings"][name]["k_sweep"]
+  assert again["batch"] == first["batch"]
+
+
+def test_changed_config_is_refused(micro_run):
+  cfg, _ = micro_run
+  changed = chen_config.get_config("micro")
+  changed.update_from_flattened_dict({"workdir": cfg.workdir, "data.cache_dir": cfg.data.cache_dir,
+                                      "data.code_source": cfg.data.code_source,
+                                      "data.summarize_source": cfg.data.summarize_source,
+                                      "eval.max_new_tokens": 9})
+  with pytest.raises(ValueError, match="eval.max_new_tokens"):
+    chen.run(changed)
+  changed.eval.max_new_tokens = cfg.eval.max_new_tokens
+  changed.eval.headline_k = 3
+  with pytest.raises(ValueError, match="headline_k"):
+    chen.run(changed)
