@@ -1,0 +1,94 @@
+"""specjax against transformers on the same weights, on this CPU (one command).
+
+  python benchmarks/peers_bench.py --leviathan_dir=runs/leviathan_full \
+      --chen_dir=runs/chen_full                      # the full suite (≤ ~25 min)
+  python benchmarks/peers_bench.py --quick ...       # fewer cells (≤ ~8 min)
+  python benchmarks/peers_bench.py --smoke           # tiny random models (< 1 min; the test)
+
+Pairs: `t5` = the Leviathan T5 v1.1 target and its draft_<--t5_draft> (orbax
+dirs under --leviathan_dir), `decoder` = the Chen target and draft (under
+--chen_dir). A pair whose directory is empty or missing is initialised at
+random with the same shapes, and the report says so.
+
+Systems, side by side in one process: specjax autoregressive and speculative
+(γ sweep) at every --batches, transformers greedy, transformers assisted
+generation (batch 1: it refuses more, which is recorded) and prompt lookup
+on the weights exported with `export_hf_*`. Then each system's peak memory in
+a fresh process, and the cost growth of the static buffers.
+
+Writes peers.json and peers.md (peers_quick.* / peers_smoke.*) into --out_dir;
+see benchmarks/README.md for every column.
+"""
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags, logging  # noqa: E402
+
+from specjax import peers_suite  # noqa: E402
+from specjax.checkpoints.hf_common import write_json  # noqa: E402
+from specjax.experiments.common import atomic_write_text  # noqa: E402
+
+_OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
+                           "Where peers.json / peers.md go.")
+_LEV = flags.DEFINE_string("leviathan_dir", "", "Leviathan workdir (target/final, draft_*/final).")
+_CHEN = flags.DEFINE_string("chen_dir", "", "Chen workdir (target/final, draft/final).")
+_T5_DRAFT = flags.DEFINE_string("t5_draft", "small", "Which Leviathan draft to pair with the target.")
+_DATA = flags.DEFINE_string("data_cache", "data_cache", "Built tasks and vocabularies (test prompts).")
+_QUICK = flags.DEFINE_bool("quick", False, "Fewer batch sizes, γ values and repeats.")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Tiny random models, a few cells: a smoke run.")
+_PAIRS = flags.DEFINE_list("pairs", ["t5", "decoder"], "Pairs to measure.")
+_BATCHES = flags.DEFINE_list("batches", None, "Override the batch sizes.")
+_GAMMAS = flags.DEFINE_list("gammas", None, "Override γ at batch 1.")
+_GAMMAS_B = flags.DEFINE_list("gammas_batched", None, "Override γ at batch > 1.")
+_REPEATS = flags.DEFINE_integer("repeats", None, "Override the timed rounds.")
+_MAX_NEW = flags.DEFINE_integer("max_new", None, "Override N, the tokens generated per row.")
+_MEMORY = flags.DEFINE_bool("memory", True, "Measure peak memory in subprocesses.")
+_GROWTH = flags.DEFINE_bool("growth", True, "Measure cost growth with length and buffer.")
+_THREADS = flags.DEFINE_integer("torch_threads", None, "torch threads (default: all cores; "
+                                "smoke: 1).")
+
+
+def make_config() -> peers_suite.SuiteConfig:
+  kw = dict(peers_suite.SMOKE if _SMOKE.value else peers_suite.QUICK if _QUICK.value else {})
+  kw.update(leviathan_dir=_LEV.value, chen_dir=_CHEN.value, t5_draft=_T5_DRAFT.value,
+            data_cache=_DATA.value, pairs=tuple(_PAIRS.value), memory=_MEMORY.value,
+            growth=_GROWTH.value)
+  ints = lambda xs: tuple(int(x) for x in xs)
+  for flag, key in ((_BATCHES, "batches"), (_GAMMAS, "gammas"), (_GAMMAS_B, "gammas_batched")):
+    if flag.value:
+      kw[key] = ints(flag.value)
+  if "batches" in kw:
+    kw.setdefault("hf_batches", kw["batches"])
+  for flag, key in ((_REPEATS, "repeats"), (_MAX_NEW, "max_new"), (_THREADS, "threads")):
+    if flag.value is not None:
+      kw[key] = flag.value
+  return peers_suite.SuiteConfig(**kw)
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.INFO)
+  cfg = make_config()
+  if _SMOKE.value:  # Tiny models: compilation dominates, and its speed is not measured here.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_backend_optimization_level=0").strip()
+  start = time.time()
+  log = lambda msg: logging.info("[%5.0fs] %s", time.time() - start, msg)
+  name = {"smoke": "peers_smoke", "quick": "peers_quick"}.get(cfg.mode, "peers")
+  os.makedirs(_OUT.value, exist_ok=True)
+  partial = os.path.join(_OUT.value, f".{name}.partial.json")
+  results = peers_suite.run_suite(cfg, log, on_pair=lambda pairs: write_json(pairs, partial))
+  write_json(results, os.path.join(_OUT.value, f"{name}.json"))
+  if os.path.exists(partial):
+    os.remove(partial)
+  md = peers_suite.to_markdown(results)
+  atomic_write_text(md, os.path.join(_OUT.value, f"{name}.md"))
+  print(md)
+
+
+if __name__ == "__main__":
+  app.run(main)

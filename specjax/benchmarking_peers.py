@@ -1,0 +1,742 @@
+"""specjax against its peers on the same weights: the pieces of `benchmarks/peers_bench.py`.
+
+Everything here measures greedy decoding of a target/draft pair, side by side
+in one process, on the same prompts:
+
+* `PairSpec` / `load_pair`: a pair from orbax model directories (trained runs)
+  or random initialisation of the same kind (the fallback, said so in the
+  output); `pair_prompts`: fixed prompts from the pair's test split, or random
+  tokens;
+* `specjax_runner` / `hf_runner`: one system at one batch size and γ, as a
+  callable the timing loop calls (`interleaved_times` alternates them);
+* `SpecjaxStream` (jitted `init_state` / `step`, a host timestamp after each
+  iteration) and `TimingStreamer` (a transformers `BaseStreamer` that
+  timestamps `put`) give token arrival times; `stream_latencies` turns them
+  into TTFT and inter-token gaps: the n + 1 tokens one iteration commits all
+  arrive at its timestamp, so the first has the iteration's gap and the
+  others a gap of 0 — what a client reading the stream sees;
+* `loop_prediction`: autoregressive / speculative wall time predicted from
+  the in-graph component times (`benchmarking.step_times`) and the measured
+  iterations; measured vs predicted is the loop's overhead;
+* `memory_job` (run as `python -m specjax.benchmarking_peers --memory_job
+  JSON`) / `measure_memory`: one system in a fresh process: peak RSS during a
+  steady generation call (the kernel's high-water mark reset through
+  /proc/self/clear_refs after a warm-up call) and peak RSS including loading
+  and compilation, both minus the process's idle RSS after its imports;
+* `cost_growth`: time per token as the generated length and, separately, the
+  static cache buffer grow.
+
+Shapes follow `specjax.protocol`: B rows, P prompt tokens, N new tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import specjax
+from specjax.benchmarking import time_call
+from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
+from specjax.models.decoder import DecoderConfig, DecoderLM
+from specjax.models.t5 import T5
+from specjax.models.t5_config import T5Config
+from specjax.sampling import GREEDY
+
+__all__ = [
+    "PairSpec", "Pair", "fallback_spec", "load_pair", "pair_prompts", "Runner", "specjax_runner",
+    "HFPair", "hf_runner", "interleaved_times", "SpecjaxStream", "TimingStreamer",
+    "stream_latencies", "latency_summary", "loop_prediction", "memory_job", "measure_memory",
+    "cost_growth", "token_agreement",
+]
+
+# Prompt formats of the reproductions (specjax.experiments.leviathan / chen).
+T5_TASK, T5_PREFIX = "translate_en_de", "translate English to German: "
+DECODER_TASK, DECODER_TEMPLATE = "summarize_debian", "{inputs} Summary:"
+
+
+# --------------------------------------------------------------------------- pairs
+
+
+@dataclasses.dataclass
+class PairSpec:
+  """How to build a pair (JSON-able, so a subprocess can rebuild it).
+
+  Attributes:
+    name: label in the report ("t5", "decoder").
+    kind: "t5" (encoder-decoder) or "decoder" (decoder-only).
+    target_dir, draft_dir: orbax model directories (`restore_params`), or ""
+      for random initialisation from the fallback configs.
+    target_config, draft_config: config fields used when the dirs are empty.
+    seed: random-init seed (target seed, draft seed + 1).
+  """
+
+  name: str
+  kind: str
+  target_dir: str = ""
+  draft_dir: str = ""
+  target_config: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  draft_config: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  seed: int = 0
+
+  @property
+  def trained(self) -> bool:
+    return bool(self.target_dir and self.draft_dir)
+
+
+def fallback_spec(name: str, kind: str, size: str = "full", target_dir: str = "",
+                  draft_dir: str = "") -> PairSpec:
+  """A spec with random-init configs shaped like the reproductions' `full`
+  models (size "full": Leviathan's T5 v1.1 target and small draft, Chen's
+  target and latency-first draft) or tiny ones (size "tiny", for smoke runs)."""
+  if kind == "t5":
+    common = dict(feed_forward="gated-gelu", tie_word_embeddings=False)
+    if size == "tiny":
+      tiny = dict(vocab_size=128, relative_attention_num_buckets=8,
+                  relative_attention_max_distance=16, **common)
+      t = dict(d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=1, **tiny)
+      d = dict(d_model=16, d_kv=8, num_heads=2, d_ff=32, num_layers=1, **tiny)
+    else:
+      t = dict(vocab_size=4096, d_model=384, d_kv=64, num_heads=6, d_ff=1024, num_layers=4,
+               **common)
+      d = dict(vocab_size=4096, d_model=16, d_kv=8, num_heads=2, d_ff=32, num_layers=1,
+               **common)
+  elif kind == "decoder":
+    if size == "tiny":
+      t = dict(vocab_size=64, d_model=32, num_layers=1, num_heads=4, num_kv_heads=4,
+               head_dim=8, mlp_dim=64)
+      d = dict(vocab_size=64, d_model=16, num_layers=1, num_heads=2, num_kv_heads=2,
+               head_dim=8, mlp_dim=32, tie_embeddings=True)
+    else:
+      t = dict(vocab_size=4096, d_model=384, num_layers=8, num_heads=6, num_kv_heads=6,
+               head_dim=64, mlp_dim=1024)
+      d = dict(vocab_size=4096, d_model=160, num_layers=1, num_heads=4, num_kv_heads=4,
+               head_dim=40, mlp_dim=448, tie_embeddings=True)
+  else:
+    raise ValueError(f"kind must be 't5' or 'decoder', got {kind!r}")
+  return PairSpec(name=name, kind=kind, target_dir=target_dir, draft_dir=draft_dir,
+                  target_config=t, draft_config=d)
+
+
+@dataclasses.dataclass
+class Pair:
+  spec: PairSpec
+  target: Any
+  tp: Any
+  draft: Any
+  dp: Any
+
+  @property
+  def kind(self) -> str:
+    return self.spec.kind
+
+
+def _model_for(config):
+  return T5(config) if isinstance(config, T5Config) else DecoderLM(config)
+
+
+def _restore(directory: str):
+  from specjax.checkpoints.orbax_io import restore_params
+  params, config = restore_params(directory)
+  return _model_for(config), jax.tree_util.tree_map(jnp.asarray, params)
+
+
+def load_pair(spec: PairSpec) -> Pair:
+  """Restores both models (trained) or initialises them (random, seeded)."""
+  if spec.trained:
+    target, tp = _restore(spec.target_dir)
+    draft, dp = _restore(spec.draft_dir)
+  else:
+    cls = T5Config if spec.kind == "t5" else DecoderConfig
+    target = _model_for(cls(**spec.target_config))
+    draft = _model_for(cls(**spec.draft_config))
+    tp = jax.jit(target.init)(jax.random.PRNGKey(spec.seed))
+    dp = jax.jit(draft.init)(jax.random.PRNGKey(spec.seed + 1))
+  kinds = {type(target), type(draft)}
+  if kinds != {T5 if spec.kind == "t5" else DecoderLM}:
+    raise ValueError(f"pair {spec.name!r} is of kind {spec.kind!r} but holds "
+                     f"{type(target).__name__} / {type(draft).__name__}")
+  if target.vocab_size != draft.vocab_size:
+    raise ValueError(f"pair {spec.name!r}: target vocab {target.vocab_size} != draft vocab "
+                     f"{draft.vocab_size}")
+  return Pair(spec, target, tp, draft, dp)
+
+
+def _find_tokenizer(data_cache: str, prefix: str, vocab_size: int, workdir: str = ""):
+  """The run's own vocabulary (`<workdir>/results/results.json` → vocab.path) if
+  it names one, else the first `<data_cache>/vocab/<prefix>*` of this size."""
+  from specjax.tokenizer import SentencePieceTokenizer
+  hints = []
+  try:
+    with open(os.path.join(workdir, "results", "results.json")) as f:
+      hints.append(json.load(f)["vocab"]["path"])
+  except (OSError, KeyError, TypeError, ValueError):
+    pass
+  pattern = os.path.join(data_cache, "vocab", prefix + "*", "spiece.model")
+  for path in hints + sorted(glob.glob(pattern)):
+    if not os.path.exists(path):
+      continue
+    tok = SentencePieceTokenizer(path, require_t5_ids=False)
+    if tok.vocab_size == vocab_size:
+      return tok, path
+  return None, None
+
+
+def pair_prompts(pair: Pair, n: int, prompt_len: int, data_cache: str = "data_cache",
+                 seed: int = 0) -> Tuple[np.ndarray, np.ndarray, str]:
+  """`n` prompts `[n, P]` (int32, right-padded), their lengths and where they came from.
+
+  A trained pair gets the first test examples of its reproduction's task
+  (Leviathan: EN→DE with the T5 prefix, EOS kept on truncation, right-padded;
+  Chen: "<description> Summary:", the last P tokens of examples at least P
+  long, so decoder prompts need no padding and transformers can batch them
+  without left padding). Random pairs, or a missing vocabulary / task cache,
+  get uniform random tokens of full length P."""
+  vocab = pair.target.vocab_size
+  why = "random-init pair"
+  workdir = os.path.dirname(os.path.dirname(os.path.abspath(pair.spec.target_dir or ".")))
+  if pair.spec.trained:
+    try:
+      from specjax.data import load_task
+      if pair.kind == "t5":
+        tok, path = _find_tokenizer(data_cache, "leviathan", vocab, workdir)
+        if tok is None:
+          raise FileNotFoundError(f"no leviathan vocabulary of size {vocab} in {data_cache}")
+        rows = []
+        for r in load_task(T5_TASK, "test", data_cache)[:n]:
+          ids = tok.encode(T5_PREFIX + r["inputs"])
+          rows.append(ids[:prompt_len - 1] + [tok.eos_id] if len(ids) > prompt_len else ids)
+        source = f"{T5_TASK} test[:{n}], '{T5_PREFIX}' prefix, tokenizer {path}"
+      else:
+        tok, path = _find_tokenizer(data_cache, "chen", vocab, workdir)
+        if tok is None:
+          raise FileNotFoundError(f"no chen vocabulary of size {vocab} in {data_cache}")
+        rows = []
+        for r in load_task(DECODER_TASK, "test", data_cache):
+          ids = tok.encode(DECODER_TEMPLATE.format(**r), add_eos=False)
+          if len(ids) >= prompt_len:
+            rows.append(ids[-prompt_len:])
+          if len(rows) == n:
+            break
+        source = (f"{DECODER_TASK} test, first {n} examples of >= {prompt_len} tokens, "
+                  f"'{DECODER_TEMPLATE}', last {prompt_len} tokens, tokenizer {path}")
+      if len(rows) < n:
+        raise ValueError(f"only {len(rows)} usable test prompts, need {n}")
+      prompts = np.zeros((n, prompt_len), np.int32)
+      lengths = np.zeros((n,), np.int32)
+      for i, ids in enumerate(rows):
+        prompts[i, :len(ids)] = ids
+        lengths[i] = len(ids)
+      return prompts, lengths, source
+    except (OSError, ValueError, KeyError) as e:
+      why = f"test prompts unavailable: {e}"
+  rng = np.random.default_rng(seed)
+  prompts = rng.integers(3, vocab, size=(n, prompt_len)).astype(np.int32)
+  return prompts, np.full((n,), prompt_len, np.int32), f"uniform random tokens ({why})"
+
+
+def groups(batch: int, b1_prompts: int) -> List[Tuple[int, int]]:
+  """Row ranges one timed call runs: batch 1 cycles over `b1_prompts`
+  prompts (one request each, served one after another), batch B > 1 runs
+  prompts 0..B-1 at once."""
+  return [(i, i + 1) for i in range(b1_prompts)] if batch == 1 else [(0, batch)]
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def stream_latencies(t0: float, events: Sequence[Tuple[float, np.ndarray]]
+                     ) -> Tuple[List[float], List[float]]:
+  """TTFT per row and the pooled inter-token gaps of one stream.
+
+  Args:
+    t0: when the request started (seconds, same clock as the events).
+    events: (timestamp, cumulative tokens `[B]` delivered by then), in order.
+
+  Every token delivered by an event arrives at its timestamp: a row's first
+  token defines its TTFT; each later token's gap is the time since the row's
+  previous arrival (so the 2nd..k-th tokens of one event have gap 0)."""
+  ttft: List[float] = []
+  gaps: List[float] = []
+  prev: Optional[np.ndarray] = None
+  last_t: Dict[int, float] = {}
+  for t, cum in events:
+    cum = np.asarray(cum).reshape(-1)
+    if prev is None:
+      prev = np.zeros_like(cum)
+      ttft = [float("nan")] * cum.size
+    for b in np.nonzero(cum > prev)[0]:
+      new = int(cum[b] - prev[b])
+      if b in last_t:
+        gaps.append(t - last_t[b])
+      else:
+        ttft[b] = t - t0
+      gaps.extend([0.0] * (new - 1))
+      last_t[b] = t
+    prev = cum
+  return ttft, gaps
+
+
+def latency_summary(ttfts: Sequence[float], gaps: Sequence[float]) -> Dict[str, float]:
+  """Median TTFT and the P50 / P99 / mean inter-token latency, in ms."""
+  ttfts = [t for t in ttfts if np.isfinite(t)]
+  out = {"ttft_ms": 1e3 * float(np.median(ttfts)) if ttfts else float("nan")}
+  if gaps:
+    g = np.asarray(gaps)
+    out.update(itl_p50_ms=1e3 * float(np.percentile(g, 50)),
+               itl_p99_ms=1e3 * float(np.percentile(g, 99)), itl_mean_ms=1e3 * float(g.mean()))
+  else:
+    out.update(itl_p50_ms=float("nan"), itl_p99_ms=float("nan"), itl_mean_ms=float("nan"))
+  return out
+
+
+class SpecjaxStream:
+  """Decodes with jitted `init_state` and `step` (caches and state donated),
+  fetching the committed tokens to the host after each iteration, as a
+  streaming server would. `gamma` 0: autoregressive."""
+
+  def __init__(self, pair: Pair, gamma: int, max_new: int, cache_len: int):
+    self.pair, self.gamma, self.max_new, self.cache_len = pair, gamma, max_new, cache_len
+    if gamma == 0:
+      dec = AutoregressiveDecoder(pair.target, GREEDY, max_new)
+      self._init = jax.jit(lambda tp, dp, x, n, k, tc, dc: dec.init_state(tp, x, n, k, tc),
+                           donate_argnums=(5,))
+      self._step = jax.jit(lambda tp, dp, s: dec.step(tp, s), donate_argnums=(2,))
+    else:
+      dec = SpeculativeDecoder(pair.target, pair.draft, gamma, GREEDY, max_new)
+      self._init = jax.jit(dec.init_state, donate_argnums=(5, 6))
+      self._step = jax.jit(dec.step, donate_argnums=(2,))
+
+  def run(self, prompts: np.ndarray, lengths: np.ndarray):
+    """One request. Returns (t0, events, tokens `[B, N]`)."""
+    p = self.pair
+    b, plen = prompts.shape
+    t0 = time.perf_counter()
+    tc = p.target.init_cache(b, self.cache_len, plen)
+    dc = p.draft.init_cache(b, self.cache_len, plen) if self.gamma else None
+    keys = jax.random.split(jax.random.key(0), b)
+    state = self._init(p.tp, p.dp, jnp.asarray(prompts), jnp.asarray(lengths), keys, tc, dc)
+    out_len, done, tokens = jax.device_get((state.out_len, state.done, state.tokens))
+    events = [(time.perf_counter(), out_len)]
+    while not done.all():
+      state = self._step(p.tp, p.dp, state)
+      out_len, done, tokens = jax.device_get((state.out_len, state.done, state.tokens))
+      events.append((time.perf_counter(), out_len))
+    return t0, events, np.asarray(tokens)[:, :self.max_new]
+
+
+try:
+  from transformers.generation.streamers import BaseStreamer as _BaseStreamer
+except ImportError:  # transformers is optional for the library.
+  _BaseStreamer = object
+
+
+class TimingStreamer(_BaseStreamer):
+  """A transformers streamer that timestamps every `put`. The first put is
+  the prompt (decoder-only) or the decoder start token (T5) and is skipped;
+  later puts hold one token per row (`[B]`) or several for one row (`[1, k]`,
+  assisted generation / prompt lookup)."""
+
+  def __init__(self):
+    self.events: List[Tuple[float, np.ndarray]] = []
+    self.puts = 0
+    self._cum: Optional[np.ndarray] = None
+
+  def put(self, value):
+    now = time.perf_counter()
+    self.puts += 1
+    if self.puts == 1:
+      return
+    shape = tuple(value.shape)
+    new = np.full((shape[0],), shape[1]) if len(shape) == 2 else np.ones((shape[0],), np.int64)
+    self._cum = new if self._cum is None else self._cum + new
+    self.events.append((now, self._cum.copy()))
+
+  def end(self):
+    pass
+
+
+# --------------------------------------------------------------------------- runners
+
+
+@dataclasses.dataclass
+class Runner:
+  """One system at one configuration. `fn()` serves every request group once
+  and returns the generated tokens `[rows, N]` (groups concatenated) plus
+  per-call details; `stream()` (optional) returns latency events."""
+
+  system: str
+  batch: int
+  gamma: int
+  fn: Callable[[], Tuple[np.ndarray, Dict[str, Any]]]
+  framework: str = "specjax"
+  note: str = ""
+  last: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  latency_events: List[Tuple[float, list]] = dataclasses.field(default_factory=list)
+
+
+def specjax_runner(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, row_groups,
+                   gamma: int, max_new: int, cache_len: int) -> Runner:
+  """The fused loop (`specjax.generate` / `speculative_generate`), greedy, no
+  EOS stop; requests served one after another, each blocked on."""
+  data = [(jnp.asarray(prompts[a:b]), jnp.asarray(lengths[a:b])) for a, b in row_groups]
+  kw = dict(max_new_tokens=max_new, sampling=GREEDY, cache_len=cache_len)
+  runner = Runner("specjax " + ("speculative" if gamma else "autoregressive"),
+                  row_groups[0][1] - row_groups[0][0], gamma, fn=None)
+
+  def fn():
+    outs = []
+    for x, n in data:
+      if gamma:
+        out = specjax.speculative_generate(pair.target, pair.tp, pair.draft, pair.dp, x, n,
+                                           gamma=gamma, **kw)
+      else:
+        out = specjax.generate(pair.target, pair.tp, x, n, **kw)
+      out.tokens.block_until_ready()
+      outs.append(out)
+    tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
+    stats = {
+        "iterations": [int(jnp.max(o.stats.target_calls)) - 1 for o in outs],
+        "drafted": sum(int(jnp.sum(o.stats.drafted)) for o in outs),
+        "accepted": sum(int(jnp.sum(o.stats.accepted)) for o in outs),
+        "hist": np.sum([np.asarray(jnp.sum(o.stats.accepted_hist, 0)) for o in outs], 0).tolist(),
+    }
+    return tokens, stats
+
+  runner.fn = fn
+  return runner
+
+
+class HFPair:
+  """The pair exported with `export_hf_t5` / `export_hf_llama` and loaded by
+  transformers (float32, eval mode), EOS disabled so every system generates
+  exactly N tokens."""
+
+  def __init__(self, pair: Pair, directory: str, threads: Optional[int] = None):
+    import torch
+    import transformers
+    transformers.logging.set_verbosity_error()
+    if threads:
+      torch.set_num_threads(threads)
+    self.kind = pair.kind
+    self.dirs = {"target": os.path.join(directory, "target"),
+                 "draft": os.path.join(directory, "draft")}
+    if pair.kind == "t5":
+      from specjax.checkpoints.hf_t5 import export_hf_t5 as export
+      cls = transformers.T5ForConditionalGeneration
+    else:
+      from specjax.checkpoints.hf_llama import export_hf_llama as export
+      cls = transformers.LlamaForCausalLM
+    for (name, folder), (model, params) in zip(self.dirs.items(),
+                                               ((pair.target, pair.tp), (pair.draft, pair.dp))):
+      if not os.path.exists(os.path.join(folder, "config.json")):
+        export(params, model.config, folder)
+    self.target, self.draft = (self.load(cls, self.dirs[k]) for k in ("target", "draft"))
+    self.pad_id = pair.target.config.pad_id if pair.kind == "t5" else 0
+
+  @staticmethod
+  def load(cls, folder):
+    model = cls.from_pretrained(folder).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+  def configure_assistant(self, gamma: Optional[int]) -> None:
+    """γ drafts per iteration, always (constant schedule, no confidence
+    cut-off); None restores transformers' own defaults."""
+    g = self.draft.generation_config
+    if gamma is None:
+      g.num_assistant_tokens = g.num_assistant_tokens_schedule = None
+      g.assistant_confidence_threshold = None
+    else:
+      g.num_assistant_tokens, g.num_assistant_tokens_schedule = gamma, "constant"
+      g.assistant_confidence_threshold = 0.0
+
+  def generate(self, prompts: np.ndarray, lengths: np.ndarray, max_new: int, mode: str = "greedy",
+               gamma: Optional[int] = None, streamer=None) -> np.ndarray:
+    """`mode`: "greedy", "assisted" (the draft model, `gamma` tokens or the
+    defaults) or "lookup" (prompt lookup, `gamma` tokens). Returns `[B, N]`."""
+    import torch
+    ids = torch.as_tensor(prompts, dtype=torch.long)
+    mask = torch.as_tensor(np.arange(prompts.shape[1])[None] < lengths[:, None], dtype=torch.long)
+    kw = {}
+    if mode == "assisted":
+      self.configure_assistant(gamma)
+      kw["assistant_model"] = self.draft
+    elif mode == "lookup":
+      kw["prompt_lookup_num_tokens"] = gamma
+    elif mode != "greedy":
+      raise ValueError(f"mode must be greedy, assisted or lookup, got {mode!r}")
+    with torch.inference_mode():
+      out = self.target.generate(input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1,
+                                 max_new_tokens=max_new, pad_token_id=self.pad_id,
+                                 streamer=streamer, **kw)
+    start = 1 if self.kind == "t5" else prompts.shape[1]
+    return out[:, start:].numpy()
+
+
+def hf_runner(hf: HFPair, prompts: np.ndarray, lengths: np.ndarray, row_groups, mode: str,
+              gamma: Optional[int], max_new: int) -> Runner:
+  """transformers `generate`, one request group after another, each with a
+  `TimingStreamer` (its events are kept for the latency summary)."""
+  name = {"greedy": "transformers greedy", "assisted": "transformers assisted",
+          "lookup": "transformers prompt lookup"}[mode]
+  runner = Runner(name, row_groups[0][1] - row_groups[0][0], gamma or 0, fn=None,
+                  framework="transformers",
+                  note="transformers defaults" if mode == "assisted" and gamma is None else "")
+
+  def fn():
+    toks, events, puts = [], [], []
+    for a, b in row_groups:
+      streamer = TimingStreamer()
+      t0 = time.perf_counter()
+      toks.append(hf.generate(prompts[a:b], lengths[a:b], max_new, mode, gamma, streamer))
+      events.append((t0, streamer.events))
+      puts.append(streamer.puts - 1)
+    return np.concatenate(toks), {"events": events, "iterations": [p - 1 for p in puts]}
+
+  runner.fn = fn
+  return runner
+
+
+def interleaved_times(runners: Sequence[Runner], repeats: int, log=None) -> None:
+  """Calls every runner once (warm-up: compilation for specjax), then
+  `repeats` rounds over all of them, the order rotated each round. Fills
+  `runner.last` with first_s, runs (seconds), median_s, tokens, stats; keeps
+  transformers' stream events of the timed rounds."""
+  for r in runners:
+    t0 = time.perf_counter()
+    tokens, stats = r.fn()
+    r.last = {"first_s": time.perf_counter() - t0, "runs": [], "tokens": tokens, "stats": stats}
+    if log:
+      log(f"  warm {r.system} B={r.batch} γ={r.gamma}: {r.last['first_s']:.2f}s")
+  for i in range(repeats):
+    order = list(runners[i % len(runners):]) + list(runners[:i % len(runners)])
+    for r in order:
+      t0 = time.perf_counter()
+      tokens, stats = r.fn()
+      r.last["runs"].append(time.perf_counter() - t0)
+      r.last["tokens"], r.last["stats"] = tokens, stats
+      if "events" in stats:
+        r.latency_events.extend(stats["events"])
+  for r in runners:
+    r.last["median_s"] = statistics.median(r.last["runs"]) if r.last["runs"] else r.last["first_s"]
+
+
+def token_agreement(tokens: np.ndarray, reference: np.ndarray) -> Dict[str, Any]:
+  """Rows identical to the reference, and the first differing position."""
+  same = np.all(tokens == reference, axis=1)
+  diff = np.nonzero(np.any(tokens != reference, axis=0))[0]
+  return {"identical_rows": int(same.sum()), "rows": int(same.size),
+          "identical": bool(same.all()), "first_mismatch": int(diff[0]) if diff.size else None}
+
+
+# --------------------------------------------------------------------------- predictions
+
+
+def prefill_time(model, params, prompts: np.ndarray, lengths: np.ndarray, cache_len: int,
+                 repeats: int = 3) -> float:
+  """Median seconds of one jitted prefill of these prompts."""
+  b, plen = prompts.shape
+  fn = jax.jit(lambda p, x, n, c: model.prefill(p, x, n, c)[0])
+  cache = model.init_cache(b, cache_len, plen)
+  x, n = jnp.asarray(prompts), jnp.asarray(lengths)
+  return time_call(lambda: fn(params, x, n, cache), repeats=repeats)["median_s"]
+
+
+def loop_prediction(max_new: int, gamma: int, iterations: Sequence[int], t_target: Dict[int, float],
+                    t_draft: Dict[int, float], prefill_target_s: float,
+                    prefill_draft_s: float) -> Dict[str, float]:
+  """Wall seconds the fused loops would take if they cost exactly their
+  components, summed over the request groups (`iterations`: the speculative
+  while-loop iterations of each group).
+
+  autoregressive: prefill + (N - 1) target steps (T = 1);
+  speculative: both prefills + per iteration the draft's T = 2 step,
+  γ - 1 draft steps (T = 1) and one target verify (T = γ + 1)."""
+  groups_n = len(iterations)
+  ar = groups_n * (prefill_target_s + (max_new - 1) * t_target[1])
+  per_iter = t_draft[2] + (gamma - 1) * t_draft[1] + t_target[gamma + 1]
+  sp = sum(prefill_target_s + prefill_draft_s + it * per_iter for it in iterations)
+  return {"ar_predicted_s": ar, "sp_predicted_s": sp, "iteration_predicted_s": per_iter,
+          "predicted_speedup": ar / sp}
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _status_kb(field: str) -> Optional[int]:
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1])
+  except OSError:
+    pass
+  return None
+
+
+def _reset_peak() -> bool:
+  """Resets the kernel's peak-RSS mark (VmHWM) of this process (Linux ≥ 4.0)."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+def memory_job(job: Dict[str, Any]) -> Dict[str, Any]:
+  """Runs one system in this (fresh) process and reports its memory in MiB.
+
+  idle = RSS after the imports and a first tiny op of the framework;
+  `peak_mb` = peak RSS during a steady (second) generation call − idle: the
+  weights, caches, compiled code and working memory a server holds;
+  `peak_with_load_mb` = peak RSS over loading, compiling and the first
+  call − idle; `transient_mb` = peak of the steady call − RSS just before it
+  (the call's own working memory); `resident_mb` = RSS after the calls − idle."""
+  system, batch, gamma = job["system"], job["batch"], job.get("gamma", 0)
+  data = np.load(job["prompts_path"])
+  prompts, lengths = data["prompts"][:batch], data["lengths"][:batch]
+  spec = PairSpec(**job["pair"])
+  if system.startswith("specjax"):
+    if spec.trained:
+      import orbax.checkpoint  # noqa: F401  (imported before the idle mark)
+    jnp.zeros((1,)).block_until_ready()
+  else:
+    import torch
+    import transformers  # noqa: F401
+    torch.zeros(1).sum()
+  gc.collect()
+  idle = _status_kb("VmRSS")
+  if system.startswith("specjax"):
+    pair = load_pair(spec)
+    kw = dict(max_new_tokens=job["max_new"], sampling=GREEDY, cache_len=job["cache_len"])
+    x, n = jnp.asarray(prompts), jnp.asarray(lengths)
+
+    def call():
+      if gamma:
+        out = specjax.speculative_generate(pair.target, pair.tp, pair.draft, pair.dp, x, n,
+                                           gamma=gamma, **kw)
+      else:
+        out = specjax.generate(pair.target, pair.tp, x, n, **kw)
+      out.tokens.block_until_ready()
+  else:
+    import torch
+    import transformers
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(job.get("threads") or os.cpu_count())
+    cls = (transformers.T5ForConditionalGeneration if spec.kind == "t5"
+           else transformers.LlamaForCausalLM)
+    hf = HFPair.__new__(HFPair)
+    hf.kind, hf.pad_id = spec.kind, 0
+    hf.target = HFPair.load(cls, job["hf_dirs"]["target"])
+    hf.draft = HFPair.load(cls, job["hf_dirs"]["draft"]) if job["mode"] == "assisted" else None
+    call = lambda: hf.generate(prompts, lengths, job["max_new"], job["mode"], gamma or None)
+  call()
+  peak_with_load = _status_kb("VmHWM")
+  gc.collect()
+  before = _status_kb("VmRSS")
+  reset = _reset_peak()
+  call()
+  peak = _status_kb("VmHWM")
+  resident = _status_kb("VmRSS")
+  mib = lambda kb, ref=idle: None if kb is None or ref is None else (kb - ref) / 1024
+  return {"idle_rss_mb": idle / 1024 if idle else None,
+          "peak_mb": mib(peak) if reset else None, "peak_with_load_mb": mib(peak_with_load),
+          "transient_mb": mib(peak, before) if reset else None,
+          "resident_mb": mib(resident), "peak_reset": reset}
+
+
+def measure_memory(job: Dict[str, Any], timeout_s: float = 600) -> Dict[str, Any]:
+  """`memory_job(job)` in a fresh Python process; {"error": ...} on failure."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ)
+  env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+  env.setdefault("JAX_PLATFORMS", "cpu")
+  cmd = [sys.executable, "-m", "specjax.benchmarking_peers", "--memory_job", json.dumps(job)]
+  try:
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {timeout_s:.0f}s"}
+  lines = [l for l in res.stdout.splitlines() if l.startswith("{")]
+  if res.returncode or not lines:
+    return {"error": f"exit {res.returncode}: {res.stderr.strip().splitlines()[-1:]}"}
+  return json.loads(lines[-1])
+
+
+# --------------------------------------------------------------------------- cost growth
+
+
+def cost_growth(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, gamma: int,
+                new_tokens: Sequence[int], buffer_factors: Sequence[int], base_new: int,
+                repeats: int, log=None, fresh_compile: bool = True) -> List[Dict[str, Any]]:
+  """Fused-loop time per generated token (batch = prompts' rows), for
+  autoregressive and speculative (γ = `gamma`) decoding:
+
+  * "length": N in `new_tokens`, each with the minimal buffer for N (and γ);
+  * "buffer": N = `base_new` with buffers of factor × the minimal one.
+
+  With `fresh_compile`, JAX's in-memory compilation cache is cleared first,
+  so every distinct configuration compiles once here and `compile_s` (first
+  − median call) is a real compilation; a configuration in both sweeps is
+  measured once."""
+  target = pair.target
+  plen = prompts.shape[1]
+  x, n = jnp.asarray(prompts), jnp.asarray(lengths)
+  cells = [("length", N, 1) for N in new_tokens] + [("buffer", base_new, f) for f in buffer_factors]
+  runs: Dict[Tuple[int, int, int], Dict[str, Any]] = {}
+  out = []
+  for sweep, N, factor in cells:
+    need = specjax.required_cache_len(target, plen, N, gamma)
+    for g in (0, gamma):
+      key = (N, need * factor, g)
+      if key not in runs:
+        kw = dict(max_new_tokens=N, sampling=GREEDY, cache_len=need * factor)
+        if g:
+          fn = lambda kw=kw: specjax.speculative_generate(
+              pair.target, pair.tp, pair.draft, pair.dp, x, n, gamma=gamma, **kw).tokens
+        else:
+          fn = lambda kw=kw: specjax.generate(target, pair.tp, x, n, **kw).tokens
+        runs[key] = {"fn": fn, "runs": []}
+      out.append({"sweep": sweep, "new_tokens": N, "buffer_factor": factor,
+                  "cache_len": need * factor, "needed_cache_len": need, "gamma": g,
+                  "batch": int(prompts.shape[0]), "_key": key})
+  if fresh_compile:
+    jax.clear_caches()
+  order = list(runs.values())
+  for r in order:
+    t0 = time.perf_counter()
+    r["fn"]().block_until_ready()
+    r["first_s"] = time.perf_counter() - t0
+  for i in range(repeats):
+    for r in order[i % len(order):] + order[:i % len(order)]:
+      t0 = time.perf_counter()
+      r["fn"]().block_until_ready()
+      r["runs"].append(time.perf_counter() - t0)
+  for row in out:
+    r = runs[row.pop("_key")]
+    med = statistics.median(r["runs"]) if r["runs"] else r["first_s"]
+    row.update(median_s=med, runs=list(r["runs"]), first_s=r["first_s"],
+               ms_per_token=1e3 * med / row["new_tokens"], compile_s=max(r["first_s"] - med, 0.0))
+    if log:
+      log(f"  growth {row['sweep']} N={row['new_tokens']} S={row['cache_len']} γ={row['gamma']}: "
+          f"{row['ms_per_token']:.2f} ms/token, compile {row['compile_s']:.1f}s")
+  return out
+
+
+if __name__ == "__main__":
+  if len(sys.argv) == 3 and sys.argv[1] == "--memory_job":
+    print(json.dumps(memory_job(json.loads(sys.argv[2]))))
+  else:
+    sys.exit("usage: python -m specjax.benchmarking_peers --memory_job JSON")

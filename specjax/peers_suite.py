@@ -1,0 +1,679 @@
+"""The CPU peer suite behind `benchmarks/peers_bench.py`: runs every system on
+every pair, derives ratios, checks the goals, writes the markdown.
+
+`run_suite(SuiteConfig(...))` returns one JSON-able dict; `to_markdown` turns
+it into the report; `goals` computes the pass/fail lines. Measurement
+pieces live in `specjax.benchmarking_peers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import jax
+import numpy as np
+
+import specjax
+from specjax import benchmarking_peers as bp
+from specjax.benchmarking import count_params, step_times
+
+__all__ = ["SuiteConfig", "run_suite", "run_pair", "goals", "to_markdown", "QUICK", "SMOKE"]
+
+GOAL_PEER_RATIO = 3.0        # specjax ≥ 3× transformers' tokens/s at batch 1
+GOAL_LOOP_OVERHEAD = 0.10    # predicted / measured speedup − 1 ≤ 10%
+GOAL_BATCH, GOAL_ALPHA, GOAL_BATCH_SPEEDUP = 8, 0.7, 1.5
+GOAL_ROOFLINE = 1.3          # GPU: target step ≤ 1.3× its HBM roofline
+
+
+@dataclasses.dataclass
+class SuiteConfig:
+  """What the suite measures (defaults: the full CPU suite)."""
+
+  leviathan_dir: str = ""          # runs/leviathan_full: target/final, draft_<t5_draft>/final
+  chen_dir: str = ""               # runs/chen_full: target/final, draft/final
+  t5_draft: str = "small"
+  data_cache: str = "data_cache"
+  pairs: Sequence[str] = ("t5", "decoder")
+  fallback_size: str = "full"      # random-init shapes when a dir is missing: full | tiny
+  batches: Sequence[int] = (1, 4, 8, 16)
+  gammas: Sequence[int] = tuple(range(1, 9))      # specjax speculative at batch 1
+  gammas_batched: Sequence[int] = (2, 5)          # at batch > 1 (suite time)
+  hf_gammas: Sequence[int] = (2, 4, 6, 8)         # transformers assisted (batch 1), + defaults
+  lookup_gammas: Sequence[int] = (2, 4, 8)        # transformers prompt lookup (batch 1)
+  hf_batches: Sequence[int] = (1, 4, 8, 16)       # transformers greedy
+  max_new: int = 64
+  prompt_len: int = 64
+  b1_prompts: int = 2              # batch-1 requests per timed call (served in turn)
+  repeats: int = 3
+  stream_repeats: int = 2
+  step_repeats: int = 3
+  memory: bool = True
+  memory_batches: Sequence[int] = (1, 16)
+  memory_pairs: Sequence[str] = ("t5", "decoder")
+  memory_systems: Sequence[str] = ("specjax autoregressive", "specjax speculative",
+                                   "transformers greedy", "transformers assisted",
+                                   "transformers prompt lookup")
+  growth: bool = True
+  growth_new_tokens: Sequence[int] = (64, 128, 256, 512)
+  growth_buffers: Sequence[int] = (1, 2, 4, 8)
+  growth_gamma: int = 0            # 0: the best γ at batch 1
+  growth_fresh_compile: bool = True  # clear JAX's caches first: real compile times
+  threads: int = 0                 # torch threads; 0: all cores
+  mode: str = "full"
+
+
+QUICK = dict(batches=(1, 8), gammas=(2, 4, 6), gammas_batched=(4,), hf_gammas=(4,),
+             lookup_gammas=(4,), hf_batches=(1, 8), b1_prompts=1, repeats=2, stream_repeats=1,
+             memory_batches=(1,), growth_new_tokens=(64, 256), growth_buffers=(1, 4),
+             mode="quick")
+SMOKE = dict(fallback_size="tiny", batches=(1,), gammas=(2,), gammas_batched=(),
+             hf_gammas=(2,), lookup_gammas=(2,), hf_batches=(1,), max_new=8, prompt_len=8,
+             b1_prompts=1, repeats=1, stream_repeats=1, step_repeats=1, memory_batches=(1,),
+             memory_systems=("specjax autoregressive",), memory_pairs=("decoder",),
+             growth_new_tokens=(8,),
+             growth_buffers=(1, 2), growth_fresh_compile=False, threads=1, mode="smoke")
+
+
+def _pair_spec(cfg: SuiteConfig, name: str) -> bp.PairSpec:
+  if name == "t5":
+    base = cfg.leviathan_dir
+    dirs = (os.path.join(base, "target", "final"),
+            os.path.join(base, f"draft_{cfg.t5_draft}", "final"))
+    kind = "t5"
+  elif name == "decoder":
+    base = cfg.chen_dir
+    dirs = (os.path.join(base, "target", "final"), os.path.join(base, "draft", "final"))
+    kind = "decoder"
+  else:
+    raise ValueError(f"unknown pair {name!r}; known: t5, decoder")
+  have = bool(base) and all(os.path.exists(os.path.join(d, "config.json")) for d in dirs)
+  spec = bp.fallback_spec(name, kind, cfg.fallback_size, *(dirs if have else ("", "")))
+  spec.note = ("trained: " + ", ".join(dirs) if have else
+               f"random init ({cfg.fallback_size} shapes): "
+               + ("no directory given" if not base else f"no trained models under {base}"))
+  return spec
+
+
+def _median(xs):
+  return statistics.median(xs) if xs else float("nan")
+
+
+def _specjax_rows(pair, runners, streams, tt, td, prefill_t, prefill_d, cfg, batch, n_groups):
+  rows = []
+  ar = runners[0]
+  for r in runners:
+    if r.framework != "specjax":
+      continue
+    st = r.last["stats"]
+    med = r.last["median_s"]
+    rows_total = r.last["tokens"].shape[0]
+    row = dict(system=r.system, framework="specjax", batch=batch, gamma=r.gamma,
+               tokens_per_s=rows_total * cfg.max_new / med,
+               ms_per_token=1e3 * med / (cfg.max_new * n_groups), median_s=med,
+               runs=r.last["runs"], first_s=r.last["first_s"],
+               compile_s=max(r.last["first_s"] - med, 0.0),
+               agreement=bp.token_agreement(r.last["tokens"], ar.last["tokens"]))
+    row.update(streams.get(r.gamma, {}))
+    if r.gamma:
+      hist = np.asarray(st["hist"], float)
+      its = int(hist.sum())
+      row.update(acceptance_rate=st["accepted"] / max(st["drafted"], 1),
+                 tokens_per_iteration=float((hist * (np.arange(hist.size) + 1)).sum() / its)
+                 if its else float("nan"),
+                 iterations=st["iterations"])
+      pred = bp.loop_prediction(cfg.max_new, r.gamma, st["iterations"], tt, td, prefill_t,
+                                prefill_d)
+      measured = ar.last["median_s"] / med
+      row.update(pred, measured_speedup=measured,
+                 loop_overhead=pred["predicted_speedup"] / measured - 1,
+                 ar_loop_overhead=ar.last["median_s"] / pred["ar_predicted_s"] - 1,
+                 sp_loop_overhead=med / pred["sp_predicted_s"] - 1,
+                 verify_cost=tt[r.gamma + 1] / tt[1], c=td[1] / tt[1])
+    rows.append(row)
+  return rows
+
+
+def _hf_rows(runners, reference, cfg, batch, n_groups):
+  rows = []
+  for r in runners:
+    if r.framework != "transformers":
+      continue
+    med = r.last["median_s"]
+    ttfts, gaps = [], []
+    for t0, events in r.latency_events:
+      a, g = bp.stream_latencies(t0, events)
+      ttfts += a
+      gaps += g
+    its = sum(r.last["stats"]["iterations"])
+    mode = r.system.split()[-1]
+    row = dict(system=r.system, framework="transformers", batch=batch, gamma=r.gamma,
+               note=r.note, tokens_per_s=r.last["tokens"].shape[0] * cfg.max_new / med,
+               ms_per_token=1e3 * med / (cfg.max_new * n_groups), median_s=med,
+               runs=r.last["runs"], first_s=r.last["first_s"],
+               warmup_s=max(r.last["first_s"] - med, 0.0),
+               agreement=bp.token_agreement(r.last["tokens"], reference),
+               **bp.latency_summary(ttfts, gaps))
+    if mode in ("assisted", "lookup"):
+      row["tokens_per_iteration"] = (cfg.max_new - 1) * n_groups / its if its else float("nan")
+    rows.append(row)
+  return rows
+
+
+def _streams(pair, gammas, prompts, lengths, row_groups, cfg, cache_len, reference):
+  """Latency of each specjax configuration through jitted init_state/step."""
+  out = {}
+  for g in gammas:
+    stream = bp.SpecjaxStream(pair, g, cfg.max_new, cache_len)
+    t0 = time.perf_counter()
+    for a, b in row_groups:
+      stream.run(prompts[a:b], lengths[a:b])
+    first = time.perf_counter() - t0
+    ttfts, gaps, totals, toks = [], [], [], []
+    for _ in range(cfg.stream_repeats):
+      t0 = time.perf_counter()
+      toks = []
+      for a, b in row_groups:
+        start, events, tokens = stream.run(prompts[a:b], lengths[a:b])
+        x, y = bp.stream_latencies(start, events)
+        ttfts += x
+        gaps += y
+        toks.append(tokens)
+      totals.append(time.perf_counter() - t0)
+    rows_total = sum(b - a for a, b in row_groups)
+    out[g] = dict(bp.latency_summary(ttfts, gaps),
+                  stream_tokens_per_s=rows_total * cfg.max_new / _median(totals),
+                  stream_compile_s=max(first - _median(totals), 0.0),
+                  stream_identical=bool(np.array_equal(np.concatenate(toks), reference)))
+  return out
+
+
+def run_batch(pair, hf, prompts, lengths, batch: int, cfg: SuiteConfig, cache_len: int,
+              log: Callable[[str], None]) -> Dict[str, Any]:
+  """Every system at one batch size: throughput (interleaved), streams,
+  component times, predictions."""
+  row_groups = bp.groups(batch, cfg.b1_prompts)
+  gam = list(cfg.gammas if batch == 1 else cfg.gammas_batched)
+  runners = [bp.specjax_runner(pair, prompts, lengths, row_groups, g, cfg.max_new, cache_len)
+             for g in [0] + gam]
+  notes = []
+  if hf is not None and batch in cfg.hf_batches:
+    runners.append(bp.hf_runner(hf, prompts, lengths, row_groups, "greedy", None, cfg.max_new))
+    if batch == 1:
+      runners += [bp.hf_runner(hf, prompts, lengths, row_groups, "assisted", g, cfg.max_new)
+                  for g in list(cfg.hf_gammas) + [None]]
+      runners += [bp.hf_runner(hf, prompts, lengths, row_groups, "lookup", g, cfg.max_new)
+                  for g in cfg.lookup_gammas]
+  if hf is not None and batch > 1:
+    notes += _probe_batched(hf, prompts, lengths, batch)
+  log(f"[{pair.spec.name}] batch {batch}: {len(runners)} systems × {cfg.repeats} repeats")
+  bp.interleaved_times(runners, cfg.repeats, log)
+  reference = runners[0].last["tokens"]
+  stream_gammas = [0] + gam
+  if batch > 1 and gam:  # Latency of every γ at batch 1; above it of AR and the fastest γ.
+    best = min((r for r in runners if r.framework == "specjax" and r.gamma),
+               key=lambda r: r.last["median_s"])
+    stream_gammas = [0, best.gamma]
+  log(f"[{pair.spec.name}] batch {batch}: streams for γ = {stream_gammas}")
+  streams = _streams(pair, stream_gammas, prompts, lengths, row_groups, cfg, cache_len,
+                     reference)
+  plen = prompts.shape[1]
+  log(f"[{pair.spec.name}] batch {batch}: component times")
+  tt = step_times(pair.target, pair.tp, batch, cache_len, plen, sorted({1} | {g + 1 for g in gam}),
+                  repeats=cfg.step_repeats)
+  td, prefill_d = {}, float("nan")
+  a, b = row_groups[0]
+  if gam:
+    td = step_times(pair.draft, pair.dp, batch, cache_len, plen, [1, 2], repeats=cfg.step_repeats)
+    prefill_d = bp.prefill_time(pair.draft, pair.dp, prompts[a:b], lengths[a:b], cache_len,
+                                cfg.step_repeats)
+  prefill_t = bp.prefill_time(pair.target, pair.tp, prompts[a:b], lengths[a:b], cache_len,
+                              cfg.step_repeats)
+  rows = _specjax_rows(pair, runners, streams, tt, td, prefill_t, prefill_d, cfg, batch,
+                       len(row_groups))
+  rows += _hf_rows(runners, reference, cfg, batch, len(row_groups))
+  return {"batch": batch, "rows": rows, "notes": notes, "cache_len": cache_len,
+          "step_times_ms": {"target": {t: 1e3 * v for t, v in tt.items()},
+                            "draft": {t: 1e3 * v for t, v in td.items()}},
+          "prefill_ms": {"target": 1e3 * prefill_t, "draft": 1e3 * prefill_d}}
+
+
+def _probe_batched(hf, prompts, lengths, batch: int) -> List[str]:
+  """Whether transformers runs assisted generation / prompt lookup on `batch` rows."""
+  notes = []
+  for mode in ("assisted", "lookup"):
+    try:
+      hf.generate(prompts[:batch], lengths[:batch], 2, mode, 2)
+      notes.append(f"transformers {mode} at batch {batch}: ran")
+    except ValueError as e:
+      notes.append(f"transformers {mode} at batch {batch}: ValueError: {e}")
+  return notes
+
+
+def best_row(rows, system: str, batch: int, with_defaults: bool = False
+             ) -> Optional[Dict[str, Any]]:
+  """The fastest row of `system` at `batch` (transformers' default-setting
+  assisted row only `with_defaults`)."""
+  cand = [r for r in rows if r["system"] == system and r["batch"] == batch
+          and (with_defaults or not r.get("note"))]
+  return max(cand, key=lambda r: r["tokens_per_s"]) if cand else None
+
+
+def _memory(pair, hf, spec, prompts, lengths, rows, cfg, cache_len, tmp, log):
+  path = os.path.join(tmp, f"{spec.name}_prompts.npz")
+  np.savez(path, prompts=prompts, lengths=lengths)
+  base = dict(pair=dataclasses.asdict(spec), prompts_path=path, max_new=cfg.max_new,
+              cache_len=cache_len, threads=cfg.threads or os.cpu_count(),
+              hf_dirs=hf.dirs if hf is not None else None)
+  base["pair"].pop("note", None)
+  for batch in cfg.memory_batches:
+    systems = ["specjax autoregressive", "specjax speculative"]
+    if hf is not None and batch in cfg.hf_batches:
+      systems.append("transformers greedy")
+      if batch == 1:
+        systems += ["transformers assisted", "transformers prompt lookup"]
+    for system in systems:
+      if system not in cfg.memory_systems:
+        continue
+      row = best_row(rows, system, batch)
+      if row is None:
+        continue
+      mode = {"transformers greedy": "greedy", "transformers assisted": "assisted",
+              "transformers prompt lookup": "lookup"}.get(system)
+      job = dict(base, system=system, batch=batch, gamma=row["gamma"], mode=mode)
+      t0 = time.perf_counter()
+      row["memory"] = bp.measure_memory(job)
+      log(f"  memory {system} B={batch} γ={row['gamma']}: {row['memory']} "
+          f"({time.perf_counter() - t0:.0f}s)")
+
+
+def _ratios(rows, batches) -> List[Dict[str, Any]]:
+  out = []
+  for b in batches:
+    ar = best_row(rows, "specjax autoregressive", b)
+    sp = best_row(rows, "specjax speculative", b)
+    hg = best_row(rows, "transformers greedy", b)
+    ha = best_row(rows, "transformers assisted", b, with_defaults=True)
+    hf_fixed = best_row(rows, "transformers assisted", b)
+    hl = best_row(rows, "transformers prompt lookup", b)
+    hd = [r for r in rows if r["system"] == "transformers assisted" and r["batch"] == b
+          and r.get("note")]
+    fast = max([r for r in (ar, sp) if r], key=lambda r: r["tokens_per_s"], default=None)
+    peers = [r for r in (hg, ha, hl) + tuple(hd) if r]
+    peer = max(peers, key=lambda r: r["tokens_per_s"], default=None)
+    div = lambda x, y: x["tokens_per_s"] / y["tokens_per_s"] if x and y else None
+    same = None
+    if sp and hf_fixed:  # at transformers' best fixed γ
+      same_g = [r for r in rows if r["system"] == "specjax speculative" and r["batch"] == b
+                and r["gamma"] == hf_fixed["gamma"]]
+      same = div(same_g[0], hf_fixed) if same_g else None
+    out.append(dict(batch=b, ar_vs_hf_greedy=div(ar, hg), sp_vs_hf_assisted=div(sp, ha),
+                    sp_vs_hf_assisted_same_gamma=same, sp_vs_hf_lookup=div(sp, hl),
+                    sp_vs_hf_assisted_defaults=div(sp, hd[0]) if hd else None,
+                    best_vs_best_peer=div(fast, peer),
+                    best_specjax=f"{fast['system']} γ={fast['gamma']}" if fast else None,
+                    best_peer=(f"{peer['system']} γ={peer['gamma']}"
+                               + (f" ({peer['note']})" if peer.get("note") else ""))
+                    if peer else None,
+                    sp_gamma=sp["gamma"] if sp else None,
+                    hf_assisted_best=(("defaults" if ha.get("note") else f"γ={ha['gamma']}")
+                                      if ha else None),
+                    same_gamma=hf_fixed["gamma"] if hf_fixed else None))
+  return out
+
+
+def run_pair(name: str, cfg: SuiteConfig, tmp: str, log) -> Dict[str, Any]:
+  t_start = time.perf_counter()
+  spec = _pair_spec(cfg, name)
+  log(f"[{name}] {spec.note}")
+  pair = bp.load_pair(spec)
+  n_prompts = max(max(cfg.batches), cfg.b1_prompts, 2)
+  prompts, lengths, source = bp.pair_prompts(pair, n_prompts, cfg.prompt_len, cfg.data_cache)
+  log(f"[{name}] prompts: {source}")
+  hf, hf_error = None, None
+  try:
+    hf = bp.HFPair(pair, os.path.join(tmp, name), threads=cfg.threads or None)
+  except ImportError as e:
+    hf_error = f"transformers unavailable: {e}"
+  max_gamma = max(list(cfg.gammas) + list(cfg.gammas_batched))
+  cache_len = specjax.required_cache_len(pair.target, cfg.prompt_len, cfg.max_new, max_gamma)
+  batches, rows, notes = [], [], []
+  for batch in cfg.batches:
+    res = run_batch(pair, hf, prompts, lengths, batch, cfg, cache_len, log)
+    rows += res.pop("rows")
+    notes += res.pop("notes")
+    batches.append(res)
+  if hf is not None and max(cfg.batches) == 1:
+    notes += _probe_batched(hf, prompts, lengths, 2)
+  if cfg.memory and name in cfg.memory_pairs:
+    _memory(pair, hf, spec, prompts, lengths, rows, cfg, cache_len, tmp, log)
+  growth = None
+  if cfg.growth:
+    sp1 = best_row(rows, "specjax speculative", 1)
+    g = cfg.growth_gamma or (sp1["gamma"] if sp1 else 4)
+    growth = {"gamma": g, "batch": 1, "base_new_tokens": cfg.max_new,
+              "rows": bp.cost_growth(pair, prompts[:1], lengths[:1], g, cfg.growth_new_tokens,
+                                     cfg.growth_buffers, cfg.max_new, cfg.repeats, log,
+                                     fresh_compile=cfg.growth_fresh_compile)}
+  import torch
+  return {
+      "name": name, "kind": spec.kind, "source": spec.note, "trained": spec.trained,
+      "spec": {k: v for k, v in dataclasses.asdict(spec).items() if k != "note"},
+      "params": {"target": count_params(pair.tp), "draft": count_params(pair.dp)},
+      "prompts": {"source": source, "count": int(n_prompts), "prompt_len": cfg.prompt_len,
+                  "mean_length": float(np.mean(lengths))},
+      "cache_len": cache_len, "rows": rows, "batches": batches, "notes": notes,
+      "ratios": _ratios(rows, cfg.batches), "growth": growth, "hf_error": hf_error,
+      "torch_threads": torch.get_num_threads(), "seconds": time.perf_counter() - t_start,
+  }
+
+
+def run_suite(cfg: SuiteConfig, log: Callable[[str], None] = print,
+              on_pair: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
+  """Runs every pair; returns the results (meta, pairs, goals). `on_pair`
+  gets the finished pairs after each one (to save partial results)."""
+  t0 = time.perf_counter()
+  load_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+  tmp = tempfile.mkdtemp(prefix="specjax_peers_")
+  pairs = {}
+  try:
+    for name in cfg.pairs:
+      pairs[name] = run_pair(name, cfg, tmp, log)
+      if on_pair:
+        on_pair(pairs)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  import torch
+  import transformers
+  results = {
+      "meta": {"machine": f"{platform.machine()} {os.cpu_count()} cores",
+               "python": platform.python_version(), "jax": jax.__version__,
+               "backend": jax.default_backend(), "torch": torch.__version__,
+               "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
+               "load_average": load_start,
+               "xla_flags": os.environ.get("XLA_FLAGS", ""),
+               "config": {k: list(v) if isinstance(v, tuple) else v
+                          for k, v in dataclasses.asdict(cfg).items()}},
+      "pairs": pairs,
+  }
+  results["meta"]["total_s"] = time.perf_counter() - t0
+  results["meta"]["load_average_end"] = (list(os.getloadavg()) if hasattr(os, "getloadavg")
+                                         else None)
+  results["goals"] = goals(results)
+  return results
+
+
+# --------------------------------------------------------------------------- goals
+
+
+def goals(results: Dict[str, Any]) -> List[Dict[str, Any]]:
+  """The issue's goals as computed pass / fail / n/a lines."""
+  out = []
+
+  def add(goal, status, detail):
+    out.append({"goal": goal, "status": status, "detail": detail})
+
+  for name, p in results["pairs"].items():
+    rows = p["rows"]
+    ratio = next((r for r in p["ratios"] if r["batch"] == 1), None)
+    tag = f"{name} ({'trained' if p['trained'] else 'random init'})"
+    for key, what, peer in (("ar_vs_hf_greedy", "autoregressive", "greedy"),
+                            ("sp_vs_hf_assisted", "speculative (best γ)",
+                             "assisted (best of its γ values and defaults)")):
+      v = ratio and ratio[key]
+      goal = f"{tag}: specjax {what} ≥ {GOAL_PEER_RATIO:g}× transformers {peer} tokens/s, batch 1"
+      if v is None:
+        add(goal, "n/a", "not measured")
+      else:
+        add(goal, "PASS" if v >= GOAL_PEER_RATIO else "FAIL", f"{v:.2f}×")
+    for b in sorted({r["batch"] for r in rows}):
+      sp = best_row(rows, "specjax speculative", b)
+      if sp is None:
+        continue
+      add(f"{tag}: loop overhead ≤ {100 * GOAL_LOOP_OVERHEAD:.0f}%, batch {b} "
+          f"(best γ = {sp['gamma']})",
+          "PASS" if sp["loop_overhead"] <= GOAL_LOOP_OVERHEAD else "FAIL",
+          f"{100 * sp['loop_overhead']:+.1f}% (predicted {sp['predicted_speedup']:.2f}× / "
+          f"measured {sp['measured_speedup']:.2f}×)")
+    sp = best_row(rows, "specjax speculative", GOAL_BATCH)
+    goal = (f"{tag}: speculative ≥ {GOAL_BATCH_SPEEDUP:g}× autoregressive at batch {GOAL_BATCH} "
+            f"when α ≥ {GOAL_ALPHA:g}")
+    if sp is None:
+      add(goal, "n/a", f"batch {GOAL_BATCH} not measured")
+    else:
+      detail = (f"{sp['measured_speedup']:.2f}× at γ = {sp['gamma']}, "
+                f"α = {sp['acceptance_rate']:.2f}")
+      if sp["acceptance_rate"] < GOAL_ALPHA:
+        add(goal, "n/a", detail + f" (α < {GOAL_ALPHA:g}: the goal does not apply)")
+      else:
+        add(goal, "PASS" if sp["measured_speedup"] >= GOAL_BATCH_SPEEDUP else "FAIL", detail)
+  add(f"GPU: target step ≤ {GOAL_ROOFLINE:g}× its HBM roofline", "pending",
+      "no GPU on this machine: run benchmarks/gpu_roofline.py on one")
+  return out
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _f(v, fmt="{:.2f}", none="—"):
+  if v is None or (isinstance(v, float) and not np.isfinite(v)):
+    return none
+  return fmt.format(v)
+
+
+def _mem(row):
+  m = row.get("memory")
+  if not m:
+    return "—"
+  if "error" in m:
+    return "error"
+  return _f(m.get("peak_mb"), "{:.0f}")
+
+
+def _memory_table(rows) -> List[str]:
+  lines = ["| system | B | γ | idle RSS MiB | peak (steady call) | transient (the call) | peak with "
+           "load + compile | resident after |", "|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    m = r.get("memory")
+    if not m:
+      continue
+    if "error" in m:
+      lines.append(f"| {r['system']} | {r['batch']} | {r['gamma'] or '—'} | error: {m['error']} "
+                   "| | | | |")
+      continue
+    x = lambda k: _f(m.get(k), "{:.0f}")
+    lines.append(f"| {r['system']} | {r['batch']} | {r['gamma'] or '—'} | {x('idle_rss_mb')} | "
+                 f"{x('peak_mb')} | {x('transient_mb')} | {x('peak_with_load_mb')} | "
+                 f"{x('resident_mb')} |")
+  return lines if len(lines) > 2 else []
+
+
+def _system_table(rows) -> List[str]:
+  lines = ["| system | B | γ | tok/s | ms/token | TTFT ms | ITL P50 ms | ITL P99 ms | ITL mean ms "
+           "| peak MiB | compile s | α | tok/iter | = specjax AR |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in sorted(rows, key=lambda r: (r["batch"], r["framework"] != "specjax", r["system"],
+                                       r["gamma"] or 99)):
+    ag = r["agreement"]
+    same = ("yes" if ag["identical"] else
+            f"{ag['identical_rows']}/{ag['rows']} (pos {ag['first_mismatch']})")
+    gamma = "—" if not r["gamma"] and r["system"] != "transformers assisted" else (
+        "default" if r.get("note") else str(r["gamma"]))
+    compile_s = r.get("compile_s")
+    lines.append(
+        f"| {r['system']} | {r['batch']} | {gamma} | {_f(r['tokens_per_s'], '{:.1f}')} | "
+        f"{_f(r['ms_per_token'])} | {_f(r.get('ttft_ms'))} | {_f(r.get('itl_p50_ms'))} | "
+        f"{_f(r.get('itl_p99_ms'))} | {_f(r.get('itl_mean_ms'))} | {_mem(r)} | "
+        f"{_f(compile_s, '{:.1f}')} | {_f(r.get('acceptance_rate'))} | "
+        f"{_f(r.get('tokens_per_iteration'))} | {same} |")
+  return lines
+
+
+def _speculative_table(rows) -> List[str]:
+  lines = ["| B | γ | α | tok/iter | iterations | AR tok/s | SP tok/s | speedup | predicted | "
+           "loop overhead | AR ovh | SP ovh | verify cost (×T=1) | c |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  ar = {r["batch"]: r for r in rows if r["system"] == "specjax autoregressive"}
+  for r in sorted((r for r in rows if r["system"] == "specjax speculative"),
+                  key=lambda r: (r["batch"], r["gamma"])):
+    lines.append(
+        f"| {r['batch']} | {r['gamma']} | {_f(r['acceptance_rate'])} | "
+        f"{_f(r['tokens_per_iteration'])} | {sum(r['iterations'])} | "
+        f"{_f(ar[r['batch']]['tokens_per_s'], '{:.1f}')} | {_f(r['tokens_per_s'], '{:.1f}')} | "
+        f"{_f(r['measured_speedup'])}× | {_f(r['predicted_speedup'])}× | "
+        f"{_f(100 * r['loop_overhead'], '{:+.1f}')}% | "
+        f"{_f(100 * r['ar_loop_overhead'], '{:+.1f}')}% | "
+        f"{_f(100 * r['sp_loop_overhead'], '{:+.1f}')}% | {_f(r['verify_cost'])} | "
+        f"{_f(r['c'], '{:.3f}')} |")
+  return lines
+
+
+def _ratio_table(ratios) -> List[str]:
+  lines = ["| B | specjax AR / transformers greedy | specjax SP (best γ) / transformers assisted "
+           "(best) | at the same γ | / assisted (defaults) | / prompt lookup (best) | best specjax / "
+           "best transformers |", "|---|---|---|---|---|---|---|"]
+  for r in ratios:
+    x = lambda k: _f(r[k], "{:.2f}×")
+    sp = x("sp_vs_hf_assisted") + (f" (γ={r['sp_gamma']} vs {r['hf_assisted_best']})"
+                                   if r["sp_vs_hf_assisted"] is not None else "")
+    same = x("sp_vs_hf_assisted_same_gamma") + (f" (γ={r['same_gamma']})"
+                                                if r["sp_vs_hf_assisted_same_gamma"] else "")
+    lines.append(f"| {r['batch']} | {x('ar_vs_hf_greedy')} | {sp} | "
+                 f"{same} | {x('sp_vs_hf_assisted_defaults')} | "
+                 f"{x('sp_vs_hf_lookup')} | {x('best_vs_best_peer')} ({r['best_specjax']} vs "
+                 f"{r['best_peer']}) |")
+  return lines
+
+
+def growth_conclusion(growth) -> List[str]:
+  """Plain-language conclusions from the cost-growth rows."""
+  rows = growth["rows"]
+  out = []
+  for g, label in ((0, "autoregressive"), (growth["gamma"], f"speculative γ={growth['gamma']}")):
+    length = sorted((r for r in rows if r["sweep"] == "length" and r["gamma"] == g),
+                    key=lambda r: r["new_tokens"])
+    buf = sorted((r for r in rows if r["sweep"] == "buffer" and r["gamma"] == g),
+                 key=lambda r: r["buffer_factor"])
+    if len(length) >= 2:
+      a, b = length[0], length[-1]
+      out.append(f"- {label}: {a['ms_per_token']:.2f} ms/token at N = {a['new_tokens']} → "
+                 f"{b['ms_per_token']:.2f} at N = {b['new_tokens']} "
+                 f"({100 * (b['ms_per_token'] / a['ms_per_token'] - 1):+.0f}%): the cost of a "
+                 "longer context (buffer sized to fit).")
+    if len(buf) >= 2:
+      base = buf[0]
+      parts = [f"×{r['buffer_factor']}: "
+               f"{100 * (r['ms_per_token'] / base['ms_per_token'] - 1):+.0f}%" for r in buf[1:]]
+      out.append(f"- {label}, N = {base['new_tokens']}: a larger buffer than needed costs "
+                 + ", ".join(parts) + " per token (every step reads and masks all slots).")
+      two = next((r for r in buf if r["buffer_factor"] == 2), None)
+      if two is not None:
+        extra = two["median_s"] - base["median_s"]
+        comp = two["compile_s"]
+        if extra > 0:
+          calls = comp / extra
+          out.append(
+              f"  One compilation costs {comp:.1f} s = the extra time of {calls:.0f} calls with a "
+              "×2 buffer: bucketing buffer lengths to powers of two (at most ×2 waste) pays "
+              f"whenever a new exact length would be used for fewer than ~{calls:.0f} calls.")
+        else:
+          out.append(f"  A ×2 buffer cost nothing measurable here (compile {comp:.1f} s): "
+                     "bucketing buffer lengths to powers of two is free.")
+      longest = next((r for r in length if r["cache_len"] >= buf[-1]["cache_len"]), None)
+      if longest is not None:
+        out.append(
+            f"  Same buffer, different context: N = {buf[-1]['new_tokens']} in S = "
+            f"{buf[-1]['cache_len']} costs {buf[-1]['ms_per_token']:.2f} ms/token, "
+            f"N = {longest['new_tokens']} in S = {longest['cache_len']} costs "
+            f"{longest['ms_per_token']:.2f}: the buffer, not the valid context, sets the "
+            "per-step cost of a static cache.")
+  return out
+
+
+def _growth_table(growth) -> List[str]:
+  rows = growth["rows"]
+  lines = ["| sweep | N | S (slots) | S / needed | AR ms/token | SP ms/token | AR compile s | "
+           "SP compile s |", "|---|---|---|---|---|---|---|---|"]
+  keyed = {(r["sweep"], r["new_tokens"], r["buffer_factor"], r["gamma"]): r for r in rows}
+  seen = []
+  for r in rows:
+    k = (r["sweep"], r["new_tokens"], r["buffer_factor"])
+    if k in seen:
+      continue
+    seen.append(k)
+    a, s = keyed.get(k + (0,)), keyed.get(k + (growth["gamma"],))
+    lines.append(f"| {r['sweep']} | {r['new_tokens']} | {r['cache_len']} | ×{r['buffer_factor']} | "
+                 f"{_f(a and a['ms_per_token'])} | {_f(s and s['ms_per_token'])} | "
+                 f"{_f(a and a['compile_s'], '{:.1f}')} | {_f(s and s['compile_s'], '{:.1f}')} |")
+  return lines
+
+
+def to_markdown(results: Dict[str, Any]) -> str:
+  m, cfg = results["meta"], results["meta"]["config"]
+  lines = [
+      "# specjax against transformers on the same weights (CPU)", "",
+      f"{m['machine']} · Python {m['python']} · JAX {m['jax']} ({m['backend']}) · torch "
+      f"{m['torch']} · transformers {m['transformers']} · {m['date']} · mode `{cfg['mode']}` · "
+      f"total {m['total_s'] / 60:.1f} min · load average at start "
+      f"{_f(m['load_average'] and m['load_average'][0])}", "",
+      f"Greedy decoding, EOS ignored: every system generates exactly N = {cfg['max_new']} tokens "
+      f"per row from the same prompts; float32 everywhere. Batch 1 serves {cfg['b1_prompts']} "
+      f"request(s) one after another per timed call; batch B > 1 decodes prompts 0..B-1 at once. "
+      f"Throughput: median of {cfg['repeats']} interleaved rounds over all systems of a batch size "
+      "(after one warm-up call each). specjax throughput = the fused `lax.while_loop` "
+      "(`generate` / `speculative_generate`); specjax latency = jitted `init_state` / `step` with "
+      "the tokens fetched to the host after each iteration; transformers latency = a `BaseStreamer` "
+      "timestamping `put`. Every token an iteration commits arrives at that iteration's timestamp "
+      "(the first with the iteration's gap, the others with 0), hence P50 ITL of 0 when iterations "
+      "commit ≥ 2 tokens on average. Peak memory: each system alone in a fresh process, peak RSS "
+      "during a steady call (high-water mark reset after a warm-up call) minus that process's "
+      "idle RSS after its imports (details in the memory table). compile = "
+      "first call − steady call. loop overhead = predicted speedup (from `step_times` component "
+      "times and the measured iterations) / measured speedup − 1; AR / SP ovh = wall / "
+      "predicted − 1.",
+      ""]
+  if m["load_average"] and m["load_average"][0] > 0.5 and cfg["mode"] != "smoke":
+    lines += [f"**Warning: the machine was busy when the suite started (load average "
+              f"{m['load_average'][0]:.2f}); timings, transformers' above all (its OpenMP threads "
+              "stall when a core is taken), are not representative.**", ""]
+  lines += ["## Goals", ""]
+  for g in results["goals"]:
+    lines.append(f"- **{g['status']}** — {g['goal']}: {g['detail']}")
+  for name, p in results["pairs"].items():
+    lines += ["", f"## Pair `{name}` ({p['kind']})", "",
+              f"Models: {p['source']} · target {p['params']['target'] / 1e6:.2f}M params, draft "
+              f"{p['params']['draft'] / 1e6:.3f}M "
+              f"(1 : {p['params']['target'] / p['params']['draft']:.0f}) "
+              f"· prompts: {p['prompts']['source']} (P = {p['prompts']['prompt_len']}, mean length "
+              f"{p['prompts']['mean_length']:.1f}) · cache buffer {p['cache_len']} slots · torch "
+              f"threads {p['torch_threads']} · {p['seconds'] / 60:.1f} min", ""]
+    if p["hf_error"]:
+      lines += [f"transformers not measured: {p['hf_error']}", ""]
+    lines += ["### Every configuration", ""] + _system_table(p["rows"]) + [""]
+    mem = _memory_table(p["rows"])
+    if mem:
+      lines += ["### Peak memory (MiB above the idle process; each system alone in a fresh "
+                "process)", ""] + mem + [""]
+    lines += ["### specjax speculative vs autoregressive: measured and predicted", ""]
+    lines += _speculative_table(p["rows"]) + [""]
+    st = "; ".join(
+        f"B={b['batch']}: target "
+        + ", ".join(f"T={t} {v:.2f}" for t, v in b["step_times_ms"]["target"].items()) + " ms"
+        + "".join(f"; draft T={t} {v:.3f} ms" for t, v in b["step_times_ms"]["draft"].items())
+        for b in p["batches"])
+    lines += [f"Component times (in-graph): {st}.", ""]
+    lines += ["### Ratios (tokens/s)", ""] + _ratio_table(p["ratios"]) + [""]
+    for note in p["notes"]:
+      lines.append(f"- {note}")
+    if p["growth"]:
+      g = p["growth"]
+      lines += ["", f"### Cost growth (batch {g['batch']}, γ = {g['gamma']})", ""]
+      lines += _growth_table(g) + [""] + growth_conclusion(g)
+  lines += ["", f"Total runtime: {m['total_s'] / 60:.1f} min."]
+  return "\n".join(lines) + "\n"

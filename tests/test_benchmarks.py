@@ -1,0 +1,179 @@
+"""The benchmark suites: stream/latency arithmetic, loop prediction, roofline
+bytes against hand counts, and the smoke modes of both scripts (tiny random
+models; they check keys and greedy agreement, never timings)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from specjax import benchmarking_peers as bp
+from specjax import roofline
+from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.models.t5 import T5, t5_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_stream_latencies_one_arrival_per_iteration():
+  # Row 0 gets 1 token at prefill, then 3 and 1; row 1 gets 1, 1, 2.
+  events = [(1.0, np.array([1, 1])), (1.5, np.array([4, 2])), (2.5, np.array([5, 4]))]
+  ttft, gaps = bp.stream_latencies(0.25, events)
+  assert ttft == [0.75, 0.75]
+  # Row 0: 0.5, 0, 0 then 1.0; row 1: 0.5 then 1.0, 0 (order: per event, per row).
+  assert gaps == [0.5, 0.0, 0.0, 0.5, 1.0, 1.0, 0.0]
+  s = bp.latency_summary(ttft, gaps)
+  assert s["ttft_ms"] == pytest.approx(750)
+  assert s["itl_p50_ms"] == pytest.approx(500)
+  assert s["itl_mean_ms"] == pytest.approx(1e3 * 3.0 / 7)
+
+
+def test_stream_latencies_rows_that_stop_early():
+  # Row 1 stops after its first event (done rows commit nothing).
+  events = [(1.0, np.array([1, 1])), (2.0, np.array([2, 1])), (4.0, np.array([3, 1]))]
+  ttft, gaps = bp.stream_latencies(0.0, events)
+  assert ttft == [1.0, 1.0] and gaps == [1.0, 2.0]
+  assert np.isnan(bp.latency_summary([], [])["ttft_ms"])
+
+
+def test_timing_streamer_skips_the_prompt_and_counts_tokens():
+  torch = pytest.importorskip("torch")
+  s = bp.TimingStreamer()
+  s.put(torch.zeros((2, 7)))   # the prompt: skipped
+  s.put(torch.zeros((2,)))     # one token per row (greedy)
+  s.put(torch.zeros((2,)))
+  assert [e[1].tolist() for e in s.events] == [[1, 1], [2, 2]]
+  s = bp.TimingStreamer()
+  s.put(torch.zeros((1, 1)))   # T5's decoder start token
+  s.put(torch.zeros((1,)))
+  s.put(torch.zeros((1, 4)))   # an assisted iteration: 3 accepted + 1
+  assert [e[1].tolist() for e in s.events] == [[1], [5]]
+  assert s.puts == 3
+
+
+def test_loop_prediction_hand_computed():
+  t_target = {1: 2.0, 4: 5.0}
+  t_draft = {1: 0.5, 2: 0.75}
+  pred = bp.loop_prediction(max_new=9, gamma=3, iterations=[3, 4], t_target=t_target,
+                            t_draft=t_draft, prefill_target_s=1.0, prefill_draft_s=0.25)
+  # AR: 2 requests × (1 + 8 × 2). SP iteration: 0.75 + 2 × 0.5 + 5 = 6.75.
+  assert pred["ar_predicted_s"] == pytest.approx(34.0)
+  assert pred["iteration_predicted_s"] == pytest.approx(6.75)
+  assert pred["sp_predicted_s"] == pytest.approx(2 * 1.25 + 7 * 6.75)
+  assert pred["predicted_speedup"] == pytest.approx(34.0 / (2.5 + 47.25))
+
+
+def test_token_agreement():
+  ref = np.array([[1, 2, 3], [4, 5, 6]])
+  assert bp.token_agreement(ref.copy(), ref)["identical"]
+  other = np.array([[1, 2, 3], [4, 9, 6]])
+  a = bp.token_agreement(other, ref)
+  assert (a["identical_rows"], a["first_mismatch"], a["identical"]) == (1, 1, False)
+
+
+def test_step_bytes_decoder_hand_computed():
+  # tiny: V 64, E 32, 2 layers, 4 query heads, 2 kv heads, D 8, F 64, untied, float32.
+  model = DecoderLM(decoder_config("tiny"))
+  b = roofline.step_bytes(model, batch=2, tokens=3, context=5, cache_len=16)
+  per_layer = 32 * 4 * 8 * 2 + 32 * 2 * 8 * 2 + 3 * 32 * 64 + 2 * 32  # q,o; k,v; mlp; norms
+  weights = 2 * per_layer + 32 + 32 * 64 + 2 * 3 * 32  # + final norm, lm_head, gathered rows
+  assert b["weights"] == 4 * weights == 4 * 20832
+  slot = 2 * 2 * 2 * 2 * 8 * 4  # K and V × layers × rows × kv heads × D × float32
+  assert b["kv_read"] == slot * (5 + 3)
+  assert b["kv_read_buffer"] == slot * 16
+  assert b["kv_write"] == slot * 3
+  assert b["total"] == b["weights"] + slot * 11
+  assert b["total_buffer"] == b["weights"] + slot * 19
+  # Tied: the embedding is read whole as the output layer, no lm_head.
+  tied = DecoderLM(decoder_config("tiny", tie_embeddings=True))
+  assert roofline.step_bytes(tied, 2, 3, 5, 16)["weights"] == 4 * (2 * per_layer + 32 + 64 * 32)
+
+
+def test_step_bytes_t5_hand_computed():
+  # t5-v1_1-tiny in bfloat16: V 128, E 32, H 4 × D 8, F 64 (gated), 2 + 2 layers, 8 buckets.
+  model = T5(t5_config("t5-v1_1-tiny", dtype="bfloat16", param_dtype="bfloat16"))
+  b = roofline.step_bytes(model, batch=1, tokens=4, context=1, cache_len=32, encoder_len=10)
+  layer = 2 * 4 * 32 * 32 + 3 * 32 * 64 + 3 * 32  # self + cross attention, gated MLP, 3 norms
+  weights = 2 * layer + 8 * 4 + 32 + 32 * 128 + 4 * 32  # relpos, final norm, lm_head, 4 rows
+  assert b["weights"] == 2 * weights  # the encoder is never read by a decoder step
+  slot = 2 * 2 * 1 * 4 * 8 * 2
+  cross = 2 * 2 * 1 * 10 * 4 * 8 * 2
+  assert b["kv_read"] == slot * 5 + cross
+  assert b["kv_read_buffer"] == slot * 32 + cross
+  assert b["kv_write"] == slot * 4
+  assert roofline.roofline_s(b["total"], 1e9) == pytest.approx(b["total"] / 1e9)
+
+
+def test_random_params_match_the_model():
+  model = DecoderLM(decoder_config("tiny", dtype="bfloat16", param_dtype="bfloat16"))
+  shapes = roofline.param_shapes(model)
+  params = roofline.random_params(model, jax.random.PRNGKey(0), shapes)
+  for p, s in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(shapes)):
+    assert p.shape == s.shape and p.dtype == s.dtype
+  assert float(params["final_norm"]["scale"].astype(np.float32).min()) == 1.0
+  assert np.isfinite(np.asarray(model.forward(params, np.ones((1, 4), np.int32)))).all()
+
+
+def _run(args, timeout=900):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)  # No 8 fake devices for the scripts.
+  res = subprocess.run([sys.executable] + args, cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+  assert res.returncode == 0, res.stderr[-3000:]
+  return res
+
+
+def test_peers_bench_smoke(tmp_path):
+  pytest.importorskip("transformers")
+  _run(["benchmarks/peers_bench.py", "--smoke", f"--out_dir={tmp_path}"])
+  results = json.loads((tmp_path / "peers_smoke.json").read_text())
+  md = (tmp_path / "peers_smoke.md").read_text()
+  assert set(results) == {"meta", "pairs", "goals"}
+  assert set(results["pairs"]) == {"t5", "decoder"}
+  for name, p in results["pairs"].items():
+    assert not p["trained"] and "random init" in p["source"]
+    systems = {r["system"] for r in p["rows"]}
+    assert systems == {"specjax autoregressive", "specjax speculative", "transformers greedy",
+                       "transformers assisted", "transformers prompt lookup"}
+    for r in p["rows"]:
+      for key in ("tokens_per_s", "ttft_ms", "itl_p50_ms", "itl_p99_ms", "agreement"):
+        assert key in r, (name, r["system"], key)
+      # Greedy: every system's tokens equal specjax autoregressive's.
+      assert r["agreement"]["identical"], (name, r["system"], r["gamma"], r["agreement"])
+      if r["framework"] == "specjax":
+        assert r["stream_identical"] and r["compile_s"] >= 0
+      if r["system"] == "specjax speculative":
+        for key in ("loop_overhead", "predicted_speedup", "measured_speedup", "verify_cost", "c",
+                    "acceptance_rate"):
+          assert np.isfinite(r[key]), key
+    assert any("only supported for batch_size = 1" in n for n in p["notes"])
+    assert p["ratios"][0]["ar_vs_hf_greedy"] > 0
+    growth = p["growth"]["rows"]
+    assert {r["sweep"] for r in growth} == {"length", "buffer"}
+    assert all(r["ms_per_token"] > 0 for r in growth)
+    assert f"## Pair `{name}`" in md
+  mem = [r["memory"] for r in results["pairs"]["decoder"]["rows"] if "memory" in r]
+  assert mem and "error" not in mem[0] and mem[0]["peak_with_load_mb"] > 0
+  statuses = {g["status"] for g in results["goals"]}
+  assert statuses <= {"PASS", "FAIL", "n/a", "pending"} and "pending" in statuses
+  for heading in ("## Goals", "### Every configuration", "### Ratios (tokens/s)",
+                  "### Cost growth", "### Peak memory"):
+    assert heading in md
+
+
+def test_gpu_roofline_cpu_smoke(tmp_path):
+  out = tmp_path / "roofline.json"
+  res = _run(["benchmarks/gpu_roofline.py", "--cpu_smoke", f"--out={out}"])
+  result = json.loads(out.read_text())
+  assert result["meta"]["cpu_smoke"] and result["meta"]["platform"] == "cpu"
+  assert result["bandwidth"]["bandwidth"] > 0
+  targets = {(r["family"], r["T"]) for r in result["rows"] if r["role"] == "target"}
+  assert targets == {("t5", 1), ("t5", 4), ("decoder", 1), ("decoder", 4)}
+  for r in result["rows"]:
+    assert r["step_ms"] > 0 and r["roofline_buffer_ms"] > 0 and r["x_roofline"] > 0
+  assert {s["family"] for s in result["summary"]} == {"t5", "decoder"}
+  assert len(result["goals"]) == 2 and "x roof" in res.stdout
