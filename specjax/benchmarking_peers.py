@@ -386,6 +386,18 @@ class Runner:
   latency_events: List[Tuple[float, list]] = dataclasses.field(default_factory=list)
 
 
+def decode(pair: "Pair", prompts, lengths, gamma: int, **kw):
+  """specjax speculative (γ = `gamma`) or autoregressive (γ = 0) decoding of
+  one batch, waited for; `kw` goes to `generate` / `speculative_generate`."""
+  if gamma:
+    out = specjax.speculative_generate(pair.target, pair.tp, pair.draft, pair.dp, prompts,
+                                       lengths, gamma=gamma, **kw)
+  else:
+    out = specjax.generate(pair.target, pair.tp, prompts, lengths, **kw)
+  out.tokens.block_until_ready()
+  return out
+
+
 def specjax_runner(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, row_groups,
                    gamma: int, max_new: int, cache_len: int) -> Runner:
   """The fused loop (`specjax.generate` / `speculative_generate`), greedy, no
@@ -396,15 +408,7 @@ def specjax_runner(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, row_gro
                   row_groups[0][1] - row_groups[0][0], gamma, fn=None)
 
   def fn():
-    outs = []
-    for x, n in data:
-      if gamma:
-        out = specjax.speculative_generate(pair.target, pair.tp, pair.draft, pair.dp, x, n,
-                                           gamma=gamma, **kw)
-      else:
-        out = specjax.generate(pair.target, pair.tp, x, n, **kw)
-      out.tokens.block_until_ready()
-      outs.append(out)
+    outs = [decode(pair, x, n, gamma, **kw) for x, n in data]
     tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
     stats = {
         "iterations": [int(jnp.max(o.stats.target_calls)) - 1 for o in outs],
@@ -624,13 +628,7 @@ def memory_job(job: Dict[str, Any]) -> Dict[str, Any]:
     kw = dict(max_new_tokens=job["max_new"], sampling=GREEDY, cache_len=job["cache_len"])
     x, n = jnp.asarray(prompts), jnp.asarray(lengths)
 
-    def call():
-      if gamma:
-        out = specjax.speculative_generate(pair.target, pair.tp, pair.draft, pair.dp, x, n,
-                                           gamma=gamma, **kw)
-      else:
-        out = specjax.generate(pair.target, pair.tp, x, n, **kw)
-      out.tokens.block_until_ready()
+    call = lambda: decode(pair, x, n, gamma, **kw)
   else:
     import torch
     import transformers

@@ -29,7 +29,6 @@ sampling and shuffling are off and it runs on one thread.
 from __future__ import annotations
 
 import io
-import json
 import os
 import time
 from typing import Any, Iterable, Iterator, Sequence
@@ -38,6 +37,7 @@ from absl import logging
 
 from specjax.data import common
 from specjax.data import tasks as tasks_lib
+from specjax.data import vocab as vocab_lib
 
 __all__ = ["CODE_TRAINER_OPTIONS", "code_sentences", "train_code_sentencepiece",
            "round_trip_failures"]
@@ -152,7 +152,6 @@ def train_code_sentencepiece(
       common.task_dirname(t) for t in list(code_tasks) + list(text_tasks))
   out_dir = os.path.join(cache_dir, "vocab", name)
   model_path = os.path.join(out_dir, "spiece.model")
-  info_path = os.path.join(out_dir, "spiece.json")
   config = {
       "code_tasks": list(code_tasks), "text_tasks": list(text_tasks),
       "text_template": text_template, "vocab_size": vocab_size,
@@ -161,14 +160,8 @@ def train_code_sentencepiece(
       "character_coverage": character_coverage, "options": CODE_TRAINER_OPTIONS,
       "data": {t: _fingerprint(t, cache_dir) for t in list(code_tasks) + list(text_tasks)},
   }
-  if not overwrite and os.path.exists(model_path):
-    try:
-      with open(info_path, encoding="utf-8") as f:
-        if json.load(f).get("config") == json.loads(json.dumps(config)):
-          logging.info("reusing %s", model_path)
-          return model_path
-    except (OSError, ValueError):
-      pass
+  if not overwrite and vocab_lib.is_cached(model_path, config):
+    return model_path
 
   start = time.time()
   code: list[str] = []
@@ -196,19 +189,14 @@ def train_code_sentencepiece(
       pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>",
       **CODE_TRAINER_OPTIONS)
   proto = model.getvalue()
-  processor = spm.SentencePieceProcessor(model_proto=proto)
-  vocab_text = "".join(
-      f"{json.dumps(processor.id_to_piece(i))}\t{processor.get_score(i):g}\n"
-      for i in range(processor.get_piece_size()))
-  common.atomic_write_bytes(model_path, proto)
-  common.atomic_write_text(os.path.join(out_dir, "spiece.vocab"), vocab_text)
   seconds = round(time.time() - start, 3)
-  common.atomic_write_text(info_path, json.dumps(
-      {"config": config, "code_sentences": len(code), "text_sentences": len(text),
-       "used": {"code": n_code, "text": n_text}, "pieces": processor.get_piece_size(),
-       "seconds": seconds}, indent=2, sort_keys=True) + "\n")
+  pieces = spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+  vocab_lib.write_model(model_path, proto, {
+      "config": config, "code_sentences": len(code), "text_sentences": len(text),
+      "used": {"code": n_code, "text": n_text}, "pieces": pieces, "seconds": seconds},
+      quote_pieces=True)
   logging.info("trained %s (%d pieces) on %d code + %d text sentences in %.1fs", model_path,
-               processor.get_piece_size(), n_code, n_text, seconds)
+               pieces, n_code, n_text, seconds)
   return model_path
 
 

@@ -37,6 +37,42 @@ T5_SPECIAL_IDS = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}
 _MAX_LINE_BYTES = 4000  # below SentencePiece's default max_sentence_length
 
 
+def is_cached(model_path: str, config: dict[str, Any]) -> bool:
+  """Whether `model_path` exists and its ``spiece.json`` records `config`
+  (compared as JSON): then the vocabulary is reused."""
+  info_path = os.path.join(os.path.dirname(model_path), "spiece.json")
+  if not os.path.exists(model_path):
+    return False
+  try:
+    with open(info_path, encoding="utf-8") as f:
+      if json.load(f).get("config") == json.loads(json.dumps(config)):
+        logging.info("reusing %s", model_path)
+        return True
+  except (OSError, ValueError):
+    pass
+  return False
+
+
+def write_model(model_path: str, proto: bytes, info: dict[str, Any],
+                quote_pieces: bool = False):
+  """Writes a trained model atomically next to ``spiece.vocab`` (piece and
+  score per line; pieces JSON-quoted with `quote_pieces`, for pieces that are
+  whitespace) and ``spiece.json`` (`info`, which must hold the "config");
+  returns the loaded `SentencePieceProcessor`."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  processor = spm.SentencePieceProcessor(model_proto=proto)
+  piece = json.dumps if quote_pieces else str
+  vocab_text = "".join(
+      f"{piece(processor.id_to_piece(i))}\t{processor.get_score(i):g}\n"
+      for i in range(processor.get_piece_size()))
+  out_dir = os.path.dirname(model_path)
+  common.atomic_write_bytes(model_path, proto)
+  common.atomic_write_text(os.path.join(out_dir, "spiece.vocab"), vocab_text)
+  common.atomic_write_text(os.path.join(out_dir, "spiece.json"),
+                           json.dumps(info, indent=2, sort_keys=True) + "\n")
+  return processor
+
+
 def _split_long(line: str) -> Iterator[str]:
   """Cuts a line at spaces into pieces of at most `_MAX_LINE_BYTES` bytes."""
   if len(line.encode("utf-8")) <= _MAX_LINE_BYTES:
@@ -132,7 +168,6 @@ def train_sentencepiece(
       vocab_size, "+".join(common.task_dirname(t) for t in task_names))
   out_dir = os.path.join(cache_dir, "vocab", name)
   model_path = os.path.join(out_dir, "spiece.model")
-  info_path = os.path.join(out_dir, "spiece.json")
   config = {
       "tasks": list(task_names), "vocab_size": vocab_size, "split": split,
       "fields": list(fields), "max_sentences": max_sentences,
@@ -143,14 +178,8 @@ def train_sentencepiece(
       # A rebuilt task (new files) invalidates the vocabulary.
       "data": {t: _task_fingerprint(t, cache_dir) for t in task_names},
   }
-  if not overwrite and os.path.exists(model_path):
-    try:
-      with open(info_path, encoding="utf-8") as f:
-        if json.load(f).get("config") == config:
-          logging.info("reusing %s", model_path)
-          return model_path
-    except (OSError, ValueError):
-      pass
+  if not overwrite and is_cached(model_path, config):
+    return model_path
 
   start = time.time()
   lines: list[str] = []
@@ -177,17 +206,9 @@ def train_sentencepiece(
       minloglevel=1,
       **T5_SPECIAL_IDS,
       **trainer_kwargs)
-  proto = model.getvalue()
-  processor = spm.SentencePieceProcessor(model_proto=proto)
-  vocab_text = "".join(
-      f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n"
-      for i in range(processor.get_piece_size()))
-  common.atomic_write_bytes(model_path, proto)
-  common.atomic_write_text(os.path.join(out_dir, "spiece.vocab"), vocab_text)
-  seconds = round(time.time() - start, 3)
-  common.atomic_write_text(info_path, json.dumps(
-      {"config": config, "num_lines": n_lines, "num_lines_used": len(lines),
-       "seconds": seconds}, indent=2, sort_keys=True) + "\n")
+  write_model(model_path, model.getvalue(), {
+      "config": config, "num_lines": n_lines, "num_lines_used": len(lines),
+      "seconds": round(time.time() - start, 3)})
   logging.info("trained %s on %d lines in %.1fs", model_path, len(lines),
-               seconds)
+               time.time() - start)
   return model_path
