@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Sequence
 import jax
 import jax.numpy as jnp
 
-__all__ = ["time_call", "step_times", "predicted_speedup", "count_params"]
+__all__ = ["time_call", "step_times", "prefill_seconds", "predicted_speedup", "count_params"]
 
 
 def _block(tree):
@@ -89,6 +89,17 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
     timing = time_call(lambda: fn(params, cache), repeats=repeats)
     out[t] = max(timing["median_s"] - t_prefill, 0.0) / steps
   return out
+
+
+def prefill_seconds(model, params, batch_size: int, cache_len: int, prompt_len: int) -> float:
+  """Median wall seconds of one jitted prefill of a full prompt bucket
+  (`prompt_len` tokens in every row, a cache of `cache_len` slots): the
+  per-request cost that decode-only speedups subtract."""
+  prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
+  lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
+  fn = jax.jit(lambda params, cache: model.prefill(params, prompt, lengths, cache)[0])
+  cache = model.init_cache(batch_size, cache_len, prompt_len)
+  return time_call(lambda: fn(params, cache), repeats=5)["median_s"]
 
 
 def predicted_speedup(tokens_per_iteration: float, gamma: int, t_draft_s: float,

@@ -37,13 +37,13 @@ from absl import logging
 
 import specjax
 from specjax.analysis import measure_beta, position_distributions
-from specjax.benchmarking import count_params, step_times, time_call
+from specjax.benchmarking import count_params, prefill_seconds, step_times
 from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
 from specjax.experiments import chen_quality, chen_report, report
 from specjax.experiments.common import Stages, enable_compilation_cache, pad_batch, train_or_restore
-from specjax.experiments.speed import cell_name, summarize, sweep
+from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.tokenizer import SentencePieceTokenizer
 
@@ -231,15 +231,6 @@ def target_probs(cfg, target, prompts, lengths, outputs, sampling) -> np.ndarray
   return _chunked(fn, cfg.eval.alpha_batch, prompts, lengths, out_NT)
 
 
-def prefill_seconds(model, params, batch_size: int, cache_len: int, prompt_len: int) -> float:
-  """Median wall time of one jitted prefill of a full prompt bucket."""
-  prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
-  lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
-  fn = jax.jit(lambda params, cache: model.prefill(params, prompt, lengths, cache)[0])
-  cache = model.init_cache(batch_size, cache_len, prompt_len)
-  return time_call(lambda: fn(params, cache), repeats=5)["median_s"]
-
-
 def components(target, draft, prompt_len: int, cache_len: int, ks, batch_sizes,
                head_k: int) -> dict:
   """In-graph step times (seconds): target on 1 and K+1 tokens (every K at
@@ -259,11 +250,6 @@ def components(target, draft, prompt_len: int, cache_len: int, ks, batch_sizes,
   return out
 
 
-def _decode_ms(seconds: float, tokens: int, calls: int, prefill: float) -> float:
-  """ms/token with the prompts' prefill subtracted (`calls` generate calls)."""
-  return 1e3 * max(seconds - calls * prefill, 0.0) / tokens
-
-
 def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -> list:
   """One row per K (0 = autoregressive) with timing, acceptance and predictions."""
   from specjax import theory
@@ -272,7 +258,7 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
   pre_ar = comp["prefill"]["target"]
   pre_sp = pre_ar + comp["prefill"][DRAFT]
   ar = summary["ar"]
-  ar_decode = _decode_ms(ar["seconds"], ar["tokens"], n_prompts, pre_ar)
+  ar_decode = decode_ms_per_token(ar["seconds"], ar["tokens"], n_prompts, pre_ar)
   rows = [{"k": 0, "ms_per_token": ar["ms_per_token"], "speedup": 1.0,
            "decode_ms_per_token": ar_decode, "decode_speedup": 1.0,
            "seconds_per_prompt": ar["seconds"] / n_prompts, "acceptance_rate": None,
@@ -283,7 +269,7 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
     c = summary[cell_name(DRAFT, k)]
     verify = comp["target"].get(str(k + 1))
     draft_iter = d2 + (k - 1) * d1
-    decode = _decode_ms(c["seconds"], c["tokens"], n_prompts, pre_sp)
+    decode = decode_ms_per_token(c["seconds"], c["tokens"], n_prompts, pre_sp)
     row = {"k": k, "ms_per_token": c["ms_per_token"], "speedup": c["speedup"],
            "decode_ms_per_token": decode, "decode_speedup": ar_decode / max(decode, 1e-9),
            "seconds_per_prompt": c["seconds"] / n_prompts,
@@ -380,8 +366,8 @@ def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: in
       calls = n // int(b)
       decode = {}
       if pre:
-        ar_d = _decode_ms(s["ar"]["seconds"], s["ar"]["tokens"], calls, pre["target"])
-        sp_d = _decode_ms(c["seconds"], c["tokens"], calls, pre["target"] + pre[DRAFT])
+        ar_d = decode_ms_per_token(s["ar"]["seconds"], s["ar"]["tokens"], calls, pre["target"])
+        sp_d = decode_ms_per_token(c["seconds"], c["tokens"], calls, pre["target"] + pre[DRAFT])
         decode = {"ar_decode_ms_per_token": ar_d, "sp_decode_ms_per_token": sp_d,
                   "decode_speedup": ar_d / max(sp_d, 1e-9)}
       res[str(b)] = {**decode, "ar_ms_per_token": s["ar"]["ms_per_token"],

@@ -30,12 +30,12 @@ from absl import logging
 import specjax
 from specjax import theory
 from specjax.analysis import measure_beta, position_distributions
-from specjax.benchmarking import count_params, step_times
+from specjax.benchmarking import count_params, prefill_seconds, step_times
 from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task, train_sentencepiece
 from specjax.experiments import report
 from specjax.experiments.common import Stages, enable_compilation_cache, pad_batch, train_or_restore
-from specjax.experiments.speed import cell_name, summarize, sweep
+from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
 from specjax.models.ngram import fit_ngram
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
@@ -179,7 +179,16 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages) -> dict:
       return out
     # Tasks with the same shapes share one measurement (and one compilation).
     comp = stages.run(f"components/p{p_len}_n{max_new}", components)
-    task_res = {"components": comp, "temperatures": {}, "num_prompts": int(len(prompts))}
+    # The per-request prefill (encoders, cross K/V, first token), kept apart from the
+    # decode step times so measured speedups can be compared decode-only.
+    sweep_len = max([cache_len] + [specjax.required_cache_len(m, p_len, max_new,
+                                                                max(cfg.eval.gammas))
+                                    for m, _ in drafts.values()])
+    prefill = stages.run(f"prefill/p{p_len}_n{max_new}", lambda: {
+        name: prefill_seconds(m, mp, 1, sweep_len, p_len)
+        for name, (m, mp) in {"target": (target, tp), **drafts}.items()})
+    task_res = {"components": comp, "prefill": prefill, "temperatures": {},
+                "num_prompts": int(len(prompts))}
     for temp in cfg.eval.temperatures:
       sampling = specjax.SamplingConfig(temperature=float(temp))
       recs = sweep(target, tp, drafts, prompts, lengths, gammas=cfg.eval.gammas, sampling=sampling,
@@ -213,7 +222,9 @@ def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict
   for task, tr in results["tasks"].items():
     comp = tr["components"]
     t1 = comp["target"]["1"]
+    pre = tr.get("prefill")
     for temp, te in tr["temperatures"].items():
+      ar = te["cells"]["ar"]
       best = {}
       for d in drafts:
         c = comp[d]["1"] / t1
@@ -228,6 +239,14 @@ def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict
           cell["predicted_from_components"] = float(
               cell["tokens_per_iteration"] * t1 / (draft_iter + comp["target"][str(g + 1)]))
           cell["measured_over_predicted"] = cell["speedup"] / cell["predicted_from_components"]
+          if pre:  # Decode-only: each prompt's prefill (one generate call each) subtracted.
+            n = tr["num_prompts"]
+            ar_ms = decode_ms_per_token(ar["seconds"], ar["tokens"], n, pre["target"])
+            sp_ms = decode_ms_per_token(cell["seconds"], cell["tokens"], n,
+                                        pre["target"] + pre[d])
+            cell["decode_speedup"] = ar_ms / max(sp_ms, 1e-9)
+            cell["decode_over_predicted"] = (cell["decode_speedup"]
+                                             / cell["predicted_from_components"])
         g_best = max(gammas, key=lambda g: te["cells"][cell_name(d, g)]["speedup"])
         best[d] = {"gamma": g_best, **te["cells"][cell_name(d, g_best)], "alpha": alpha,
                    "theory_optimal_gamma": int(theory.optimal_gamma(alpha, c, max(gammas)))}

@@ -121,6 +121,12 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   return records
 
 
+def decode_ms_per_token(seconds: float, tokens: int, calls: int, prefill_s: float) -> float:
+  """ms per generated token with the prompts' prefill subtracted: `calls`
+  generate calls took `seconds` in all, each paying `prefill_s` up front."""
+  return 1e3 * max(seconds - calls * prefill_s, 0.0) / tokens
+
+
 def summarize(records: Sequence[dict]) -> Dict[str, dict]:
   """Per-cell totals: seconds, tokens, ms/token, speedup vs AR, tokens per
   iteration (from the histograms), acceptance, identical fraction."""
