@@ -339,6 +339,7 @@ def measure(cfg, tok, target, draft, stages: Stages) -> dict:
         **SETTINGS[name], "cells": summary, "alpha": alpha, "quality": qual,
         "k_sweep": k_sweep_table(summary, comp, alpha["alpha"], ks, n),
         "compile_s": stages.get(f"{name}/k/compile_s")}
+    jax.clear_caches()  # Free the finished executables (see leviathan.measure).
   comps = {t: r["components"] for t, r in results["tasks"].items()}
   results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, head)
   return results

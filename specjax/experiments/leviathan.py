@@ -212,6 +212,10 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages) -> dict:
       alpha = stages.run(f"{task}/t{temp:g}/alpha", alphas)
       task_res["temperatures"][f"{temp:g}"] = {
           "alpha": alpha, "cells": summary, "compile_s": stages.get(f"{task}/t{temp:g}/compile_s")}
+      # Each (draft, γ) cell is a compiled executable, and XLA:CPU maps memory sections
+      # for each: dropping the finished ones keeps a long sweep under the kernel's map
+      # limit (vm.max_map_count), which a full run otherwise hits.
+      jax.clear_caches()
     results["tasks"][task] = task_res
   return results
 
