@@ -93,8 +93,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.models.drafts.small = _t5(16, 8, 2, 32, 1)     # ~0.07M (1 : 90)
     c.models.drafts.base = _t5(32, 16, 2, 64, 1)     # ~0.14M (1 : 45)
     c.models.drafts.large = _t5(96, 24, 4, 192, 1)   # ~0.5M (1 : 13)
-    c.train.target = _train(400, 16, 3e-3, 40, log_every=50)
-    c.train.draft = _train(300, 16, 4e-3, 30, distill_weight=0.5, log_every=100)
+    c.train.target = _train(300, 16, 3e-3, 30, log_every=50)
+    c.train.draft = _train(200, 16, 4e-3, 20, distill_weight=0.5, log_every=100)
     c.eval.num_prompts = 12
     c.eval.gammas = [1, 3, 5]
     # One prompt bucket and output length for both tasks: one compilation each.

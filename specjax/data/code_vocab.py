@@ -90,15 +90,6 @@ def code_sentences(text: str, lines_per_sentence: int = 20,
       yield from _cut_bytes(chunk, max_bytes)
 
 
-def _fingerprint(task: str, cache_dir: str) -> dict[str, Any]:
-  meta = common.read_meta(tasks_lib.task_dir(task, cache_dir))
-  if meta is None:
-    raise FileNotFoundError(
-        f"task {task!r} is not built in {cache_dir}: run `python -m "
-        f"specjax.data.build --task={task} --cache_dir={cache_dir}` first")
-  return {"build_id": meta.get("build_id"), "counts": meta.get("counts")}
-
-
 def _sample(items: Sequence[str], n: int) -> list[str]:
   """At most n items, the ones with the smallest hash (deterministic)."""
   if len(items) <= n:
@@ -158,7 +149,8 @@ def train_code_sentencepiece(
       "max_sentences": max_sentences, "code_fraction": code_fraction,
       "lines_per_sentence": lines_per_sentence, "model_type": model_type,
       "character_coverage": character_coverage, "options": CODE_TRAINER_OPTIONS,
-      "data": {t: _fingerprint(t, cache_dir) for t in list(code_tasks) + list(text_tasks)},
+      "data": {t: vocab_lib.task_fingerprint(t, cache_dir)
+               for t in list(code_tasks) + list(text_tasks)},
   }
   if not overwrite and vocab_lib.is_cached(model_path, config):
     return model_path

@@ -93,7 +93,7 @@ def _split_long(line: str) -> Iterator[str]:
     yield " ".join(piece)
 
 
-def _task_fingerprint(task: str, cache_dir: str) -> dict[str, Any]:
+def task_fingerprint(task: str, cache_dir: str) -> dict[str, Any]:
   """Identifies one build of `task` (its build id and counts)."""
   meta = common.read_meta(tasks_lib.task_dir(task, cache_dir))
   if meta is None:
@@ -176,7 +176,7 @@ def train_sentencepiece(
       "trainer_kwargs": {k: trainer_kwargs[k] for k in sorted(trainer_kwargs)},
       **T5_SPECIAL_IDS,
       # A rebuilt task (new files) invalidates the vocabulary.
-      "data": {t: _task_fingerprint(t, cache_dir) for t in task_names},
+      "data": {t: task_fingerprint(t, cache_dir) for t in task_names},
   }
   if not overwrite and is_cached(model_path, config):
     return model_path
