@@ -35,7 +35,8 @@ from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task, train_sentencepiece
 from specjax.experiments import report
 from specjax.experiments.common import Stages, enable_compilation_cache, pad_batch, train_or_restore
-from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
+from specjax.experiments.speed import (cell_name, decode_ms_per_token, summarize, sweep,
+                                       sweep_cache_len)
 from specjax.models.ngram import fit_ngram
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
@@ -181,9 +182,8 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages) -> dict:
     comp = stages.run(f"components/p{p_len}_n{max_new}", components)
     # The per-request prefill (encoders, cross K/V, first token), kept apart from the
     # decode step times so measured speedups can be compared decode-only.
-    sweep_len = max([cache_len] + [specjax.required_cache_len(m, p_len, max_new,
-                                                                max(cfg.eval.gammas))
-                                    for m, _ in drafts.values()])
+    sweep_len = sweep_cache_len(target, [m for m, _ in drafts.values()], p_len, max_new,
+                                max(cfg.eval.gammas))
     prefill = stages.run(f"prefill/p{p_len}_n{max_new}", lambda: {
         name: prefill_seconds(m, mp, 1, sweep_len, p_len)
         for name, (m, mp) in {"target": (target, tp), **drafts}.items()})

@@ -39,6 +39,14 @@ def _timed(fn):
   return out, time.perf_counter() - t0
 
 
+def sweep_cache_len(target, drafts: Sequence[object], prompt_len: int, max_new_tokens: int,
+                    gamma: int) -> int:
+  """The cache buffer `sweep` gives every model: the largest that the target
+  or any draft needs for these prompts, outputs and γ."""
+  return max(specjax.required_cache_len(m, prompt_len, max_new_tokens, gamma)
+             for m in [target, *drafts])
+
+
 def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           prompts_NP: np.ndarray, lengths_N: np.ndarray, *, gammas: Sequence[int],
           sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: int, stages: Stages,
@@ -55,9 +63,8 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   if n == 0:
     raise ValueError(f"need at least batch_size={batch_size} prompts, got {len(prompts_NP)}")
   p = prompts_NP.shape[1]
-  cache_len = max(specjax.required_cache_len(target, p, max_new_tokens, max(gammas)),
-                  max(specjax.required_cache_len(d, p, max_new_tokens, max(gammas))
-                      for d, _ in drafts.values()))
+  cache_len = sweep_cache_len(target, [d for d, _ in drafts.values()], p, max_new_tokens,
+                              max(gammas))
   common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id, pad_id=0,
                 cache_len=cache_len)
 
