@@ -29,8 +29,10 @@ Models (SwiGLU, RoPE, RMSNorm decoders, `specjax.models.decoder`): Chen's
   quick: target 6 × 256 (6.5M, 2048 pieces); draft 1 × 96 (0.38M) — 1 : 17.
 
 The draft is distilled from the target (train.draft.distill_weight). Training
-cost on this CPU ≈ 6 · params · positions / 65 GFLOP/s: full ≈ 70 min for the
-target and ≈ 20 min for the draft; the measurements take ≈ 35 min.
+cost on this CPU ≈ 6 · params · positions / (45–55 GFLOP/s): full ≈ 40 min for
+the target (600 steps × 8 × 256 positions) and ≈ 12 min for the draft; the
+measurements (64 XSum-like and 64 HumanEval prompts, K 0..7, batch 1/4/16)
+take ≈ 45 min.
 """
 
 import ml_collections
@@ -72,7 +74,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.data.vocab_size = 4096
   c.data.spm_sentences = 40_000       # vocabulary training sentences (code chunks + text)
   c.data.spm_code_fraction = 0.5
-  c.data.seq_len = 384                # training rows (both sources packed)
+  c.data.seq_len = 256                # training rows (both sources packed)
   c.data.pack_summaries = True        # pack "text Summary: synopsis" rows (loss on synopses)
   c.data.code_weight = 0.5            # share of code rows in the mixture
 
@@ -81,19 +83,19 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.models.draft = _decoder(160, 1, 4, 40, 448, tie_embeddings=True)  # 1.0M (1 : 17)
 
   c.train = ml_collections.ConfigDict()
-  c.train.target = _train(1100, 8, 2e-3, 100)
-  c.train.draft = _train(700, 8, 3e-3, 60, distill_weight=0.5)
+  c.train.target = _train(600, 8, 2e-3, 60)
+  c.train.draft = _train(400, 8, 3e-3, 40, distill_weight=0.5)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.ks = list(range(0, 8))       # K = 0 is autoregressive
   c.eval.headline_k = 4
   c.eval.max_new_tokens = 128
   c.eval.ignore_eos = True            # sample exactly max_new_tokens (eos_id=None)
-  c.eval.xsum_prompts = 100
-  c.eval.humaneval_prompts = 164
+  c.eval.xsum_prompts = 64           # first N of the test split
+  c.eval.humaneval_prompts = 64      # first N of the 164 problems
   c.eval.xsum_prompt_len = 128        # prompt buckets (longer prompts keep their end)
   c.eval.humaneval_prompt_len = 256
-  c.eval.chunk = 20                   # prompts per resumable measurement chunk
+  c.eval.chunk = 16                   # prompts per resumable measurement chunk
   c.eval.alpha_batch = 16             # rows per exact-distribution forward pass
   c.eval.batch_sizes = [1, 4, 16]
   c.eval.batch_settings = ["xsum_nucleus", "humaneval_nucleus"]
