@@ -91,25 +91,77 @@ def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
   if config.top_p < 1.0:
-    sorted_probs = jnp.flip(jnp.sort(probs, axis=-1), axis=-1)
-    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep_sorted = mass_before < config.top_p
-    # The smallest kept probability; every token at least that likely stays.
-    threshold = jnp.min(jnp.where(keep_sorted, sorted_probs, jnp.inf), axis=-1, keepdims=True)
-    probs = jnp.where(probs >= threshold, probs, 0.0)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    probs = _nucleus(probs, config.top_p)
   return probs
+
+
+def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
+  """Keeps the smallest set of most likely tokens whose mass reaches top_p.
+
+  The kept set is {p >= t*}, with t* the largest probability value v whose
+  upper mass M(v) = sum(p[p >= v]) still reaches top_p (ties at t* are kept;
+  the same set as sorting and cutting at the first cumulative sum >= top_p).
+  t* is found by bisection over the int32 bit patterns of the float32
+  probabilities (ordered like the floats for p >= 0): 31 O(V) passes instead
+  of an O(V log V) sort, which on XLA:CPU costs milliseconds per row at
+  V = 32k. Exact: the result is a probability value, not an approximation.
+  """
+  bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
+  lo = jnp.zeros(probs.shape[:-1], jnp.int32)       # M(0) = 1 >= top_p
+  hi = jnp.max(bits, axis=-1) + 1                   # M(> max) = 0 < top_p
+
+  def halve(_, lo_hi):
+    lo, hi = lo_hi
+    mid = lo + (hi - lo) // 2
+    ok = jnp.sum(jnp.where(bits >= mid[..., None], probs, 0.0), axis=-1) >= top_p
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+  lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi))
+  kept = jnp.where(bits >= lo[..., None], probs, 0.0)
+  return kept / jnp.sum(kept, axis=-1, keepdims=True)
+
+
+_BLOCK = 128
 
 
 def sample_tokens(keys_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   """Draws one token per row, row b with its own key `keys_B[b]`.
 
+  Inverse-CDF sampling with one float32 uniform per row (the method of
+  `torch.multinomial`), done in two levels — blocks of 128 tokens, then
+  within the chosen block — so it costs O(V) and one random number instead
+  of V Gumbel draws (`jax.random.categorical` costs ~0.3 ms at V = 2k and
+  ~7 ms at V = 32k per row on XLA:CPU, more than a small draft's forward
+  pass). Tokens with zero probability are never drawn; probabilities are
+  resolved to the uniform's 2^-23 grid.
+
   Args:
     keys_B: typed PRNG keys `[B]`.
-    probs_BV: probabilities `[B, V]` (zeros allowed; rows must have mass).
+    probs_BV: probabilities `[B, V]` (zeros allowed; rows must have mass;
+      need not sum exactly to 1).
 
   Returns:
     int32 tokens `[B]`.
   """
-  logp_BV = jnp.log(probs_BV)
-  return jax.vmap(lambda k, lp: jax.random.categorical(k, lp))(keys_B, logp_BV).astype(jnp.int32)
+  b, v = probs_BV.shape
+  probs_BV = probs_BV.astype(jnp.float32)
+  u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
+  n_blocks = -(-v // _BLOCK)
+  blocks_BNK = jnp.pad(probs_BV, ((0, 0), (0, n_blocks * _BLOCK - v))).reshape(b, n_blocks, _BLOCK)
+  mass_BN = jnp.sum(blocks_BNK, axis=-1)
+  cdf_BN = jnp.cumsum(mass_BN, axis=-1)
+  target_B = u_B * cdf_BN[:, -1]
+  # First block whose cumulative mass exceeds the target (it has mass > 0);
+  # the clamp only guards float rounding of u * total up to the total.
+  has_mass_BN = mass_BN > 0
+  last_block_B = n_blocks - 1 - jnp.argmax(has_mass_BN[:, ::-1], axis=-1)
+  blk_B = jnp.minimum(jnp.sum(cdf_BN <= target_B[:, None], axis=-1), last_block_B)
+  # Mass before the block, as the previous cumulative sum itself (<= target
+  # by the choice of block), so zero-probability tokens are never picked.
+  excl_BN = jnp.pad(cdf_BN[:, :-1], ((0, 0), (1, 0)))
+  before_B = jnp.take_along_axis(excl_BN, blk_B[:, None], axis=1)[:, 0]
+  row_BK = jnp.take_along_axis(blocks_BNK, blk_B[:, None, None], axis=1)[:, 0]
+  within_BK = before_B[:, None] + jnp.cumsum(row_BK, axis=-1)
+  last_in_B = _BLOCK - 1 - jnp.argmax((row_BK > 0)[:, ::-1], axis=-1)
+  j_B = jnp.minimum(jnp.sum(within_BK <= target_B[:, None], axis=-1), last_in_B)
+  return (blk_B * _BLOCK + j_B).astype(jnp.int32)

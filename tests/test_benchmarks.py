@@ -177,3 +177,14 @@ def test_gpu_roofline_cpu_smoke(tmp_path):
     assert r["step_ms"] > 0 and r["roofline_buffer_ms"] > 0 and r["x_roofline"] > 0
   assert {s["family"] for s in result["summary"]} == {"t5", "decoder"}
   assert len(result["goals"]) == 2 and "x roof" in res.stdout
+
+
+def test_sampling_bench_smoke(tmp_path):
+  _run(["benchmarks/sampling_bench.py", "--quick", "--iters=5", "--repeats=1",
+        f"--out_dir={tmp_path}"])
+  result = json.loads((tmp_path / "sampling.json").read_text())
+  (row,) = result["rows"]
+  assert row["shape"] == [1, 2048] and row["top_p_same_kept_set"]
+  for key in ("draw_categorical_us", "draw_specjax_us", "top_p_sort_us", "top_p_specjax_us"):
+    assert row[key] > 0, key
+  assert "| [1, 2048] |" in (tmp_path / "sampling.md").read_text()

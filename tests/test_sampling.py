@@ -82,3 +82,32 @@ def test_configs_are_hashable_and_normalised():
   assert SamplingConfig(1, 0, 1) == SamplingConfig(1.0, 0, 1.0)
   assert hash(SamplingConfig(1, 0, 1)) == hash(SamplingConfig(1.0, 0, 1.0))
   assert GREEDY.is_greedy and not SamplingConfig(0.5).is_greedy
+
+
+def test_sample_tokens_many_blocks_and_zero_mass_regions():
+  """Vocabulary over several 128-token blocks, whole zero blocks, zeros at
+  block edges: frequencies match and zero-probability tokens never appear."""
+  v = 700
+  rng = np.random.default_rng(5)
+  probs = rng.random(v) * (rng.random(v) < 0.05)
+  probs[128:384] = 0.0           # two empty blocks
+  probs[127] = probs[384] = 0.0  # zeros at block edges
+  probs[0] = probs[699] = 0.3    # mass in the first and the ragged last block
+  probs = probs / probs.sum()
+  n = 40000
+  keys = jax.random.split(jax.random.key(11), n)
+  toks = np.asarray(sample_tokens(keys, jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (n, v))))
+  counts = np.bincount(toks, minlength=v)
+  assert counts[probs == 0].sum() == 0
+  support = probs > 0
+  from scipy import stats
+  chi2 = stats.chisquare(counts[support], probs[support] * n)
+  assert chi2.pvalue > 1e-4, chi2
+
+
+def test_sample_tokens_rows_are_independent_of_batch():
+  probs = jax.nn.softmax(jax.random.normal(jax.random.key(2), (6, 300)), axis=-1)
+  keys = jax.random.split(jax.random.key(4), 6)
+  whole = np.asarray(sample_tokens(keys, probs))
+  single = [int(sample_tokens(keys[i:i + 1], probs[i:i + 1])[0]) for i in range(6)]
+  np.testing.assert_array_equal(whole, single)
