@@ -26,8 +26,13 @@ iteration then, for all rows at once:
      caches back per row by lengths alone — nothing is copied.
 
 Randomness: row b draws everything from its own key: the prefill token from
-fold_in(key_b, 0), iteration i from fold_in(key_b, i + 1). With one key per
-row, a row's output therefore does not depend on the rest of the batch.
+fold_in(key_b, 0), iteration i from fold_in(key_b, i + 1) (split in two: the
+draft's G uniforms in one PRNG call, the verifier's in another). With one key
+per row, a row's output therefore does not depend on the rest of the batch.
+Greedy decoding uses no random numbers: tokens are argmaxes, and with the
+default verifier `greedy_verify` makes the same decisions as the rejection
+rule on one-hot distributions. Each PRNG call is a rolled loop on XLA:CPU,
+so the number of calls per iteration is kept constant (not growing with G).
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.sampling import SamplingConfig, process_logits, sample_tokens
-from specjax.verify import rejection_verify
+from specjax.sampling import SamplingConfig, process_logits, sample_from_uniform
+from specjax.verify import greedy_verify, rejection_verify
 
 __all__ = [
     "DecodeStats", "GenerationOutput", "DecodeState", "AutoregressiveDecoder",
@@ -143,6 +148,20 @@ def _fold_keys(keys_B: jax.Array, data) -> jax.Array:
   return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys_B)
 
 
+def _uniforms(keys_B: jax.Array, n: int) -> jax.Array:
+  """`[B, n]` float32 uniforms, one PRNG call per row (each PRNG call is a
+  loop of its own on XLA:CPU, so a step draws all it needs at once)."""
+  return jax.vmap(lambda k: jax.random.uniform(k, (n,), jnp.float32))(keys_B)
+
+
+def _draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """One token per row: the argmax for greedy (the one-hot's only token; no
+  random numbers are then computed at all), else an inverse-CDF draw."""
+  if sampling.is_greedy:
+    return jnp.argmax(probs_BV, axis=-1).astype(jnp.int32)
+  return sample_from_uniform(u_B, probs_BV)
+
+
 def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: int,
             eos_id: Optional[int]) -> Tuple[DecodeState, jax.Array]:
   """Appends the first count_B[b] of new_BC[b] to each active row's output,
@@ -174,7 +193,8 @@ def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: 
 
 def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B):
   logits_BV, last_B, cache = model.prefill(params, prompts_BP, lengths_B, cache)
-  first_B = sample_tokens(_fold_keys(keys_B, 0), process_logits(logits_BV, sampling))
+  u_B = _uniforms(_fold_keys(keys_B, 0), 1)[:, 0]
+  first_B = _draw(u_B, process_logits(logits_BV, sampling), sampling)
   return first_B, last_B, cache
 
 
@@ -226,8 +246,8 @@ class AutoregressiveDecoder:
     active_B = ~state.done
     cache = state.target_cache.replace(lengths=state.seq_len)
     logits_B1V, cache = self.model.extend(params, state.pending[:, None], cache)
-    keys_B = _fold_keys(state.keys, state.step + 1)
-    next_B = sample_tokens(keys_B, process_logits(logits_B1V[:, 0], self.sampling))
+    u_B = _uniforms(_fold_keys(state.keys, state.step + 1), 1)[:, 0]
+    next_B = _draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
     state, _ = _commit(state, next_B[:, None], jnp.ones_like(next_B), self.max_new_tokens,
                        self.eos_id)
     a = active_B.astype(jnp.int32)
@@ -260,25 +280,33 @@ class SpeculativeDecoder:
                           self.max_new_tokens, self.gamma + 1, self.gamma, self.pad_id,
                           self.eos_id)
 
-  def draft_tokens(self, draft_params, state: DecodeState, keys_BG):
-    """Runs the draft γ steps; returns drafts `[B, G]`, their distributions
-    `[B, G, V]` and the draft cache."""
+  @property
+  def _verify(self) -> Callable:
+    # Temperature 0 with the default rule: the same decisions without random numbers.
+    if self.sampling.is_greedy and self.verify_fn is rejection_verify:
+      return greedy_verify
+    return self.verify_fn
+
+  def draft_tokens(self, draft_params, state: DecodeState, u_BG):
+    """Runs the draft γ steps (draft i drawn with the uniform `u_BG[:, i]`);
+    returns drafts `[B, G]`, their distributions `[B, G, V]` and the draft
+    cache."""
     g = self.gamma
     cache = state.draft_cache.replace(lengths=state.seq_len - 1)
     logits_B2V, cache = self.draft.extend(
         draft_params, jnp.stack([state.prev, state.pending], axis=1), cache)
     p1_BV = process_logits(logits_B2V[:, 1], self.sampling)
-    d1_B = sample_tokens(keys_BG[:, 0], p1_BV)
+    d1_B = _draw(u_BG[:, 0], p1_BV, self.sampling)
 
-    def one_step(carry, keys_B):
+    def one_step(carry, u_B):
       tok_B, c = carry
       logits_B1V, c = self.draft.extend(draft_params, tok_B[:, None], c)
       p_BV = process_logits(logits_B1V[:, 0], self.sampling)
-      d_B = sample_tokens(keys_B, p_BV)
+      d_B = _draw(u_B, p_BV, self.sampling)
       return (d_B, c), (d_B, p_BV)
 
     (_, cache), (ds_GB, ps_GBV) = jax.lax.scan(
-        one_step, (d1_B, cache), jnp.swapaxes(keys_BG[:, 1:g], 0, 1))
+        one_step, (d1_B, cache), jnp.swapaxes(u_BG[:, 1:g], 0, 1))
     drafts_BG = jnp.concatenate([d1_B[:, None], jnp.swapaxes(ds_GB, 0, 1)], axis=1)
     probs_BGV = jnp.concatenate([p1_BV[:, None], jnp.swapaxes(ps_GBV, 0, 1)], axis=1)
     return drafts_BG, probs_BGV, cache
@@ -286,13 +314,15 @@ class SpeculativeDecoder:
   def step(self, target_params, draft_params, state: DecodeState) -> DecodeState:
     g = self.gamma
     active_B = ~state.done
-    keys_BX = jax.vmap(lambda k: jax.random.split(k, g + 1))(_fold_keys(state.keys, state.step + 1))
-    drafts_BG, p_BGV, draft_cache = self.draft_tokens(draft_params, state, keys_BX[:, :g])
+    # Per row and iteration: one key for the draft's G uniforms, one for the verifier.
+    keys_B2 = jax.vmap(lambda k: jax.random.split(k, 2))(_fold_keys(state.keys, state.step + 1))
+    u_BG = _uniforms(keys_B2[:, 0], g)
+    drafts_BG, p_BGV, draft_cache = self.draft_tokens(draft_params, state, u_BG)
     target_cache = state.target_cache.replace(lengths=state.seq_len)
     logits_BG1V, target_cache = self.target.extend(
         target_params, jnp.concatenate([state.pending[:, None], drafts_BG], axis=1), target_cache)
     q_BG1V = process_logits(logits_BG1V, self.sampling)
-    n_B, next_B = self.verify_fn(keys_BX[:, g], drafts_BG, p_BGV, q_BG1V)
+    n_B, next_B = self._verify(keys_B2[:, 1], drafts_BG, p_BGV, q_BG1V)
     j_G1 = jnp.arange(g + 1)[None]
     new_BG1 = jnp.where(j_G1 < n_B[:, None], jnp.pad(drafts_BG, ((0, 0), (0, 1))), next_B[:, None])
     state, _ = _commit(state, new_BG1, n_B + 1, self.max_new_tokens, self.eos_id)

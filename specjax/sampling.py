@@ -16,7 +16,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SamplingConfig", "process_logits", "sample_tokens", "greedy", "GREEDY"]
+__all__ = ["SamplingConfig", "process_logits", "sample_tokens", "sample_from_uniform", "greedy",
+           "GREEDY"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +117,8 @@ def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
     ok = jnp.sum(jnp.where(bits >= mid[..., None], probs, 0.0), axis=-1) >= top_p
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-  lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi))
+  # Unrolled: a rolled loop costs a loop-carry copy per pass on XLA:CPU.
+  lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi), unroll=True)
   kept = jnp.where(bits >= lo[..., None], probs, 0.0)
   return kept / jnp.sum(kept, axis=-1, keepdims=True)
 
@@ -127,13 +129,8 @@ _BLOCK = 128
 def sample_tokens(keys_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   """Draws one token per row, row b with its own key `keys_B[b]`.
 
-  Inverse-CDF sampling with one float32 uniform per row (the method of
-  `torch.multinomial`), done in two levels — blocks of 128 tokens, then
-  within the chosen block — so it costs O(V) and one random number instead
-  of V Gumbel draws (`jax.random.categorical` costs ~0.3 ms at V = 2k and
-  ~7 ms at V = 32k per row on XLA:CPU, more than a small draft's forward
-  pass). Tokens with zero probability are never drawn; probabilities are
-  resolved to the uniform's 2^-23 grid.
+  One float32 uniform per row (`jax.random.uniform(keys_B[b])`), then
+  `sample_from_uniform`.
 
   Args:
     keys_B: typed PRNG keys `[B]`.
@@ -143,9 +140,32 @@ def sample_tokens(keys_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   Returns:
     int32 tokens `[B]`.
   """
+  u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
+  return sample_from_uniform(u_B, probs_BV)
+
+
+def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
+  """Inverse-CDF draw of one token per row from a uniform `u_B[b]` in [0, 1).
+
+  The method of `torch.multinomial`, done in two levels — blocks of 128
+  tokens, then within the chosen block — so it costs O(V) and one random
+  number instead of V Gumbel draws (`jax.random.categorical` costs ~0.3 ms at
+  V = 2k and ~7 ms at V = 32k per row on XLA:CPU, more than a small draft's
+  forward pass). Callers that need several draws per step take all their
+  uniforms from one PRNG call (each PRNG call is a loop of its own on CPU).
+  Tokens with zero probability are never drawn; probabilities are resolved to
+  the uniform's 2^-23 grid.
+
+  Args:
+    u_B: float32 uniforms `[B]` in [0, 1).
+    probs_BV: probabilities `[B, V]` (as for `sample_tokens`).
+
+  Returns:
+    int32 tokens `[B]`.
+  """
   b, v = probs_BV.shape
   probs_BV = probs_BV.astype(jnp.float32)
-  u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
+  u_B = u_B.astype(jnp.float32)
   n_blocks = -(-v // _BLOCK)
   blocks_BNK = jnp.pad(probs_BV, ((0, 0), (0, n_blocks * _BLOCK - v))).reshape(b, n_blocks, _BLOCK)
   mass_BN = jnp.sum(blocks_BNK, axis=-1)

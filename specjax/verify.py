@@ -22,9 +22,9 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import sample_tokens
+from specjax.sampling import sample_from_uniform
 
-__all__ = ["rejection_verify", "gather_probs"]
+__all__ = ["rejection_verify", "greedy_verify", "gather_probs"]
 
 
 def gather_probs(probs_BXV: jax.Array, tokens_BX: jax.Array) -> jax.Array:
@@ -44,8 +44,9 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   then emit the target's argmax".
   """
   b, g = drafts_BG.shape
-  pair = jax.vmap(lambda k: jax.random.split(k, 2))(keys_B)
-  u_BG = jax.vmap(lambda k: jax.random.uniform(k, (g,)))(pair[:, 0])
+  # One PRNG call per row: G acceptance uniforms and the residual draw's.
+  u_BG1 = jax.vmap(lambda k: jax.random.uniform(k, (g + 1,)))(keys_B)
+  u_BG = u_BG1[:, :g]
   p_BG = gather_probs(draft_probs_BGV, drafts_BG)
   q_BG = gather_probs(target_probs_BG1V[:, :g], drafts_BG)
   # u < q/p without dividing (p > 0 for a token sampled from p).
@@ -60,5 +61,23 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   residual_BV = jnp.maximum(q_BV - p_BV, 0.0)
   mass_B1 = jnp.sum(residual_BV, axis=-1, keepdims=True)
   dist_BV = jnp.where(mass_B1 > 0, residual_BV / jnp.where(mass_B1 > 0, mass_B1, 1.0), q_BV)
-  next_B = sample_tokens(pair[:, 1], dist_BV)
+  next_B = sample_from_uniform(u_BG1[:, g], dist_BV)
   return num_accepted_B.astype(jnp.int32), next_B
+
+
+def greedy_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: jax.Array,
+                  target_probs_BG1V: jax.Array) -> Tuple[jax.Array, jax.Array]:
+  """`rejection_verify` specialised to greedy (one-hot) distributions.
+
+  Keeps drafts while they equal the target's argmax, then emits the target's
+  argmax: exactly what the rejection rule does with one-hot p and q, without
+  random numbers (keys_B and draft_probs_BGV are unused). The speculative
+  decoder uses it automatically for temperature 0 with the default verifier.
+  """
+  del keys_B, draft_probs_BGV
+  g = drafts_BG.shape[1]
+  best_BG1 = jnp.argmax(target_probs_BG1V, axis=-1).astype(jnp.int32)
+  match_BG = (drafts_BG == best_BG1[:, :g]).astype(jnp.int32)
+  num_accepted_B = jnp.sum(jnp.cumprod(match_BG, axis=1), axis=1).astype(jnp.int32)
+  next_B = jnp.take_along_axis(best_BG1, num_accepted_B[:, None], axis=1)[:, 0]
+  return num_accepted_B, next_B

@@ -143,3 +143,23 @@ def test_transformer_pair_is_exact_and_control_detected(cfg):
       assert 0.2 < out.acceptance_rate < 0.9, out.acceptance_rate
   assert results["exact"] > 1e-3, results
   assert results["broken"] < 1e-6, results
+
+
+def test_greedy_verify_equals_rejection_rule_on_one_hot():
+  """The decoder's temperature-0 shortcut makes the rejection rule's decisions."""
+  from specjax.sampling import GREEDY, process_logits
+  from specjax.verify import greedy_verify
+  b, g, v = 64, 4, 6
+  rng = np.random.default_rng(0)
+  # Few distinct logits so that drafts often match the target's argmax (and ties occur).
+  q = process_logits(jnp.asarray(rng.integers(0, 3, size=(b, g + 1, v)), jnp.float32), GREEDY)
+  target_best = np.asarray(jnp.argmax(q, -1))
+  drafts = np.where(rng.random((b, g)) < 0.7, target_best[:, :g], rng.integers(0, v, size=(b, g)))
+  drafts = jnp.asarray(drafts, jnp.int32)
+  p = jax.nn.one_hot(drafts, v)
+  keys = jax.random.split(jax.random.key(0), b)
+  n_ref, next_ref = rejection_verify(keys, drafts, p, q)
+  n, nxt = greedy_verify(keys, drafts, p, q)
+  np.testing.assert_array_equal(n, n_ref)
+  np.testing.assert_array_equal(nxt, next_ref)
+  assert 0 < int(jnp.sum(n == g)) < b and int(jnp.sum(n == 0)) > 0  # all cases occur
