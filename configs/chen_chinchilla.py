@@ -111,8 +111,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.data.seq_len = 256
     c.models.target = _decoder(256, 6, 4, 64, 704)                  # 6.5M
     c.models.draft = _decoder(96, 1, 2, 48, 256, tie_embeddings=True)  # 0.38M (1 : 17)
-    c.train.target = _train(260, 8, 3e-3, 30)
-    c.train.draft = _train(160, 8, 4e-3, 20, distill_weight=0.5)
+    c.train.target = _train(220, 8, 3e-3, 25)
+    c.train.draft = _train(140, 8, 4e-3, 20, distill_weight=0.5)
     c.eval.xsum_prompts = 16
     c.eval.humaneval_prompts = 16
     c.eval.xsum_prompt_len = 96
@@ -120,6 +120,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval.max_new_tokens = 64
     c.eval.chunk = 16
     c.eval.batch_prompts = 16
+    c.eval.batch_settings = ["humaneval_nucleus"]
     c.eval.bootstrap = 500
   elif preset == "micro":
     c.data.apt_update = False
