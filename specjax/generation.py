@@ -45,7 +45,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.sampling import SamplingConfig, process_logits, sample_from_uniform
+from specjax.sampling import SamplingConfig, process_logits, row_uniforms, sample_from_uniform
 from specjax.verify import greedy_verify, rejection_verify
 
 __all__ = [
@@ -148,12 +148,6 @@ def _fold_keys(keys_B: jax.Array, data) -> jax.Array:
   return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys_B)
 
 
-def _uniforms(keys_B: jax.Array, n: int) -> jax.Array:
-  """`[B, n]` float32 uniforms, one PRNG call per row (each PRNG call is a
-  loop of its own on XLA:CPU, so a step draws all it needs at once)."""
-  return jax.vmap(lambda k: jax.random.uniform(k, (n,), jnp.float32))(keys_B)
-
-
 def _draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   """One token per row: the argmax for greedy (the one-hot's only token; no
   random numbers are then computed at all), else an inverse-CDF draw."""
@@ -193,7 +187,7 @@ def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: 
 
 def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B):
   logits_BV, last_B, cache = model.prefill(params, prompts_BP, lengths_B, cache)
-  u_B = _uniforms(_fold_keys(keys_B, 0), 1)[:, 0]
+  u_B = row_uniforms(_fold_keys(keys_B, 0), 1)[:, 0]
   first_B = _draw(u_B, process_logits(logits_BV, sampling), sampling)
   return first_B, last_B, cache
 
@@ -246,7 +240,7 @@ class AutoregressiveDecoder:
     active_B = ~state.done
     cache = state.target_cache.replace(lengths=state.seq_len)
     logits_B1V, cache = self.model.extend(params, state.pending[:, None], cache)
-    u_B = _uniforms(_fold_keys(state.keys, state.step + 1), 1)[:, 0]
+    u_B = row_uniforms(_fold_keys(state.keys, state.step + 1), 1)[:, 0]
     next_B = _draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
     state, _ = _commit(state, next_B[:, None], jnp.ones_like(next_B), self.max_new_tokens,
                        self.eos_id)
@@ -316,7 +310,7 @@ class SpeculativeDecoder:
     active_B = ~state.done
     # Per row and iteration: one key for the draft's G uniforms, one for the verifier.
     keys_B2 = jax.vmap(lambda k: jax.random.split(k, 2))(_fold_keys(state.keys, state.step + 1))
-    u_BG = _uniforms(keys_B2[:, 0], g)
+    u_BG = row_uniforms(keys_B2[:, 0], g)
     drafts_BG, p_BGV, draft_cache = self.draft_tokens(draft_params, state, u_BG)
     target_cache = state.target_cache.replace(lengths=state.seq_len)
     logits_BG1V, target_cache = self.target.extend(

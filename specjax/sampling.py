@@ -16,8 +16,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-__all__ = ["SamplingConfig", "process_logits", "sample_tokens", "sample_from_uniform", "greedy",
-           "GREEDY"]
+__all__ = ["SamplingConfig", "process_logits", "sample_tokens", "sample_from_uniform",
+           "row_uniforms", "greedy", "GREEDY"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +126,13 @@ def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
 _BLOCK = 128
 
 
+def row_uniforms(keys_B: jax.Array, n: int) -> jax.Array:
+  """`[B, n]` float32 uniforms in [0, 1), row b from `keys_B[b]` in one PRNG
+  call (each PRNG call is a loop of its own on XLA:CPU, so a decoding step
+  draws all it needs at once)."""
+  return jax.vmap(lambda k: jax.random.uniform(k, (n,), jnp.float32))(keys_B)
+
+
 def sample_tokens(keys_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   """Draws one token per row, row b with its own key `keys_B[b]`.
 
@@ -140,8 +147,7 @@ def sample_tokens(keys_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   Returns:
     int32 tokens `[B]`.
   """
-  u_B = jax.vmap(lambda k: jax.random.uniform(k, (), jnp.float32))(keys_B)
-  return sample_from_uniform(u_B, probs_BV)
+  return sample_from_uniform(row_uniforms(keys_B, 1)[:, 0], probs_BV)
 
 
 def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
@@ -163,6 +169,9 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   Returns:
     int32 tokens `[B]`.
   """
+  if jnp.ndim(probs_BV) != 2 or jnp.shape(u_B) != jnp.shape(probs_BV)[:1]:
+    raise ValueError(f"probs_BV must be [B, V] and u_B [B]; got probs_BV shape "
+                     f"{jnp.shape(probs_BV)} and u_B shape {jnp.shape(u_B)}")
   b, v = probs_BV.shape
   probs_BV = probs_BV.astype(jnp.float32)
   u_B = u_B.astype(jnp.float32)

@@ -22,7 +22,7 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import sample_from_uniform
+from specjax.sampling import row_uniforms, sample_from_uniform
 
 __all__ = ["rejection_verify", "greedy_verify", "gather_probs"]
 
@@ -45,7 +45,7 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   """
   b, g = drafts_BG.shape
   # One PRNG call per row: G acceptance uniforms and the residual draw's.
-  u_BG1 = jax.vmap(lambda k: jax.random.uniform(k, (g + 1,)))(keys_B)
+  u_BG1 = row_uniforms(keys_B, g + 1)
   u_BG = u_BG1[:, :g]
   p_BG = gather_probs(draft_probs_BGV, drafts_BG)
   q_BG = gather_probs(target_probs_BG1V[:, :g], drafts_BG)

@@ -111,3 +111,11 @@ def test_sample_tokens_rows_are_independent_of_batch():
   whole = np.asarray(sample_tokens(keys, probs))
   single = [int(sample_tokens(keys[i:i + 1], probs[i:i + 1])[0]) for i in range(6)]
   np.testing.assert_array_equal(whole, single)
+
+
+def test_sample_from_uniform_rejects_bad_shapes():
+  from specjax.sampling import sample_from_uniform
+  with pytest.raises(ValueError, match="probs_BV"):
+    sample_from_uniform(jnp.zeros((2,)), jnp.ones((2, 3, 4)))
+  with pytest.raises(ValueError, match="u_B"):
+    sample_from_uniform(jnp.zeros((3,)), jnp.ones((2, 4)))
