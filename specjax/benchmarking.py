@@ -5,9 +5,9 @@ helpers only make the measurements consistent:
 
 * `time_call`: median wall time of a (jitted) call, outputs blocked on,
   after warm-up (compilation excluded and reported separately).
-* `step_times`: the in-graph cost of one model call on T tokens, measured
-  by running the call `steps` times inside one jitted `lax.fori_loop` (as the
-  decoding loop runs it), so dispatch overhead is not counted.
+* `step_times`: the in-graph cost of one model call on T tokens: a jitted
+  `lax.fori_loop` of the call timed at 0 and at `steps` iterations (as the
+  decoding loop runs it), so neither the prefill nor dispatch is counted.
 * `predicted_speedup`: the speedup the measured component times and the
   measured tokens per iteration predict; measured / predicted is the loop
   overhead.
@@ -56,38 +56,51 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
                token_counts: Sequence[int], steps: int = 16, repeats: int = 5) -> Dict[int, float]:
   """Seconds per `model.extend` call on T tokens, for each T in token_counts.
 
-  Every call writes at position `prompt_len` (lengths are reset each time),
-  on a cache of `cache_len` slots — the cost of a decode/verify step of the
-  static-shape loop.
+  One jitted function per T runs the prefill and then `n` extend calls in a
+  `lax.fori_loop` whose trip count `n` is an argument; it is timed at n = 0
+  and n = `steps` (interleaved, `repeats` times each) and the difference of
+  the medians, over `steps`, is the cost of one call — the prefill, the
+  dispatch and the output transfer cancel exactly. Every call writes at
+  position `prompt_len` (lengths are reset each time) on a cache of
+  `cache_len` slots, and every logit is consumed (a max over the vocabulary
+  at each position), as a decode/verify step of the static-shape loop does.
+
+  (Subtracting a separately timed prefill instead is wrong: a prefill whose
+  result is unused is removed by XLA's dead-code elimination.)
   """
+  if steps < 1:
+    raise ValueError(f"steps must be >= 1, got {steps}")
+  if repeats < 1:
+    raise ValueError(f"repeats must be >= 1, got {repeats}")
   out = {}
   tokens_proto = jnp.zeros((batch_size,), jnp.int32)
   prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
   lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
-
-  @jax.jit
-  def prefill_only(params, cache):
-    return model.prefill(params, prompt, lengths, cache)[2].lengths
-
   cache = model.init_cache(batch_size, cache_len, prompt_len)
-  t_prefill = time_call(lambda: prefill_only(params, cache), repeats=repeats)["median_s"]
   for t in token_counts:
-    def run(params, cache, t=t):
-      _, _, cache = model.prefill(params, prompt, lengths, cache)
+    def run(params, cache, n, t=t):
+      logits0, _, cache = model.prefill(params, prompt, lengths, cache)
       start = cache.lengths
 
       def body(i, carry):
         cache, acc = carry
         toks = (tokens_proto[:, None] + i + jnp.arange(t)[None]) % model.vocab_size
         logits, cache = model.extend(params, toks, cache.replace(lengths=start))
-        return cache, acc + logits[:, -1, 0]
+        return cache, acc + jnp.sum(jnp.max(logits, axis=-1), axis=-1)
 
-      cache, acc = jax.lax.fori_loop(0, steps, body, (cache, jnp.zeros((batch_size,))))
+      _, acc = jax.lax.fori_loop(0, n, body, (cache, logits0[:, 0]))
       return acc
 
     fn = jax.jit(run)
-    timing = time_call(lambda: fn(params, cache), repeats=repeats)
-    out[t] = max(timing["median_s"] - t_prefill, 0.0) / steps
+    none, full = jnp.int32(0), jnp.int32(steps)
+    _block(fn(params, cache, full))
+    t0s, tns = [], []
+    for _ in range(repeats):
+      for n, acc in ((none, t0s), (full, tns)):
+        t_start = time.perf_counter()
+        _block(fn(params, cache, n))
+        acc.append(time.perf_counter() - t_start)
+    out[t] = max(statistics.median(tns) - statistics.median(t0s), 0.0) / steps
   return out
 
 

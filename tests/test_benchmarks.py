@@ -188,3 +188,42 @@ def test_sampling_bench_smoke(tmp_path):
   for key in ("draw_categorical_us", "draw_specjax_us", "top_p_sort_us", "top_p_specjax_us"):
     assert row[key] > 0, key
   assert "| [1, 2048] |" in (tmp_path / "sampling.md").read_text()
+
+
+class _SlowPrefill:
+  """A tiny decoder whose prefill sleeps `delay` seconds (host callback)."""
+
+  def __init__(self, model, delay):
+    self._model, self._delay = model, delay
+
+  def __getattr__(self, name):
+    return getattr(self._model, name)
+
+  def prefill(self, params, prompts, lengths, cache):
+    import time
+    import jax.numpy as jnp
+
+    def sleep(x):
+      time.sleep(self._delay)
+      return np.zeros((), np.float32)
+
+    logits, last, cache = self._model.prefill(params, prompts, lengths, cache)
+    pause = jax.pure_callback(sleep, jax.ShapeDtypeStruct((), jnp.float32), logits[0, 0])
+    return logits + pause, last, cache
+
+
+def test_step_times_exclude_the_prefill():
+  """The prefill's cost must cancel out of the per-step time. (A separately
+  timed prefill whose result is unused is dead code to XLA: subtracting it
+  left prefill / steps inside every step time.)"""
+  from specjax.benchmarking import step_times
+  lm = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=1))
+  params = lm.init(jax.random.PRNGKey(0))
+  delay, steps = 0.2, 4
+  out = step_times(_SlowPrefill(lm, delay), params, 1, 16, 4, [1, 3], steps=steps, repeats=3)
+  assert set(out) == {1, 3}
+  for t, sec in out.items():
+    # Counting the prefill would give >= delay / steps = 50 ms per step.
+    assert 0.0 <= sec < 0.25 * delay / steps, (t, sec)
+  with pytest.raises(ValueError, match="steps"):
+    step_times(lm, params, 1, 16, 4, [1], steps=0)
