@@ -360,7 +360,8 @@ def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: in
       recs = sweep(target[0], target[1], {DRAFT: draft}, prompts[:n], lengths[:n], gammas=[k],
                    sampling=sampling_config(name), max_new_tokens=cfg.eval.max_new_tokens,
                    eos_id=eos, stages=stages, prefix=f"{name}/batch{b}", batch_size=int(b),
-                   chunk=max(int(cfg.eval.chunk), int(b)), seed=cfg.seed, keep_ar_tokens=False)
+                   chunk=max(int(cfg.eval.chunk), int(b)), seed=cfg.seed, keep_ar_tokens=False,
+                   cache_gamma=max(int(x) for x in cfg.eval.ks))
       s = summarize(recs)
       c = s[cell_name(DRAFT, k)]
       pre = comps[SETTINGS[name]["task"]].get(str(b), {}).get("prefill")

@@ -51,20 +51,23 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           prompts_NP: np.ndarray, lengths_N: np.ndarray, *, gammas: Sequence[int],
           sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: int, stages: Stages,
           prefix: str, batch_size: int = 1, chunk: int = 25, seed: int = 0,
-          keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = ()) -> List[dict]:
+          keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = (),
+          cache_gamma: int = 0) -> List[dict]:
   """Measures AR and every (draft, γ) on all prompts; returns chunk records.
 
   Each record: {"ar": {...}, "cells": {cell_name: {...}}} with per-batch
   lists of seconds, generated tokens, target calls and accepted histograms;
   the cells named in `keep_cell_tokens` also keep their "outputs" (one token
-  list per prompt, as the AR record does with `keep_ar_tokens`).
+  list per prompt, as the AR record does with `keep_ar_tokens`). The caches
+  are sized for max(gammas, cache_gamma): a sweep over fewer γ with the same
+  `cache_gamma` reuses another sweep's executables (same shapes).
   """
   n = (len(prompts_NP) // batch_size) * batch_size
   if n == 0:
     raise ValueError(f"need at least batch_size={batch_size} prompts, got {len(prompts_NP)}")
   p = prompts_NP.shape[1]
   cache_len = sweep_cache_len(target, [d for d, _ in drafts.values()], p, max_new_tokens,
-                              max(gammas))
+                              max(max(gammas), cache_gamma))
   common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id, pad_id=0,
                 cache_len=cache_len)
 
