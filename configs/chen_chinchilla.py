@@ -111,7 +111,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.data.seq_len = 256
     c.models.target = _decoder(256, 6, 4, 64, 704)                  # 6.5M
     c.models.draft = _decoder(96, 1, 2, 48, 256, tie_embeddings=True)  # 0.38M (1 : 17)
-    c.train.target = _train(190, 8, 3e-3, 20)
+    c.train.target = _train(170, 8, 3e-3, 20)
     c.train.draft = _train(120, 8, 4e-3, 15, distill_weight=0.5)
     c.eval.xsum_prompts = 12
     c.eval.humaneval_prompts = 16       # the batch-16 setting needs 16

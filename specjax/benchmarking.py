@@ -53,17 +53,18 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> Dict[
 
 
 def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
-               token_counts: Sequence[int], steps: int = 16, repeats: int = 5) -> Dict[int, float]:
+               token_counts: Sequence[int], steps: int = 32, repeats: int = 7) -> Dict[int, float]:
   """Seconds per `model.extend` call on T tokens, for each T in token_counts.
 
   One jitted function per T runs the prefill and then `n` extend calls in a
-  `lax.fori_loop` whose trip count `n` is an argument; it is timed at n = 0
-  and n = `steps` (interleaved, `repeats` times each) and the difference of
-  the medians, over `steps`, is the cost of one call — the prefill, the
-  dispatch and the output transfer cancel exactly. Every call writes at
-  position `prompt_len` (lengths are reset each time) on a cache of
-  `cache_len` slots, and every logit is consumed (a max over the vocabulary
-  at each position), as a decode/verify step of the static-shape loop does.
+  `lax.fori_loop` whose trip count `n` is an argument. Each repeat times it
+  at n = 0 and right after at n = `steps`; the median of these paired
+  differences, over `steps`, is the cost of one call — the prefill, the
+  dispatch and the output transfer cancel. The token counts are interleaved
+  within each repeat, so a slow phase of a noisy machine hits them all. Every
+  call writes at position `prompt_len` (lengths are reset each time) on a
+  cache of `cache_len` slots, and every logit is consumed (a max over the
+  vocabulary at each position), as a decode/verify step of the loop does.
 
   (Subtracting a separately timed prefill instead is wrong: a prefill whose
   result is unused is removed by XLA's dead-code elimination.)
@@ -72,13 +73,14 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
     raise ValueError(f"steps must be >= 1, got {steps}")
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
-  out = {}
   tokens_proto = jnp.zeros((batch_size,), jnp.int32)
   prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
   lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
   cache = model.init_cache(batch_size, cache_len, prompt_len)
-  for t in token_counts:
-    def run(params, cache, n, t=t):
+  none, full = jnp.int32(0), jnp.int32(steps)
+
+  def compiled(t):
+    def run(params, cache, n):
       logits0, _, cache = model.prefill(params, prompt, lengths, cache)
       start = cache.lengths
 
@@ -92,16 +94,21 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
       return acc
 
     fn = jax.jit(run)
-    none, full = jnp.int32(0), jnp.int32(steps)
-    _block(fn(params, cache, full))
-    t0s, tns = [], []
-    for _ in range(repeats):
-      for n, acc in ((none, t0s), (full, tns)):
-        t_start = time.perf_counter()
-        _block(fn(params, cache, n))
-        acc.append(time.perf_counter() - t_start)
-    out[t] = max(statistics.median(tns) - statistics.median(t0s), 0.0) / steps
-  return out
+    _block(fn(params, cache, full))  # compile + warm up
+    return fn
+
+  def seconds(fn, n):
+    t_start = time.perf_counter()
+    _block(fn(params, cache, n))
+    return time.perf_counter() - t_start
+
+  fns = {t: compiled(t) for t in token_counts}
+  diffs = {t: [] for t in token_counts}
+  for _ in range(repeats):
+    for t, fn in fns.items():
+      t0 = seconds(fn, none)
+      diffs[t].append(seconds(fn, full) - t0)
+  return {t: max(statistics.median(d), 0.0) / steps for t, d in diffs.items()}
 
 
 def prefill_seconds(model, params, batch_size: int, cache_len: int, prompt_len: int) -> float:

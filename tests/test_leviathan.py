@@ -69,3 +69,23 @@ def test_rerun_reuses_everything(micro_run):
     a = first["tasks"][task]["temperatures"]["0"]["cells"]
     b = again["tasks"][task]["temperatures"]["0"]["cells"]
     assert a == b  # the measurements come from the stored stages, not a new run
+
+
+def test_end_to_end_prediction_hand_computed():
+  """2 prompts, 20 tokens each way; target step 2 ms, verify (γ=2) 4 ms, draft
+  0.10 / 0.15 ms (T=1 / T=2), prefill 10 ms (target) + 1 ms (draft); the
+  speculative run made 6 target calls after the 2 prefills."""
+  results = {"tasks": {"x": {
+      "components": {"target": {"1": 0.002, "3": 0.004}, "d": {"1": 0.0001, "2": 0.00015}},
+      "prefill": {"target": 0.010, "d": 0.001}, "num_prompts": 2,
+      "temperatures": {"0": {"alpha": {"d": 0.8}, "cells": {
+          "ar": {"seconds": 0.06, "tokens": 20, "ms_per_token": 3.0},
+          "d/g2": {"seconds": 0.05, "tokens": 20, "speedup": 1.2, "tokens_per_iteration": 2.5,
+                   "target_calls": 8}}}}}}}
+  cell = leviathan.add_predictions(results, [2], ["d"])["tasks"]["x"]["temperatures"]["0"]["cells"]["d/g2"]
+  ar_s = 2 * 0.010 + 18 * 0.002                       # prefill per call, then 18 steps
+  sp_s = 2 * (0.010 + 0.001) + 6 * (0.00015 + 0.0001 + 0.004)
+  assert cell["predicted_end_to_end"] == pytest.approx(ar_s / sp_s)
+  assert cell["measured_over_predicted"] == pytest.approx(1.2 / (ar_s / sp_s))
+  assert cell["predicted_from_components"] == pytest.approx(2.5 * 0.002 / (0.00025 + 0.004))
+  assert cell["decode_speedup"] == pytest.approx((0.06 - 0.02) / (0.05 - 0.022))

@@ -106,10 +106,14 @@ def _findings(results) -> list:
     ratios = sorted(c[key] for c in cells if key in c)
     if ratios:
       within = sum(abs(r - 1) <= 0.15 for r in ratios)
-      lines.append(f"- measured {what} / predicted-from-component-times speedup: median "
+      lines.append(f"- measured {what} / predicted-from-component-times {what.split()[0]} speedup: median "
                    f"{ratios[len(ratios) // 2]:.2f} (range {ratios[0]:.2f}–{ratios[-1]:.2f}), "
                    f"within ±15% in {within}/{len(ratios)} cells.")
   return lines
+
+
+def _x(v) -> str:
+  return "—" if v is None else f"{v:.2f}x"
 
 
 def _decode(cell) -> str:
@@ -135,9 +139,9 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
       "(paper: T5-small/base/large, not distilled). Tasks: EN→DE Debian gettext pairs (paper: WMT "
       "EN-DE), Debian description → synopsis (paper: CNN/DM).", "",
       "## Table 2 layout (best γ per cell, as the paper picks it)", "",
-      "| task (paper) | draft | temp | γ | α | tok/iter | speedup | decode-only | pred. (α, c) | "
-      "pred. (components) | paper γ | paper α | paper speedup |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+      "| task (paper) | draft | temp | γ | α | tok/iter | speedup | pred. e2e | decode-only | "
+      "pred. (components) | pred. (α, c) | paper γ | paper α | paper speedup |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for task, tr in results["tasks"].items():
     paper_task = tasks_meta[task]["paper"]
@@ -147,15 +151,19 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
         pg, pa, ps = paper2.get((paper_task, d, int(float(t))), (None, None, None))
         lines.append(
             f"| {task} ({paper_task}) | {d} | {t} | {b['gamma']} | {b['alpha']:.2f} | "
-            f"{b['tokens_per_iteration']:.2f} | **{b['speedup']:.2f}x** | {_decode(b)} | "
-            f"{b['predicted_from_alpha']:.2f}x | {b['predicted_from_components']:.2f}x | "
+            f"{b['tokens_per_iteration']:.2f} | **{b['speedup']:.2f}x** | "
+            f"{_x(b.get('predicted_end_to_end'))} | {_decode(b)} | "
+            f"{b['predicted_from_components']:.2f}x | {b['predicted_from_alpha']:.2f}x | "
             f"{pg} | {pa} | {ps}x |")
   lines += ["", "`speedup`: end-to-end walltime per generated token (prefill included), the "
             "paper's measure; `decode-only`: the same with each prompt's measured prefill "
             "(encoders, cross-attention K/V, first token) subtracted from both sides. "
             "`pred. (α, c)`: Leviathan's formula (1−α^{γ+1})/((1−α)(γc+1)) with the measured α and "
-            "c; `pred. (components)`: measured tokens per iteration × target step time / (measured draft "
-            "time per iteration + measured verify time of γ+1 tokens).", ""]
+            "c; `pred. (components)`: the decode-only speedup predicted from measured tokens per "
+            "iteration × target step time / (measured draft time per iteration + measured verify "
+            "time of γ+1 tokens); `pred. e2e`: the end-to-end speedup predicted from the same "
+            "component times plus each call's measured prefill (target, and draft for speculative) "
+            "and the measured number of target calls.", ""]
   lines += ["## Component times (batch 1, in-graph)", "",
             "| task | target step ms | " + " | ".join(f"verify γ={g} (×step)" for g in gammas) + " | "
             + " | ".join(f"{d} step ms (c)" for d in drafts) + " |",
