@@ -52,6 +52,9 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> Dict[
           "runs": times}
 
 
+_RESOLUTION_S = 1e-7  # 0.1 µs: the smallest per-step time step_times reports
+
+
 def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
                token_counts: Sequence[int], steps: int = 32, repeats: int = 7) -> Dict[int, float]:
   """Seconds per `model.extend` call on T tokens, for each T in token_counts.
@@ -67,7 +70,8 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
   vocabulary at each position), as a decode/verify step of the loop does.
 
   (Subtracting a separately timed prefill instead is wrong: a prefill whose
-  result is unused is removed by XLA's dead-code elimination.)
+  result is unused is removed by XLA's dead-code elimination.) Times below
+  the noise floor are reported as 0.1 µs, never as 0.
   """
   if steps < 1:
     raise ValueError(f"steps must be >= 1, got {steps}")
@@ -108,7 +112,9 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
     for t, fn in fns.items():
       t0 = seconds(fn, none)
       diffs[t].append(seconds(fn, full) - t0)
-  return {t: max(statistics.median(d), 0.0) / steps for t, d in diffs.items()}
+  # A step too cheap to resolve against the noise reads as the floor, not as 0 or < 0
+  # (callers divide by these times).
+  return {t: max(statistics.median(d) / steps, _RESOLUTION_S) for t, d in diffs.items()}
 
 
 def prefill_seconds(model, params, batch_size: int, cache_len: int, prompt_len: int) -> float:
