@@ -6,8 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -200,9 +202,6 @@ class _SlowPrefill:
     return getattr(self._model, name)
 
   def prefill(self, params, prompts, lengths, cache):
-    import time
-    import jax.numpy as jnp
-
     def sleep(x):
       time.sleep(self._delay)
       return np.zeros((), np.float32)

@@ -101,12 +101,13 @@ def _findings(results) -> list:
                                                  for a_, g, d in pairs))
   cells = [c for tr in tasks.values() for te in tr["temperatures"].values()
            for k, c in te["cells"].items() if k != "ar"]
-  for key, what in (("measured_over_predicted", "end-to-end walltime"),
-                    ("decode_over_predicted", "decode-only (prefill subtracted)")):
+  for key, what, kind in (("measured_over_predicted", "end-to-end walltime", "end-to-end"),
+                          ("decode_over_predicted", "decode-only (prefill subtracted)",
+                           "decode-only")):
     ratios = sorted(c[key] for c in cells if key in c)
     if ratios:
       within = sum(abs(r - 1) <= 0.15 for r in ratios)
-      lines.append(f"- measured {what} / predicted-from-component-times {what.split()[0]} speedup: median "
+      lines.append(f"- measured {what} / predicted-from-component-times {kind} speedup: median "
                    f"{ratios[len(ratios) // 2]:.2f} (range {ratios[0]:.2f}–{ratios[-1]:.2f}), "
                    f"within ±15% in {within}/{len(ratios)} cells.")
   return lines
