@@ -82,10 +82,10 @@ def shard_params(params, mesh: Mesh):
 
 
 def cache_spec(x, mesh: Mesh) -> P:
-  """Caches: `[L, B, S, K, D]` → batch over data, kv heads over model;
-  `[B]` vectors → data."""
-  if getattr(x, "ndim", 0) == 5:
-    spec = [None, DATA, None, MODEL, None]
+  """Cache buffers (`[B, K, S, D]` keys, `[B, K, D, S]` values, one per
+  layer) → batch over data, kv heads over model; `[B]` vectors → data."""
+  if getattr(x, "ndim", 0) == 4:
+    spec = [DATA, MODEL, None, None]
   elif getattr(x, "ndim", 0) == 1:
     spec = [DATA]
   else:

@@ -174,8 +174,7 @@ def test_rollback_reads_exactly_prefix_accepted_and_resampled():
     assert len(stream) == 10 + int(kept[b]) and after.pending[b] == resampled
     full_seq = jnp.asarray([np.append(stream, resampled)], jnp.int32)
     # Target: the next iteration feeds the resampled token at seq_len.
-    row_cache = jax.tree_util.tree_map(lambda x: x, after.target_cache)
-    row_cache = jax.tree_util.tree_map(lambda x: x[:, b:b + 1] if x.ndim == 5 else x[b:b + 1], row_cache)
+    row_cache = jax.tree_util.tree_map(lambda x: x[b:b + 1], after.target_cache)
     row_cache = row_cache.replace(lengths=after.seq_len[b:b + 1])
     logits, _ = lm_extend(params, jnp.asarray([[resampled]], jnp.int32), row_cache)
     want = lm_forward(params, full_seq)[0, -1]
@@ -185,11 +184,13 @@ def test_rollback_reads_exactly_prefix_accepted_and_resampled():
     _, _, fresh = lm_prefill(params, jnp.asarray([stream], jnp.int32),
                              jnp.asarray([len(stream)]), fresh)
     n = len(stream)
-    np.testing.assert_allclose(after.target_cache.k[:, b, :n], fresh.k[:, 0, :n], atol=1e-5)
-    np.testing.assert_allclose(after.target_cache.v[:, b, :n], fresh.v[:, 0, :n], atol=1e-5)
+    # (keys [B, K, S, D] and values [B, K, D, S] per layer)
+    np.testing.assert_allclose(np.stack(after.target_cache.k)[:, b, :, :n],
+                               np.stack(fresh.k)[:, 0, :, :n], atol=1e-5)
+    np.testing.assert_allclose(np.stack(after.target_cache.v)[:, b, ..., :n],
+                               np.stack(fresh.v)[:, 0, ..., :n], atol=1e-5)
     # Draft: it re-feeds [prev, pending] at seq_len - 1.
-    d_cache = jax.tree_util.tree_map(lambda x: x[:, b:b + 1] if x.ndim == 5 else x[b:b + 1],
-                                     after.draft_cache)
+    d_cache = jax.tree_util.tree_map(lambda x: x[b:b + 1], after.draft_cache)
     d_cache = d_cache.replace(lengths=after.seq_len[b:b + 1] - 1)
     assert after.prev[b] == stream[-1]
     d_logits, _ = d_extend(draft_params, jnp.asarray([[stream[-1], resampled]], jnp.int32), d_cache)
@@ -197,7 +198,8 @@ def test_rollback_reads_exactly_prefix_accepted_and_resampled():
     d_fresh = draft.init_cache(1, 32)
     _, _, d_fresh = d_prefill(draft_params, jnp.asarray([stream], jnp.int32),
                                   jnp.asarray([n]), d_fresh)
-    np.testing.assert_allclose(after.draft_cache.k[:, b, : n - 1], d_fresh.k[:, 0, : n - 1], atol=1e-5)
+    np.testing.assert_allclose(np.stack(after.draft_cache.k)[:, b, :, : n - 1],
+                               np.stack(d_fresh.k)[:, 0, :, : n - 1], atol=1e-5)
 
 
 def test_no_retrace_for_new_prompts_of_the_same_shape():

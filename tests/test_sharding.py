@@ -52,8 +52,9 @@ def test_sharded_decoder_speculative_equals_unsharded():
   out = _run_sharded(lm, params, draft, draft_params, prompts, lengths, mesh, **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_array_equal(out.stats.accepted, ref.stats.accepted)
-  spec = out.target_cache.k.sharding.spec
-  assert spec[1] == "data" and spec[3] == "model", spec
+  for buf in out.target_cache.k + out.target_cache.v:
+    spec = buf.sharding.spec
+    assert spec[0] == "data" and spec[1] == "model", spec
 
 
 def test_sharded_t5_greedy_equals_unsharded():

@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.models.layers import KVCache, RMSNorm, apply_rope, attend, valid_mask, write_rows
+from specjax.models.layers import KVCache, RMSNorm, apply_rope, attend_cached
 
 __all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]
 
@@ -139,11 +139,15 @@ def _dense(features, name, config, axis=-1):
       kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"))
 
 
+def _set(buffers: tuple, layer: int, value: jax.Array) -> tuple:
+  return buffers[:layer] + (value,) + buffers[layer + 1:]
+
+
 class _Block(nn.Module):
   config: DecoderConfig
 
   @nn.compact
-  def __call__(self, x_BTE, positions_BT, cache: KVCache, layer: int):
+  def __call__(self, x_BTE, positions_BT, cache: KVCache, layer: int, empty: bool):
     c = self.config
     norm = lambda name: RMSNorm(c.norm_eps, jnp.dtype(c.dtype), jnp.dtype(c.param_dtype), name=name)
     h_BTE = norm("attn_norm")(x_BTE)
@@ -154,17 +158,14 @@ class _Block(nn.Module):
     q_BTHD = apply_rope(q(h_BTE), positions_BT, c.rope_theta)
     k_BTKD = apply_rope(k(h_BTE), positions_BT, c.rope_theta)
     v_BTKD = v(h_BTE)
-    new_k = write_rows(cache.k, layer, k_BTKD, cache.lengths)
-    new_v = write_rows(cache.v, layer, v_BTKD, cache.lengths)
-    mask_BTS = valid_mask(positions_BT, cache.max_len)
-    att_BTHD = attend(q_BTHD, new_k[layer], new_v[layer], mask_BTS,
-                      scale=c.head_dim ** -0.5)
+    att_BTHD, new_k, new_v = attend_cached(q_BTHD, k_BTKD, v_BTKD, cache.k[layer], cache.v[layer],
+                                           cache.lengths, scale=c.head_dim ** -0.5, empty=empty)
     x_BTE = x_BTE + o(att_BTHD)
     h_BTE = norm("mlp_norm")(x_BTE)
     gate = _dense(c.mlp_dim, "gate", c)(h_BTE)
     up = _dense(c.mlp_dim, "up", c)(h_BTE)
     x_BTE = x_BTE + _dense(c.d_model, "down", c)(nn.silu(gate) * up)
-    return x_BTE, cache.replace(k=new_k, v=new_v)
+    return x_BTE, cache.replace(k=_set(cache.k, layer, new_k), v=_set(cache.v, layer, new_v))
 
 
 class DecoderModule(nn.Module):
@@ -185,12 +186,14 @@ class DecoderModule(nn.Module):
     if not c.tie_embeddings:
       self.lm_head = _dense(c.vocab_size, "lm_head", c)
 
-  def __call__(self, tokens_BT: jax.Array, cache: KVCache) -> Tuple[jax.Array, KVCache]:
+  def __call__(self, tokens_BT: jax.Array, cache: KVCache,
+               empty: bool = False) -> Tuple[jax.Array, KVCache]:
+    """`empty=True` (static): every row's length is 0 (prefill, full forward)."""
     t = tokens_BT.shape[1]
     positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     x_BTE = self.embed(tokens_BT)
     for i, block in enumerate(self.layers):
-      x_BTE, cache = block(x_BTE, positions_BT, cache, i)
+      x_BTE, cache = block(x_BTE, positions_BT, cache, i, empty)
     cache = cache.replace(lengths=cache.lengths + t)
     return self.final_norm(x_BTE), cache
 
@@ -267,7 +270,7 @@ class DecoderLM:
       raise ValueError(f"prompts length {p} exceeds the cache's {cache.max_len} slots")
     module = self.module
     cache = cache.replace(lengths=jnp.zeros_like(cache.lengths))
-    h_BPE, cache = module.apply({"params": params}, prompts_BP, cache)
+    h_BPE, cache = module.apply({"params": params}, prompts_BP, cache, True)
     last_B = prompt_lengths_B.astype(jnp.int32) - 1
     h_BE = jnp.take_along_axis(h_BPE, last_B[:, None, None], axis=1)[:, 0]
     logits_BV = module.apply({"params": params}, h_BE, method=DecoderModule.project)
@@ -278,5 +281,6 @@ class DecoderLM:
   def forward(self, params, tokens_BT: jax.Array) -> jax.Array:
     """Full causal forward without a persistent cache: logits `[B, T, V]`."""
     b, t = tokens_BT.shape
-    logits, _ = self.extend(params, tokens_BT, self.init_cache(b, t))
-    return logits
+    module = self.module
+    h_BTE, _ = module.apply({"params": params}, tokens_BT, self.init_cache(b, t), True)
+    return module.apply({"params": params}, h_BTE, method=DecoderModule.project)

@@ -6,12 +6,15 @@ H query heads, K key/value heads, D head dim, E model width, L layers.
 
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-__all__ = ["KVCache", "RMSNorm", "apply_rope", "write_rows", "attend", "valid_mask"]
+__all__ = ["KVCache", "RMSNorm", "apply_rope", "kv_buffers", "to_cache_layout", "write_kv", "attend",
+           "attend_cached"]
 
 
 @struct.dataclass
@@ -19,35 +22,55 @@ class KVCache:
   """Static-shape self-attention cache with a length per row.
 
   Attributes:
-    k: keys `[L, B, S, K, D]` (rotary already applied for the decoder LM).
-    v: values `[L, B, S, K, D]`.
+    k: a tuple of L key buffers `[B, K, S, D]` (rotary already applied for
+      the decoder LM).
+    v: a tuple of L value buffers `[B, K, D, S]` (slots last).
     lengths: int32 `[B]`, valid positions of each row. Slots at or past a
       row's length are masked by attention and overwritten later; rolling a
       row back is lowering its length.
 
-  The batch axis (1) and the kv-head axis (3) are the axes to shard over a
-  mesh (`specjax.sharding`).
+  One buffer per layer, heads before slots and values transposed: each buffer
+  is then, whole, the operand the attention contractions read (XLA copies a
+  slice of a stacked `[L, ...]` buffer, or a transposed one, on every step).
+  The batch axis (0) and the kv-head axis (1) of every buffer are the axes to
+  shard over a mesh (`specjax.sharding`).
   """
 
-  k: jax.Array
-  v: jax.Array
+  k: Tuple[jax.Array, ...]
+  v: Tuple[jax.Array, ...]
   lengths: jax.Array
 
   @property
   def max_len(self) -> int:
     """Number of slots S (static)."""
-    return self.k.shape[2]
+    return self.k[0].shape[2]
 
   @property
   def batch_size(self) -> int:
-    return self.k.shape[1]
+    return self.k[0].shape[0]
+
+  @property
+  def num_layers(self) -> int:
+    return len(self.k)
 
   @classmethod
   def zeros(cls, num_layers: int, batch_size: int, max_len: int, kv_heads: int,
             head_dim: int, dtype=jnp.float32) -> "KVCache":
-    shape = (num_layers, batch_size, max_len, kv_heads, head_dim)
-    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-               lengths=jnp.zeros((batch_size,), jnp.int32))
+    k, v = kv_buffers(num_layers, batch_size, max_len, kv_heads, head_dim, dtype)
+    return cls(k=k, v=v, lengths=jnp.zeros((batch_size,), jnp.int32))
+
+
+def kv_buffers(num_layers: int, batch_size: int, slots: int, heads: int, head_dim: int,
+               dtype) -> Tuple[Tuple[jax.Array, ...], Tuple[jax.Array, ...]]:
+  """Zero key buffers `[B, K, S, D]` and value buffers `[B, K, D, S]`, one per layer."""
+  k = tuple(jnp.zeros((batch_size, heads, slots, head_dim), dtype) for _ in range(num_layers))
+  v = tuple(jnp.zeros((batch_size, heads, head_dim, slots), dtype) for _ in range(num_layers))
+  return k, v
+
+
+def to_cache_layout(k_BSKD: jax.Array, v_BSKD: jax.Array) -> Tuple[jax.Array, jax.Array]:
+  """Projected keys / values `[B, S, K, D]` → `[B, K, S, D]`, `[B, K, D, S]`."""
+  return k_BSKD.transpose(0, 2, 1, 3), v_BSKD.transpose(0, 2, 3, 1)
 
 
 class RMSNorm(nn.Module):
@@ -78,44 +101,89 @@ def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float) -> jax.
   return (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
 
 
-def write_rows(buf_LBSKD: jax.Array, layer: int, new_BTKD: jax.Array,
-               start_B: jax.Array) -> jax.Array:
-  """Writes `new_BTKD` into layer `layer` of the buffer, row b at `start_B[b]`.
+def write_kv(k_BKSD: jax.Array, v_BKDS: jax.Array, new_k_BTKD: jax.Array,
+             new_v_BTKD: jax.Array, start_B: jax.Array) -> Tuple[jax.Array, jax.Array]:
+  """Writes T new keys / values of row b at slots `start_B[b] .. + T - 1`.
 
-  A scatter of B*T entries: XLA updates the (loop-carried) buffer in place.
+  Scatters of B*T entries: XLA updates the (loop-carried) buffers in place.
   Callers guarantee start + T <= S (the generation API checks capacity).
   """
-  b, t = new_BTKD.shape[:2]
+  b, t = new_k_BTKD.shape[:2]
   pos_BT = start_B[:, None] + jnp.arange(t, dtype=start_B.dtype)[None, :]
   rows_BT = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
-  return buf_LBSKD.at[layer, rows_BT, pos_BT].set(
-      new_BTKD.astype(buf_LBSKD.dtype), indices_are_sorted=True, unique_indices=True)
+  # Advanced indices split by slices: both indexed shapes are [B, T, K, D].
+  k = k_BKSD.at[rows_BT, :, pos_BT].set(
+      new_k_BTKD.astype(k_BKSD.dtype), indices_are_sorted=True, unique_indices=True)
+  v = v_BKDS.at[rows_BT, :, :, pos_BT].set(
+      new_v_BTKD.astype(v_BKDS.dtype), indices_are_sorted=True, unique_indices=True)
+  return k, v
 
 
-def valid_mask(query_pos_BT: jax.Array, num_slots: int) -> jax.Array:
-  """Causal mask over cache slots: slot s is visible to a query at position q
-  iff s <= q. Since rows write their T new tokens at lengths..lengths+T-1,
-  this also hides every stale slot past the row's length. Returns `[B, T, S]`."""
-  return jnp.arange(num_slots)[None, None, :] <= query_pos_BT[:, :, None]
+def attend(q_BTHD: jax.Array, k_BKSD: jax.Array, v_BKDS: jax.Array, mask_BTS: jax.Array,
+           bias_BHTS: Optional[jax.Array] = None, scale: float = 1.0) -> jax.Array:
+  """Multi-head / grouped-query attention over keys `[B, K, S, D]` and values
+  `[B, K, D, S]` (the cache layout; `to_cache_layout` converts projections).
 
-
-def attend(q_BTHD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, mask_BTS: jax.Array,
-           bias_BHTS: jax.Array | None = None, scale: float = 1.0) -> jax.Array:
-  """Multi-head / grouped-query attention over a masked key buffer.
-
-  Query head h uses kv head h // (H // K). Softmax in float32. Rows whose mask
-  is all false (never happens for valid queries) would average uniformly
-  rather than produce NaN.
+  Query head h uses kv head h // (H // K). Softmax in float32. A query whose
+  mask is all false would average uniformly rather than produce NaN.
   """
   b, t, h, d = q_BTHD.shape
-  s, kv = k_BSKD.shape[1], k_BSKD.shape[2]
-  g = h // kv
-  q_BTKGD = q_BTHD.reshape(b, t, kv, g, d)
-  scores = jnp.einsum("btkgd,bskd->bkgts", q_BTKGD, k_BSKD,
+  kv, s = k_BKSD.shape[1], k_BKSD.shape[2]
+  q_BTKGD = q_BTHD.reshape(b, t, kv, h // kv, d)
+  scores = jnp.einsum("btkgd,bksd->bkgts", q_BTKGD, k_BKSD,
                       preferred_element_type=jnp.float32) * scale
   if bias_BHTS is not None:
-    scores = scores + bias_BHTS.reshape(b, kv, g, t, s).astype(jnp.float32)
+    scores = scores + bias_BHTS.reshape(b, kv, h // kv, t, s).astype(jnp.float32)
   scores = jnp.where(mask_BTS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=-1).astype(v_BSKD.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", weights, v_BSKD)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v_BKDS.dtype)
+  out = jnp.einsum("bkgts,bkds->btkgd", weights, v_BKDS)
   return out.reshape(b, t, h, d)
+
+
+def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Array,
+                  k_BKSD: jax.Array, v_BKDS: jax.Array, lengths_B: jax.Array,
+                  bias_BHTS: Optional[jax.Array] = None, bias_new_BHTT: Optional[jax.Array] = None,
+                  scale: float = 1.0, empty: bool = False) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Attention of T new tokens (row b at positions `lengths_B[b] + 0..T-1`)
+  over the row's cached slots `< lengths_B[b]` and, causally, over each
+  other; then writes the new keys / values into the buffers (`write_kv`).
+
+  Returns the attention output `[B, T, H, D]` and the updated buffers.
+
+  The buffers are read (whole, by the contractions) before they are written.
+  The written values are made to depend on the attention output (+ 0 times
+  one of its elements: exact for finite values), so that XLA orders every
+  read before the in-place write; without that dependency it copies each
+  loop-carried buffer, twice per step. One softmax spans both parts.
+  `bias_BHTS` is added to the cached part, `bias_new_BHTT` to the new part
+  (T5's relative positions). `empty=True` (static) promises that every row's
+  length is 0 (a prefill or a full forward): the cached part is skipped, and
+  XLA does not constant-fold a fully masked `[B, K, G, T, S]` block.
+  """
+  b, t, h, d = q_BTHD.shape
+  kv, s = k_BKSD.shape[1], k_BKSD.shape[2]
+  g = h // kv
+  q_BTKGD = q_BTHD.reshape(b, t, kv, g, d)
+  new = jnp.einsum("btkgd,bukd->bkgtu", q_BTKGD, new_k_BTKD.astype(k_BKSD.dtype),
+                   preferred_element_type=jnp.float32)
+  new = new * scale
+  if bias_new_BHTT is not None:
+    new = new + bias_new_BHTT.reshape(bias_new_BHTT.shape[0], kv, g, t, t).astype(jnp.float32)
+  neg = jnp.finfo(jnp.float32).min
+  new = jnp.where(jnp.tril(jnp.ones((t, t), bool)), new, neg)
+  new_v_BTKD = new_v_BTKD.astype(v_BKDS.dtype)
+  if empty:
+    weights = jax.nn.softmax(new, axis=-1).astype(v_BKDS.dtype)
+    out = jnp.einsum("bkgtu,bukd->btkgd", weights, new_v_BTKD)
+  else:
+    old = jnp.einsum("btkgd,bksd->bkgts", q_BTKGD, k_BKSD,
+                     preferred_element_type=jnp.float32) * scale
+    if bias_BHTS is not None:
+      old = old + bias_BHTS.reshape(b, kv, g, t, s).astype(jnp.float32)
+    old = jnp.where((jnp.arange(s)[None, :] < lengths_B[:, None])[:, None, None, None, :], old, neg)
+    weights = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(v_BKDS.dtype)
+    out = (jnp.einsum("bkgts,bkds->btkgd", weights[..., :s], v_BKDS)
+           + jnp.einsum("bkgtu,bukd->btkgd", weights[..., s:], new_v_BTKD))
+  after = (out[0, 0, 0, 0, :1] * 0).astype(new_k_BTKD.dtype)
+  k_BKSD, v_BKDS = write_kv(k_BKSD, v_BKDS, new_k_BTKD + after, new_v_BTKD + after, lengths_B)
+  return out.reshape(b, t, h, d), k_BKSD, v_BKDS

@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.layers import RMSNorm, attend, valid_mask, write_rows
+from specjax.models.layers import RMSNorm, attend, attend_cached, kv_buffers, to_cache_layout
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 
 __all__ = [
@@ -64,47 +64,49 @@ class T5Cache:
   """Static-shape decoder cache of a T5 model, with a length per row.
 
   Attributes:
-    k, v: decoder self-attention keys / values `[L, B, S, H, D]`.
-    cross_k, cross_v: cross-attention keys / values `[L, B, P, H, D]`,
-      projected from the encoder output once, at prefill.
+    k, v: decoder self-attention keys and values, tuples of L buffers
+      `[B, H, S, D]` and `[B, H, D, S]` (the layout of `layers.KVCache`).
+    cross_k, cross_v: cross-attention keys and values, tuples of L buffers
+      `[B, H, P, D]` and `[B, H, D, P]`, projected from the encoder output
+      once, at prefill.
     encoder_lengths: int32 `[B]`, valid encoder positions of each row
       (cross-attention hides the padding past them).
     lengths: int32 `[B]`, valid decoder positions of each row; slots at or
       past it are masked and overwritten later (rollback = lowering it).
 
-  Batch (axis 1) and heads (axis 3) are the axes to shard over a mesh.
+  Batch (axis 0) and heads (axis 1) of every buffer are the axes to shard
+  over a mesh.
   """
 
-  k: jax.Array
-  v: jax.Array
-  cross_k: jax.Array
-  cross_v: jax.Array
+  k: Tuple[jax.Array, ...]
+  v: Tuple[jax.Array, ...]
+  cross_k: Tuple[jax.Array, ...]
+  cross_v: Tuple[jax.Array, ...]
   encoder_lengths: jax.Array
   lengths: jax.Array
 
   @property
   def max_len(self) -> int:
     """Number of decoder slots S (static)."""
-    return self.k.shape[2]
+    return self.k[0].shape[2]
 
   @property
   def encoder_len(self) -> int:
     """Number of encoder positions P held for cross-attention (static)."""
-    return self.cross_k.shape[2]
+    return self.cross_k[0].shape[2]
 
   @property
   def batch_size(self) -> int:
-    return self.k.shape[1]
+    return self.k[0].shape[0]
 
   @classmethod
   def zeros(cls, num_layers: int, batch_size: int, max_len: int, encoder_len: int,
             num_heads: int, head_dim: int, dtype=jnp.float32) -> "T5Cache":
-    self_shape = (num_layers, batch_size, max_len, num_heads, head_dim)
-    cross_shape = (num_layers, batch_size, encoder_len, num_heads, head_dim)
+    k, v = kv_buffers(num_layers, batch_size, max_len, num_heads, head_dim, dtype)
+    cross_k, cross_v = kv_buffers(num_layers, batch_size, encoder_len, num_heads, head_dim, dtype)
     zeros_b = jnp.zeros((batch_size,), jnp.int32)
-    return cls(k=jnp.zeros(self_shape, dtype), v=jnp.zeros(self_shape, dtype),
-               cross_k=jnp.zeros(cross_shape, dtype), cross_v=jnp.zeros(cross_shape, dtype),
-               encoder_lengths=zeros_b, lengths=zeros_b)
+    return cls(k=k, v=v, cross_k=cross_k, cross_v=cross_v, encoder_lengths=zeros_b,
+               lengths=zeros_b)
 
 
 def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
@@ -197,10 +199,14 @@ class _EncoderLayer(nn.Module):
 
   def __call__(self, x_BPE, mask_BQP, bias_BHPP):
     h_BPE = self.attn_norm(x_BPE)
-    k_BPHD, v_BPHD = self.attn.kv(h_BPE)
-    att_BPHD = attend(self.attn.q(h_BPE), k_BPHD, v_BPHD, mask_BQP, bias_BHPP)
+    k_BHPD, v_BHDP = to_cache_layout(*self.attn.kv(h_BPE))
+    att_BPHD = attend(self.attn.q(h_BPE), k_BHPD, v_BHDP, mask_BQP, bias_BHPP)
     x_BPE = x_BPE + self.attn.o(att_BPHD)
     return x_BPE + self.mlp(self.mlp_norm(x_BPE))
+
+
+def _set(buffers: tuple, layer: int, value: jax.Array) -> tuple:
+  return buffers[:layer] + (value,) + buffers[layer + 1:]
 
 
 class _DecoderLayer(nn.Module):
@@ -216,21 +222,23 @@ class _DecoderLayer(nn.Module):
     self.mlp = _MLP(c)
 
   def cross_kv(self, enc_BPE: jax.Array) -> Tuple[jax.Array, jax.Array]:
-    return self.cross_attn.kv(enc_BPE)
+    """Cross-attention keys `[B, H, P, D]` and values `[B, H, D, P]`."""
+    return to_cache_layout(*self.cross_attn.kv(enc_BPE))
 
-  def __call__(self, x_BTE, cache: T5Cache, layer: int, mask_BTS, bias_BHTS, cross_mask_B1P):
+  def __call__(self, x_BTE, cache: T5Cache, layer: int, bias_BHTS, bias_new_1HTT,
+               cross_mask_B1P, empty: bool):
     h_BTE = self.self_norm(x_BTE)
     k_BTHD, v_BTHD = self.self_attn.kv(h_BTE)
-    new_k = write_rows(cache.k, layer, k_BTHD, cache.lengths)
-    new_v = write_rows(cache.v, layer, v_BTHD, cache.lengths)
-    att_BTHD = attend(self.self_attn.q(h_BTE), new_k[layer], new_v[layer], mask_BTS, bias_BHTS)
+    att_BTHD, new_k, new_v = attend_cached(self.self_attn.q(h_BTE), k_BTHD, v_BTHD,
+                                           cache.k[layer], cache.v[layer], cache.lengths,
+                                           bias_BHTS, bias_new_1HTT, empty=empty)
     x_BTE = x_BTE + self.self_attn.o(att_BTHD)
     h_BTE = self.cross_norm(x_BTE)
     att_BTHD = attend(self.cross_attn.q(h_BTE), cache.cross_k[layer], cache.cross_v[layer],
                       cross_mask_B1P)
     x_BTE = x_BTE + self.cross_attn.o(att_BTHD)
     x_BTE = x_BTE + self.mlp(self.mlp_norm(x_BTE))
-    return x_BTE, cache.replace(k=new_k, v=new_v)
+    return x_BTE, cache.replace(k=_set(cache.k, layer, new_k), v=_set(cache.v, layer, new_v))
 
 
 def _bias_init(config: T5Config):
@@ -275,24 +283,32 @@ class _Decoder(nn.Module):
     self.final_norm = _norm(c)
 
   def cross_kv(self, enc_BPE: jax.Array) -> Tuple[jax.Array, jax.Array]:
-    """Cross-attention K/V of every layer, `[L, B, P, H, D]` each."""
+    """Cross-attention K/V of every layer: tuples of `[B, H, P, D]` / `[B, H, D, P]`."""
     kvs = [layer.cross_kv(enc_BPE) for layer in self.layers]
-    return jnp.stack([k for k, _ in kvs]), jnp.stack([v for _, v in kvs])
+    return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
 
-  def __call__(self, x_BTE: jax.Array, cache: T5Cache) -> Tuple[jax.Array, T5Cache]:
+  def __call__(self, x_BTE: jax.Array, cache: T5Cache,
+               empty: bool = False) -> Tuple[jax.Array, T5Cache]:
+    """`empty=True` (static): every row's decoder length is 0 (prefill, forward)."""
     c = self.config
     t, s = x_BTE.shape[1], cache.max_len
     pos_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
-    mask_BTS = valid_mask(pos_BT, s)
-    # Bias from each row's absolute positions: key slot - query position.
-    buckets_BTS = relative_position_bucket(
-        jnp.arange(s, dtype=jnp.int32)[None, None, :] - pos_BT[:, :, None], False,
-        c.relative_attention_num_buckets, c.relative_attention_max_distance)
-    bias_BHTS = jnp.moveaxis(jnp.take(self.relpos_bias, buckets_BTS, axis=0), -1, 1)
+    bucket = functools.partial(relative_position_bucket, bidirectional=False,
+                               num_buckets=c.relative_attention_num_buckets,
+                               max_distance=c.relative_attention_max_distance)
+    # Bias from each row's absolute positions: key slot - query position
+    # (cached slots), and key - query within the T new tokens.
+    bias_BHTS = None
+    if not empty:
+      buckets_BTS = bucket(jnp.arange(s, dtype=jnp.int32)[None, None, :] - pos_BT[:, :, None])
+      bias_BHTS = jnp.moveaxis(jnp.take(self.relpos_bias, buckets_BTS, axis=0), -1, 1)
+    arange_t = jnp.arange(t, dtype=jnp.int32)
+    buckets_1TT = bucket(arange_t[None, None, :] - arange_t[None, :, None])
+    bias_new_1HTT = jnp.moveaxis(jnp.take(self.relpos_bias, buckets_1TT, axis=0), -1, 1)
     cross_mask_B1P = (jnp.arange(cache.encoder_len)[None, :]
                       < cache.encoder_lengths[:, None])[:, None, :]
     for i, layer in enumerate(self.layers):
-      x_BTE, cache = layer(x_BTE, cache, i, mask_BTS, bias_BHTS, cross_mask_B1P)
+      x_BTE, cache = layer(x_BTE, cache, i, bias_BHTS, bias_new_1HTT, cross_mask_B1P, empty)
     cache = cache.replace(lengths=cache.lengths + t)
     return self.final_norm(x_BTE), cache
 
@@ -319,12 +335,15 @@ class T5Module(nn.Module):
   def start(self, inputs_BP: jax.Array, lengths_B: jax.Array, cache: T5Cache) -> T5Cache:
     """Encodes, fills the cross-attention K/V; decoder lengths 0."""
     k, v = self.decoder.cross_kv(self.encode(inputs_BP, lengths_B))
-    return cache.replace(cross_k=k.astype(cache.cross_k.dtype), cross_v=v.astype(cache.cross_v.dtype),
+    dtype = cache.cross_k[0].dtype
+    return cache.replace(cross_k=tuple(x.astype(dtype) for x in k),
+                         cross_v=tuple(x.astype(dtype) for x in v),
                          encoder_lengths=lengths_B, lengths=jnp.zeros_like(cache.lengths))
 
-  def decode(self, tokens_BT: jax.Array, cache: T5Cache) -> Tuple[jax.Array, T5Cache]:
+  def decode(self, tokens_BT: jax.Array, cache: T5Cache,
+             empty: bool = False) -> Tuple[jax.Array, T5Cache]:
     """Decoder tokens at each row's length → final-normed states `[B, T, E]`, cache."""
-    return self.decoder(self.shared(tokens_BT), cache)
+    return self.decoder(self.shared(tokens_BT), cache, empty)
 
   def project(self, h_xE: jax.Array) -> jax.Array:
     """Decoder states `[..., E]` → float32 logits `[..., V]`."""
@@ -338,11 +357,11 @@ class T5Module(nn.Module):
   def prefill(self, inputs_BP, lengths_B, cache: T5Cache):
     cache = self.start(inputs_BP, lengths_B, cache)
     start_B1 = jnp.full((inputs_BP.shape[0], 1), self.config.decoder_start_id, jnp.int32)
-    h_B1E, cache = self.decode(start_B1, cache)
+    h_B1E, cache = self.decode(start_B1, cache, True)
     return self.project(h_B1E[:, 0]), cache
 
   def forward(self, inputs_BP, lengths_B, decoder_inputs_BT, cache: T5Cache):
-    h_BTE, _ = self.decode(decoder_inputs_BT, self.start(inputs_BP, lengths_B, cache))
+    h_BTE, _ = self.decode(decoder_inputs_BT, self.start(inputs_BP, lengths_B, cache), True)
     return self.project(h_BTE)
 
 

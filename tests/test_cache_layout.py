@@ -1,0 +1,120 @@
+"""The compiled decode loops update the KV caches in place and read them whole.
+
+No output check can see a cache copied on every step, only the time it takes.
+These tests read the compiled HLO of the generation loops and fail if any
+top-level instruction of a `while` body other than an in-place write
+(scatter / dynamic-update-slice), a bitcast or tuple plumbing produces a
+cache-buffer-sized array: a copy, a transpose, or a slice of a stacked buffer.
+"""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specjax.generation import (AutoregressiveDecoder, SpeculativeDecoder, _run_autoregressive,
+                                _run_speculative)
+from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.models.t5 import T5, t5_config
+from specjax.sampling import SamplingConfig
+from specjax.verify import rejection_verify
+
+# γ + 1 = 3 rows times the 2 query heads per kv head of "tiny" must not equal
+# its head dim 8: attention scores [B, K, S, G*T] would look like a buffer.
+BATCH, PROMPT, MAX_NEW, GAMMA = 3, 6, 12, 2
+SLOTS = 41  # prime: no other array of the loop has this dimension
+_PLUMBING = {"parameter", "get-tuple-element", "tuple", "bitcast", "scatter",
+             "dynamic-update-slice", "while", "constant"}
+_INSTR = re.compile(r"^\s+(?:ROOT )?%(\S+) = [a-z0-9]+\[([0-9,]*)\]\S* ([\w-]+)\(")
+
+
+def _computations(hlo: str):
+  """{name: [instruction lines]} of an HLO module's text."""
+  comps, name = {}, None
+  for line in hlo.splitlines():
+    head = re.match(r"^(?:ENTRY )?%([\w.-]+) ", line)
+    if head:
+      name = head.group(1)
+      comps[name] = []
+    elif name is not None:
+      comps[name].append(line)
+  return comps
+
+
+def cache_sized_ops(hlo: str, buffer_elems: int):
+  """Top-level ops of while bodies whose output has `buffer_elems` elements,
+  a dimension of SLOTS, and that are not in-place writes or plumbing."""
+  comps = _computations(hlo)
+  bodies = set(re.findall(r"body=%([\w.-]+)", hlo))
+  assert bodies, "no while loop in the compiled program"
+  bad = []
+  for body in bodies:
+    for line in comps[body]:
+      m = _INSTR.match(line)
+      if not m or not m.group(2):
+        continue
+      dims = [int(d) for d in m.group(2).split(",")]
+      if SLOTS not in dims or int(np.prod(dims)) != buffer_elems:
+        continue
+      name, op = m.group(1), m.group(3)
+      in_place = op == "fusion" and re.search(r"scatter|dynamic-update-slice", name)
+      if op not in _PLUMBING and not in_place:
+        bad.append(f"{name} = {op} [{m.group(2)}]")
+  return bad
+
+
+def _inputs():
+  prompts = jnp.asarray(np.random.default_rng(0).integers(2, 60, (BATCH, PROMPT)), jnp.int32)
+  lengths = jnp.asarray([PROMPT, 2, 4], jnp.int32)
+  keys = jax.random.split(jax.random.key(0), BATCH)
+  return prompts, lengths, keys
+
+
+def _models(kind):
+  if kind == "decoder":
+    cfg = decoder_config("tiny", vocab_size=64, num_layers=3)
+    target, draft = DecoderLM(cfg), DecoderLM(cfg.replace(num_layers=1))
+    per_buffer = cfg.num_kv_heads * cfg.head_dim
+  else:
+    target = T5(t5_config("t5-tiny", vocab_size=64))
+    draft = T5(target.config.replace(num_layers=1, num_decoder_layers=1))
+    per_buffer = target.config.num_heads * target.config.d_kv
+  return target, draft, BATCH * SLOTS * per_buffer
+
+
+@pytest.mark.parametrize("kind", ["decoder", "t5"])
+def test_generation_loops_never_copy_a_cache_buffer(kind):
+  target, draft, elems = _models(kind)
+  tp, dp = target.init(jax.random.PRNGKey(0)), draft.init(jax.random.PRNGKey(1))
+  prompts, lengths, keys = _inputs()
+  sampling = SamplingConfig(temperature=1.0)
+
+  ar = AutoregressiveDecoder(target, sampling, MAX_NEW, None, 0)
+  hlo = _run_autoregressive.lower(ar, tp, prompts, lengths, keys,
+                                  target.init_cache(BATCH, SLOTS, PROMPT)).compile().as_text()
+  assert cache_sized_ops(hlo, elems) == []
+
+  sp = SpeculativeDecoder(target, draft, GAMMA, sampling, MAX_NEW, None, 0, rejection_verify)
+  hlo = _run_speculative.lower(sp, tp, dp, prompts, lengths, keys,
+                               target.init_cache(BATCH, SLOTS, PROMPT),
+                               draft.init_cache(BATCH, SLOTS, PROMPT)).compile().as_text()
+  assert cache_sized_ops(hlo, elems) == []
+
+
+def test_the_check_sees_a_copied_buffer():
+  """Negative control: a loop that reads a buffer and writes it without the
+  write depending on the read is compiled with copies of the buffer."""
+  elems = BATCH * 4 * SLOTS * 8
+
+  def body(i, carry):
+    buf_BKSD, acc = carry
+    q = jnp.full((BATCH, 4, 1, 8), i, jnp.float32)
+    scores = jnp.einsum("bktd,bksd->bkts", q, buf_BKSD)
+    buf_BKSD = buf_BKSD.at[:, :, i].set(q[:, :, 0] * 2)   # independent of the read
+    return buf_BKSD, acc + scores.sum()
+
+  run = jax.jit(lambda b: jax.lax.fori_loop(0, 5, body, (b, 0.0)), donate_argnums=0)
+  hlo = run.lower(jnp.zeros((BATCH, 4, SLOTS, 8))).compile().as_text()
+  assert cache_sized_ops(hlo, elems), "the check should flag the copies of this loop"
