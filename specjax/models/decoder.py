@@ -24,7 +24,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.models.layers import KVCache, RMSNorm, apply_rope, attend_cached
+from specjax.models.layers import KVCache, RMSNorm, apply_rope, attend_cached, replace_layer
 
 __all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]
 
@@ -139,10 +139,6 @@ def _dense(features, name, config, axis=-1):
       kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"))
 
 
-def _set(buffers: tuple, layer: int, value: jax.Array) -> tuple:
-  return buffers[:layer] + (value,) + buffers[layer + 1:]
-
-
 class _Block(nn.Module):
   config: DecoderConfig
 
@@ -165,7 +161,8 @@ class _Block(nn.Module):
     gate = _dense(c.mlp_dim, "gate", c)(h_BTE)
     up = _dense(c.mlp_dim, "up", c)(h_BTE)
     x_BTE = x_BTE + _dense(c.d_model, "down", c)(nn.silu(gate) * up)
-    return x_BTE, cache.replace(k=_set(cache.k, layer, new_k), v=_set(cache.v, layer, new_v))
+    return x_BTE, cache.replace(k=replace_layer(cache.k, layer, new_k),
+                               v=replace_layer(cache.v, layer, new_v))
 
 
 class DecoderModule(nn.Module):

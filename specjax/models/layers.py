@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-__all__ = ["KVCache", "RMSNorm", "apply_rope", "kv_buffers", "to_cache_layout", "write_kv", "attend",
-           "attend_cached"]
+__all__ = ["KVCache", "RMSNorm", "apply_rope", "kv_buffers", "replace_layer", "to_cache_layout",
+           "write_kv", "attend", "attend_cached"]
 
 
 @struct.dataclass
@@ -66,6 +66,12 @@ def kv_buffers(num_layers: int, batch_size: int, slots: int, heads: int, head_di
   k = tuple(jnp.zeros((batch_size, heads, slots, head_dim), dtype) for _ in range(num_layers))
   v = tuple(jnp.zeros((batch_size, heads, head_dim, slots), dtype) for _ in range(num_layers))
   return k, v
+
+
+def replace_layer(buffers: Tuple[jax.Array, ...], layer: int,
+                  value: jax.Array) -> Tuple[jax.Array, ...]:
+  """The tuple of per-layer buffers with layer `layer` replaced by `value`."""
+  return buffers[:layer] + (value,) + buffers[layer + 1:]
 
 
 def to_cache_layout(k_BSKD: jax.Array, v_BSKD: jax.Array) -> Tuple[jax.Array, jax.Array]:

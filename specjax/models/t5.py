@@ -50,7 +50,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.layers import RMSNorm, attend, attend_cached, kv_buffers, to_cache_layout
+from specjax.models.layers import (RMSNorm, attend, attend_cached, kv_buffers, replace_layer,
+                                   to_cache_layout)
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 
 __all__ = [
@@ -205,10 +206,6 @@ class _EncoderLayer(nn.Module):
     return x_BPE + self.mlp(self.mlp_norm(x_BPE))
 
 
-def _set(buffers: tuple, layer: int, value: jax.Array) -> tuple:
-  return buffers[:layer] + (value,) + buffers[layer + 1:]
-
-
 class _DecoderLayer(nn.Module):
   config: T5Config
 
@@ -238,7 +235,8 @@ class _DecoderLayer(nn.Module):
                       cross_mask_B1P)
     x_BTE = x_BTE + self.cross_attn.o(att_BTHD)
     x_BTE = x_BTE + self.mlp(self.mlp_norm(x_BTE))
-    return x_BTE, cache.replace(k=_set(cache.k, layer, new_k), v=_set(cache.v, layer, new_v))
+    return x_BTE, cache.replace(k=replace_layer(cache.k, layer, new_k),
+                               v=replace_layer(cache.v, layer, new_v))
 
 
 def _bias_init(config: T5Config):
