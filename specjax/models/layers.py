@@ -49,10 +49,6 @@ class KVCache:
   def batch_size(self) -> int:
     return self.k[0].shape[0]
 
-  @property
-  def num_layers(self) -> int:
-    return len(self.k)
-
   @classmethod
   def zeros(cls, num_layers: int, batch_size: int, max_len: int, kv_heads: int,
             head_dim: int, dtype=jnp.float32) -> "KVCache":
