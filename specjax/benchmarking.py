@@ -22,7 +22,7 @@ from typing import Any, Callable, Dict, Sequence
 import jax
 import jax.numpy as jnp
 
-__all__ = ["time_call", "step_times", "prefill_seconds", "predicted_speedup", "count_params"]
+__all__ = ["time_call", "step_times", "step_times_side_by_side", "prefill_seconds", "predicted_speedup", "count_params"]
 
 
 def _block(tree):
@@ -55,6 +55,55 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> Dict[
 _RESOLUTION_S = 1e-7  # 0.1 µs: the smallest per-step time step_times reports
 
 
+def _step_loop(model, params, batch_size: int, cache_len: int, prompt_len: int, t: int,
+               steps: int):
+  """A jitted `run(params, cache, n)`: the prefill, then `n` extend calls on T
+  tokens in a `lax.fori_loop` (see `step_times`); returns `(run, cache)`,
+  compiled and warmed up."""
+  tokens_proto = jnp.zeros((batch_size,), jnp.int32)
+  prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
+  lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
+  cache = model.init_cache(batch_size, cache_len, prompt_len)
+
+  def run(params, cache, n):
+    logits0, _, cache = model.prefill(params, prompt, lengths, cache)
+    start = cache.lengths
+
+    def body(i, carry):
+      cache, acc = carry
+      toks = (tokens_proto[:, None] + i + jnp.arange(t)[None]) % model.vocab_size
+      logits, cache = model.extend(params, toks, cache.replace(lengths=start))
+      return cache, acc + jnp.sum(jnp.max(logits, axis=-1), axis=-1)
+
+    _, acc = jax.lax.fori_loop(0, n, body, (cache, logits0[:, 0]))
+    return acc
+
+  fn = jax.jit(run)
+  _block(fn(params, cache, jnp.int32(steps)))  # compile + warm up
+  return fn, cache
+
+
+def _paired_step_seconds(loops, params, steps: int, repeats: int) -> Dict[Any, list]:
+  """Per key of `loops` ({key: (run, cache)}): `repeats` paired differences
+  (time at n = steps − time at n = 0) / steps, the keys interleaved (their
+  order reversed every other repeat, so neither is always the first)."""
+  none, full = jnp.int32(0), jnp.int32(steps)
+
+  def seconds(fn, cache, n):
+    t_start = time.perf_counter()
+    _block(fn(params, cache, n))
+    return time.perf_counter() - t_start
+
+  per_step = {key: [] for key in loops}
+  order = list(loops)
+  for r in range(repeats):
+    for key in (order if r % 2 == 0 else order[::-1]):
+      fn, cache = loops[key]
+      t0 = seconds(fn, cache, none)
+      per_step[key].append((seconds(fn, cache, full) - t0) / steps)
+  return per_step
+
+
 def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
                token_counts: Sequence[int], steps: int = 32, repeats: int = 7) -> Dict[int, float]:
   """Seconds per `model.extend` call on T tokens, for each T in token_counts.
@@ -73,48 +122,33 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
   result is unused is removed by XLA's dead-code elimination.) Times below
   the noise floor are reported as 0.1 µs, never as 0.
   """
+  _check_steps(steps, repeats)
+  loops = {t: _step_loop(model, params, batch_size, cache_len, prompt_len, t, steps)
+           for t in token_counts}
+  per_step = _paired_step_seconds(loops, params, steps, repeats)
+  # A step too cheap to resolve against the noise reads as the floor, not as 0 or < 0
+  # (callers divide by these times).
+  return {t: max(statistics.median(d), _RESOLUTION_S) for t, d in per_step.items()}
+
+
+def step_times_side_by_side(models: Dict[str, Any], params, batch_size: int, cache_len: int,
+                            prompt_len: int, tokens: int, steps: int = 32,
+                            repeats: int = 15) -> Dict[str, list]:
+  """`step_times` of several models sharing `params` (e.g. one config with a
+  compute option on and off), interleaved call by call: per name, the
+  `repeats` per-step seconds, in order, so that `a[i] / b[i]` are ratios
+  measured moments apart (their median resists a noisy machine's drift)."""
+  _check_steps(steps, repeats)
+  loops = {name: _step_loop(m, params, batch_size, cache_len, prompt_len, tokens, steps)
+           for name, m in models.items()}
+  return _paired_step_seconds(loops, params, steps, repeats)
+
+
+def _check_steps(steps: int, repeats: int) -> None:
   if steps < 1:
     raise ValueError(f"steps must be >= 1, got {steps}")
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
-  tokens_proto = jnp.zeros((batch_size,), jnp.int32)
-  prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
-  lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
-  cache = model.init_cache(batch_size, cache_len, prompt_len)
-  none, full = jnp.int32(0), jnp.int32(steps)
-
-  def compiled(t):
-    def run(params, cache, n):
-      logits0, _, cache = model.prefill(params, prompt, lengths, cache)
-      start = cache.lengths
-
-      def body(i, carry):
-        cache, acc = carry
-        toks = (tokens_proto[:, None] + i + jnp.arange(t)[None]) % model.vocab_size
-        logits, cache = model.extend(params, toks, cache.replace(lengths=start))
-        return cache, acc + jnp.sum(jnp.max(logits, axis=-1), axis=-1)
-
-      _, acc = jax.lax.fori_loop(0, n, body, (cache, logits0[:, 0]))
-      return acc
-
-    fn = jax.jit(run)
-    _block(fn(params, cache, full))  # compile + warm up
-    return fn
-
-  def seconds(fn, n):
-    t_start = time.perf_counter()
-    _block(fn(params, cache, n))
-    return time.perf_counter() - t_start
-
-  fns = {t: compiled(t) for t in token_counts}
-  diffs = {t: [] for t in token_counts}
-  for _ in range(repeats):
-    for t, fn in fns.items():
-      t0 = seconds(fn, none)
-      diffs[t].append(seconds(fn, full) - t0)
-  # A step too cheap to resolve against the noise reads as the floor, not as 0 or < 0
-  # (callers divide by these times).
-  return {t: max(statistics.median(d) / steps, _RESOLUTION_S) for t, d in diffs.items()}
 
 
 def prefill_seconds(model, params, batch_size: int, cache_len: int, prompt_len: int) -> float:

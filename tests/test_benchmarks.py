@@ -192,6 +192,18 @@ def test_sampling_bench_smoke(tmp_path):
   assert "| [1, 2048] |" in (tmp_path / "sampling.md").read_text()
 
 
+def test_projections_bench_smoke(tmp_path):
+  _run(["benchmarks/projections_bench.py", "--quick", f"--out_dir={tmp_path}"])
+  result = json.loads((tmp_path / "projections.json").read_text())
+  assert result["meta"]["greedy_tokens_identical"]
+  rows = {r["what"]: r for r in result["rows"]}
+  assert rows["step_times B=1 T=1"]["fused_computation"]
+  assert not rows["step_times B=1 T=3"]["fused_computation"]
+  for row in rows.values():  # tiny model: times near the noise floor, only finite
+    assert np.isfinite([row["fused_ms"], row["separate_ms"], row["ratio"]]).all(), row
+  assert "| step_times B=1 T=1 |" in (tmp_path / "projections.md").read_text()
+
+
 class _SlowPrefill:
   """A tiny decoder whose prefill sleeps `delay` seconds (host callback)."""
 

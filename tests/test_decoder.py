@@ -5,6 +5,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -170,7 +171,7 @@ def test_config_validation_names_the_field(changes, field):
 
 @pytest.mark.parametrize("changes, field", [
     (dict(d_model=32.0), "d_model"), (dict(num_layers=True), "num_layers"),
-    (dict(head_dim="8"), "head_dim"),
+    (dict(head_dim="8"), "head_dim"), (dict(fused_projections=1), "fused_projections"),
 ])
 def test_config_type_errors_name_the_field(changes, field):
   with pytest.raises(TypeError, match=field):
@@ -206,6 +207,53 @@ def test_num_params_counts_init_leaves(cfg):
   assert ("lm_head" in shapes) == (not cfg.tie_embeddings)
 
 
+# ----------------------------------------------------------------- fused projections
+
+
+def _dot_count(fn, *args) -> int:
+  """dot_general equations in fn's jaxpr, nested jaxprs included."""
+  def count(jaxpr):
+    n = 0
+    for eqn in jaxpr.eqns:
+      n += eqn.primitive.name == "dot_general"
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        n += count(sub)
+    return n
+  return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_fused_projections_match_separate_matmuls(name):
+  """Single-token calls at batch 1 take the fused path (3 fewer matmuls per
+  layer: q/k/v → 1, gate/up → 1); their logits and caches match the separate
+  matmuls of the same weights, step after step."""
+  fused, params = _model(name)
+  assert fused.config.fused_projections  # the default
+  separate = DecoderLM(fused.config.replace(fused_projections=False))
+  rng = np.random.default_rng(2)
+  prompt = jnp.asarray(rng.integers(1, fused.vocab_size, size=(1, PROMPT_LEN)), jnp.int32)
+  length = jnp.asarray([PROMPT_LEN], jnp.int32)
+  caches = {}
+  for lm in (fused, separate):
+    _, _, caches[lm] = _prefill(lm, params, prompt, length, lm.init_cache(1, SLOTS, PROMPT_LEN))
+  for _ in range(5):
+    tok = jnp.asarray(rng.integers(1, fused.vocab_size, size=(1, 1)), jnp.int32)
+    logits = {}
+    for lm in (fused, separate):
+      logits[lm], caches[lm] = _extend(lm, params, tok, caches[lm])
+    np.testing.assert_allclose(np.asarray(logits[fused]), np.asarray(logits[separate]),
+                               atol=TOL, rtol=0)
+    for a, b in zip(caches[fused].k + caches[fused].v, caches[separate].k + caches[separate].v):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=TOL, rtol=0)
+
+  dots = lambda lm, toks: _dot_count(lambda t: lm.extend(params, t, caches[lm]), toks)
+  one = jnp.ones((1, 1), jnp.int32)
+  layers = fused.config.num_layers
+  assert dots(separate, one) - dots(fused, one) == 3 * layers
+  # Several tokens (verification, prefill) keep the separate matmuls.
+  assert dots(separate, jnp.ones((1, 3), jnp.int32)) == dots(fused, jnp.ones((1, 3), jnp.int32))
+
+
 # --------------------------------------------------------------------------- orbax
 
 
@@ -226,3 +274,7 @@ def test_orbax_round_trip_and_config_mismatch(tmp_path):
     restore_params(str(tmp_path / "ckpt"), lm.config.replace(tie_embeddings=True))
   with pytest.raises(FileNotFoundError):
     restore_params(str(tmp_path / "nothing-here"))
+  # A compute-only field is not part of the weights: it follows the caller.
+  separate = lm.config.replace(fused_projections=False)
+  _, config = restore_params(str(tmp_path / "ckpt"), separate)
+  assert config == separate

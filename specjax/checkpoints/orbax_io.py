@@ -52,6 +52,8 @@ def _check_same(expected: Any, stored: Any) -> None:
     raise ValueError(f"checkpoint holds a {type(stored).__name__}, expected a "
                      f"{type(expected).__name__}")
   for f in dataclasses.fields(expected):
+    if f.metadata.get("compute_only"):  # e.g. DecoderConfig.fused_projections
+      continue
     a, b = getattr(expected, f.name), getattr(stored, f.name)
     if a != b:
       raise ValueError(f"checkpoint config field {f.name!r} is {b!r}, expected {a!r}")
@@ -78,6 +80,10 @@ def restore_params(directory: str, expected_config: Optional[Any] = None) -> Tup
   config = config_from_dict(read_json(config_path))
   if expected_config is not None:
     _check_same(expected_config, config)
+    # Compute-only fields (how calls run, not what the weights are) follow the caller.
+    config = dataclasses.replace(config, **{
+        f.name: getattr(expected_config, f.name) for f in dataclasses.fields(config)
+        if f.metadata.get("compute_only")})
   with ocp.StandardCheckpointer() as ckpt:
     params = ckpt.restore(os.path.join(directory, "params"))
   return params, config

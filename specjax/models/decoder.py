@@ -23,6 +23,7 @@ from typing import Any, Dict, Tuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.models.layers import KVCache, RMSNorm, apply_rope, attend_cached, replace_layer
 
@@ -55,6 +56,15 @@ class DecoderConfig:
     rope_theta: rotary base.
     norm_eps: RMSNorm epsilon.
     dtype: compute dtype name; param_dtype: parameter dtype name.
+    fused_projections: single-token calls (B * T = 1, a decode step) compute
+      q/k/v as one matmul over the three kernels concatenated on their output
+      axes, and gate/up likewise: fewer, wider matrix-vector products, which
+      XLA:CPU runs faster (`benchmarks/projections_bench.py`). The parameter tree is
+      unchanged; the concatenation is loop-invariant and XLA hoists it out of
+      the decoding loop, once per call. Calls on several tokens keep the
+      separate matmuls (wider ones measured slower there). Set False when the
+      kernels are sharded over a `model` mesh axis: the concatenation would
+      re-lay them out across devices once per call.
   """
 
   vocab_size: int
@@ -69,6 +79,8 @@ class DecoderConfig:
   norm_eps: float = 1e-6
   dtype: str = "float32"
   param_dtype: str = "float32"
+  # How calls compute, not what the weights are: checkpoints restore across values.
+  fused_projections: bool = dataclasses.field(default=True, metadata={"compute_only": True})
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
@@ -79,6 +91,8 @@ class DecoderConfig:
           f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for rotary positions, got {self.head_dim}")
+    if not isinstance(self.fused_projections, bool):
+      raise TypeError(f"fused_projections must be a bool, got {self.fused_projections!r}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
@@ -139,27 +153,50 @@ def _dense(features, name, config, axis=-1):
       kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"))
 
 
+def _fused_matmul(x_BTE: jax.Array, kernels, out_shapes, dtype) -> list:
+  """`[x @ k for k in kernels]` as one matmul over the kernels concatenated on
+  their (flattened) output axes; each result reshaped to `[B, T, *out_shape]`."""
+  e = x_BTE.shape[-1]
+  flat = [k.reshape(e, -1) for k in kernels]
+  y = x_BTE.astype(dtype) @ jnp.concatenate(flat, axis=1).astype(dtype)
+  splits = np.cumsum([f.shape[1] for f in flat])[:-1]
+  return [part.reshape(x_BTE.shape[:-1] + tuple(shape))
+          for part, shape in zip(jnp.split(y, splits, axis=-1), out_shapes)]
+
+
 class _Block(nn.Module):
   config: DecoderConfig
 
   @nn.compact
   def __call__(self, x_BTE, positions_BT, cache: KVCache, layer: int, empty: bool):
     c = self.config
-    norm = lambda name: RMSNorm(c.norm_eps, jnp.dtype(c.dtype), jnp.dtype(c.param_dtype), name=name)
+    dtype = jnp.dtype(c.dtype)
+    norm = lambda name: RMSNorm(c.norm_eps, dtype, jnp.dtype(c.param_dtype), name=name)
+    qkv_shapes = ((c.num_heads, c.head_dim), (c.num_kv_heads, c.head_dim),
+                  (c.num_kv_heads, c.head_dim))
+    # Same parameters either way; the fused path reads the kernels directly.
+    fused = (c.fused_projections and not self.is_initializing()
+             and x_BTE.shape[0] * x_BTE.shape[1] == 1)
+    params = None if self.is_initializing() else self.variables["params"]
     h_BTE = norm("attn_norm")(x_BTE)
-    q = _dense((c.num_heads, c.head_dim), "q", c)
-    k = _dense((c.num_kv_heads, c.head_dim), "k", c)
-    v = _dense((c.num_kv_heads, c.head_dim), "v", c)
-    o = _dense(c.d_model, "o", c, axis=(-2, -1))
-    q_BTHD = apply_rope(q(h_BTE), positions_BT, c.rope_theta)
-    k_BTKD = apply_rope(k(h_BTE), positions_BT, c.rope_theta)
-    v_BTKD = v(h_BTE)
+    if fused:
+      q_BTHD, k_BTKD, v_BTKD = _fused_matmul(
+          h_BTE, [params[n]["kernel"] for n in ("q", "k", "v")], qkv_shapes, dtype)
+    else:
+      q_BTHD, k_BTKD, v_BTKD = (_dense(shape, name, c)(h_BTE)
+                                for name, shape in zip(("q", "k", "v"), qkv_shapes))
+    q_BTHD = apply_rope(q_BTHD, positions_BT, c.rope_theta)
+    k_BTKD = apply_rope(k_BTKD, positions_BT, c.rope_theta)
     att_BTHD, new_k, new_v = attend_cached(q_BTHD, k_BTKD, v_BTKD, cache.k[layer], cache.v[layer],
                                            cache.lengths, scale=c.head_dim ** -0.5, empty=empty)
-    x_BTE = x_BTE + o(att_BTHD)
+    x_BTE = x_BTE + _dense(c.d_model, "o", c, axis=(-2, -1))(att_BTHD)
     h_BTE = norm("mlp_norm")(x_BTE)
-    gate = _dense(c.mlp_dim, "gate", c)(h_BTE)
-    up = _dense(c.mlp_dim, "up", c)(h_BTE)
+    if fused:
+      gate, up = _fused_matmul(h_BTE, [params["gate"]["kernel"], params["up"]["kernel"]],
+                               ((c.mlp_dim,), (c.mlp_dim,)), dtype)
+    else:
+      gate = _dense(c.mlp_dim, "gate", c)(h_BTE)
+      up = _dense(c.mlp_dim, "up", c)(h_BTE)
     x_BTE = x_BTE + _dense(c.d_model, "down", c)(nn.silu(gate) * up)
     return x_BTE, cache.replace(k=replace_layer(cache.k, layer, new_k),
                                v=replace_layer(cache.v, layer, new_v))
