@@ -5,7 +5,7 @@
 
 A decode step at batch 1 is a chain of matrix-vector products whose cost on
 XLA:CPU is the weights read plus a fixed cost per product.
-`DecoderConfig.fused_projections` (the default) concatenates the q/k/v kernels
+`DecoderConfig.fused_projections` (opt-in) concatenates the q/k/v kernels
 (and gate/up) for single-token calls, so a layer runs 4 products instead of 7;
 calls on several tokens keep the separate matmuls. This benchmark measures,
 side by side in one process on the same random weights, the model with the
@@ -60,8 +60,8 @@ def main(argv):
   cells = [(1, 1), (1, 3)] if quick else [(1, 1), (1, 2), (1, 5), (2, 1), (8, 1)]
   prompt_len, max_new = (8, 8) if quick else (64, 64)
   cache_len = prompt_len + max_new
-  models = {"fused": DecoderLM(config),
-            "separate": DecoderLM(config.replace(fused_projections=False))}
+  models = {"fused": DecoderLM(config.replace(fused_projections=True)),
+            "separate": DecoderLM(config)}
   params = models["fused"].init(jax.random.PRNGKey(0))
   prompts = jnp.asarray(np.random.default_rng(0).integers(2, config.vocab_size,
                                                           size=(1, prompt_len)), jnp.int32)

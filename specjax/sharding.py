@@ -9,10 +9,9 @@ inputs are placed with `jax.sharding.NamedSharding`s over a 2-D mesh
 * attention heads (q/k/v/o kernels, the cache's kv-head axis), MLP hidden
   units and the vocabulary of the output projection go over `model`
   (Megatron-style). An axis that does not divide evenly is replicated.
-  With a `model` axis > 1, build decoder LMs with
-  `config.replace(fused_projections=False)`: the fused decode-step matmul
-  concatenates the q/k/v (gate/up) kernels, which would re-lay sharded
-  kernels out across devices once per call.
+  Leave `DecoderConfig.fused_projections` off (the default) with a `model`
+  axis > 1: it concatenates the q/k/v (gate/up) kernels, which would re-lay
+  sharded kernels out across devices once per call.
 
 Example (8 devices):
 

@@ -227,9 +227,9 @@ def test_fused_projections_match_separate_matmuls(name):
   """Single-token calls at batch 1 take the fused path (3 fewer matmuls per
   layer: q/k/v → 1, gate/up → 1); their logits and caches match the separate
   matmuls of the same weights, step after step."""
-  fused, params = _model(name)
-  assert fused.config.fused_projections  # the default
-  separate = DecoderLM(fused.config.replace(fused_projections=False))
+  separate, params = _model(name)
+  assert not separate.config.fused_projections  # the default: opt-in
+  fused = DecoderLM(separate.config.replace(fused_projections=True))
   rng = np.random.default_rng(2)
   prompt = jnp.asarray(rng.integers(1, fused.vocab_size, size=(1, PROMPT_LEN)), jnp.int32)
   length = jnp.asarray([PROMPT_LEN], jnp.int32)
@@ -275,6 +275,6 @@ def test_orbax_round_trip_and_config_mismatch(tmp_path):
   with pytest.raises(FileNotFoundError):
     restore_params(str(tmp_path / "nothing-here"))
   # A compute-only field is not part of the weights: it follows the caller.
-  separate = lm.config.replace(fused_projections=False)
-  _, config = restore_params(str(tmp_path / "ckpt"), separate)
-  assert config == separate
+  fused = lm.config.replace(fused_projections=True)
+  _, config = restore_params(str(tmp_path / "ckpt"), fused)
+  assert config == fused

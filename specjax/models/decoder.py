@@ -56,15 +56,18 @@ class DecoderConfig:
     rope_theta: rotary base.
     norm_eps: RMSNorm epsilon.
     dtype: compute dtype name; param_dtype: parameter dtype name.
-    fused_projections: single-token calls (B * T = 1, a decode step) compute
-      q/k/v as one matmul over the three kernels concatenated on their output
-      axes, and gate/up likewise: fewer, wider matrix-vector products, which
-      XLA:CPU runs faster (`benchmarks/projections_bench.py`). The parameter tree is
-      unchanged; the concatenation is loop-invariant and XLA hoists it out of
-      the decoding loop, once per call. Calls on several tokens keep the
-      separate matmuls (wider ones measured slower there). Set False when the
-      kernels are sharded over a `model` mesh axis: the concatenation would
-      re-lay them out across devices once per call.
+    fused_projections: opt-in. Single-token calls (B * T = 1, a decode step)
+      compute q/k/v as one matmul over the three kernels concatenated on their
+      output axes, and gate/up likewise: fewer, wider matrix-vector products
+      (+5-13% decode-loop throughput at batch 1 on XLA:CPU,
+      `benchmarks/projections_bench.py`). The parameter tree is unchanged,
+      but the concatenation is a copy of those kernels (~2/3 of the weights):
+      inside the decoding loop XLA hoists it out, once per call, and the
+      copy adds to peak memory; a single-token call made on its own (a
+      host-driven step) pays the copy every call (measured 5x slower per
+      step on the 17M decoder). Calls on several tokens keep the separate
+      matmuls (wider ones measured slower there). Keep it off when the
+      kernels are sharded over a `model` mesh axis.
   """
 
   vocab_size: int
@@ -80,7 +83,7 @@ class DecoderConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   # How calls compute, not what the weights are: checkpoints restore across values.
-  fused_projections: bool = dataclasses.field(default=True, metadata={"compute_only": True})
+  fused_projections: bool = dataclasses.field(default=False, metadata={"compute_only": True})
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
