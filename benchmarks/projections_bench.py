@@ -1,6 +1,6 @@
 """Fused decode-step projections: one wide matmul for q/k/v and one for gate/up.
 
-  python benchmarks/projections_bench.py               # Chen target shape, ~6 min
+  python benchmarks/projections_bench.py               # Chen target shape, ~3 min
   python benchmarks/projections_bench.py --quick       # tiny model (smoke run)
 
 A decode step at batch 1 is a chain of matrix-vector products whose cost on
