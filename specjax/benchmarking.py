@@ -22,7 +22,8 @@ from typing import Any, Callable, Dict, Sequence
 import jax
 import jax.numpy as jnp
 
-__all__ = ["time_call", "step_times", "step_times_side_by_side", "prefill_seconds", "predicted_speedup", "count_params"]
+__all__ = ["time_call", "step_times", "step_times_side_by_side", "prefill_seconds",
+           "predicted_speedup", "count_params"]
 
 
 def _block(tree):
@@ -138,6 +139,8 @@ def step_times_side_by_side(models: Dict[str, Any], params, batch_size: int, cac
   compute option on and off), interleaved call by call: per name, the
   `repeats` per-step seconds, in order, so that `a[i] / b[i]` are ratios
   measured moments apart (their median resists a noisy machine's drift)."""
+  if not isinstance(models, dict) or not models:
+    raise ValueError(f"models must be a non-empty dict {{name: model}}, got {models!r}")
   _check_steps(steps, repeats)
   loops = {name: _step_loop(m, params, batch_size, cache_len, prompt_len, tokens, steps)
            for name, m in models.items()}

@@ -238,3 +238,9 @@ def test_step_times_exclude_the_prefill():
     assert 0.0 < sec < 0.25 * delay / steps, (t, sec)
   with pytest.raises(ValueError, match="steps"):
     step_times(lm, params, 1, 16, 4, [1], steps=0)
+
+
+def test_step_times_side_by_side_rejects_no_models():
+  from specjax.benchmarking import step_times_side_by_side
+  with pytest.raises(ValueError, match="models"):
+    step_times_side_by_side({}, {}, 1, 16, 4, 1)

@@ -180,7 +180,7 @@ class _Block(nn.Module):
     # Same parameters either way; the fused path reads the kernels directly.
     fused = (c.fused_projections and not self.is_initializing()
              and x_BTE.shape[0] * x_BTE.shape[1] == 1)
-    params = None if self.is_initializing() else self.variables["params"]
+    params = self.variables["params"] if fused else None
     h_BTE = norm("attn_norm")(x_BTE)
     if fused:
       q_BTHD, k_BTKD, v_BTKD = _fused_matmul(
