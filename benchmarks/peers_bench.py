@@ -46,6 +46,8 @@ _GAMMAS = flags.DEFINE_list("gammas", None, "Override γ at batch 1.")
 _GAMMAS_B = flags.DEFINE_list("gammas_batched", None, "Override γ at batch > 1.")
 _REPEATS = flags.DEFINE_integer("repeats", None, "Override the timed rounds.")
 _MAX_NEW = flags.DEFINE_integer("max_new", None, "Override N, the tokens generated per row.")
+_ROUNDS = flags.DEFINE_integer("overhead_rounds", None,
+                               "Override the paired loop-overhead rounds (0: off).")
 _MEMORY = flags.DEFINE_bool("memory", True, "Measure peak memory in subprocesses.")
 _GROWTH = flags.DEFINE_bool("growth", True, "Measure cost growth with length and buffer.")
 _THREADS = flags.DEFINE_integer("torch_threads", None, "torch threads (default: all cores; "
@@ -63,7 +65,8 @@ def make_config() -> peers_suite.SuiteConfig:
       kw[key] = ints(flag.value)
   if "batches" in kw:
     kw.setdefault("hf_batches", kw["batches"])
-  for flag, key in ((_REPEATS, "repeats"), (_MAX_NEW, "max_new"), (_THREADS, "threads")):
+  for flag, key in ((_REPEATS, "repeats"), (_MAX_NEW, "max_new"), (_THREADS, "threads"),
+                    (_ROUNDS, "overhead_rounds")):
     if flag.value is not None:
       kw[key] = flag.value
   return peers_suite.SuiteConfig(**kw)

@@ -7,7 +7,9 @@ helpers only make the measurements consistent:
   after warm-up (compilation excluded and reported separately).
 * `step_times`: the in-graph cost of one model call on T tokens: a jitted
   `lax.fori_loop` of the call timed at 0 and at `steps` iterations (as the
-  decoding loop runs it), so neither the prefill nor dispatch is counted.
+  decoding loop runs it), so neither the prefill nor dispatch is counted;
+  `StepTimer` builds those loops once and measures them in rounds, between
+  other timings.
 * `predicted_speedup`: the speedup the measured component times and the
   measured tokens per iteration predict; measured / predicted is the loop
   overhead.
@@ -22,8 +24,8 @@ from typing import Any, Callable, Dict, Sequence
 import jax
 import jax.numpy as jnp
 
-__all__ = ["time_call", "step_times", "step_times_side_by_side", "prefill_seconds",
-           "predicted_speedup", "count_params"]
+__all__ = ["time_call", "step_times", "StepTimer", "floor_step_seconds",
+           "step_times_side_by_side", "prefill_seconds", "predicted_speedup", "count_params"]
 
 
 def _block(tree):
@@ -105,6 +107,31 @@ def _paired_step_seconds(loops, params, steps: int, repeats: int) -> Dict[Any, l
   return per_step
 
 
+class StepTimer:
+  """Compiled step loops of one model for several token counts, timed on
+  demand: `measure(repeats)` returns, per T, `repeats` seconds per
+  `model.extend` call on T tokens (the method of `step_times`).
+
+  Built once (compilation happens here), it can be measured in rounds
+  interleaved with other timings, so that numbers compared with each other
+  are taken moments apart on a noisy machine."""
+
+  def __init__(self, model, params, batch_size: int, cache_len: int, prompt_len: int,
+               token_counts: Sequence[int], steps: int = 32):
+    _check_steps(steps, 1)
+    if not token_counts:
+      raise ValueError(f"token_counts must name at least one T, got {token_counts!r}")
+    self.params, self.steps = params, steps
+    self._loops = {t: _step_loop(model, params, batch_size, cache_len, prompt_len, t, steps)
+                   for t in token_counts}
+
+  def measure(self, repeats: int = 1) -> Dict[int, list]:
+    """Per T: `repeats` seconds per call (T values interleaved, their order
+    reversed every other repeat)."""
+    _check_steps(self.steps, repeats)
+    return _paired_step_seconds(self._loops, self.params, self.steps, repeats)
+
+
 def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
                token_counts: Sequence[int], steps: int = 32, repeats: int = 7) -> Dict[int, float]:
   """Seconds per `model.extend` call on T tokens, for each T in token_counts.
@@ -121,15 +148,20 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
 
   (Subtracting a separately timed prefill instead is wrong: a prefill whose
   result is unused is removed by XLA's dead-code elimination.) Times below
-  the noise floor are reported as 0.1 µs, never as 0.
+  the noise floor are reported as 0.1 µs, never as 0. `StepTimer` is the
+  same measurement, built once and measured in rounds.
   """
   _check_steps(steps, repeats)
-  loops = {t: _step_loop(model, params, batch_size, cache_len, prompt_len, t, steps)
-           for t in token_counts}
-  per_step = _paired_step_seconds(loops, params, steps, repeats)
-  # A step too cheap to resolve against the noise reads as the floor, not as 0 or < 0
-  # (callers divide by these times).
-  return {t: max(statistics.median(d), _RESOLUTION_S) for t, d in per_step.items()}
+  per_step = StepTimer(model, params, batch_size, cache_len, prompt_len, token_counts,
+                       steps).measure(repeats)
+  return {t: floor_step_seconds(d) for t, d in per_step.items()}
+
+
+def floor_step_seconds(seconds: Sequence[float]) -> float:
+  """The median of per-call seconds, floored at 0.1 µs: a step too cheap to
+  resolve against the noise reads as the floor, not as 0 or < 0 (callers
+  divide by these times)."""
+  return max(statistics.median(seconds), _RESOLUTION_S)
 
 
 def step_times_side_by_side(models: Dict[str, Any], params, batch_size: int, cache_len: int,

@@ -18,6 +18,8 @@ in one process, on the same prompts:
 * `loop_prediction`: autoregressive / speculative wall time predicted from
   the in-graph component times (`benchmarking.step_times`) and the measured
   iterations; measured vs predicted is the loop's overhead;
+  `paired_loop_overhead` measures it in rounds, loops and components
+  moments apart;
 * `memory_job` (run as `python -m specjax.benchmarking_peers --memory_job
   JSON`) / `measure_memory`: one system in a fresh process: peak RSS during a
   steady generation call (the kernel's high-water mark reset through
@@ -57,7 +59,8 @@ from specjax.sampling import GREEDY
 __all__ = [
     "PairSpec", "Pair", "fallback_spec", "load_pair", "pair_prompts", "Runner", "specjax_runner",
     "HFPair", "hf_runner", "interleaved_times", "SpecjaxStream", "TimingStreamer",
-    "stream_latencies", "latency_summary", "loop_prediction", "memory_job", "measure_memory",
+    "stream_latencies", "latency_summary", "loop_prediction", "paired_loop_overhead",
+    "memory_job", "measure_memory",
     "cost_growth", "token_agreement",
 ]
 
@@ -574,6 +577,67 @@ def loop_prediction(max_new: int, gamma: int, iterations: Sequence[int], t_targe
   sp = sum(prefill_target_s + prefill_draft_s + it * per_iter for it in iterations)
   return {"ar_predicted_s": ar, "sp_predicted_s": sp, "iteration_predicted_s": per_iter,
           "predicted_speedup": ar / sp}
+
+
+def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.ndarray,
+                         lengths: np.ndarray, cache_len: int, max_new: int, rounds: int,
+                         steps: int = 32) -> Dict[str, Any]:
+  """The loop overhead of speculative runner `sp` against autoregressive
+  runner `ar` (both built by `specjax_runner`, same requests), measured in
+  `rounds` rounds that each time both loops once and, right after, every
+  component once: the target's step at T = 1 and T = γ + 1, the draft's at
+  T = 1 and 2 (`StepTimer`), both prefills (the first request group's
+  prompts). Each round gives predicted speedup (`loop_prediction`) / measured
+  speedup − 1 from numbers taken seconds apart, so a slow phase of a noisy
+  machine moves both sides; the result is the median over rounds, with
+  every round kept."""
+  from specjax.benchmarking import StepTimer, floor_step_seconds
+  if rounds < 1:
+    raise ValueError(f"rounds must be >= 1, got {rounds}")
+  if ar.gamma != 0 or sp.gamma < 1:
+    raise ValueError(f"ar must be autoregressive (γ 0) and sp speculative (γ ≥ 1), got γ "
+                     f"{ar.gamma} and {sp.gamma}")
+  g, b, plen = sp.gamma, ar.batch, prompts.shape[1]
+  target = StepTimer(pair.target, pair.tp, b, cache_len, plen, [1, g + 1], steps)
+  draft = StepTimer(pair.draft, pair.dp, b, cache_len, plen, [1, 2], steps)
+  x, n = jnp.asarray(prompts[:b]), jnp.asarray(lengths[:b])
+  prefills = []
+  for model, params in ((pair.target, pair.tp), (pair.draft, pair.dp)):
+    fn = jax.jit(lambda p, c, model=model: model.prefill(p, x, n, c)[0])
+    cache = model.init_cache(b, cache_len, plen)
+    fn(params, cache).block_until_ready()
+    prefills.append(lambda fn=fn, params=params, cache=cache: fn(params, cache).block_until_ready())
+
+  def seconds(fn):
+    t0 = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - t0, result
+
+  out = []
+  for r in range(rounds):
+    wall, stats = {}, {}
+    for run in ([ar, sp] if r % 2 == 0 else [sp, ar]):
+      wall[run.gamma], (_, stats[run.gamma]) = seconds(run.fn)
+    tt = {t: floor_step_seconds(v) for t, v in target.measure(1).items()}
+    td = {t: floor_step_seconds(v) for t, v in draft.measure(1).items()}
+    pt, pd = (seconds(f)[0] for f in prefills)
+    pred = loop_prediction(max_new, g, stats[g]["iterations"], tt, td, pt, pd)
+    measured = wall[0] / wall[g]
+    out.append(dict(pred, ar_s=wall[0], sp_s=wall[g], measured_speedup=measured,
+                    loop_overhead=pred["predicted_speedup"] / measured - 1,
+                    ar_loop_overhead=wall[0] / pred["ar_predicted_s"] - 1,
+                    sp_loop_overhead=wall[g] / pred["sp_predicted_s"] - 1,
+                    target_ms={t: 1e3 * v for t, v in tt.items()},
+                    draft_ms={t: 1e3 * v for t, v in td.items()},
+                    prefill_ms={"target": 1e3 * pt, "draft": 1e3 * pd}))
+  med = lambda key: statistics.median(o[key] for o in out)
+  ovh = [o["loop_overhead"] for o in out]
+  return {"batch": b, "gamma": g, "rounds": out, "loop_overhead": med("loop_overhead"),
+          "loop_overhead_min": min(ovh), "loop_overhead_max": max(ovh),
+          "predicted_speedup": med("predicted_speedup"),
+          "measured_speedup": med("measured_speedup"),
+          "ar_loop_overhead": med("ar_loop_overhead"),
+          "sp_loop_overhead": med("sp_loop_overhead")}
 
 
 # --------------------------------------------------------------------------- memory

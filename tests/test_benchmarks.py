@@ -163,8 +163,13 @@ def test_peers_bench_smoke(tmp_path):
   statuses = {g["status"] for g in results["goals"]}
   assert statuses <= {"PASS", "FAIL", "n/a", "pending"} and "pending" in statuses
   for heading in ("## Goals", "### Every configuration", "### Ratios (tokens/s)",
-                  "### Cost growth", "### Peak memory"):
+                  "### Cost growth", "### Peak memory", "### Loop overhead, paired rounds"):
     assert heading in md
+  for name, p in results["pairs"].items():
+    po = p["batches"][0]["paired_overhead"]
+    assert po["batch"] == 1 and len(po["rounds"]) == 1 and np.isfinite(po["loop_overhead"])
+  overhead_goals = [g for g in results["goals"] if "loop overhead" in g["goal"]]
+  assert overhead_goals and all("paired rounds" in g["detail"] for g in overhead_goals)
 
 
 def test_gpu_roofline_cpu_smoke(tmp_path):
@@ -244,3 +249,57 @@ def test_step_times_side_by_side_rejects_no_models():
   from specjax.benchmarking import step_times_side_by_side
   with pytest.raises(ValueError, match="models"):
     step_times_side_by_side({}, {}, 1, 16, 4, 1)
+
+
+def test_step_timer_measures_in_rounds():
+  from specjax.benchmarking import StepTimer
+  lm = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=1))
+  params = lm.init(jax.random.PRNGKey(0))
+  timer = StepTimer(lm, params, 1, 16, 4, [1, 3], steps=4)
+  for repeats in (1, 3):
+    out = timer.measure(repeats)
+    assert set(out) == {1, 3} and all(len(v) == repeats for v in out.values())
+  with pytest.raises(ValueError, match="token_counts"):
+    StepTimer(lm, params, 1, 16, 4, [])
+  with pytest.raises(ValueError, match="repeats"):
+    timer.measure(0)
+
+
+def test_paired_loop_overhead_detects_a_slow_loop():
+  """A speculative loop that costs more than its components (here: a sleep
+  added to every call) must read as overhead; the same loop without it
+  must not."""
+  spec = bp.fallback_spec("decoder", "decoder", "tiny")
+  pair = bp.load_pair(spec)
+  rng = np.random.default_rng(0)
+  prompts = rng.integers(1, pair.target.vocab_size, size=(1, 8)).astype(np.int32)
+  lengths = np.full((1,), 8, np.int32)
+  groups, max_new, gamma = [(0, 1)], 8, 2
+  cache_len = 8 + max_new + gamma
+  ar = bp.specjax_runner(pair, prompts, lengths, groups, 0, max_new, cache_len)
+  sp = bp.specjax_runner(pair, prompts, lengths, groups, gamma, max_new, cache_len)
+  slow = bp.specjax_runner(pair, prompts, lengths, groups, gamma, max_new, cache_len)
+  fast_fn = slow.fn
+  delay = 0.25
+
+  def slow_fn():
+    time.sleep(delay)
+    return fast_fn()
+
+  slow.fn = slow_fn
+  for r in (ar, sp):
+    r.fn()  # compile
+  plain = bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 2,
+                                  steps=2)
+  slowed = bp.paired_loop_overhead(pair, ar, slow, prompts, lengths, cache_len, max_new, 2,
+                                   steps=2)
+  assert len(plain["rounds"]) == 2 and plain["gamma"] == gamma and plain["batch"] == 1
+  for r in slowed["rounds"]:
+    assert r["sp_s"] >= delay
+  # The sleep is >> the tiny models' whole loop: predicted / measured − 1 jumps.
+  assert slowed["loop_overhead"] > plain["loop_overhead"] + 1.0, (plain, slowed)
+  assert slowed["sp_loop_overhead"] > plain["sp_loop_overhead"] + 1.0
+  with pytest.raises(ValueError, match="rounds"):
+    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 0)
+  with pytest.raises(ValueError, match="autoregressive"):
+    bp.paired_loop_overhead(pair, sp, ar, prompts, lengths, cache_len, max_new, 1)
