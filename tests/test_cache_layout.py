@@ -118,3 +118,28 @@ def test_the_check_sees_a_copied_buffer():
   run = jax.jit(lambda b: jax.lax.fori_loop(0, 5, body, (b, 0.0)), donate_argnums=0)
   hlo = run.lower(jnp.zeros((BATCH, 4, SLOTS, 8))).compile().as_text()
   assert cache_sized_ops(hlo, elems), "the check should flag the copies of this loop"
+
+
+def test_fresh_caches_are_distinct_zero_buffers():
+  """Caches come from one jitted call (`layers.zero_arrays`): every buffer must
+  be its own zero array of the documented shape (buffers shared between
+  fields or layers would break donation and in-place writes), also inside a
+  trace."""
+  from specjax.models.layers import zero_arrays
+  lm = DecoderLM(decoder_config("tiny"))
+  t5 = T5(t5_config("t5-tiny", vocab_size=64))
+  for cache, fields in ((lm.init_cache(2, 9), ("k", "v")),
+                        (t5.init_cache(2, 9, 5), ("k", "v", "cross_k", "cross_v"))):
+    leaves = jax.tree_util.tree_leaves(cache)
+    assert len({id(x) for x in leaves}) == len(leaves)
+    assert len({x.unsafe_buffer_pointer() for x in leaves}) == len(leaves)
+    for x in leaves:
+      assert not np.asarray(x).any()
+    assert cache.lengths.dtype == jnp.int32 and cache.lengths.shape == (2,)
+    for name in fields:
+      assert len(getattr(cache, name)) == 2  # one buffer per layer
+  c = lm.init_cache(2, 9)
+  kv = lm.config.num_kv_heads, lm.config.head_dim
+  assert c.k[0].shape == (2, kv[0], 9, kv[1]) and c.v[0].shape == (2, kv[0], kv[1], 9)
+  traced = jax.jit(lambda: zero_arrays(((3, 4), jnp.float32), ((3,), jnp.int32)))()
+  assert [x.shape for x in traced] == [(3, 4), (3,)] and traced[1].dtype == jnp.int32

@@ -50,8 +50,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.layers import (RMSNorm, attend, attend_cached, kv_buffers, replace_layer,
-                                   to_cache_layout)
+from specjax.models.layers import (RMSNorm, attend, attend_cached, kv_specs, replace_layer,
+                                   to_cache_layout, zero_arrays)
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 
 __all__ = [
@@ -103,11 +103,13 @@ class T5Cache:
   @classmethod
   def zeros(cls, num_layers: int, batch_size: int, max_len: int, encoder_len: int,
             num_heads: int, head_dim: int, dtype=jnp.float32) -> "T5Cache":
-    k, v = kv_buffers(num_layers, batch_size, max_len, num_heads, head_dim, dtype)
-    cross_k, cross_v = kv_buffers(num_layers, batch_size, encoder_len, num_heads, head_dim, dtype)
-    zeros_b = jnp.zeros((batch_size,), jnp.int32)
-    return cls(k=k, v=v, cross_k=cross_k, cross_v=cross_v, encoder_lengths=zeros_b,
-               lengths=zeros_b)
+    n = num_layers
+    arrays = zero_arrays(*kv_specs(n, batch_size, max_len, num_heads, head_dim, dtype),
+                         *kv_specs(n, batch_size, encoder_len, num_heads, head_dim, dtype),
+                         ((batch_size,), jnp.int32), ((batch_size,), jnp.int32))
+    k, v, cross_k, cross_v = (tuple(arrays[i * n:(i + 1) * n]) for i in range(4))
+    return cls(k=k, v=v, cross_k=cross_k, cross_v=cross_v, encoder_lengths=arrays[-2],
+               lengths=arrays[-1])
 
 
 def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
