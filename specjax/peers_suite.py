@@ -51,7 +51,7 @@ class SuiteConfig:
   max_new: int = 64
   prompt_len: int = 64
   b1_prompts: int = 2              # batch-1 requests per timed call (served in turn)
-  repeats: int = 3
+  repeats: int = 5                 # timed rounds over all systems of a batch size (median)
   stream_repeats: int = 2
   step_repeats: int = 3
   overhead_rounds: int = 7         # paired loop-overhead rounds at the best γ per batch (0: off)
