@@ -49,7 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax.benchmarking import time_call
+from specjax.benchmarking import StepTimer, floor_step_seconds, time_call
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.t5 import T5
@@ -591,7 +591,6 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
   speedup − 1 from numbers taken seconds apart, so a slow phase of a noisy
   machine moves both sides; the result is the median over rounds, with
   every round kept."""
-  from specjax.benchmarking import StepTimer, floor_step_seconds
   if rounds < 1:
     raise ValueError(f"rounds must be >= 1, got {rounds}")
   if ar.gamma != 0 or sp.gamma < 1:
