@@ -20,7 +20,6 @@ one process:
 Writes `core.json` and `core.md` into --out_dir.
 """
 
-import json
 import os
 import platform
 import sys
@@ -155,13 +154,11 @@ def main(argv):
                  rows[-1]["predicted_speedup"], done / (i + 1) * (len(cells) - i - 1))
   os.makedirs(_OUT.value, exist_ok=True)
   name = "core_quick" if _QUICK.value else "core"
-  from specjax.checkpoints.hf_common import write_json
-  write_json({"meta": meta, "rows": rows}, os.path.join(_OUT.value, f"{name}.json"))
+  from specjax.atomic_io import atomic_write_json, atomic_write_text
+  atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), {"meta": meta, "rows": rows},
+                    indent=2)
   md = to_markdown(meta, rows)
-  tmp = os.path.join(_OUT.value, f".{name}.md.tmp")
-  with open(tmp, "w") as f:
-    f.write(md)
-  os.replace(tmp, os.path.join(_OUT.value, f"{name}.md"))
+  atomic_write_text(os.path.join(_OUT.value, f"{name}.md"), md)
   print(md)
 
 

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 import specjax  # noqa: E402
+from specjax.atomic_io import atomic_write_text  # noqa: E402
 from specjax.benchmarking import step_times_side_by_side, time_call  # noqa: E402
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config  # noqa: E402
 
@@ -113,10 +114,7 @@ def main(argv):
   os.makedirs(_OUT.value, exist_ok=True)
   for name, text in [("projections.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),
                      ("projections.md", md)]:
-    tmp = os.path.join(_OUT.value, name + ".tmp")
-    with open(tmp, "w") as fh:
-      fh.write(text)
-    os.replace(tmp, os.path.join(_OUT.value, name))
+    atomic_write_text(os.path.join(_OUT.value, name), text)
   print(md)
 
 

@@ -32,6 +32,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
+from specjax.atomic_io import atomic_write_text  # noqa: E402
 from specjax.sampling import SamplingConfig, process_logits, sample_tokens  # noqa: E402
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
@@ -142,10 +143,7 @@ def main(argv):
   os.makedirs(_OUT.value, exist_ok=True)
   for name, text in [("sampling.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),
                      ("sampling.md", to_markdown(rows, meta))]:
-    tmp = os.path.join(_OUT.value, name + ".tmp")
-    with open(tmp, "w") as f:
-      f.write(text)
-    os.replace(tmp, os.path.join(_OUT.value, name))
+    atomic_write_text(os.path.join(_OUT.value, name), text)
   print(to_markdown(rows, meta))
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Dict, Iterable, Mapping, Tuple
 
 import numpy as np
+
+from specjax.atomic_io import atomic_path, atomic_write_json
 
 __all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json", "write_json"]
 
@@ -72,17 +73,9 @@ def save_safetensors(tensors: Mapping[str, np.ndarray], path: str,
                      metadata: Mapping[str, str] | None = None) -> None:
   """Writes `tensors` (contiguous numpy arrays) to `path` atomically."""
   from safetensors.numpy import save_file
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-  os.close(fd)
-  try:
+  with atomic_path(path) as tmp:
     save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, tmp,
               metadata=dict(metadata or {"format": "pt"}))
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
 
 
 def check_state_dict(expected_shapes: Mapping[str, Tuple[int, ...]],
@@ -115,10 +108,5 @@ def read_json(path: str):
 
 
 def write_json(obj, path: str) -> None:
-  """Writes JSON atomically (temp file + rename)."""
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  """Writes JSON (indent 2, keys sorted) atomically (`specjax.atomic_io`)."""
+  atomic_write_json(path, obj, indent=2)

@@ -34,12 +34,13 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 import uuid
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from absl import logging
+
+from specjax.atomic_io import atomic_path, atomic_write_bytes, atomic_write_text
 
 __all__ = [
     "Record",
@@ -198,62 +199,18 @@ def dedup_records(records: Iterable[Record]) -> tuple[list[Record], int]:
 
 
 # -----------------------------------------------------------------------------
-# Atomic files.
+# Atomic files (`specjax.atomic_io`; atomic_write_bytes / _text re-exported).
 # -----------------------------------------------------------------------------
-
-
-def _current_umask() -> int:
-  mask = os.umask(0o022)
-  os.umask(mask)
-  return mask
-
-
-def _publish(tmp: str, path: str) -> None:
-  """Gives `tmp` the usual file mode (mkstemp makes it 0600), moves it."""
-  os.chmod(tmp, 0o666 & ~_current_umask())
-  os.replace(tmp, path)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-  """Writes `data` to `path` through a temporary file and ``os.replace``."""
-  path = os.fspath(path)
-  directory = os.path.dirname(path) or "."
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-",
-                             suffix=os.path.basename(path))
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    _publish(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-  """Writes UTF-8 `text` to `path` atomically (see `atomic_write_bytes`)."""
-  atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _atomic_write_jsonl(path: str, records: Iterable[Mapping[str, Any]]) -> int:
   """Streams `records` as JSON lines into `path` atomically; returns count."""
-  directory = os.path.dirname(path) or "."
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-",
-                             suffix=os.path.basename(path))
   n = 0
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for record in records:
-        f.write(json.dumps(record, ensure_ascii=False, sort_keys=True))
-        f.write("\n")
-        n += 1
-    _publish(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
+  with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+    for record in records:
+      f.write(json.dumps(record, ensure_ascii=False, sort_keys=True))
+      f.write("\n")
+      n += 1
   return n
 
 

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import jax
 import numpy as np
 from absl import logging
 
+from specjax import atomic_io
 from specjax.checkpoints.orbax_io import restore_params
 
 __all__ = ["Stages", "enable_compilation_cache", "train_or_restore", "pad_batch", "Progress",
@@ -29,13 +29,9 @@ __all__ = ["Stages", "enable_compilation_cache", "train_or_restore", "pad_batch"
 
 
 def atomic_write_text(text: str, path: str) -> None:
-  """Writes `text` to `path` via a temp file + rename."""
-  folder = os.path.dirname(os.path.abspath(path))
-  os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-  with os.fdopen(fd, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  """Writes `text` to `path` atomically (`specjax.atomic_io`; note the
+  argument order, text first)."""
+  atomic_io.atomic_write_text(path, text)
 
 
 class Stages:

@@ -9,6 +9,7 @@ from typing import Dict
 
 import jax
 
+from specjax.atomic_io import atomic_path
 from specjax.experiments.common import atomic_write_text
 
 __all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars"]
@@ -44,11 +45,14 @@ def plot_lines(panels: Dict[str, Dict[str, tuple]], path: str, xlabel: str, ylab
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
+  _save(fig, plt, path)
+
+
+def _save(fig, plt, path: str) -> None:
   fig.tight_layout()
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=110)
+  with atomic_path(path) as tmp:  # the temporary name keeps the extension: the format
+    fig.savefig(tmp, dpi=110)
   plt.close(fig)
-  os.replace(tmp, path)
 
 
 def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str) -> None:
@@ -66,11 +70,7 @@ def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str) -> No
   ax.set_ylabel(ylabel)
   ax.legend(fontsize=8)
   ax.grid(alpha=0.3, axis="y")
-  fig.tight_layout()
-  tmp = path + ".tmp.png"
-  fig.savefig(tmp, dpi=110)
-  plt.close(fig)
-  os.replace(tmp, path)
+  _save(fig, plt, path)
 
 
 def _findings(results) -> list:

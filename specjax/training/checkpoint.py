@@ -27,7 +27,6 @@ them in a background thread; `close()` waits for it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from typing import Any, Optional
@@ -35,16 +34,15 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
+from specjax import atomic_io
 from specjax.checkpoints.orbax_io import save_params
 
 __all__ = ["Checkpointer", "save_final_params", "atomic_write_json"]
 
 
 def atomic_write_json(obj: Any, path: str) -> None:
-  tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(obj, f, indent=1, sort_keys=True, default=str)
-  os.replace(tmp, path)
+  """Writes `obj` as JSON (non-JSON values as str) atomically (`specjax.atomic_io`)."""
+  atomic_io.atomic_write_json(path, obj, indent=1, default=str)
 
 
 def _host_copy(tree):
