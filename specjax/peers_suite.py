@@ -714,7 +714,9 @@ def to_markdown(results: Dict[str, Any]) -> str:
                 "Each round times the AR and the speculative loop once and right after every "
                 "component once (target T = 1 and γ + 1, draft T = 1 and 2, both prefills); "
                 "overhead = predicted / measured speedup − 1 per round. The goal uses the "
-                "median.", ""] + paired + [""]
+                "median of the rounds' overheads; the predicted, measured and AR / SP ovh "
+                "columns are medians of their own, so their ratio need not equal it.",
+                ""] + paired + [""]
     lines += ["### Ratios (tokens/s)", ""] + _ratio_table(p["ratios"]) + [""]
     for note in p["notes"]:
       lines.append(f"- {note}")
