@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-__all__ = ["KVCache", "RMSNorm", "apply_rope", "kv_buffers", "kv_specs", "zero_arrays",
+__all__ = ["KVCache", "RMSNorm", "apply_rope", "kv_specs", "zero_arrays",
            "replace_layer", "to_cache_layout", "write_kv", "attend", "attend_cached"]
 
 
@@ -79,13 +79,6 @@ def kv_specs(num_layers: int, batch_size: int, slots: int, heads: int, head_dim:
   buffers `[B, K, D, S]` (for `zero_arrays`)."""
   return ([((batch_size, heads, slots, head_dim), dtype)] * num_layers
           + [((batch_size, heads, head_dim, slots), dtype)] * num_layers)
-
-
-def kv_buffers(num_layers: int, batch_size: int, slots: int, heads: int, head_dim: int,
-               dtype) -> Tuple[Tuple[jax.Array, ...], Tuple[jax.Array, ...]]:
-  """Zero key buffers `[B, K, S, D]` and value buffers `[B, K, D, S]`, one per layer."""
-  kv = zero_arrays(*kv_specs(num_layers, batch_size, slots, heads, head_dim, dtype))
-  return tuple(kv[:num_layers]), tuple(kv[num_layers:])
 
 
 def replace_layer(buffers: Tuple[jax.Array, ...], layer: int,
