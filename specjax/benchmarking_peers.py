@@ -59,7 +59,8 @@ from specjax.sampling import GREEDY
 __all__ = [
     "PairSpec", "Pair", "fallback_spec", "load_pair", "pair_prompts", "Runner", "specjax_runner",
     "HFPair", "hf_runner", "interleaved_times", "SpecjaxStream", "TimingStreamer",
-    "stream_latencies", "latency_summary", "loop_prediction", "paired_loop_overhead",
+    "stream_latencies", "latency_summary", "loop_prediction", "overhead_fields",
+    "paired_loop_overhead",
     "memory_job", "measure_memory",
     "cost_growth", "token_agreement",
 ]
@@ -551,14 +552,31 @@ def token_agreement(tokens: np.ndarray, reference: np.ndarray) -> Dict[str, Any]
 # --------------------------------------------------------------------------- predictions
 
 
-def prefill_time(model, params, prompts: np.ndarray, lengths: np.ndarray, cache_len: int,
-                 repeats: int = 3) -> float:
-  """Median seconds of one jitted prefill of these prompts."""
+def _prefill_call(model, params, prompts: np.ndarray, lengths: np.ndarray,
+                  cache_len: int) -> Callable[[], Any]:
+  """A call of one jitted prefill of these prompts, blocked on (not yet compiled)."""
   b, plen = prompts.shape
   fn = jax.jit(lambda p, x, n, c: model.prefill(p, x, n, c)[0])
   cache = model.init_cache(b, cache_len, plen)
   x, n = jnp.asarray(prompts), jnp.asarray(lengths)
-  return time_call(lambda: fn(params, x, n, cache), repeats=repeats)["median_s"]
+  return lambda: fn(params, x, n, cache).block_until_ready()
+
+
+def prefill_time(model, params, prompts: np.ndarray, lengths: np.ndarray, cache_len: int,
+                 repeats: int = 3) -> float:
+  """Median seconds of one jitted prefill of these prompts."""
+  call = _prefill_call(model, params, prompts, lengths, cache_len)
+  return time_call(call, repeats=repeats)["median_s"]
+
+
+def overhead_fields(pred: Dict[str, float], ar_s: float, sp_s: float) -> Dict[str, float]:
+  """Measured speedup and loop overheads of AR / speculative wall times
+  `ar_s` / `sp_s` against their `loop_prediction` `pred`."""
+  measured = ar_s / sp_s
+  return {"measured_speedup": measured,
+          "loop_overhead": pred["predicted_speedup"] / measured - 1,
+          "ar_loop_overhead": ar_s / pred["ar_predicted_s"] - 1,
+          "sp_loop_overhead": sp_s / pred["sp_predicted_s"] - 1}
 
 
 def loop_prediction(max_new: int, gamma: int, iterations: Sequence[int], t_target: Dict[int, float],
@@ -599,13 +617,10 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
   g, b, plen = sp.gamma, ar.batch, prompts.shape[1]
   target = StepTimer(pair.target, pair.tp, b, cache_len, plen, [1, g + 1], steps)
   draft = StepTimer(pair.draft, pair.dp, b, cache_len, plen, [1, 2], steps)
-  x, n = jnp.asarray(prompts[:b]), jnp.asarray(lengths[:b])
-  prefills = []
-  for model, params in ((pair.target, pair.tp), (pair.draft, pair.dp)):
-    fn = jax.jit(lambda p, c, model=model: model.prefill(p, x, n, c)[0])
-    cache = model.init_cache(b, cache_len, plen)
-    fn(params, cache).block_until_ready()
-    prefills.append(lambda fn=fn, params=params, cache=cache: fn(params, cache).block_until_ready())
+  prefills = [_prefill_call(m, p, prompts[:b], lengths[:b], cache_len)
+              for m, p in ((pair.target, pair.tp), (pair.draft, pair.dp))]
+  for call in prefills:
+    call()  # compile
 
   def seconds(fn):
     t0 = time.perf_counter()
@@ -621,11 +636,7 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
     td = {t: floor_step_seconds(v) for t, v in draft.measure(1).items()}
     pt, pd = (seconds(f)[0] for f in prefills)
     pred = loop_prediction(max_new, g, stats[g]["iterations"], tt, td, pt, pd)
-    measured = wall[0] / wall[g]
-    out.append(dict(pred, ar_s=wall[0], sp_s=wall[g], measured_speedup=measured,
-                    loop_overhead=pred["predicted_speedup"] / measured - 1,
-                    ar_loop_overhead=wall[0] / pred["ar_predicted_s"] - 1,
-                    sp_loop_overhead=wall[g] / pred["sp_predicted_s"] - 1,
+    out.append(dict(pred, ar_s=wall[0], sp_s=wall[g], **overhead_fields(pred, wall[0], wall[g]),
                     target_ms={t: 1e3 * v for t, v in tt.items()},
                     draft_ms={t: 1e3 * v for t, v in td.items()},
                     prefill_ms={"target": 1e3 * pt, "draft": 1e3 * pd}))

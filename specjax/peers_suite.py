@@ -132,11 +132,7 @@ def _specjax_rows(pair, runners, streams, tt, td, prefill_t, prefill_d, cfg, bat
                  iterations=st["iterations"])
       pred = bp.loop_prediction(cfg.max_new, r.gamma, st["iterations"], tt, td, prefill_t,
                                 prefill_d)
-      measured = ar.last["median_s"] / med
-      row.update(pred, measured_speedup=measured,
-                 loop_overhead=pred["predicted_speedup"] / measured - 1,
-                 ar_loop_overhead=ar.last["median_s"] / pred["ar_predicted_s"] - 1,
-                 sp_loop_overhead=med / pred["sp_predicted_s"] - 1,
+      row.update(pred, **bp.overhead_fields(pred, ar.last["median_s"], med),
                  verify_cost=tt[r.gamma + 1] / tt[1], c=td[1] / tt[1])
     rows.append(row)
   return rows

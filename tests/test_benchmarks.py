@@ -303,3 +303,12 @@ def test_paired_loop_overhead_detects_a_slow_loop():
     bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 0)
   with pytest.raises(ValueError, match="autoregressive"):
     bp.paired_loop_overhead(pair, sp, ar, prompts, lengths, cache_len, max_new, 1)
+
+
+def test_overhead_fields_hand_computed():
+  pred = {"predicted_speedup": 1.5, "ar_predicted_s": 3.0, "sp_predicted_s": 2.0}
+  out = bp.overhead_fields(pred, ar_s=3.3, sp_s=2.75)
+  assert out["measured_speedup"] == pytest.approx(1.2)
+  assert out["loop_overhead"] == pytest.approx(0.25)      # 1.5 / 1.2 − 1
+  assert out["ar_loop_overhead"] == pytest.approx(0.1)
+  assert out["sp_loop_overhead"] == pytest.approx(0.375)
