@@ -161,6 +161,8 @@ def floor_step_seconds(seconds: Sequence[float]) -> float:
   """The median of per-call seconds, floored at 0.1 µs: a step too cheap to
   resolve against the noise reads as the floor, not as 0 or < 0 (callers
   divide by these times)."""
+  if len(seconds) == 0:
+    raise ValueError(f"seconds must hold at least one measurement, got {seconds!r}")
   return max(statistics.median(seconds), _RESOLUTION_S)
 
 

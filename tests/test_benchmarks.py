@@ -312,3 +312,11 @@ def test_overhead_fields_hand_computed():
   assert out["loop_overhead"] == pytest.approx(0.25)      # 1.5 / 1.2 − 1
   assert out["ar_loop_overhead"] == pytest.approx(0.1)
   assert out["sp_loop_overhead"] == pytest.approx(0.375)
+
+
+def test_floor_step_seconds():
+  from specjax.benchmarking import floor_step_seconds
+  assert floor_step_seconds([3e-3, 1e-3, 2e-3]) == pytest.approx(2e-3)
+  assert floor_step_seconds([-1e-4, 1e-9, -2e-5]) == 1e-7  # noise never reads as <= 0
+  with pytest.raises(ValueError, match="seconds"):
+    floor_step_seconds([])
