@@ -48,6 +48,9 @@ _REPEATS = flags.DEFINE_integer("repeats", None, "Override the timed rounds.")
 _MAX_NEW = flags.DEFINE_integer("max_new", None, "Override N, the tokens generated per row.")
 _ROUNDS = flags.DEFINE_integer("overhead_rounds", None,
                                "Override the paired loop-overhead rounds (0: off).")
+_MIN_S = flags.DEFINE_float("overhead_min_seconds", None,
+                            "Override the loops' minimum summed time over the paired rounds "
+                            "(more rounds, up to 4x, until reached).")
 _MEMORY = flags.DEFINE_bool("memory", True, "Measure peak memory in subprocesses.")
 _GROWTH = flags.DEFINE_bool("growth", True, "Measure cost growth with length and buffer.")
 _THREADS = flags.DEFINE_integer("torch_threads", None, "torch threads (default: all cores; "
@@ -66,7 +69,7 @@ def make_config() -> peers_suite.SuiteConfig:
   if "batches" in kw:
     kw.setdefault("hf_batches", kw["batches"])
   for flag, key in ((_REPEATS, "repeats"), (_MAX_NEW, "max_new"), (_THREADS, "threads"),
-                    (_ROUNDS, "overhead_rounds")):
+                    (_ROUNDS, "overhead_rounds"), (_MIN_S, "overhead_min_seconds")):
     if flag.value is not None:
       kw[key] = flag.value
   return peers_suite.SuiteConfig(**kw)

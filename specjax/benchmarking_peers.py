@@ -599,7 +599,8 @@ def loop_prediction(max_new: int, gamma: int, iterations: Sequence[int], t_targe
 
 def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.ndarray,
                          lengths: np.ndarray, cache_len: int, max_new: int, rounds: int,
-                         steps: int = 32) -> Dict[str, Any]:
+                         steps: int = 32, min_loop_seconds: float = 0.0,
+                         max_rounds: Optional[int] = None) -> Dict[str, Any]:
   """The loop overhead of speculative runner `sp` against autoregressive
   runner `ar` (both built by `specjax_runner`, same requests), measured in
   `rounds` rounds that each time both loops once and, right after, every
@@ -608,9 +609,21 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
   prompts). Each round gives predicted speedup (`loop_prediction`) / measured
   speedup − 1 from numbers taken seconds apart, so a slow phase of a noisy
   machine moves both sides; the result is the median over rounds, with
-  every round kept."""
+  every round kept.
+
+  Short loops are noisy one call at a time (a 0.2 s call varies by ±35% on
+  a busy 2-core machine), so after `rounds` rounds more are run until the
+  loops' summed wall time (AR + speculative, all rounds) reaches
+  `min_loop_seconds`, up to `max_rounds` (default 4 × `rounds`): every batch
+  size gets about the same measured time, whatever its loops cost."""
   if rounds < 1:
     raise ValueError(f"rounds must be >= 1, got {rounds}")
+  if max_rounds is None:
+    max_rounds = 4 * rounds
+  if max_rounds < rounds:
+    raise ValueError(f"max_rounds must be >= rounds ({rounds}), got {max_rounds}")
+  if not min_loop_seconds >= 0:
+    raise ValueError(f"min_loop_seconds must be >= 0, got {min_loop_seconds}")
   if ar.gamma != 0 or sp.gamma < 1:
     raise ValueError(f"ar must be autoregressive (γ 0) and sp speculative (γ ≥ 1), got γ "
                      f"{ar.gamma} and {sp.gamma}")
@@ -627,8 +640,8 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
     result = fn()
     return time.perf_counter() - t0, result
 
-  out = []
-  for r in range(rounds):
+  out, loop_s, r = [], 0.0, 0
+  while r < rounds or (loop_s < min_loop_seconds and r < max_rounds):
     wall, stats = {}, {}
     for run in ([ar, sp] if r % 2 == 0 else [sp, ar]):
       wall[run.gamma], (_, stats[run.gamma]) = seconds(run.fn)
@@ -640,9 +653,11 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
                     target_ms={t: 1e3 * v for t, v in tt.items()},
                     draft_ms={t: 1e3 * v for t, v in td.items()},
                     prefill_ms={"target": 1e3 * pt, "draft": 1e3 * pd}))
+    loop_s, r = loop_s + wall[0] + wall[g], r + 1
   med = lambda key: statistics.median(o[key] for o in out)
   ovh = [o["loop_overhead"] for o in out]
-  return {"batch": b, "gamma": g, "rounds": out, "loop_overhead": med("loop_overhead"),
+  return {"batch": b, "gamma": g, "rounds": out, "loop_seconds": loop_s,
+          "loop_overhead": med("loop_overhead"),
           "loop_overhead_min": min(ovh), "loop_overhead_max": max(ovh),
           "predicted_speedup": med("predicted_speedup"),
           "measured_speedup": med("measured_speedup"),

@@ -289,11 +289,16 @@ def test_paired_loop_overhead_detects_a_slow_loop():
   slow.fn = slow_fn
   for r in (ar, sp):
     r.fn()  # compile
-  plain = bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 2,
-                                  steps=2)
+  # One round asked, then more until the loops ran 1e9 s: stopped by max_rounds.
+  plain = bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 1,
+                                  steps=2, min_loop_seconds=1e9, max_rounds=2)
+  # Two rounds asked; the loops' minimum time is reached after the first (≥ 0.25 s).
   slowed = bp.paired_loop_overhead(pair, ar, slow, prompts, lengths, cache_len, max_new, 2,
-                                   steps=2)
+                                   steps=2, min_loop_seconds=0.2)
   assert len(plain["rounds"]) == 2 and plain["gamma"] == gamma and plain["batch"] == 1
+  assert len(slowed["rounds"]) == 2
+  assert slowed["loop_seconds"] == pytest.approx(
+      sum(r["ar_s"] + r["sp_s"] for r in slowed["rounds"]))
   for r in slowed["rounds"]:
     assert r["sp_s"] >= delay
   # The sleep is >> the tiny models' whole loop: predicted / measured − 1 jumps.
@@ -303,6 +308,11 @@ def test_paired_loop_overhead_detects_a_slow_loop():
     bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 0)
   with pytest.raises(ValueError, match="autoregressive"):
     bp.paired_loop_overhead(pair, sp, ar, prompts, lengths, cache_len, max_new, 1)
+  with pytest.raises(ValueError, match="max_rounds"):
+    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 3, max_rounds=2)
+  with pytest.raises(ValueError, match="min_loop_seconds"):
+    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 1,
+                            min_loop_seconds=float("nan"))
 
 
 def test_overhead_fields_hand_computed():
