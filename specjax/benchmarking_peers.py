@@ -50,6 +50,7 @@ import numpy as np
 
 import specjax
 from specjax.benchmarking import StepTimer, floor_step_seconds, time_call
+from specjax.benchmarking_calls import model_call_loop
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.t5 import T5
@@ -579,6 +580,28 @@ def overhead_fields(pred: Dict[str, float], ar_s: float, sp_s: float) -> Dict[st
           "sp_loop_overhead": sp_s / pred["sp_predicted_s"] - 1}
 
 
+def call_loop_fields(pred: Dict[str, float], ar_s: float, sp_s: float, ar_calls_s: float,
+                     sp_calls_s: float) -> Dict[str, float]:
+  """Splits the loop overhead of `overhead_fields` in two with the wall times
+  of the model-call loops (`benchmarking_calls.model_call_loop`, same
+  requests and iterations): `logic_overhead` = model-call speedup / measured
+  speedup − 1 (what verify, commit, stopping, statistics and the API's host
+  work cost the speedup) and `composition_overhead` = predicted speedup /
+  model-call speedup − 1 (what composing the components into one loop costs
+  against timing each in its own: draft and target one after another,
+  positions that advance); (1 + the two) multiply to
+  1 + loop_overhead. Per loop: `ar_logic` / `sp_logic` = wall / model-call
+  loop − 1, `ar_composition` / `sp_composition` = model-call loop /
+  prediction − 1."""
+  calls_speedup = ar_calls_s / sp_calls_s
+  return {"calls_speedup": calls_speedup,
+          "logic_overhead": calls_speedup / (ar_s / sp_s) - 1,
+          "composition_overhead": pred["predicted_speedup"] / calls_speedup - 1,
+          "ar_logic": ar_s / ar_calls_s - 1, "sp_logic": sp_s / sp_calls_s - 1,
+          "ar_composition": ar_calls_s / pred["ar_predicted_s"] - 1,
+          "sp_composition": sp_calls_s / pred["sp_predicted_s"] - 1}
+
+
 def loop_prediction(max_new: int, gamma: int, iterations: Sequence[int], t_target: Dict[int, float],
                     t_draft: Dict[int, float], prefill_target_s: float,
                     prefill_draft_s: float) -> Dict[str, float]:
@@ -600,7 +623,8 @@ def loop_prediction(max_new: int, gamma: int, iterations: Sequence[int], t_targe
 def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.ndarray,
                          lengths: np.ndarray, cache_len: int, max_new: int, rounds: int,
                          steps: int = 32, min_loop_seconds: float = 0.0,
-                         max_rounds: Optional[int] = None) -> Dict[str, Any]:
+                         max_rounds: Optional[int] = None,
+                         model_calls: bool = True) -> Dict[str, Any]:
   """The loop overhead of speculative runner `sp` against autoregressive
   runner `ar` (both built by `specjax_runner`, same requests), measured in
   `rounds` rounds that each time both loops once and, right after, every
@@ -615,7 +639,13 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
   a busy 2-core machine), so after `rounds` rounds more are run until the
   loops' summed wall time (AR + speculative, all rounds) reaches
   `min_loop_seconds`, up to `max_rounds` (default 4 × `rounds`): every batch
-  size gets about the same measured time, whatever its loops cost."""
+  size gets about the same measured time, whatever its loops cost.
+
+  With `model_calls`, each round also times the two loops' model calls alone
+  (`benchmarking_calls.model_call_loop`: same requests, the round's
+  iteration counts) and splits the overhead into the decoding logic's and
+  the composition's part (`call_loop_fields`). The request groups are
+  consecutive row blocks of the runners' batch (`groups`)."""
   if rounds < 1:
     raise ValueError(f"rounds must be >= 1, got {rounds}")
   if max_rounds is None:
@@ -634,6 +664,7 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
               for m, p in ((pair.target, pair.tp), (pair.draft, pair.dp))]
   for call in prefills:
     call()  # compile
+  call_loops = _call_loops(pair, prompts, lengths, b, g, cache_len) if model_calls else None
 
   def seconds(fn):
     t0 = time.perf_counter()
@@ -649,20 +680,55 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
     td = {t: floor_step_seconds(v) for t, v in draft.measure(1).items()}
     pt, pd = (seconds(f)[0] for f in prefills)
     pred = loop_prediction(max_new, g, stats[g]["iterations"], tt, td, pt, pd)
-    out.append(dict(pred, ar_s=wall[0], sp_s=wall[g], **overhead_fields(pred, wall[0], wall[g]),
-                    target_ms={t: 1e3 * v for t, v in tt.items()},
-                    draft_ms={t: 1e3 * v for t, v in td.items()},
-                    prefill_ms={"target": 1e3 * pt, "draft": 1e3 * pd}))
+    row = dict(pred, ar_s=wall[0], sp_s=wall[g], **overhead_fields(pred, wall[0], wall[g]),
+               target_ms={t: 1e3 * v for t, v in tt.items()},
+               draft_ms={t: 1e3 * v for t, v in td.items()},
+               prefill_ms={"target": 1e3 * pt, "draft": 1e3 * pd})
+    if call_loops:
+      iters = {0: [max_new - 1] * len(stats[g]["iterations"]), g: stats[g]["iterations"]}
+      calls = {}
+      for gamma in ([0, g] if r % 2 else [g, 0]):
+        calls[gamma] = seconds(lambda: call_loops(gamma, iters[gamma]))[0]
+      row.update(ar_calls_s=calls[0], sp_calls_s=calls[g],
+                 **call_loop_fields(pred, wall[0], wall[g], calls[0], calls[g]))
+    out.append(row)
     loop_s, r = loop_s + wall[0] + wall[g], r + 1
   med = lambda key: statistics.median(o[key] for o in out)
   ovh = [o["loop_overhead"] for o in out]
+  keys = ["predicted_speedup", "measured_speedup", "ar_loop_overhead", "sp_loop_overhead"]
+  if call_loops:
+    keys += ["calls_speedup", "logic_overhead", "composition_overhead", "ar_logic", "sp_logic",
+             "ar_composition", "sp_composition"]
   return {"batch": b, "gamma": g, "rounds": out, "loop_seconds": loop_s,
           "loop_overhead": med("loop_overhead"),
           "loop_overhead_min": min(ovh), "loop_overhead_max": max(ovh),
-          "predicted_speedup": med("predicted_speedup"),
-          "measured_speedup": med("measured_speedup"),
-          "ar_loop_overhead": med("ar_loop_overhead"),
-          "sp_loop_overhead": med("sp_loop_overhead")}
+          **{key: med(key) for key in keys}}
+
+
+def _call_loops(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, batch: int, gamma: int,
+                cache_len: int) -> Callable[[int, Sequence[int]], None]:
+  """`run(γ, iterations)`: the model-call loops (γ 0: autoregressive, else
+  speculative at `gamma`) of request groups 0, 1, ... (rows i·B..(i+1)·B),
+  group i running iterations[i], each blocked on; caches made per call as
+  the fused loops make theirs. Compiled here."""
+  loops = {0: model_call_loop(pair.target, None, 0),
+           gamma: model_call_loop(pair.target, pair.draft, gamma)}
+  plen = prompts.shape[1]
+  data = [(jnp.asarray(prompts[i:i + batch]), jnp.asarray(lengths[i:i + batch]))
+          for i in range(0, len(prompts) - batch + 1, batch)]
+
+  def run(g: int, iterations: Sequence[int]) -> None:
+    if len(iterations) > len(data):
+      raise ValueError(f"{len(iterations)} request groups of {batch} rows, but only "
+                       f"{len(prompts)} prompts")
+    for (x, n), it in zip(data, iterations):
+      tc = pair.target.init_cache(batch, cache_len, plen)
+      dc = pair.draft.init_cache(batch, cache_len, plen) if g else None
+      loops[g](pair.tp, pair.dp, x, n, tc, dc, jnp.int32(it))[0].block_until_ready()
+
+  for g in loops:
+    run(g, [1])  # compile
+  return run
 
 
 # --------------------------------------------------------------------------- memory

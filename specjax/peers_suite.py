@@ -453,9 +453,11 @@ def goals(results: Dict[str, Any]) -> List[Dict[str, Any]]:
                   f"{sp['measured_speedup']:.2f}×")
       if po:  # The paired rounds decide; the unpaired figure is shown alongside.
         v = po["loop_overhead"]
+        split = (f"; decoding logic {100 * po['logic_overhead']:+.1f}%, composition "
+                 f"{100 * po['composition_overhead']:+.1f}%" if "logic_overhead" in po else "")
         detail = (f"{100 * v:+.1f}% (median of {len(po['rounds'])} paired rounds at γ = "
                   f"{po['gamma']}, range {100 * po['loop_overhead_min']:+.1f}…"
-                  f"{100 * po['loop_overhead_max']:+.1f}%; unpaired "
+                  f"{100 * po['loop_overhead_max']:+.1f}%{split}; unpaired "
                   f"{100 * sp['loop_overhead']:+.1f}%, {unpaired})")
       else:
         v = sp["loop_overhead"]
@@ -560,7 +562,9 @@ def _paired_table(batches) -> List[str]:
   if not found:
     return []
   lines = ["| B | γ | rounds | loop overhead (median) | range | predicted | measured | AR ovh | "
-           "SP ovh | per round |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "SP ovh | logic | composition | SP logic | per round |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  pct = lambda po, key: _f(100 * po[key], "{:+.1f}") + "%" if key in po else "—"
   for po in found:
     per = ", ".join(f"{100 * r['loop_overhead']:+.1f}" for r in po["rounds"])
     lines.append(
@@ -568,7 +572,8 @@ def _paired_table(batches) -> List[str]:
         f"{100 * po['loop_overhead']:+.1f}% | {100 * po['loop_overhead_min']:+.1f}…"
         f"{100 * po['loop_overhead_max']:+.1f}% | {po['predicted_speedup']:.2f}× | "
         f"{po['measured_speedup']:.2f}× | {100 * po['ar_loop_overhead']:+.1f}% | "
-        f"{100 * po['sp_loop_overhead']:+.1f}% | {per} |")
+        f"{100 * po['sp_loop_overhead']:+.1f}% | {pct(po, 'logic_overhead')} | "
+        f"{pct(po, 'composition_overhead')} | {pct(po, 'sp_logic')} | {per} |")
   return lines
 
 
@@ -719,7 +724,16 @@ def to_markdown(results: Dict[str, Any]) -> str:
                    if cfg.get("overhead_min_seconds") else "")
                 + "The goal uses the "
                 "median of the rounds' overheads; the predicted, measured and AR / SP ovh "
-                "columns are medians of their own, so their ratio need not equal it.",
+                "columns are medians of their own, so their ratio need not equal it. "
+                "Each round also times both loops' model calls alone "
+                "(`specjax.benchmarking_calls.model_call_loop`: the same calls in the same "
+                "order for the same requests and iteration counts, without verify, commit, "
+                "stopping, statistics or the API's host work), which splits the overhead: "
+                "logic = model-call speedup / measured − 1 (the decoding logic), composition = "
+                "predicted / model-call speedup − 1 (the components run in one loop instead of "
+                "each in its own: draft and target one after another, positions that advance); "
+                "(1 + logic)(1 + composition) = 1 + overhead "
+                "per round. SP logic = speculative loop / its model calls − 1.",
                 ""] + paired + [""]
     lines += ["### Ratios (tokens/s)", ""] + _ratio_table(p["ratios"]) + [""]
     for note in p["notes"]:

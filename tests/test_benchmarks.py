@@ -168,8 +168,10 @@ def test_peers_bench_smoke(tmp_path):
   for name, p in results["pairs"].items():
     po = p["batches"][0]["paired_overhead"]
     assert po["batch"] == 1 and len(po["rounds"]) == 1 and np.isfinite(po["loop_overhead"])
+    assert np.isfinite(po["logic_overhead"]) and np.isfinite(po["composition_overhead"])
   overhead_goals = [g for g in results["goals"] if "loop overhead" in g["goal"]]
-  assert overhead_goals and all("paired rounds" in g["detail"] for g in overhead_goals)
+  assert overhead_goals and all("paired rounds" in g["detail"] and "decoding logic" in g["detail"]
+                                for g in overhead_goals)
 
 
 def test_gpu_roofline_cpu_smoke(tmp_path):
@@ -304,6 +306,17 @@ def test_paired_loop_overhead_detects_a_slow_loop():
   # The sleep is >> the tiny models' whole loop: predicted / measured − 1 jumps.
   assert slowed["loop_overhead"] > plain["loop_overhead"] + 1.0, (plain, slowed)
   assert slowed["sp_loop_overhead"] > plain["sp_loop_overhead"] + 1.0
+  # ... and the model-call loops put it in the decoding logic's part, not
+  # the composition's: the sleep is outside the model calls.
+  assert slowed["logic_overhead"] > plain["logic_overhead"] + 1.0
+  assert slowed["sp_logic"] > plain["sp_logic"] + 1.0
+  for r in plain["rounds"] + slowed["rounds"]:
+    assert r["ar_calls_s"] > 0 and r["sp_calls_s"] > 0
+    assert (1 + r["logic_overhead"]) * (1 + r["composition_overhead"]) == pytest.approx(
+        1 + r["loop_overhead"])
+  off = bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 1, steps=2,
+                                model_calls=False)
+  assert "logic_overhead" not in off and "sp_calls_s" not in off["rounds"][0]
   with pytest.raises(ValueError, match="rounds"):
     bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 0)
   with pytest.raises(ValueError, match="autoregressive"):
@@ -322,6 +335,76 @@ def test_overhead_fields_hand_computed():
   assert out["loop_overhead"] == pytest.approx(0.25)      # 1.5 / 1.2 − 1
   assert out["ar_loop_overhead"] == pytest.approx(0.1)
   assert out["sp_loop_overhead"] == pytest.approx(0.375)
+
+
+def test_call_loop_fields_hand_computed():
+  pred = {"predicted_speedup": 1.5, "ar_predicted_s": 3.0, "sp_predicted_s": 2.0}
+  out = bp.call_loop_fields(pred, ar_s=3.3, sp_s=2.75, ar_calls_s=3.15, sp_calls_s=2.5)
+  assert out["calls_speedup"] == pytest.approx(1.26)
+  assert out["logic_overhead"] == pytest.approx(1.26 / 1.2 - 1)       # 5%
+  assert out["composition_overhead"] == pytest.approx(1.5 / 1.26 - 1)
+  assert out["ar_logic"] == pytest.approx(3.3 / 3.15 - 1)
+  assert out["sp_logic"] == pytest.approx(0.1)
+  assert out["ar_composition"] == pytest.approx(0.05)
+  assert out["sp_composition"] == pytest.approx(0.25)
+  # The two parts multiply to the whole loop overhead.
+  whole = bp.overhead_fields(pred, ar_s=3.3, sp_s=2.75)["loop_overhead"]
+  assert (1 + out["logic_overhead"]) * (1 + out["composition_overhead"]) == pytest.approx(1 + whole)
+
+
+def _t5_pair():
+  from tests.t5_helpers import tiny_config
+  target, draft = T5(tiny_config("1.1")), T5(tiny_config("1.0", num_decoder_layers=1))
+  return target, target.init(jax.random.PRNGKey(3)), draft, draft.init(jax.random.PRNGKey(4))
+
+
+def _decoder_pair():
+  from tests import tiny
+  (target, tp), (draft, dp) = tiny.target(), tiny.small_draft()
+  return target, tp, draft, dp
+
+
+@pytest.mark.parametrize("make_pair", [_decoder_pair, _t5_pair], ids=["decoder", "t5"])
+def test_model_call_loop_follows_greedy_decoding(make_pair):
+  """The model-call loop makes the fused loops' calls at the right positions:
+  after K iterations (one position each) the target's first argmax is greedy
+  decoding's token K + 1, for the autoregressive loop and every γ, and (the
+  decoder-only pair, whose prefix can be fed as a prompt) the drafts are the
+  draft's own greedy continuation of the first K tokens — an off-by-one in
+  a length, a wrong draft feed or a stale cache would change the tokens."""
+  import specjax
+  from specjax.benchmarking_calls import model_call_loop
+  target, tp, draft, dp = make_pair()
+  rng = np.random.default_rng(5)
+  plen, n_new = 7, 10
+  prompts = jnp.asarray(rng.integers(2, target.vocab_size, size=(3, plen)), jnp.int32)
+  lengths = jnp.array([7, 3, 5], jnp.int32)
+  prompts = jnp.where(jnp.arange(plen)[None] < lengths[:, None], prompts, 0)
+  ref = np.asarray(specjax.generate(target, tp, prompts, lengths, max_new_tokens=n_new,
+                                    sampling=specjax.GREEDY).tokens)
+  assert len({tuple(col) for col in ref.T}) > 3  # the tokens move: the check can fail
+  for gamma in (0, 1, 3):
+    run = model_call_loop(target, draft if gamma else None, gamma)
+    cache_len = plen + n_new + gamma + 1
+    for k in (0, 4, n_new - 1):
+      tc = target.init_cache(3, cache_len, plen)
+      dc = draft.init_cache(3, cache_len, plen) if gamma else None
+      best, drafts, tc, dc = run(tp, dp, prompts, lengths, tc, dc, jnp.int32(k))
+      assert best.shape == (3, gamma + 1) and drafts.shape == (3, gamma)
+      np.testing.assert_array_equal(np.asarray(best[:, 0]), ref[:, k],
+                                    err_msg=f"γ {gamma}, K {k}")
+      if gamma and k and isinstance(target, DecoderLM):
+        ext = np.zeros((3, plen + k), np.int32)
+        for row, n in enumerate(np.asarray(lengths)):
+          ext[row, :n + k] = np.concatenate([np.asarray(prompts[row, :n]), ref[row, :k]])
+        want = specjax.generate(draft, dp, jnp.asarray(ext), lengths + k, max_new_tokens=gamma,
+                                sampling=specjax.GREEDY).tokens
+        np.testing.assert_array_equal(np.asarray(drafts), np.asarray(want),
+                                      err_msg=f"drafts, γ {gamma}, K {k}")
+  with pytest.raises(ValueError, match="gamma"):
+    model_call_loop(target, draft, -1)
+  with pytest.raises(ValueError, match="draft"):
+    model_call_loop(target, None, 2)
 
 
 def test_floor_step_seconds():
