@@ -2,7 +2,7 @@
 
   python benchmarks/peers_bench.py --leviathan_dir=runs/leviathan_full \
       --chen_dir=runs/chen_full                      # the full suite (≤ ~25 min)
-  python benchmarks/peers_bench.py --quick ...       # fewer cells (≤ ~8 min)
+  python benchmarks/peers_bench.py --quick ...       # fewer cells (~10 min)
   python benchmarks/peers_bench.py --smoke           # tiny random models (< 1 min; the test)
 
 Pairs: `t5` = the Leviathan T5 v1.1 target and its draft_<--t5_draft> (orbax
