@@ -6,10 +6,11 @@ two different reasons: the loop's decoding logic (verify, commit, stopping,
 statistics, PRNG, the API's host work) and the composition of the components
 into one loop (a draft call that runs right after a target call finds colder
 CPU caches than one that runs after itself; each call writes new cache
-positions where the component loop rewrites the same ones). `model_call_loop` separates them. It builds a jitted function that
-makes exactly the model calls of `generate` / `speculative_generate`, in the
-same order, on the same shapes and caches, with each call's input computed
-from the previous call's output (an argmax), and nothing else:
+positions where the component loop rewrites the same ones). `model_call_loop`
+separates them. It builds a jitted function that makes exactly the model
+calls of `generate` / `speculative_generate`, in the same order, on the same
+shapes and caches, with each call's input computed from the previous call's
+output (an argmax), and nothing else:
 
   * autoregressive (`gamma` = 0): the target's prefill, then per iteration
     one target call on T = 1 token;
