@@ -564,7 +564,7 @@ def _paired_table(batches) -> List[str]:
   lines = ["| B | γ | rounds | loop overhead (median) | range | predicted | measured | AR ovh | "
            "SP ovh | logic | composition | SP logic | per round |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-  pct = lambda po, key: _f(100 * po[key], "{:+.1f}") + "%" if key in po else "—"
+  pct = lambda po, key: _f(100 * po[key], "{:+.1f}%") if key in po else "—"
   for po in found:
     per = ", ".join(f"{100 * r['loop_overhead']:+.1f}" for r in po["rounds"])
     lines.append(
