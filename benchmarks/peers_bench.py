@@ -24,6 +24,12 @@ import os
 import sys
 import time
 
+# One CPU device per core, for the batch-1 model-parallel rows (XLA reads this
+# when jax is first imported; single-device systems run on the first device).
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
+                             f"device_count={os.cpu_count() or 1}").strip()
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags, logging  # noqa: E402
@@ -53,6 +59,9 @@ _MIN_S = flags.DEFINE_float("overhead_min_seconds", None,
                             "(more rounds, up to 4x, until reached).")
 _MEMORY = flags.DEFINE_bool("memory", True, "Measure peak memory in subprocesses.")
 _GROWTH = flags.DEFINE_bool("growth", True, "Measure cost growth with length and buffer.")
+_MP = flags.DEFINE_integer("model_parallel", None, "Devices on the model axis of the batch-1 "
+                           "model-parallel rows (default 0: every device = every core; 1: off).")
+_MP_GAMMAS = flags.DEFINE_list("mp_gammas", None, "Override γ of the model-parallel rows.")
 _THREADS = flags.DEFINE_integer("torch_threads", None, "torch threads (default: all cores; "
                                 "smoke: 1).")
 
@@ -63,12 +72,14 @@ def make_config() -> peers_suite.SuiteConfig:
             data_cache=_DATA.value, pairs=tuple(_PAIRS.value), memory=_MEMORY.value,
             growth=_GROWTH.value)
   ints = lambda xs: tuple(int(x) for x in xs)
-  for flag, key in ((_BATCHES, "batches"), (_GAMMAS, "gammas"), (_GAMMAS_B, "gammas_batched")):
+  for flag, key in ((_BATCHES, "batches"), (_GAMMAS, "gammas"), (_GAMMAS_B, "gammas_batched"),
+                    (_MP_GAMMAS, "mp_gammas")):
     if flag.value:
       kw[key] = ints(flag.value)
   if "batches" in kw:
     kw.setdefault("hf_batches", kw["batches"])
   for flag, key in ((_REPEATS, "repeats"), (_MAX_NEW, "max_new"), (_THREADS, "threads"),
+                    (_MP, "model_parallel"),
                     (_ROUNDS, "overhead_rounds"), (_MIN_S, "overhead_min_seconds")):
     if flag.value is not None:
       kw[key] = flag.value

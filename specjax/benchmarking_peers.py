@@ -9,6 +9,8 @@ in one process, on the same prompts:
   tokens;
 * `specjax_runner` / `hf_runner`: one system at one batch size and γ, as a
   callable the timing loop calls (`interleaved_times` alternates them);
+  `specjax_runner(..., mesh=...)`: the same on a `model`-axis mesh (target
+  split Megatron-style, draft replicated: every CPU core on the target);
 * `SpecjaxStream` (jitted `init_state` / `step`, a host timestamp after each
   iteration) and `TimingStreamer` (a transformers `BaseStreamer` that
   timestamps `put`) give token arrival times; `stream_latencies` turns them
@@ -49,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
+from specjax import sharding
 from specjax.benchmarking import StepTimer, floor_step_seconds, time_call
 from specjax.benchmarking_calls import model_call_loop
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
@@ -387,6 +390,7 @@ class Runner:
   fn: Callable[[], Tuple[np.ndarray, Dict[str, Any]]]
   framework: str = "specjax"
   note: str = ""
+  devices: int = 1                 # > 1: model-parallel over this many devices
   last: Dict[str, Any] = dataclasses.field(default_factory=dict)
   latency_events: List[Tuple[float, list]] = dataclasses.field(default_factory=list)
 
@@ -404,16 +408,44 @@ def decode(pair: "Pair", prompts, lengths, gamma: int, **kw):
 
 
 def specjax_runner(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, row_groups,
-                   gamma: int, max_new: int, cache_len: int) -> Runner:
+                   gamma: int, max_new: int, cache_len: int,
+                   mesh: Optional[jax.sharding.Mesh] = None) -> Runner:
   """The fused loop (`specjax.generate` / `speculative_generate`), greedy, no
-  EOS stop; requests served one after another, each blocked on."""
-  data = [(jnp.asarray(prompts[a:b]), jnp.asarray(lengths[a:b])) for a, b in row_groups]
-  kw = dict(max_new_tokens=max_new, sampling=GREEDY, cache_len=cache_len)
-  runner = Runner("specjax " + ("speculative" if gamma else "autoregressive"),
-                  row_groups[0][1] - row_groups[0][0], gamma, fn=None)
+  EOS stop; requests served one after another, each blocked on.
+
+  With a `mesh`, the target's params are split over its `model` axis
+  (`sharding.shard_params`), the draft's replicated (`sharding.replicate`: a
+  small draft's steps then need no collectives), and each request gets
+  fresh caches placed the same way (inside the timed call, as `generate`
+  allocates its own); the system is named "..., model-parallel ×<devices>".
+  """
+  name = "specjax " + ("speculative" if gamma else "autoregressive")
+  kw = dict(max_new_tokens=max_new, sampling=GREEDY)
+  if mesh is None:
+    run_pair, devices = pair, 1
+    data = [(jnp.asarray(prompts[a:b]), jnp.asarray(lengths[a:b])) for a, b in row_groups]
+    kw["cache_len"] = cache_len
+  else:
+    devices = mesh.devices.size
+    name += f", model-parallel ×{devices}"
+    run_pair = dataclasses.replace(pair, tp=sharding.shard_params(pair.tp, mesh),
+                                   dp=sharding.replicate(pair.dp, mesh))
+    data = [sharding.shard_batch(mesh, np.asarray(prompts[a:b]), np.asarray(lengths[a:b]))
+            for a, b in row_groups]
+  runner = Runner(name, row_groups[0][1] - row_groups[0][0], gamma, fn=None, devices=devices)
+
+  def caches(x):
+    if mesh is None:
+      return {}
+    b, p = x.shape
+    tc = sharding.sharded_cache(pair.target, mesh, b, cache_len, p)
+    if not gamma:
+      return {"cache": tc}
+    return {"target_cache": tc,
+            "draft_cache": sharding.replicate(pair.draft.init_cache(b, cache_len, p), mesh)}
 
   def fn():
-    outs = [decode(pair, x, n, gamma, **kw) for x, n in data]
+    outs = [decode(run_pair, x, n, gamma, **kw, **caches(x)) for x, n in data]
     tokens = np.concatenate([np.asarray(o.tokens) for o in outs])
     stats = {
         "iterations": [int(jnp.max(o.stats.target_calls)) - 1 for o in outs],

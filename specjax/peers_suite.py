@@ -15,13 +15,14 @@ import shutil
 import statistics
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
 
 import specjax
 from specjax import benchmarking_peers as bp
+from specjax import sharding
 from specjax.benchmarking import count_params, step_times
 
 __all__ = ["SuiteConfig", "run_suite", "run_pair", "goals", "to_markdown", "QUICK", "SMOKE"]
@@ -68,6 +69,11 @@ class SuiteConfig:
   growth_gamma: int = 0            # 0: the best γ at batch 1
   growth_fresh_compile: bool = True  # clear JAX's caches first: real compile times
   threads: int = 0                 # torch threads; 0: all cores
+  # Batch-1 rows with the target split over a `model` mesh axis of this many
+  # devices (draft replicated): 0 = every device of the process (off with
+  # one; `benchmarks/peers_bench.py` makes one CPU device per core), 1 = off.
+  model_parallel: int = 0
+  mp_gammas: Sequence[int] = (1, 2, 4)            # speculative γ of those rows
   mode: str = "full"
 
 
@@ -75,7 +81,7 @@ QUICK = dict(batches=(1, 8), gammas=(2, 4, 6), gammas_batched=(4,), hf_gammas=(4
              lookup_gammas=(4,), hf_batches=(1, 8), b1_prompts=1, repeats=2, stream_repeats=1,
              overhead_rounds=3, overhead_min_seconds=5.0, memory_batches=(1,),
              growth_new_tokens=(64, 256),
-             growth_buffers=(1, 4), mode="quick")
+             growth_buffers=(1, 4), mp_gammas=(2, 4), mode="quick")
 SMOKE = dict(fallback_size="tiny", batches=(1,), gammas=(2,), gammas_batched=(),
              hf_gammas=(2,), lookup_gammas=(2,), hf_batches=(1,), max_new=8, prompt_len=8,
              b1_prompts=1, repeats=1, stream_repeats=1, step_repeats=1, overhead_rounds=1,
@@ -83,7 +89,8 @@ SMOKE = dict(fallback_size="tiny", batches=(1,), gammas=(2,), gammas_batched=(),
              memory_batches=(1,),
              memory_systems=("specjax autoregressive",), memory_pairs=("decoder",),
              growth_new_tokens=(8,),
-             growth_buffers=(1, 2), growth_fresh_compile=False, threads=1, mode="smoke")
+             growth_buffers=(1, 2), growth_fresh_compile=False, threads=1, model_parallel=2,
+             mp_gammas=(2,), mode="smoke")
 
 
 def _pair_spec(cfg: SuiteConfig, name: str) -> bp.PairSpec:
@@ -113,6 +120,7 @@ def _median(xs):
 def _specjax_rows(pair, runners, streams, tt, td, prefill_t, prefill_d, cfg, batch, n_groups):
   rows = []
   ar = runners[0]
+  one = {r.gamma: r for r in runners if r.framework == "specjax" and r.devices == 1}
   for r in runners:
     if r.framework != "specjax":
       continue
@@ -124,8 +132,8 @@ def _specjax_rows(pair, runners, streams, tt, td, prefill_t, prefill_d, cfg, bat
                ms_per_token=1e3 * med / (cfg.max_new * n_groups), median_s=med,
                runs=r.last["runs"], first_s=r.last["first_s"],
                compile_s=max(r.last["first_s"] - med, 0.0),
-               agreement=bp.token_agreement(r.last["tokens"], ar.last["tokens"]))
-    row.update(streams.get(r.gamma, {}))
+               agreement=bp.token_agreement(r.last["tokens"], ar.last["tokens"]),
+               devices=r.devices)
     if r.gamma:
       hist = np.asarray(st["hist"], float)
       its = int(hist.sum())
@@ -133,6 +141,13 @@ def _specjax_rows(pair, runners, streams, tt, td, prefill_t, prefill_d, cfg, bat
                  tokens_per_iteration=float((hist * (np.arange(hist.size) + 1)).sum() / its)
                  if its else float("nan"),
                  iterations=st["iterations"])
+    if r.devices > 1:  # Model-parallel: throughput against one device, nothing else.
+      base = one.get(r.gamma)
+      row["vs_one_device"] = (base.last["median_s"] / med) if base else float("nan")
+      rows.append(row)
+      continue
+    row.update(streams.get(r.gamma, {}))
+    if r.gamma:
       pred = bp.loop_prediction(cfg.max_new, r.gamma, st["iterations"], tt, td, prefill_t,
                                 prefill_d)
       row.update(pred, **bp.overhead_fields(pred, ar.last["median_s"], med),
@@ -204,6 +219,12 @@ def run_batch(pair, hf, prompts, lengths, batch: int, cfg: SuiteConfig, cache_le
   runners = [bp.specjax_runner(pair, prompts, lengths, row_groups, g, cfg.max_new, cache_len)
              for g in [0] + gam]
   notes = []
+  if batch == 1:
+    mesh, note = model_parallel_mesh(cfg)
+    notes += [note] if note else []
+    if mesh is not None:
+      runners += [bp.specjax_runner(pair, prompts, lengths, row_groups, g, cfg.max_new,
+                                    cache_len, mesh=mesh) for g in [0] + list(cfg.mp_gammas)]
   if hf is not None and batch in cfg.hf_batches:
     runners.append(bp.hf_runner(hf, prompts, lengths, row_groups, "greedy", None, cfg.max_new))
     if batch == 1:
@@ -218,7 +239,7 @@ def run_batch(pair, hf, prompts, lengths, batch: int, cfg: SuiteConfig, cache_le
   reference = runners[0].last["tokens"]
   stream_gammas = [0] + gam
   if batch > 1 and gam:  # Latency of every γ at batch 1; above it of AR and the fastest γ.
-    best = min((r for r in runners if r.framework == "specjax" and r.gamma),
+    best = min((r for r in runners if r.framework == "specjax" and r.gamma and r.devices == 1),
                key=lambda r: r.last["median_s"])
     stream_gammas = [0, best.gamma]
   log(f"[{pair.spec.name}] batch {batch}: streams for γ = {stream_gammas}")
@@ -226,7 +247,7 @@ def run_batch(pair, hf, prompts, lengths, batch: int, cfg: SuiteConfig, cache_le
                      reference)
   paired = None
   if gam and cfg.overhead_rounds:
-    best = min((r for r in runners if r.framework == "specjax" and r.gamma),
+    best = min((r for r in runners if r.framework == "specjax" and r.gamma and r.devices == 1),
                key=lambda r: r.last["median_s"])
     log(f"[{pair.spec.name}] batch {batch}: loop overhead at γ = {best.gamma}, "
         f"{cfg.overhead_rounds}+ paired rounds (≥ {cfg.overhead_min_seconds:g} s of loops)")
@@ -253,6 +274,24 @@ def run_batch(pair, hf, prompts, lengths, batch: int, cfg: SuiteConfig, cache_le
           "step_times_ms": {"target": {t: 1e3 * v for t, v in tt.items()},
                             "draft": {t: 1e3 * v for t, v in td.items()}},
           "prefill_ms": {"target": 1e3 * prefill_t, "draft": 1e3 * prefill_d}}
+
+
+def model_parallel_mesh(cfg: SuiteConfig) -> Tuple[Optional[jax.sharding.Mesh], str]:
+  """The (1, k) mesh of the model-parallel rows, or None and why not."""
+  if not isinstance(cfg.model_parallel, int) or cfg.model_parallel < 0:
+    raise ValueError(f"model_parallel must be an int >= 0 (0: every device), got "
+                     f"{cfg.model_parallel!r}")
+  n = len(jax.devices())
+  k = cfg.model_parallel or n
+  if k < 2:
+    return None, ("" if cfg.model_parallel else
+                  "model-parallel rows: off (one device; benchmarks/peers_bench.py makes one "
+                  "CPU device per core)")
+  if k > n:
+    return None, (f"model-parallel rows: off (model_parallel={k} needs {k} devices, the process "
+                  f"has {n}; set XLA_FLAGS=--xla_force_host_platform_device_count={k} before "
+                  "jax is imported)")
+  return sharding.make_mesh(data=1, model=k), ""
 
 
 def _probe_batched(hf, prompts, lengths, batch: int) -> List[str]:
@@ -324,6 +363,15 @@ def _ratios(rows, batches) -> List[Dict[str, Any]]:
       same_g = [r for r in rows if r["system"] == "specjax speculative" and r["batch"] == b
                 and r["gamma"] == hf_fixed["gamma"]]
       same = div(same_g[0], hf_fixed) if same_g else None
+    mp = {}  # The model-parallel rows (every core on the target), against the same peers.
+    for kind, peer_row in (("autoregressive", hg), ("speculative", ha)):
+      cand = [r for r in rows if r["batch"] == b and r.get("devices", 1) > 1
+              and r["system"].startswith(f"specjax {kind},")]
+      best = max(cand, key=lambda r: r["tokens_per_s"], default=None)
+      key = "ar_mp_vs_hf_greedy" if kind == "autoregressive" else "sp_mp_vs_hf_assisted"
+      mp[key] = div(best, peer_row)
+      mp[key.split("_vs_")[0] + "_system"] = (f"{best['system']} γ={best['gamma']}"
+                                              if best else None)
     out.append(dict(batch=b, ar_vs_hf_greedy=div(ar, hg), sp_vs_hf_assisted=div(sp, ha),
                     sp_vs_hf_assisted_same_gamma=same, sp_vs_hf_lookup=div(sp, hl),
                     sp_vs_hf_assisted_defaults=div(sp, hd[0]) if hd else None,
@@ -335,7 +383,7 @@ def _ratios(rows, batches) -> List[Dict[str, Any]]:
                     sp_gamma=sp["gamma"] if sp else None,
                     hf_assisted_best=(("defaults" if ha.get("note") else f"γ={ha['gamma']}")
                                       if ha else None),
-                    same_gamma=hf_fixed["gamma"] if hf_fixed else None))
+                    same_gamma=hf_fixed["gamma"] if hf_fixed else None, **mp))
   return out
 
 
@@ -443,6 +491,15 @@ def goals(results: Dict[str, Any]) -> List[Dict[str, Any]]:
         add(goal, "n/a", "not measured")
       else:
         add(goal, "PASS" if v >= GOAL_PEER_RATIO else "FAIL", f"{v:.2f}×")
+    for key, peer in (("ar_mp_vs_hf_greedy", "greedy"),
+                      ("sp_mp_vs_hf_assisted", "assisted (best of its γ values and defaults)")):
+      v = ratio and ratio.get(key)
+      if v is None:
+        continue
+      system = ratio[key.split("_vs_")[0] + "_system"]
+      add(f"{tag}: {system} ≥ {GOAL_PEER_RATIO:g}× transformers {peer} tokens/s, batch 1 "
+          f"(transformers on {p['torch_threads']} torch threads)",
+          "PASS" if v >= GOAL_PEER_RATIO else "FAIL", f"{v:.2f}×")
     paired = {bt["batch"]: bt.get("paired_overhead") for bt in p.get("batches", [])}
     for b in sorted({r["batch"] for r in rows}):
       sp = best_row(rows, "specjax speculative", b)
@@ -574,6 +631,30 @@ def _paired_table(batches) -> List[str]:
         f"{po['measured_speedup']:.2f}× | {100 * po['ar_loop_overhead']:+.1f}% | "
         f"{100 * po['sp_loop_overhead']:+.1f}% | {pct(po, 'logic_overhead')} | "
         f"{pct(po, 'composition_overhead')} | {pct(po, 'sp_logic')} | {per} |")
+  return lines
+
+
+def _model_parallel_table(rows) -> List[str]:
+  mp = [r for r in rows if r.get("devices", 1) > 1]
+  if not mp:
+    return []
+  peers = {}
+  for b in {r["batch"] for r in mp}:
+    peers[b] = (best_row(rows, "transformers greedy", b),
+                best_row(rows, "transformers assisted", b, with_defaults=True))
+  lines = ["| system | B | γ | tok/s | ms/token | × one device (same γ) | / transformers greedy | "
+           "/ transformers assisted (best) | α | = specjax AR |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in sorted(mp, key=lambda r: (r["batch"], r["gamma"])):
+    hg, ha = peers[r["batch"]]
+    div = lambda peer: _f(r["tokens_per_s"] / peer["tokens_per_s"], "{:.2f}×") if peer else "—"
+    ag = r["agreement"]
+    same = ("yes" if ag["identical"] else
+            f"{ag['identical_rows']}/{ag['rows']} (pos {ag['first_mismatch']})")
+    lines.append(f"| {r['system']} | {r['batch']} | {r['gamma'] or '—'} | "
+                 f"{_f(r['tokens_per_s'], '{:.1f}')} | {_f(r['ms_per_token'])} | "
+                 f"{_f(r.get('vs_one_device'), '{:.2f}×')} | {div(hg)} | {div(ha)} | "
+                 f"{_f(r.get('acceptance_rate'))} | {same} |")
   return lines
 
 
@@ -736,6 +817,17 @@ def to_markdown(results: Dict[str, Any]) -> str:
                 "per round. SP logic = speculative loop / its model calls − 1.",
                 ""] + paired + [""]
     lines += ["### Ratios (tokens/s)", ""] + _ratio_table(p["ratios"]) + [""]
+    mp = _model_parallel_table(p["rows"])
+    if mp:
+      lines += ["### Every core on the target: model-parallel rows", "",
+                "The target's params split over a `model` mesh axis of one CPU device per core "
+                "(`specjax.sharding.shard_params`: heads, MLP units and vocabulary Megatron-style; "
+                "XLA inserts the all-reduces), the draft replicated on every device "
+                "(`sharding.replicate`), the caches placed likewise and allocated inside each "
+                "timed call. Timed in the same interleaved rounds as every other batch-1 "
+                "system; transformers uses every core through its torch threads. Latency, "
+                "memory and the loop-overhead split are measured on one device only.", ""]
+      lines += mp + [""]
     for note in p["notes"]:
       lines.append(f"- {note}")
     if p["growth"]:

@@ -22,6 +22,14 @@ Example (8 devices):
   prompts, lengths, keys = shard_batch(mesh, prompts, lengths, keys)
   out = speculative_generate(target, tp, draft, dp, prompts, lengths, key=keys,
                              target_cache=tc, draft_cache=dc, ...)
+
+A small draft is often better replicated than split: `replicate(dp, mesh)` and
+`replicate(draft.init_cache(...), mesh)` give every device the whole draft,
+so its steps need no collectives (each device computes them redundantly).
+On a CPU host, one device per core (`XLA_FLAGS=
+--xla_force_host_platform_device_count=<cores>`) and a `model` axis over
+them puts every core on the target's matrix-vector products at batch 1
+(`benchmarks/peers_bench.py`'s model-parallel rows).
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-__all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch"]
+__all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch",
+           "replicate"]
 
 DATA, MODEL = "data", "model"
 
@@ -114,3 +123,11 @@ def shard_batch(mesh: Mesh, *arrays):
     spec = P(DATA) if x.shape[0] % mesh.shape[DATA] == 0 else P()
     out.append(jax.device_put(x, NamedSharding(mesh, spec)))
   return tuple(out)
+
+
+def replicate(tree, mesh: Mesh):
+  """Places every array of `tree` (params, a cache) whole on every device of `mesh`."""
+  if not isinstance(mesh, Mesh):
+    raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
+  sharding = NamedSharding(mesh, P())
+  return jax.tree_util.tree_map(lambda x: jax.device_put(x, sharding), tree)

@@ -19,6 +19,7 @@ from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MULTICORE = (os.cpu_count() or 1) >= 2  # peers_bench.py: one CPU device per core
 
 
 def test_stream_latencies_one_arrival_per_iteration():
@@ -139,15 +140,20 @@ def test_peers_bench_smoke(tmp_path):
   for name, p in results["pairs"].items():
     assert not p["trained"] and "random init" in p["source"]
     systems = {r["system"] for r in p["rows"]}
+    mp = {"specjax autoregressive, model-parallel ×2", "specjax speculative, model-parallel ×2"}
     assert systems == {"specjax autoregressive", "specjax speculative", "transformers greedy",
-                       "transformers assisted", "transformers prompt lookup"}
+                       "transformers assisted", "transformers prompt lookup"} | (
+                           mp if MULTICORE else set())
     for r in p["rows"]:
-      for key in ("tokens_per_s", "ttft_ms", "itl_p50_ms", "itl_p99_ms", "agreement"):
+      latency = ("ttft_ms", "itl_p50_ms", "itl_p99_ms") if r.get("devices", 1) == 1 else ()
+      for key in ("tokens_per_s", "agreement") + latency:
         assert key in r, (name, r["system"], key)
       # Greedy: every system's tokens equal specjax autoregressive's.
       assert r["agreement"]["identical"], (name, r["system"], r["gamma"], r["agreement"])
-      if r["framework"] == "specjax":
+      if r["framework"] == "specjax" and r["devices"] == 1:
         assert r["stream_identical"] and r["compile_s"] >= 0
+      if r["framework"] == "specjax" and r["devices"] > 1:  # Split target, replicated draft.
+        assert r["devices"] == 2 and r["vs_one_device"] > 0 and "stream_identical" not in r
       if r["system"] == "specjax speculative":
         for key in ("loop_overhead", "predicted_speedup", "measured_speedup", "verify_cost", "c",
                     "acceptance_rate"):
@@ -169,6 +175,13 @@ def test_peers_bench_smoke(tmp_path):
     po = p["batches"][0]["paired_overhead"]
     assert po["batch"] == 1 and len(po["rounds"]) == 1 and np.isfinite(po["loop_overhead"])
     assert np.isfinite(po["logic_overhead"]) and np.isfinite(po["composition_overhead"])
+  mp_goals = [g for g in results["goals"] if "model-parallel ×2" in g["goal"]]
+  if MULTICORE:  # peers_bench.py makes one CPU device per core: the rows use both.
+    assert len(mp_goals) == 4 and all(g["status"] in ("PASS", "FAIL") for g in mp_goals)
+    assert "### Every core on the target: model-parallel rows" in md
+  else:
+    assert not mp_goals and any("model-parallel rows: off" in n
+                                for n in results["pairs"]["decoder"]["notes"])
   overhead_goals = [g for g in results["goals"] if "loop overhead" in g["goal"]]
   assert overhead_goals and all("paired rounds" in g["detail"] and "decoding logic" in g["detail"]
                                 for g in overhead_goals)

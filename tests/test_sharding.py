@@ -67,3 +67,31 @@ def test_sharded_t5_greedy_equals_unsharded():
   ref = specjax.speculative_generate(t, tp, t, tp, prompts, lengths, **kw)
   out = _run_sharded(t, tp, t, tp, prompts, lengths, mesh, **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def test_split_target_with_replicated_draft_equals_unsharded():
+  """The model-parallel benchmark layout: target over `model`, draft whole on every device."""
+  mesh = sharding.make_mesh(data=1, model=2)
+  lm, params = target()
+  draft, draft_params = noisy_draft()
+  prompts, lengths = ragged_prompts(batch=2)
+  kw = dict(max_new_tokens=12, gamma=3, sampling=specjax.GREEDY, eos_id=EOS)
+  ref = specjax.speculative_generate(lm, params, draft, draft_params, prompts, lengths, **kw)
+  need = specjax.required_cache_len(lm, prompts.shape[1], 12, 3)
+  dp = sharding.replicate(draft_params, mesh)
+  for leaf in jax.tree_util.tree_leaves(dp):
+    assert leaf.sharding.is_fully_replicated and len(leaf.sharding.device_set) == 2
+  sp, ln = sharding.shard_batch(mesh, prompts, lengths)
+  out = specjax.speculative_generate(
+      lm, sharding.shard_params(params, mesh), draft, dp, sp, ln,
+      target_cache=sharding.sharded_cache(lm, mesh, 2, need, prompts.shape[1]),
+      draft_cache=sharding.replicate(draft.init_cache(2, need, prompts.shape[1]), mesh), **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.stats.accepted, ref.stats.accepted)
+  assert out.target_cache.k[0].sharding.spec[1] == "model"
+  assert out.draft_cache.k[0].sharding.is_fully_replicated
+
+
+def test_replicate_needs_a_mesh():
+  with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):
+    sharding.replicate({"w": np.ones(2)}, jax.devices()[0])
