@@ -24,12 +24,6 @@ import os
 import sys
 import time
 
-# One CPU device per core, for the batch-1 model-parallel rows (XLA reads this
-# when jax is first imported; single-device systems run on the first device).
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_"
-                             f"device_count={os.cpu_count() or 1}").strip()
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags, logging  # noqa: E402
@@ -59,8 +53,8 @@ _MIN_S = flags.DEFINE_float("overhead_min_seconds", None,
                             "(more rounds, up to 4x, until reached).")
 _MEMORY = flags.DEFINE_bool("memory", True, "Measure peak memory in subprocesses.")
 _GROWTH = flags.DEFINE_bool("growth", True, "Measure cost growth with length and buffer.")
-_MP = flags.DEFINE_integer("model_parallel", None, "Devices on the model axis of the batch-1 "
-                           "model-parallel rows (default 0: every device = every core; 1: off).")
+_MP = flags.DEFINE_integer("model_parallel", None, "Batch-1 model-parallel rows on this many CPU "
+                           "devices (0: one per core; default 1: off; smoke: 2).")
 _MP_GAMMAS = flags.DEFINE_list("mp_gammas", None, "Override γ of the model-parallel rows.")
 _THREADS = flags.DEFINE_integer("torch_threads", None, "torch threads (default: all cores; "
                                 "smoke: 1).")
@@ -90,6 +84,12 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.INFO)
   cfg = make_config()
+  if cfg.model_parallel != 1 and "device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # CPU devices for the model-parallel rows; XLA reads this when the backend
+    # starts (the first computation), so before anything runs.
+    n = cfg.model_parallel or os.cpu_count() or 1
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={n}").strip()
   if _SMOKE.value:  # Tiny models: compilation dominates, and its speed is not measured here.
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                                + " --xla_backend_optimization_level=0").strip()

@@ -70,9 +70,9 @@ class SuiteConfig:
   growth_fresh_compile: bool = True  # clear JAX's caches first: real compile times
   threads: int = 0                 # torch threads; 0: all cores
   # Batch-1 rows with the target split over a `model` mesh axis of this many
-  # devices (draft replicated): 0 = every device of the process (off with
-  # one; `benchmarks/peers_bench.py` makes one CPU device per core), 1 = off.
-  model_parallel: int = 0
+  # devices (draft replicated): 1 = off, 0 = every device of the process
+  # (`benchmarks/peers_bench.py --model_parallel=0` makes one CPU device per core).
+  model_parallel: int = 1
   mp_gammas: Sequence[int] = (1, 2, 4)            # speculative γ of those rows
   mode: str = "full"
 
@@ -285,8 +285,8 @@ def model_parallel_mesh(cfg: SuiteConfig) -> Tuple[Optional[jax.sharding.Mesh], 
   k = cfg.model_parallel or n
   if k < 2:
     return None, ("" if cfg.model_parallel else
-                  "model-parallel rows: off (one device; benchmarks/peers_bench.py makes one "
-                  "CPU device per core)")
+                  "model-parallel rows: off (the process has one device; set XLA_FLAGS="
+                  "--xla_force_host_platform_device_count=<cores> before jax starts)")
   if k > n:
     return None, (f"model-parallel rows: off (model_parallel={k} needs {k} devices, the process "
                   f"has {n}; set XLA_FLAGS=--xla_force_host_platform_device_count={k} before "

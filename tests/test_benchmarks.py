@@ -19,7 +19,6 @@ from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MULTICORE = (os.cpu_count() or 1) >= 2  # peers_bench.py: one CPU device per core
 
 
 def test_stream_latencies_one_arrival_per_iteration():
@@ -142,8 +141,7 @@ def test_peers_bench_smoke(tmp_path):
     systems = {r["system"] for r in p["rows"]}
     mp = {"specjax autoregressive, model-parallel ×2", "specjax speculative, model-parallel ×2"}
     assert systems == {"specjax autoregressive", "specjax speculative", "transformers greedy",
-                       "transformers assisted", "transformers prompt lookup"} | (
-                           mp if MULTICORE else set())
+                       "transformers assisted", "transformers prompt lookup"} | mp
     for r in p["rows"]:
       latency = ("ttft_ms", "itl_p50_ms", "itl_p99_ms") if r.get("devices", 1) == 1 else ()
       for key in ("tokens_per_s", "agreement") + latency:
@@ -176,12 +174,9 @@ def test_peers_bench_smoke(tmp_path):
     assert po["batch"] == 1 and len(po["rounds"]) == 1 and np.isfinite(po["loop_overhead"])
     assert np.isfinite(po["logic_overhead"]) and np.isfinite(po["composition_overhead"])
   mp_goals = [g for g in results["goals"] if "model-parallel ×2" in g["goal"]]
-  if MULTICORE:  # peers_bench.py makes one CPU device per core: the rows use both.
-    assert len(mp_goals) == 4 and all(g["status"] in ("PASS", "FAIL") for g in mp_goals)
-    assert "### Every core on the target: model-parallel rows" in md
-  else:
-    assert not mp_goals and any("model-parallel rows: off" in n
-                                for n in results["pairs"]["decoder"]["notes"])
+  # The smoke asks for 2 CPU devices (peers_bench.py sets the count before jax starts).
+  assert len(mp_goals) == 4 and all(g["status"] in ("PASS", "FAIL") for g in mp_goals)
+  assert "### Every core on the target: model-parallel rows" in md
   overhead_goals = [g for g in results["goals"] if "loop overhead" in g["goal"]]
   assert overhead_goals and all("paired rounds" in g["detail"] and "decoding logic" in g["detail"]
                                 for g in overhead_goals)
@@ -426,3 +421,19 @@ def test_floor_step_seconds():
   assert floor_step_seconds([-1e-4, 1e-9, -2e-5]) == 1e-7  # noise never reads as <= 0
   with pytest.raises(ValueError, match="seconds"):
     floor_step_seconds([])
+
+
+def test_model_parallel_mesh_choices():
+  from specjax import peers_suite
+  cfg = lambda k: peers_suite.SuiteConfig(model_parallel=k)
+  assert peers_suite.model_parallel_mesh(cfg(1)) == (None, "")  # the default: off
+  mesh, note = peers_suite.model_parallel_mesh(cfg(2))
+  assert dict(mesh.shape) == {"data": 1, "model": 2} and note == ""
+  n = len(jax.devices())
+  mesh, note = peers_suite.model_parallel_mesh(cfg(0))  # every device
+  assert mesh.shape["model"] == n
+  mesh, note = peers_suite.model_parallel_mesh(cfg(n + 1))
+  assert mesh is None and f"needs {n + 1} devices" in note and "device_count" in note
+  with pytest.raises(ValueError, match="model_parallel must be an int >= 0.*-1"):
+    peers_suite.model_parallel_mesh(cfg(-1))
+
