@@ -1,7 +1,8 @@
 """specjax against transformers on the same weights, on this CPU (one command).
 
   python benchmarks/peers_bench.py --leviathan_dir=runs/leviathan_full \
-      --chen_dir=runs/chen_full                      # the full suite (≤ ~25 min)
+      --chen_dir=runs/chen_full                      # the full suite (~35 min)
+  python benchmarks/peers_bench.py ... --model_parallel=0  # + batch-1 rows on every core
   python benchmarks/peers_bench.py --quick ...       # fewer cells (~10 min)
   python benchmarks/peers_bench.py --smoke           # tiny random models (< 1 min; the test)
 

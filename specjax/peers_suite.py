@@ -76,6 +76,14 @@ class SuiteConfig:
   mp_gammas: Sequence[int] = (1, 2, 4)            # speculative γ of those rows
   mode: str = "full"
 
+  def __post_init__(self):
+    _check_model_parallel(self.model_parallel)
+
+
+def _check_model_parallel(k) -> None:
+  if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    raise ValueError(f"model_parallel must be an int >= 0 (0: every device), got {k!r}")
+
 
 QUICK = dict(batches=(1, 8), gammas=(2, 4, 6), gammas_batched=(4,), hf_gammas=(4,),
              lookup_gammas=(4,), hf_batches=(1, 8), b1_prompts=1, repeats=2, stream_repeats=1,
@@ -278,9 +286,7 @@ def run_batch(pair, hf, prompts, lengths, batch: int, cfg: SuiteConfig, cache_le
 
 def model_parallel_mesh(cfg: SuiteConfig) -> Tuple[Optional[jax.sharding.Mesh], str]:
   """The (1, k) mesh of the model-parallel rows, or None and why not."""
-  if not isinstance(cfg.model_parallel, int) or cfg.model_parallel < 0:
-    raise ValueError(f"model_parallel must be an int >= 0 (0: every device), got "
-                     f"{cfg.model_parallel!r}")
+  _check_model_parallel(cfg.model_parallel)
   n = len(jax.devices())
   k = cfg.model_parallel or n
   if k < 2:
@@ -574,15 +580,20 @@ def _memory_table(rows) -> List[str]:
   return lines if len(lines) > 2 else []
 
 
+def _agreement(row) -> str:
+  """The "= specjax AR" cell: yes, or identical rows / rows (first differing position)."""
+  ag = row["agreement"]
+  return ("yes" if ag["identical"] else
+          f"{ag['identical_rows']}/{ag['rows']} (pos {ag['first_mismatch']})")
+
+
 def _system_table(rows) -> List[str]:
   lines = ["| system | B | γ | tok/s | ms/token | TTFT ms | ITL P50 ms | ITL P99 ms | ITL mean ms "
            "| peak MiB | compile s | α | tok/iter | = specjax AR |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in sorted(rows, key=lambda r: (r["batch"], r["framework"] != "specjax", r["system"],
                                        r["gamma"] or 99)):
-    ag = r["agreement"]
-    same = ("yes" if ag["identical"] else
-            f"{ag['identical_rows']}/{ag['rows']} (pos {ag['first_mismatch']})")
+    same = _agreement(r)
     gamma = "—" if not r["gamma"] and r["system"] != "transformers assisted" else (
         "default" if r.get("note") else str(r["gamma"]))
     compile_s = r.get("compile_s")
@@ -648,9 +659,7 @@ def _model_parallel_table(rows) -> List[str]:
   for r in sorted(mp, key=lambda r: (r["batch"], r["gamma"])):
     hg, ha = peers[r["batch"]]
     div = lambda peer: _f(r["tokens_per_s"] / peer["tokens_per_s"], "{:.2f}×") if peer else "—"
-    ag = r["agreement"]
-    same = ("yes" if ag["identical"] else
-            f"{ag['identical_rows']}/{ag['rows']} (pos {ag['first_mismatch']})")
+    same = _agreement(r)
     lines.append(f"| {r['system']} | {r['batch']} | {r['gamma'] or '—'} | "
                  f"{_f(r['tokens_per_s'], '{:.1f}')} | {_f(r['ms_per_token'])} | "
                  f"{_f(r.get('vs_one_device'), '{:.2f}×')} | {div(hg)} | {div(ha)} | "
