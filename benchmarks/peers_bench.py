@@ -5,6 +5,7 @@
   python benchmarks/peers_bench.py ... --model_parallel=0  # + batch-1 rows on every core
   python benchmarks/peers_bench.py --quick ...       # fewer cells (~10 min)
   python benchmarks/peers_bench.py --smoke           # tiny random models (< 1 min; the test)
+  python benchmarks/peers_bench.py --render=benchmarks/results/peers.json  # report only
 
 Pairs: `t5` = the Leviathan T5 v1.1 target and its draft_<--t5_draft> (orbax
 dirs under --leviathan_dir), `decoder` = the Chen target and draft (under
@@ -59,6 +60,8 @@ _MP = flags.DEFINE_integer("model_parallel", None, "Batch-1 model-parallel rows 
 _MP_GAMMAS = flags.DEFINE_list("mp_gammas", None, "Override γ of the model-parallel rows.")
 _THREADS = flags.DEFINE_integer("torch_threads", None, "torch threads (default: all cores; "
                                 "smoke: 1).")
+_RENDER = flags.DEFINE_string("render", "", "Measure nothing: recompute the goals of this "
+                               "results JSON and rewrite the markdown next to it (X.json → X.md).")
 
 
 def make_config() -> peers_suite.SuiteConfig:
@@ -81,9 +84,30 @@ def make_config() -> peers_suite.SuiteConfig:
   return peers_suite.SuiteConfig(**kw)
 
 
+def render(path: str) -> str:
+  """Rewrites `<stem>.md` (and the goals in `<stem>.json`) from a results JSON
+  with this code's report: a change to the report or to the goals' rules
+  then reaches committed results without measuring again."""
+  import json
+  with open(path) as f:
+    results = json.load(f)
+  # The JSON's keys are sorted; the report lists the pairs in the order they ran.
+  order = [n for n in results["meta"]["config"].get("pairs", ()) if n in results["pairs"]]
+  results["pairs"] = {n: results["pairs"][n] for n in order + sorted(set(results["pairs"])
+                                                                      - set(order))}
+  results["goals"] = peers_suite.goals(results)
+  write_json(results, path)
+  md = peers_suite.to_markdown(results)
+  atomic_write_text(md, os.path.splitext(path)[0] + ".md")
+  return md
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.INFO)
+  if _RENDER.value:
+    print(render(_RENDER.value))
+    return
   cfg = make_config()
   if cfg.model_parallel != 1 and "device_count" not in os.environ.get("XLA_FLAGS", ""):
     # CPU devices for the model-parallel rows; XLA reads this when the backend

@@ -40,6 +40,7 @@ from numpy.typing import ArrayLike
 __all__ = [
     "acceptance_rate",
     "expected_tokens_per_call",
+    "alpha_for_tokens",
     "walltime_improvement",
     "walltime_improvement_from_tokens",
     "optimal_gamma",
@@ -270,6 +271,40 @@ def expected_tokens_per_call(alpha: ArrayLike, gamma: ArrayLike) -> Number:
   g = _integer("gamma", gamma, 0)
   a, g = _broadcast(alpha=a, gamma=g)
   return _out(_tokens(a, g))
+
+
+def alpha_for_tokens(tokens_per_call: ArrayLike, gamma: ArrayLike) -> Number:
+  """The α at which `expected_tokens_per_call(α, γ)` equals tokens_per_call.
+
+  The inverse of Equation (1) in α (it increases strictly from 1 at α = 0 to
+  γ + 1 at α = 1), found by bisection to float64 precision. Two uses: the α a
+  speedup target needs (feed it the tokens per call that target requires),
+  and the α the i.i.d. model would need to explain a measured mean of tokens
+  per call. (It is not accepted / drafted: for γ > 1 that ratio is lower than
+  α, because the drafts after a rejection are proposed but never checked.)
+
+  Args:
+    tokens_per_call: tokens per target call, in [1, γ + 1].
+    gamma: draft length(s), integer(s) >= 1 (at γ = 0 every α gives 1 token).
+
+  Returns:
+    α in [0, 1].
+  """
+  t = _real("tokens_per_call", tokens_per_call)
+  g = _integer("gamma", gamma, 1)
+  t, g = _broadcast(tokens_per_call=t, gamma=g)
+  bad = (t < 1.0) | (t > g + 1.0)
+  if bad.any():
+    raise ValueError(
+        "tokens_per_call must lie in [1, gamma + 1] (a call emits between 1 "
+        f"and gamma + 1 tokens), got {_first_bad(t, bad)} with gamma "
+        f"{_first_bad(g, bad)}")
+  lo, hi = np.zeros_like(t), np.ones_like(t)
+  for _ in range(64):  # Halves the bracket each time: 2^-64 < float64's spacing near 1.
+    mid = 0.5 * (lo + hi)
+    below = _tokens(mid, g) < t
+    lo, hi = np.where(below, mid, lo), np.where(below, hi, mid)
+  return _out(np.where(t >= g + 1.0, 1.0, np.where(t <= 1.0, 0.0, 0.5 * (lo + hi))))
 
 
 def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike,

@@ -167,9 +167,11 @@ def test_peers_bench_smoke(tmp_path):
   statuses = {g["status"] for g in results["goals"]}
   assert statuses <= {"PASS", "FAIL", "n/a", "pending"} and "pending" in statuses
   for heading in ("## Goals", "### Every configuration", "### Ratios (tokens/s)",
-                  "### Cost growth", "### Peak memory", "### Loop overhead, paired rounds"):
+                  "### Cost growth", "### Peak memory", "### Loop overhead, paired rounds",
+                  "α = E[β]: the share of the target's greedy positions"):
     assert heading in md
   for name, p in results["pairs"].items():
+    assert 0.0 <= p["batches"][0]["alpha"] <= 1.0  # E[β] over the AR tokens, per batch
     po = p["batches"][0]["paired_overhead"]
     assert po["batch"] == 1 and len(po["rounds"]) == 1 and np.isfinite(po["loop_overhead"])
     assert np.isfinite(po["logic_overhead"]) and np.isfinite(po["composition_overhead"])
@@ -177,6 +179,11 @@ def test_peers_bench_smoke(tmp_path):
   # The smoke asks for 2 CPU devices (peers_bench.py sets the count before jax starts).
   assert len(mp_goals) == 4 and all(g["status"] in ("PASS", "FAIL") for g in mp_goals)
   assert "### Every core on the target: model-parallel rows" in md
+  # The report re-rendered from the JSON (--render) is the run's report, byte for byte.
+  (tmp_path / "peers_smoke.md").unlink()
+  _run(["benchmarks/peers_bench.py", f"--render={tmp_path / 'peers_smoke.json'}"])
+  assert (tmp_path / "peers_smoke.md").read_text() == md
+  assert json.loads((tmp_path / "peers_smoke.json").read_text())["goals"] == results["goals"]
   overhead_goals = [g for g in results["goals"] if "loop overhead" in g["goal"]]
   assert overhead_goals and all("paired rounds" in g["detail"] and "decoding logic" in g["detail"]
                                 for g in overhead_goals)
@@ -413,6 +420,71 @@ def test_model_call_loop_follows_greedy_decoding(make_pair):
     model_call_loop(target, draft, -1)
   with pytest.raises(ValueError, match="draft"):
     model_call_loop(target, None, 2)
+
+
+@pytest.mark.parametrize("make_pair", [_decoder_pair, _t5_pair], ids=["decoder", "t5"])
+def test_measured_alpha_is_the_argmax_agreement(make_pair):
+  """The suite's α = E[β] at temperature 0: 1 for a draft that is the
+  target; for a real draft, the share of the target's greedy positions where
+  the draft's argmax on the same prefix agrees — checked for the decoder
+  against a full (uncached) forward over prompt + tokens."""
+  import types
+
+  import specjax
+  from specjax import peers_suite
+  target, tp, draft, dp = make_pair()
+  rng = np.random.default_rng(1)
+  plen, n_new = 6, 12
+  prompts = jnp.asarray(rng.integers(2, target.vocab_size, size=(3, plen)), jnp.int32)
+  lengths = jnp.full((3,), plen, jnp.int32)
+  tokens = np.asarray(specjax.generate(target, tp, prompts, lengths, max_new_tokens=n_new,
+                                       sampling=specjax.GREEDY).tokens)
+  pair = lambda m, p: types.SimpleNamespace(target=target, tp=tp, draft=m, dp=p)
+  assert peers_suite.measured_alpha(pair(target, tp), prompts, lengths, tokens) == 1.0
+  alpha = peers_suite.measured_alpha(pair(draft, dp), prompts, lengths, tokens)
+  assert 0.0 <= alpha < 1.0
+  if isinstance(target, DecoderLM):
+    seq = jnp.concatenate([prompts, jnp.asarray(tokens)], axis=1)
+    pick = lambda m, p: np.argmax(np.asarray(m.forward(p, seq))[:, plen - 1:-1], axis=-1)
+    assert pick(target, tp).tolist() == tokens.tolist()  # the reference is right
+    assert alpha == pytest.approx(np.mean(pick(draft, dp) == tokens), abs=1e-9)
+
+
+def _goal_results(alpha, measured):
+  """A results dict with only what `goals` reads for the batch-8 goal."""
+  sp = lambda g, c, v: dict(system="specjax speculative", framework="specjax", batch=8, gamma=g,
+                            tokens_per_s=100.0 * g, acceptance_rate=0.5, c=c, verify_cost=v,
+                            measured_speedup=measured, predicted_speedup=1.0,
+                            loop_overhead=0.0, devices=1)
+  rows = [sp(2, 0.05, 1.2), sp(5, 0.05, 3.0)]  # γ 5 is the faster row, γ 2 the better prediction
+  return {"pairs": {"x": dict(rows=rows, ratios=[], trained=True, torch_threads=2,
+                              batches=[dict(batch=8, alpha=alpha, paired_overhead=None)])}}
+
+
+def test_batch_goal_gates_on_e_beta_and_projects_the_components():
+  from specjax import peers_suite
+
+  def goal(alpha, measured):
+    out = [g for g in peers_suite.goals(_goal_results(alpha, measured))
+           if "at batch 8 when" in g["goal"]]
+    assert len(out) == 1
+    return out[0]["status"], out[0]["detail"]
+
+  # γ 2: 1 + 0.7 + 0.49 = 2.19 tokens / (2·0.05 + 1.2) = 1.6846…; γ 5: 2.94117 / 3.25 = 0.905.
+  # 1.5× at γ 2 needs 1.95 tokens: 1 + α + α² = 1.95 → α = 0.5954…; at γ 5: 4.875 → α > 0.9.
+  status, detail = goal(None, 1.6)
+  assert status == "n/a" and "not measured" in detail and "accepted / drafted 0.50" in detail
+  assert "predict 1.68× at α = 0.7 (γ = 2" in detail and "needs α ≥ 0.60 (γ = 2)" in detail
+  status, detail = goal(0.65, 1.6)
+  assert status == "n/a" and "E[β] 0.65 < 0.7" in detail
+  assert goal(0.75, 1.6)[0] == "PASS" and goal(0.75, 1.4)[0] == "FAIL"
+  assert "at γ = 5, α = E[β] 0.75" in goal(0.75, 1.4)[1]  # the fastest γ is the measured one
+  # No α reaches 1.5× when even γ + 1 tokens per call fall short.
+  slow = _goal_results(0.9, 1.0)
+  for r in slow["pairs"]["x"]["rows"]:
+    r["verify_cost"] = 4.0
+  assert "no α reaches 1.5× at the measured γ (2, 5)" in peers_suite.batch_goal_projection(
+      slow["pairs"]["x"]["rows"])
 
 
 def test_floor_step_seconds():

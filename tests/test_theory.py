@@ -155,6 +155,55 @@ def test_tokens_increasing_in_alpha(a, b, gamma):
 
 
 # -----------------------------------------------------------------------------
+# alpha_for_tokens
+# -----------------------------------------------------------------------------
+
+
+def test_alpha_for_tokens_hand_values():
+  # γ = 1: tokens = 1 + α. γ = 2: 1 + α + α² = 1.95 → α = (−1 + √4.8) / 2 = 0.595445…
+  assert theory.alpha_for_tokens(1.64, 1) == pytest.approx(0.64, abs=1e-14)
+  assert theory.alpha_for_tokens(1.95, 2) == pytest.approx((math.sqrt(4.8) - 1) / 2, abs=1e-14)
+  # Ends: one token per call is α = 0, γ + 1 tokens is α = 1 (exactly).
+  assert theory.alpha_for_tokens(1.0, 5) == 0.0 and theory.alpha_for_tokens(6.0, 5) == 1.0
+  out = theory.alpha_for_tokens([1.5, 2.5], [1, 3])
+  assert isinstance(out, np.ndarray) and out.shape == (2,)
+
+
+@settings(max_examples=200, deadline=None)
+@given(alpha=alphas, gamma=st.integers(min_value=1, max_value=64))
+def test_alpha_for_tokens_inverts_expected_tokens(alpha, gamma):
+  tokens = min(_power_sum(alpha, gamma), gamma + 1.0)  # (the sum can round past γ + 1)
+  assert theory.alpha_for_tokens(tokens, gamma) == pytest.approx(alpha, abs=1e-9)
+
+
+def test_alpha_for_tokens_recovers_alpha_where_accepted_over_drafted_does_not():
+  """Simulated i.i.d. acceptances (α = 0.7, γ = 4): the mean tokens per call
+  inverted gives α back; accepted / drafted is far lower (the drafts after
+  a rejection are never checked) — the reason the benchmarks gate on E[β]."""
+  rng = np.random.default_rng(0)
+  alpha, gamma, iters = 0.7, 4, 200_000
+  ok = rng.random((iters, gamma)) < alpha
+  accepted = np.where(ok.all(1), gamma, np.argmin(ok, axis=1))
+  assert theory.alpha_for_tokens(np.mean(accepted + 1), gamma) == pytest.approx(alpha, abs=0.005)
+  assert np.sum(accepted) / (iters * gamma) < alpha - 0.15
+
+
+@pytest.mark.parametrize(
+    "tokens, gamma, error, pattern",
+    [
+        (0.5, 3, ValueError, r"tokens_per_call must lie in \[1, gamma \+ 1\] .*got 0.5"),
+        (4.5, 3, ValueError, r"tokens_per_call must lie in \[1, gamma \+ 1\] .*got 4.5"),
+        (1.0, 0, ValueError, r"gamma must be an integer >= 1, got 0"),
+        ("2", 3, TypeError, r"tokens_per_call must be a real number"),
+        (float("nan"), 3, ValueError, r"tokens_per_call must be finite"),
+    ],
+)
+def test_alpha_for_tokens_errors(tokens, gamma, error, pattern):
+  with pytest.raises(error, match=pattern):
+    theory.alpha_for_tokens(tokens, gamma)
+
+
+# -----------------------------------------------------------------------------
 # walltime_improvement and walltime_improvement_from_tokens
 # -----------------------------------------------------------------------------
 
