@@ -249,6 +249,8 @@ def run_batch(pair, hf, prompts, lengths, batch: int, cfg: SuiteConfig, cache_le
   bp.interleaved_times(runners, cfg.repeats, log)
   reference = runners[0].last["tokens"]
   alpha = measured_alpha(pair, prompts, lengths, reference) if gam else None
+  if alpha is not None:
+    log(f"[{pair.spec.name}] batch {batch}: α = E[β] {alpha:.3f} over the AR tokens")
   stream_gammas = [0] + gam
   if batch > 1 and gam:  # Latency of every γ at batch 1; above it of AR and the fastest γ.
     best = min((r for r in runners if r.framework == "specjax" and r.gamma and r.devices == 1),
