@@ -854,11 +854,12 @@ def to_markdown(results: Dict[str, Any]) -> str:
     lines += ["α = E[β]: the share of the target's greedy positions (the autoregressive "
               "tokens of that batch's prompts) where the draft's argmax, teacher-forced on the "
               "same prefix, is the target's — Leviathan et al.'s α, which the goals use. "
-              "acc. / drafted is lower for γ > 1: the drafts after a rejection are proposed "
-              "but never checked." if any(a is not None for a in alphas.values()) else
-              "α = E[β] was not measured by this run (the goals fall back to n/a); "
-              "acc. / drafted understates it for γ > 1 (drafts after a rejection are never "
-              "checked).", ""]
+              "acc. / drafted is another number: it counts the drafts after a rejection "
+              "(proposed, never checked) as not accepted, and the positions the loop does "
+              "check need not be typical ones." if any(a is not None for a in alphas.values())
+              else "α = E[β] was not measured by this run (the goals fall back to n/a); "
+              "acc. / drafted is another number (it counts the drafts after a rejection, "
+              "never checked, as not accepted).", ""]
     st = "; ".join(
         f"B={b['batch']}: target "
         + ", ".join(f"T={t} {v:.2f}" for t, v in b["step_times_ms"]["target"].items()) + " ms"

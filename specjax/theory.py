@@ -154,6 +154,16 @@ def _scalar_int(name: str, value: object, minimum: int) -> int:
   return int(value)
 
 
+def _check_tokens(t: np.ndarray, g: np.ndarray) -> None:
+  """Tokens per call must lie in [1, γ + 1] (t and g broadcast)."""
+  bad = (t < 1.0) | (t > g + 1.0)
+  if bad.any():
+    raise ValueError(
+        "tokens_per_call must lie in [1, gamma + 1] (a call emits between 1 "
+        f"and gamma + 1 tokens), got {_first_bad(t, bad)} with gamma "
+        f"{_first_bad(g, bad)}")
+
+
 def _broadcast(**named: np.ndarray) -> Tuple[np.ndarray, ...]:
   """Broadcasts the arrays together, naming them when their shapes clash."""
   try:
@@ -280,8 +290,9 @@ def alpha_for_tokens(tokens_per_call: ArrayLike, gamma: ArrayLike) -> Number:
   γ + 1 at α = 1), found by bisection to float64 precision. Two uses: the α a
   speedup target needs (feed it the tokens per call that target requires),
   and the α the i.i.d. model would need to explain a measured mean of tokens
-  per call. (It is not accepted / drafted: for γ > 1 that ratio is lower than
-  α, because the drafts after a rejection are proposed but never checked.)
+  per call. (It is not accepted / drafted: in the i.i.d. model that ratio is
+  lower than α for γ > 1, because the drafts after a rejection are proposed
+  but never checked.)
 
   Args:
     tokens_per_call: tokens per target call, in [1, γ + 1].
@@ -293,12 +304,7 @@ def alpha_for_tokens(tokens_per_call: ArrayLike, gamma: ArrayLike) -> Number:
   t = _real("tokens_per_call", tokens_per_call)
   g = _integer("gamma", gamma, 1)
   t, g = _broadcast(tokens_per_call=t, gamma=g)
-  bad = (t < 1.0) | (t > g + 1.0)
-  if bad.any():
-    raise ValueError(
-        "tokens_per_call must lie in [1, gamma + 1] (a call emits between 1 "
-        f"and gamma + 1 tokens), got {_first_bad(t, bad)} with gamma "
-        f"{_first_bad(g, bad)}")
+  _check_tokens(t, g)
   lo, hi = np.zeros_like(t), np.ones_like(t)
   for _ in range(64):  # Halves the bracket each time: 2^-64 < float64's spacing near 1.
     mid = 0.5 * (lo + hi)
@@ -371,12 +377,7 @@ def walltime_improvement_from_tokens(tokens_per_call: ArrayLike,
   cc = _non_negative("c", c)
   v = _positive("verify_cost", verify_cost)
   t, g, cc, v = _broadcast(tokens_per_call=t, gamma=g, c=cc, verify_cost=v)
-  bad = (t < 1.0) | (t > g + 1.0)
-  if bad.any():
-    raise ValueError(
-        "tokens_per_call must lie in [1, gamma + 1] (a call emits between 1 "
-        f"and gamma + 1 tokens), got {_first_bad(t, bad)} with gamma "
-        f"{_first_bad(g, bad)}")
+  _check_tokens(t, g)
   return _out(t / (g * cc + v))
 
 
