@@ -2,6 +2,7 @@
 
   python benchmarks/gpu_roofline.py --out=benchmarks/results/gpu_roofline.json
   python benchmarks/gpu_roofline.py --families=decoder --cache_len=1024 --out=...
+  python benchmarks/gpu_roofline.py --batch=8 --out=benchmarks/results/gpu_roofline_b8.json
   python benchmarks/gpu_roofline.py --cpu_smoke --out=/tmp/roofline.json   # tiny, on CPU (the test)
 
 Random bf16 weights (made leaf by leaf on the device) of T5-XXL (v1.1) with
@@ -13,7 +14,9 @@ bytes the step must move (`specjax.roofline.step_bytes`: the weights it
 uses, the KV cache — the whole static buffer — and its writes) divided by
 the bandwidth measured with one large on-device elementwise pass. Prints
 one table (and c, the verify cost, the speedup the components predict at a
-few α, the ≤ 1.3× roofline goal) and writes everything as JSON to --out.
+few α, the ≤ 1.3× roofline goal; at --batch=8 also the batch-8 goal,
+speculative ≥ 1.5× autoregressive at α = 0.7 as the components predict it)
+and writes everything as JSON to --out.
 """
 
 import json

@@ -189,6 +189,28 @@ def test_peers_bench_smoke(tmp_path):
                                 for g in overhead_goals)
 
 
+def test_roofline_summary_goals_hand_computed():
+  """c, verify cost, the prediction at α = 0.7 and both GPU goals from hand-made rows:
+  target t(1) = 10 ms, t(4) = 12 ms; draft t(1) = 1 ms, t(2) = 1.5 ms; γ = 3. The draft
+  iteration is 1.5 + 2·1 = 3.5 ms; 1 + 0.7 + 0.49 + 0.343 = 2.533 tokens → 25.33 / 15.5."""
+  def rows(batch, x_roof=1.1):
+    row = lambda role, model, t, ms: dict(family="decoder", model=model, role=role, batch=batch,
+                                          T=t, step_ms=ms, x_roofline=x_roof,
+                                          roofline_buffer_ms=ms / x_roof)
+    return [row("target", "big", 1, 10.0), row("target", "big", 4, 12.0),
+            row("draft", "d", 1, 1.0), row("draft", "d", 2, 1.5)]
+  summary, goals = roofline.summarize(rows(8), [3])
+  (s,) = summary
+  assert s["c"] == pytest.approx(0.1) and s["verify_cost"] == pytest.approx(1.2)
+  assert s["predicted_speedup"]["0.7"] == pytest.approx(2.533 * 10 / 15.5)
+  assert [g["status"] for g in goals] == ["PASS", "PASS"]
+  assert "batch 8 when α = 0.7" in goals[1]["goal"] and goals[1]["detail"].startswith("1.63×")
+  _, goals = roofline.summarize(rows(8, x_roof=1.4), [3], batch_goal=(8, 0.7, 1.7))
+  assert [g["status"] for g in goals] == ["FAIL", "FAIL"]  # 1.4× its roofline; 1.63 < 1.7
+  _, goals = roofline.summarize(rows(1), [3])
+  assert len(goals) == 1  # the batch goal only for rows at batch 8
+
+
 def test_gpu_roofline_cpu_smoke(tmp_path):
   out = tmp_path / "roofline.json"
   res = _run(["benchmarks/gpu_roofline.py", "--cpu_smoke", f"--out={out}"])
