@@ -60,6 +60,8 @@ _MP = flags.DEFINE_integer("model_parallel", None, "Batch-1 model-parallel rows 
 _MP_GAMMAS = flags.DEFINE_list("mp_gammas", None, "Override γ of the model-parallel rows.")
 _THREADS = flags.DEFINE_integer("torch_threads", None, "torch threads (default: all cores; "
                                 "smoke: 1).")
+_PACKED = flags.DEFINE_bool("packed_decoder", True, "Decoder pairs decode from the packed "
+                            "layout (DecoderLM.pack_params); false: the standard tree.")
 _RENDER = flags.DEFINE_string("render", "", "Measure nothing: recompute the goals of this "
                                "results JSON and rewrite the markdown next to it (X.json → X.md).")
 
@@ -68,7 +70,7 @@ def make_config() -> peers_suite.SuiteConfig:
   kw = dict(peers_suite.SMOKE if _SMOKE.value else peers_suite.QUICK if _QUICK.value else {})
   kw.update(leviathan_dir=_LEV.value, chen_dir=_CHEN.value, t5_draft=_T5_DRAFT.value,
             data_cache=_DATA.value, pairs=tuple(_PAIRS.value), memory=_MEMORY.value,
-            growth=_GROWTH.value)
+            growth=_GROWTH.value, packed_decoder=_PACKED.value)
   ints = lambda xs: tuple(int(x) for x in xs)
   for flag, key in ((_BATCHES, "batches"), (_GAMMAS, "gammas"), (_GAMMAS_B, "gammas_batched"),
                     (_MP_GAMMAS, "mp_gammas")):

@@ -1,22 +1,38 @@
-"""Fused decode-step projections: one wide matmul for q/k/v and one for gate/up.
+"""Decode-step projections on CPU: the packed layout and one matrix-vector
+product per token, against one matrix-matrix product on the standard layout.
 
-  python benchmarks/projections_bench.py               # Chen target shape, ~3 min
+  python benchmarks/projections_bench.py               # Chen target shape, ~6 min
   python benchmarks/projections_bench.py --quick       # tiny model (smoke run)
 
-A decode step at batch 1 is a chain of matrix-vector products whose cost on
-XLA:CPU is the weights read plus a fixed cost per product.
-`DecoderConfig.fused_projections` (opt-in) concatenates the q/k/v kernels
-(and gate/up) for single-token calls, so a layer runs 4 products instead of 7;
-calls on several tokens keep the separate matmuls. This benchmark measures,
-side by side in one process on the same random weights, the model with the
-option on and off, interleaved measurement by measurement; the ratio reported
-is the median of the paired ratios (the machine is noisy):
+A decode step at small batch is a chain of products of a few token vectors
+with each weight matrix. On XLA:CPU two things set their speed:
 
-* `step_times` (in-graph, no dispatch) at batch B and T new tokens; only
-  B * T = 1 differs in the computation, the other cells are controls that
-  show the noise (same HLO both ways);
+* Eigen's matrix-vector product reads a kernel faster the longer its
+  contiguous rows are (about 8 GB/s at rows of 384 floats, 16-20 GB/s at
+  2048-4096 on the 2-core development machine). The packed decode layout
+  (`DecoderLM.pack_params`) holds q/k/v as one kernel, gate/up as one, and
+  down transposed: 4 wider kernels per layer instead of 7.
+* Its matrix-matrix product at 2-8 rows reads the weights at about half the
+  matrix-vector bandwidth. `DecoderConfig.matvec_max_rows` (default 8 on CPU)
+  computes such calls as one matrix-vector product per token, back to back
+  on each kernel: the kernel streams from memory once, the later products
+  read it from cache.
+
+Three variants of the same random weights, measured side by side in one
+process, interleaved measurement by measurement: "packed" (packed layout,
+matrix-vector products up to 8 tokens: what decoding uses), "standard" (the
+standard layout, the same products) and "matmul" (the standard layout, one
+matrix-matrix product per call: the computation before either change). The
+ratios are medians of the paired ratios matmul / variant (the machine is
+noisy). Cells:
+
+* `step_times` (in-graph, no dispatch) at batch B and T new tokens: B * T = 1
+  is a matrix-vector product in every variant (only the layout differs);
+  B * T = 12 > 8 is one matrix-matrix product in every variant (the packed
+  layout's cost there);
 * wall time per generated token of greedy `generate` at batch 1 (N tokens
-  after a P-token prompt, minus the N = 1 call: the decode loop alone).
+  after a P-token prompt, minus the N = 1 call: the decode loop alone), and
+  whether the three variants generate the same tokens.
 
 Writes `projections.json` and `projections.md` into --out_dir.
 """
@@ -47,6 +63,8 @@ _REPEATS = flags.DEFINE_integer("repeats", 15, "Interleaved measurements per cel
 # The Chen reproduction's `full` target (17.3M parameters).
 CHEN_TARGET = DecoderConfig(vocab_size=4096, d_model=384, num_layers=8, num_heads=6,
                             num_kv_heads=6, head_dim=64, mlp_dim=1024)
+VARIANTS = ("packed", "standard", "matmul")
+BASELINE = "matmul"
 
 
 def _generate(lm, params, prompts, n, cache_len):
@@ -54,62 +72,78 @@ def _generate(lm, params, prompts, n, cache_len):
                           cache_len=cache_len).tokens
 
 
+def _row(what, seconds, path):
+  """One table row: per variant the median ms and the paired ratio baseline / variant."""
+  row = {"what": what, "path": path}
+  for k in VARIANTS:
+    row[f"{k}_ms"] = 1e3 * statistics.median(seconds[k])
+    row[f"{k}_speedup"] = statistics.median(
+        [b / v for b, v in zip(seconds[BASELINE], seconds[k])])
+  return row
+
+
 def main(argv):
   del argv
   quick = _QUICK.value
   config = decoder_config("tiny") if quick else CHEN_TARGET
-  cells = [(1, 1), (1, 3)] if quick else [(1, 1), (1, 2), (1, 5), (2, 1), (8, 1)]
+  rows_max = 8
+  cells = ([(1, 1), (1, 3), (4, 3)] if quick else
+           [(1, 1), (1, 2), (1, 3), (1, 5), (4, 1), (8, 1), (16, 1), (4, 3)])
   prompt_len, max_new = (8, 8) if quick else (64, 64)
   cache_len = prompt_len + max_new
-  models = {"fused": DecoderLM(config.replace(fused_projections=True)),
-            "separate": DecoderLM(config)}
-  params = models["fused"].init(jax.random.PRNGKey(0))
+  repeats = 3 if quick else _REPEATS.value
+  rowwise = DecoderLM(config.replace(matvec_max_rows=rows_max))
+  models = {"packed": rowwise, "standard": rowwise,
+            "matmul": DecoderLM(config.replace(matvec_max_rows=0))}
+  standard = rowwise.init(jax.random.PRNGKey(0))
+  params = {"packed": rowwise.pack_params(standard), "standard": standard, "matmul": standard}
   prompts = jnp.asarray(np.random.default_rng(0).integers(2, config.vocab_size,
                                                           size=(1, prompt_len)), jnp.int32)
   rows = []
   for b, t in cells:
-    sec = step_times_side_by_side(models, params, b, cache_len, prompt_len, t,
-                                  repeats=3 if quick else _REPEATS.value)
-    ratios = [s_ / f_ for s_, f_ in zip(sec["separate"], sec["fused"])]
-    f, s_ = (1e3 * statistics.median(sec[k]) for k in ("fused", "separate"))
-    rows.append({"what": f"step_times B={b} T={t}", "fused_ms": f, "separate_ms": s_,
-                 "ratio": statistics.median(ratios), "fused_computation": b * t == 1})
-    logging.info("step B=%d T=%d: fused %.2f ms, separate %.2f ms, paired ratio %.2f", b, t, f,
-                 s_, rows[-1]["ratio"])
+    n = b * t
+    path = ("matrix-vector (every variant)" if n == 1 else
+            f"one product per token (matmul: one {n}-row product)" if n <= rows_max else
+            f"one {n}-row product (every variant)")
+    sec = step_times_side_by_side(models, params, b, cache_len, prompt_len, t, repeats=repeats)
+    rows.append(_row(f"step_times B={b} T={t}", sec, path))
+    logging.info("step B=%d T=%d: %s", b, t, ", ".join(
+        f"{k} {rows[-1][k + '_ms']:.2f} ms ({rows[-1][k + '_speedup']:.2f}x)" for k in VARIANTS))
     jax.clear_caches()
 
   # The decode loop end to end: generate at batch 1, minus its N = 1 call.
-  tokens, per_token = {}, {k: [] for k in models}
-  for kind, lm in models.items():  # compile both first
-    tokens[kind] = np.asarray(_generate(lm, params, prompts, max_new, cache_len))
-    _generate(lm, params, prompts, 1, cache_len).block_until_ready()
-  for r in range(2 if quick else _REPEATS.value):
-    for kind in (list(models) if r % 2 == 0 else list(models)[::-1]):  # neither always first
-      lm = models[kind]
-      full = time_call(lambda: _generate(lm, params, prompts, max_new, cache_len), repeats=1)
-      one = time_call(lambda: _generate(lm, params, prompts, 1, cache_len), repeats=1)
-      per_token[kind].append((full["median_s"] - one["median_s"]) / (max_new - 1))
-  same = bool(np.array_equal(tokens["fused"], tokens["separate"]))
-  ratios = [s_ / f_ for s_, f_ in zip(per_token["separate"], per_token["fused"])]
-  f, s_ = (1e3 * statistics.median(per_token[k]) for k in ("fused", "separate"))
-  rows.append({"what": f"generate B=1, ms per token (N={max_new}, P={prompt_len})",
-               "fused_ms": f, "separate_ms": s_, "ratio": statistics.median(ratios),
-               "fused_computation": True})
+  tokens, per_token = {}, {k: [] for k in VARIANTS}
+  for k in VARIANTS:  # compile all first
+    tokens[k] = np.asarray(_generate(models[k], params[k], prompts, max_new, cache_len))
+    _generate(models[k], params[k], prompts, 1, cache_len).block_until_ready()
+  for r in range(2 if quick else repeats):
+    for k in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):  # none always first
+      lm, p = models[k], params[k]
+      full = time_call(lambda: _generate(lm, p, prompts, max_new, cache_len), repeats=1)
+      one = time_call(lambda: _generate(lm, p, prompts, 1, cache_len), repeats=1)
+      per_token[k].append((full["median_s"] - one["median_s"]) / (max_new - 1))
+  same = all(np.array_equal(tokens[k], tokens[BASELINE]) for k in VARIANTS)
+  rows.append(_row(f"generate B=1, ms per token (N={max_new}, P={prompt_len})", per_token,
+                   "matrix-vector (every variant)"))
   meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
           "model": "tiny" if quick else "Chen target shape (17.3M)", "params": config.num_params(),
-          "repeats": 3 if quick else _REPEATS.value, "cache_len": cache_len, "greedy_tokens_identical": same,
-          "load_average_at_start": os.getloadavg()[0]}
-  lines = ["# Fused decode-step projections (`DecoderConfig.fused_projections`)", "",
+          "repeats": repeats, "cache_len": cache_len, "matvec_max_rows": rows_max,
+          "greedy_tokens_identical": same, "load_average_at_start": os.getloadavg()[0]}
+  lines = ["# Decode-step projections: packed layout and matrix-vector products (CPU)", "",
            f"{meta['machine']}; jax {meta['jax']}; {meta['model']}, random weights; "
-           f"{meta['repeats']} interleaved measurements per cell: medians, and the median of "
-           f"the paired ratios (separate / fused, measured moments apart); cache {cache_len} slots; load average at start "
-           f"{meta['load_average_at_start']:.2f}. Greedy tokens identical: "
-           f"{'yes' if same else 'NO'}.", "",
-           "| measurement | fused ms | separate ms | separate / fused | fused path taken |",
-           "|---|---|---|---|---|"]
+           f"{repeats} interleaved measurements per cell: medians, and the median of the paired "
+           f"ratios matmul / variant (measured moments apart); cache {cache_len} slots; load "
+           f"average at start {meta['load_average_at_start']:.2f}. packed = packed layout "
+           f"(`DecoderLM.pack_params`) with one matrix-vector product per token up to "
+           f"{rows_max} tokens; standard = the standard layout, the same products; matmul = the "
+           f"standard layout, one matrix-matrix product per call (`matvec_max_rows=0`). Greedy "
+           f"tokens identical across the three: {'yes' if same else 'NO'}.", "",
+           "| measurement | packed ms | standard ms | matmul ms | packed speedup | standard "
+           "speedup | products |", "|---|---|---|---|---|---|---|"]
   for row in rows:
-    lines.append(f"| {row['what']} | {row['fused_ms']:.2f} | {row['separate_ms']:.2f} | "
-                 f"{row['ratio']:.2f}× | {'yes' if row['fused_computation'] else 'no (control)'} |")
+    lines.append(f"| {row['what']} | {row['packed_ms']:.2f} | {row['standard_ms']:.2f} | "
+                 f"{row['matmul_ms']:.2f} | {row['packed_speedup']:.2f}× | "
+                 f"{row['standard_speedup']:.2f}× | {row['path']} |")
   md = "\n".join(lines) + "\n"
   os.makedirs(_OUT.value, exist_ok=True)
   for name, text in [("projections.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),

@@ -86,13 +86,14 @@ def _step_loop(model, params, batch_size: int, cache_len: int, prompt_len: int, 
   return fn, cache
 
 
-def _paired_step_seconds(loops, params, steps: int, repeats: int) -> Dict[Any, list]:
-  """Per key of `loops` ({key: (run, cache)}): `repeats` paired differences
-  (time at n = steps − time at n = 0) / steps, the keys interleaved (their
-  order reversed every other repeat, so neither is always the first)."""
+def _paired_step_seconds(loops, steps: int, repeats: int) -> Dict[Any, list]:
+  """Per key of `loops` ({key: (run, cache, params)}): `repeats` paired
+  differences (time at n = steps − time at n = 0) / steps, the keys
+  interleaved (their order reversed every other repeat, so neither is always
+  the first)."""
   none, full = jnp.int32(0), jnp.int32(steps)
 
-  def seconds(fn, cache, n):
+  def seconds(fn, cache, params, n):
     t_start = time.perf_counter()
     _block(fn(params, cache, n))
     return time.perf_counter() - t_start
@@ -101,9 +102,9 @@ def _paired_step_seconds(loops, params, steps: int, repeats: int) -> Dict[Any, l
   order = list(loops)
   for r in range(repeats):
     for key in (order if r % 2 == 0 else order[::-1]):
-      fn, cache = loops[key]
-      t0 = seconds(fn, cache, none)
-      per_step[key].append((seconds(fn, cache, full) - t0) / steps)
+      fn, cache, params = loops[key]
+      t0 = seconds(fn, cache, params, none)
+      per_step[key].append((seconds(fn, cache, params, full) - t0) / steps)
   return per_step
 
 
@@ -123,13 +124,13 @@ class StepTimer:
       raise ValueError(f"token_counts must name at least one T, got {token_counts!r}")
     self.params, self.steps = params, steps
     self._loops = {t: _step_loop(model, params, batch_size, cache_len, prompt_len, t, steps)
-                   for t in token_counts}
+                   + (params,) for t in token_counts}
 
   def measure(self, repeats: int = 1) -> Dict[int, list]:
     """Per T: `repeats` seconds per call (T values interleaved, their order
     reversed every other repeat)."""
     _check_steps(self.steps, repeats)
-    return _paired_step_seconds(self._loops, self.params, self.steps, repeats)
+    return _paired_step_seconds(self._loops, self.steps, repeats)
 
 
 def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
@@ -169,16 +170,22 @@ def floor_step_seconds(seconds: Sequence[float]) -> float:
 def step_times_side_by_side(models: Dict[str, Any], params, batch_size: int, cache_len: int,
                             prompt_len: int, tokens: int, steps: int = 32,
                             repeats: int = 15) -> Dict[str, list]:
-  """`step_times` of several models sharing `params` (e.g. one config with a
-  compute option on and off), interleaved call by call: per name, the
-  `repeats` per-step seconds, in order, so that `a[i] / b[i]` are ratios
-  measured moments apart (their median resists a noisy machine's drift)."""
+  """`step_times` of several models (e.g. one config with a compute option
+  on and off), interleaved call by call: per name, the `repeats` per-step
+  seconds, in order, so that `a[i] / b[i]` are ratios measured moments apart
+  (their median resists a noisy machine's drift). `params`: one tree for
+  every model, or a dict {name: tree} (e.g. the same weights in two
+  layouts) with the names of `models`."""
   if not isinstance(models, dict) or not models:
     raise ValueError(f"models must be a non-empty dict {{name: model}}, got {models!r}")
   _check_steps(steps, repeats)
-  loops = {name: _step_loop(m, params, batch_size, cache_len, prompt_len, tokens, steps)
-           for name, m in models.items()}
-  return _paired_step_seconds(loops, params, steps, repeats)
+  per_name = isinstance(params, dict) and set(params) == set(models)
+  loops = {}
+  for name, m in models.items():
+    p = params[name] if per_name else params
+    fn, cache = _step_loop(m, p, batch_size, cache_len, prompt_len, tokens, steps)
+    loops[name] = (fn, cache, p)
+  return _paired_step_seconds(loops, steps, repeats)
 
 
 def _check_steps(steps: int, repeats: int) -> None:

@@ -88,6 +88,9 @@ class PairSpec:
       for random initialisation from the fallback configs.
     target_config, draft_config: config fields used when the dirs are empty.
     seed: random-init seed (target seed, draft seed + 1).
+    packed: decoder pairs only: both models' params in the packed decode
+      layout (`DecoderLM.pack_params`) for every specjax measurement (the
+      transformers export unpacks them: the same weights).
   """
 
   name: str
@@ -97,6 +100,7 @@ class PairSpec:
   target_config: Dict[str, Any] = dataclasses.field(default_factory=dict)
   draft_config: Dict[str, Any] = dataclasses.field(default_factory=dict)
   seed: int = 0
+  packed: bool = True
 
   @property
   def trained(self) -> bool:
@@ -178,6 +182,8 @@ def load_pair(spec: PairSpec) -> Pair:
   if target.vocab_size != draft.vocab_size:
     raise ValueError(f"pair {spec.name!r}: target vocab {target.vocab_size} != draft vocab "
                      f"{draft.vocab_size}")
+  if spec.kind == "decoder" and spec.packed:
+    tp, dp = target.pack_params(tp), draft.pack_params(dp)
   return Pair(spec, target, tp, draft, dp)
 
 

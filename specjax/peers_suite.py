@@ -77,6 +77,9 @@ class SuiteConfig:
   # (`benchmarks/peers_bench.py --model_parallel=0` makes one CPU device per core).
   model_parallel: int = 1
   mp_gammas: Sequence[int] = (1, 2, 4)            # speculative γ of those rows
+  # Decoder pairs decode from the packed layout (`DecoderLM.pack_params`);
+  # False: the standard tree (the layout the checkpoints hold).
+  packed_decoder: bool = True
   mode: str = "full"
 
   def __post_init__(self):
@@ -118,6 +121,7 @@ def _pair_spec(cfg: SuiteConfig, name: str) -> bp.PairSpec:
     raise ValueError(f"unknown pair {name!r}; known: t5, decoder")
   have = bool(base) and all(os.path.exists(os.path.join(d, "config.json")) for d in dirs)
   spec = bp.fallback_spec(name, kind, cfg.fallback_size, *(dirs if have else ("", "")))
+  spec.packed = cfg.packed_decoder
   spec.note = ("trained: " + ", ".join(dirs) if have else
                f"random init ({cfg.fallback_size} shapes): "
                + ("no directory given" if not base else f"no trained models under {base}"))
@@ -698,6 +702,16 @@ def _paired_table(batches) -> List[str]:
   return lines
 
 
+def _layout_note(p) -> str:
+  """The decoder params' layout in specjax's rows ('' for T5 and results from
+  before the packed layout existed)."""
+  packed = p.get("spec", {}).get("packed")
+  if p["kind"] != "decoder" or packed is None:
+    return ""
+  return (" · specjax params: packed decode layout (`DecoderLM.pack_params`)" if packed
+          else " · specjax params: standard layout")
+
+
 def _model_parallel_table(rows) -> List[str]:
   mp = [r for r in rows if r.get("devices", 1) > 1]
   if not mp:
@@ -840,7 +854,7 @@ def to_markdown(results: Dict[str, Any]) -> str:
               f"(1 : {p['params']['target'] / p['params']['draft']:.0f}) "
               f"· prompts: {p['prompts']['source']} (P = {p['prompts']['prompt_len']}, mean length "
               f"{p['prompts']['mean_length']:.1f}) · cache buffer {p['cache_len']} slots · torch "
-              f"threads {p['torch_threads']} · {p['seconds'] / 60:.1f} min", ""]
+              f"threads {p['torch_threads']}{_layout_note(p)} · {p['seconds'] / 60:.1f} min", ""]
     if p["hf_error"]:
       lines += [f"transformers not measured: {p['hf_error']}", ""]
     lines += ["### Every configuration", ""] + _system_table(p["rows"]) + [""]

@@ -9,9 +9,9 @@ inputs are placed with `jax.sharding.NamedSharding`s over a 2-D mesh
 * attention heads (q/k/v/o kernels, the cache's kv-head axis), MLP hidden
   units and the vocabulary of the output projection go over `model`
   (Megatron-style). An axis that does not divide evenly is replicated.
-  Leave `DecoderConfig.fused_projections` off (the default) with a `model`
-  axis > 1: it concatenates the q/k/v (gate/up) kernels, which would re-lay
-  sharded kernels out across devices once per call.
+  A decoder's packed decode layout (`DecoderLM.pack_params`) shards the same
+  way: pack first, then shard (`qkv` over kv heads, `gate_up` and `down_t`
+  over hidden units).
 
 Example (8 devices):
 
@@ -49,6 +49,9 @@ _HEAD_KERNELS = {"q", "k", "v"}            # [E, H, D]: heads on axis 1
 _OUT_KERNELS = {"o"}                       # [H, D, E]: heads on axis 0
 _COLUMN_KERNELS = {"gate", "up", "wi", "wi_0", "wi_1", "lm_head"}  # [E, F]: axis 1
 _ROW_KERNELS = {"down", "wo"}              # [F, E]: axis 0
+# The packed decode layout (`specjax.models.decoder_layout`): the axis of kv
+# heads / hidden units, by kernel name and rank.
+_PACKED_KERNELS = {("qkv", 4): 1, ("gate_up", 3): 1, ("down_t", 2): 1}
 
 
 def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
@@ -80,6 +83,8 @@ def param_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
       spec[1] = MODEL
     elif owner in _ROW_KERNELS and len(shape) == 2:
       spec[0] = MODEL
+    elif (owner, len(shape)) in _PACKED_KERNELS:
+      spec[_PACKED_KERNELS[owner, len(shape)]] = MODEL
   for axis, name in enumerate(spec):
     if name is not None and not _divisible(shape, axis, mesh, name):
       spec[axis] = None

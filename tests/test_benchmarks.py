@@ -241,11 +241,27 @@ def test_projections_bench_smoke(tmp_path):
   result = json.loads((tmp_path / "projections.json").read_text())
   assert result["meta"]["greedy_tokens_identical"]
   rows = {r["what"]: r for r in result["rows"]}
-  assert rows["step_times B=1 T=1"]["fused_computation"]
-  assert not rows["step_times B=1 T=3"]["fused_computation"]
+  assert set(rows) == {"step_times B=1 T=1", "step_times B=1 T=3", "step_times B=4 T=3",
+                       "generate B=1, ms per token (N=8, P=8)"}
+  assert rows["step_times B=1 T=3"]["path"].startswith("one product per token")
+  assert rows["step_times B=4 T=3"]["path"] == "one 12-row product (every variant)"
   for row in rows.values():  # tiny model: times near the noise floor, only finite
-    assert np.isfinite([row["fused_ms"], row["separate_ms"], row["ratio"]]).all(), row
+    values = [row[f"{k}_{x}"] for k in ("packed", "standard", "matmul") for x in ("ms", "speedup")]
+    assert np.isfinite(values).all(), row
+    assert row["matmul_speedup"] == 1.0  # the baseline against itself
   assert "| step_times B=1 T=1 |" in (tmp_path / "projections.md").read_text()
+
+
+def test_step_times_side_by_side_takes_params_per_model():
+  """Per-name params (the same weights in two layouts) time both; a wrong
+  tree for a model would fail inside its loop."""
+  from specjax.benchmarking import step_times_side_by_side
+  from specjax.models.decoder import DecoderLM, decoder_config
+  lm = DecoderLM(decoder_config("tiny"))
+  params = lm.init(jax.random.PRNGKey(0))
+  sec = step_times_side_by_side({"a": lm, "b": lm}, {"a": params, "b": lm.pack_params(params)},
+                                1, 16, 4, 1, steps=2, repeats=2)
+  assert set(sec) == {"a", "b"} and all(len(v) == 2 for v in sec.values())
 
 
 class _SlowPrefill:

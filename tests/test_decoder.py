@@ -171,7 +171,7 @@ def test_config_validation_names_the_field(changes, field):
 
 @pytest.mark.parametrize("changes, field", [
     (dict(d_model=32.0), "d_model"), (dict(num_layers=True), "num_layers"),
-    (dict(head_dim="8"), "head_dim"), (dict(fused_projections=1), "fused_projections"),
+    (dict(head_dim="8"), "head_dim"), (dict(matvec_max_rows=1.5), "matvec_max_rows"),
 ])
 def test_config_type_errors_name_the_field(changes, field):
   with pytest.raises(TypeError, match=field):
@@ -223,35 +223,70 @@ def _dot_count(fn, *args) -> int:
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_fused_projections_match_separate_matmuls(name):
-  """Single-token calls at batch 1 take the fused path (3 fewer matmuls per
-  layer: q/k/v → 1, gate/up → 1); their logits and caches match the separate
-  matmuls of the same weights, step after step."""
-  separate, params = _model(name)
-  assert not separate.config.fused_projections  # the default: opt-in
-  fused = DecoderLM(separate.config.replace(fused_projections=True))
-  rng = np.random.default_rng(2)
-  prompt = jnp.asarray(rng.integers(1, fused.vocab_size, size=(1, PROMPT_LEN)), jnp.int32)
-  length = jnp.asarray([PROMPT_LEN], jnp.int32)
-  caches = {}
-  for lm in (fused, separate):
-    _, _, caches[lm] = _prefill(lm, params, prompt, length, lm.init_cache(1, SLOTS, PROMPT_LEN))
-  for _ in range(5):
-    tok = jnp.asarray(rng.integers(1, fused.vocab_size, size=(1, 1)), jnp.int32)
-    logits = {}
-    for lm in (fused, separate):
-      logits[lm], caches[lm] = _extend(lm, params, tok, caches[lm])
-    np.testing.assert_allclose(np.asarray(logits[fused]), np.asarray(logits[separate]),
-                               atol=TOL, rtol=0)
-    for a, b in zip(caches[fused].k + caches[fused].v, caches[separate].k + caches[separate].v):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=TOL, rtol=0)
+def test_packed_layout_and_matvec_rows_match_the_standard_matmuls(name):
+  """Both layouts (standard, packed) × both matmul paths (one matrix-matrix
+  product; one matrix-vector product per token) give the same logits and
+  caches, step after step, at token counts below and above the matvec
+  threshold (B * T = 2, 6, 10 with threshold 8); packing round-trips exactly."""
+  standard, params = _model(name)
+  packed = standard.pack_params(params)
+  back = standard.unpack_params(packed)
+  assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(params)
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(back)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert set(packed["layer_0"]) == {"attn_norm", "mlp_norm", "qkv", "o", "gate_up", "down_t"}
+  gemm = DecoderLM(standard.config.replace(matvec_max_rows=0))
+  rows = DecoderLM(standard.config.replace(matvec_max_rows=8))
+  runs = [(gemm, params), (rows, params), (gemm, packed), (rows, packed)]
+  rng = np.random.default_rng(3)
+  prompts = jnp.asarray(rng.integers(1, standard.vocab_size, size=(2, PROMPT_LEN)), jnp.int32)
+  lengths = jnp.asarray([PROMPT_LEN, 4], jnp.int32)
+  caches = []
+  for lm, p in runs:
+    _, _, c = _prefill(lm, p, prompts, lengths, lm.init_cache(2, SLOTS, PROMPT_LEN))
+    caches.append(c)
+  for t in (1, 3, 5):
+    toks = jnp.asarray(rng.integers(1, standard.vocab_size, size=(2, t)), jnp.int32)
+    out = []
+    for i, (lm, p) in enumerate(runs):
+      logits, caches[i] = _extend(lm, p, toks, caches[i])
+      out.append(np.asarray(logits))
+    for i in range(1, len(runs)):
+      np.testing.assert_allclose(out[i], out[0], atol=TOL, rtol=0)
+      for a, b in zip(caches[i].k + caches[i].v, caches[0].k + caches[0].v):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=TOL, rtol=0)
 
-  dots = lambda lm, toks: _dot_count(lambda t: lm.extend(params, t, caches[lm]), toks)
-  one = jnp.ones((1, 1), jnp.int32)
-  layers = fused.config.num_layers
-  assert dots(separate, one) - dots(fused, one) == 3 * layers
-  # Several tokens (verification, prefill) keep the separate matmuls.
-  assert dots(separate, jnp.ones((1, 3), jnp.int32)) == dots(fused, jnp.ones((1, 3), jnp.int32))
+  # The paths are taken: per layer, packed has 4 kernels (standard 7), and
+  # the matvec path one product per token (N = 2 * T) up to the threshold.
+  cache = caches[0]
+  layers, head = standard.config.num_layers, 1
+  dots = lambda lm, p, t: _dot_count(lambda x: lm.extend(p, x, cache), jnp.ones((2, t), jnp.int32))
+  attention = dots(gemm, params, 1) - 7 * layers - head  # the attention's own contractions
+  assert attention > 0
+  assert dots(gemm, packed, 1) == attention + 4 * layers + head
+  assert dots(rows, packed, 3) == dots(gemm, packed, 3) + 5 * (4 * layers + head)
+  assert dots(rows, params, 3) == dots(gemm, params, 3) + 5 * (7 * layers + head)
+  assert dots(rows, packed, 5) == dots(gemm, packed, 5)  # N = 10 > 8: one product
+
+
+def test_packing_errors_are_clear():
+  lm, params = _model("gqa")
+  packed = lm.pack_params(params)
+  with pytest.raises(ValueError, match="already in the packed"):
+    lm.pack_params(packed)
+  with pytest.raises(ValueError, match="not in the packed"):
+    lm.unpack_params(params)
+  with pytest.raises(ValueError, match="layer_1"):
+    lm.pack_params({"layer_0": params["layer_0"]})
+  with pytest.raises(TypeError, match="params must be a mapping"):
+    lm.pack_params([1, 2])
+  with pytest.raises(ValueError, match="matvec_max_rows must be >= 0"):
+    lm.config.replace(matvec_max_rows=-1)
+  with pytest.raises(TypeError, match="matvec_max_rows must be an int"):
+    lm.config.replace(matvec_max_rows="8")
+  from specjax.models.layers import contract
+  with pytest.raises(ValueError, match="trailing axes"):
+    contract(jnp.ones((2, 5)), jnp.ones((4, 3)), (0,))
 
 
 # --------------------------------------------------------------------------- orbax
@@ -275,6 +310,25 @@ def test_orbax_round_trip_and_config_mismatch(tmp_path):
   with pytest.raises(FileNotFoundError):
     restore_params(str(tmp_path / "nothing-here"))
   # A compute-only field is not part of the weights: it follows the caller.
-  fused = lm.config.replace(fused_projections=True)
-  _, config = restore_params(str(tmp_path / "ckpt"), fused)
-  assert config == fused
+  rows = lm.config.replace(matvec_max_rows=0)
+  _, config = restore_params(str(tmp_path / "ckpt"), rows)
+  assert config == rows
+  # Packed params are saved in the standard layout.
+  save_params(str(tmp_path / "packed"), lm.pack_params(params), lm.config)
+  restored, _ = restore_params(str(tmp_path / "packed"), lm.config)
+  assert jax.tree_util.tree_structure(restored) == jax.tree_util.tree_structure(params)
+  for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(restored)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_config_of_an_earlier_version_loads(tmp_path):
+  """A stored config holding a removed compute-only field (fused_projections,
+  replaced by the packed layout) loads; an unknown field is still an error."""
+  from specjax.checkpoints.orbax_io import config_from_dict, config_to_dict
+  lm, _ = _model("gqa")
+  d = config_to_dict(lm.config)
+  d["fields"]["fused_projections"] = True
+  assert config_from_dict(d) == lm.config
+  d["fields"]["no_such_field"] = 1
+  with pytest.raises(ValueError, match="no_such_field"):
+    config_from_dict(d)

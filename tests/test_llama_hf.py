@@ -130,6 +130,16 @@ def test_export_loads_in_transformers_and_round_trips(name, tmp_path):
   for key, value in original.items():
     np.testing.assert_array_equal(written[key], value, err_msg=key)
 
+  # The packed decode layout: the same logits as transformers, the same tensors exported.
+  packed = lm.pack_params(params)
+  got = np.asarray(_forward(lm, packed, jnp.asarray(toks, jnp.int32)))
+  assert _max_diff(got, ref) <= TOL
+  export_hf_llama(packed, lm.config, str(tmp_path / "from_packed"))
+  from_packed = load_state_dict(str(tmp_path / "from_packed"))
+  assert sorted(from_packed) == sorted(written)
+  for key, value in written.items():
+    np.testing.assert_array_equal(from_packed[key], value, err_msg=key)
+
   # import (config.json beside the weights) → export → import: bit-exact.
   params2, config2 = import_hf_llama(str(out))
   assert config2 == lm.config

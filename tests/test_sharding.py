@@ -92,6 +92,29 @@ def test_split_target_with_replicated_draft_equals_unsharded():
   assert out.draft_cache.k[0].sharding.is_fully_replicated
 
 
+def test_packed_layout_shards_and_decodes_like_the_standard_one():
+  """Packed params (`DecoderLM.pack_params`) split over `model` by kv heads /
+  hidden units, and decode (sampled, data × model mesh) to the tokens of the
+  standard params on one device."""
+  mesh = sharding.make_mesh(data=4, model=2)
+  lm, params = target()
+  draft, draft_params = noisy_draft()
+  packed = sharding.shard_params(lm.pack_params(params), mesh)
+  layer = packed["layer_0"]
+  P = jax.sharding.PartitionSpec
+  assert layer["qkv"]["kernel"].sharding.spec == P(None, "model", None, None)
+  assert layer["gate_up"]["kernel"].sharding.spec == P(None, "model", None)
+  assert layer["down_t"]["kernel"].sharding.spec == P(None, "model")
+  prompts, lengths = ragged_prompts(batch=8)
+  kw = dict(max_new_tokens=12, gamma=3, sampling=specjax.SamplingConfig(1.0), eos_id=EOS)
+  keys = jax.random.split(jax.random.key(3), 8)
+  ref = specjax.speculative_generate(lm, params, draft, draft_params, prompts, lengths, key=keys, **kw)
+  out = _run_sharded(lm, lm.pack_params(params), draft, draft.pack_params(draft_params), prompts,
+                     lengths, mesh, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.stats.accepted, ref.stats.accepted)
+
+
 def test_replicate_needs_a_mesh():
   with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):
     sharding.replicate({"w": np.ones(2)}, jax.devices()[0])

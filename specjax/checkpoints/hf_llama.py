@@ -45,6 +45,7 @@ import numpy as np
 
 from specjax.checkpoints.hf_common import (check_state_dict, load_state_dict, read_json,
                                            save_safetensors, write_json)
+from specjax.models import decoder_layout
 from specjax.models.decoder import DecoderConfig
 
 __all__ = [
@@ -275,6 +276,8 @@ def _flatten(tree: Any, prefix: Tuple[str, ...] = ()) -> Dict[Tuple[str, ...], A
 
 
 def _params_to_hf(params: Mapping[str, Any], c: DecoderConfig) -> Dict[str, np.ndarray]:
+  if decoder_layout.is_packed(params):  # the packed decode layout: same weights
+    params = decoder_layout.unpack_params(params, c)
   flat = {"/".join(k): v for k, v in _flatten(params).items()}
   expected = {"/".join(k): s for k, s in _param_shapes(c).items()}
   try:
@@ -359,7 +362,8 @@ def export_hf_llama(params: Mapping[str, Any], config: DecoderConfig, directory:
   so that `transformers.LlamaForCausalLM.from_pretrained(directory)` loads
   the model offline. `hf_config_kwargs` go to `hf_config_from_decoder`
   (max_position_embeddings, bos/eos/pad_token_id). With tied embeddings
-  lm_head.weight is not written (transformers ties it on load)."""
+  lm_head.weight is not written (transformers ties it on load). `params`
+  may be in either layout (standard or packed, `DecoderLM.pack_params`)."""
   hf_config = hf_config_from_decoder(config, **hf_config_kwargs)
   tensors = _params_to_hf(params, config)
   optional = ("lm_head.weight",) if config.tie_embeddings else ()

@@ -41,10 +41,11 @@ def config_from_dict(d: dict) -> Any:
     raise ValueError(f"refusing to build config class {qualname!r}: not a specjax config")
   cls = getattr(importlib.import_module(module_name), cls_name)
   fields = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(d["fields"]) - fields)
+  removed = set(getattr(cls, "REMOVED_FIELDS", ()))  # compute-only fields of earlier versions
+  unknown = sorted(set(d["fields"]) - fields - removed)
   if unknown:
     raise ValueError(f"stored config has fields {unknown} unknown to {qualname}")
-  return cls(**d["fields"])
+  return cls(**{k: v for k, v in d["fields"].items() if k not in removed})
 
 
 def _check_same(expected: Any, stored: Any) -> None:
@@ -52,7 +53,7 @@ def _check_same(expected: Any, stored: Any) -> None:
     raise ValueError(f"checkpoint holds a {type(stored).__name__}, expected a "
                      f"{type(expected).__name__}")
   for f in dataclasses.fields(expected):
-    if f.metadata.get("compute_only"):  # e.g. DecoderConfig.fused_projections
+    if f.metadata.get("compute_only"):  # e.g. DecoderConfig.matvec_max_rows
       continue
     a, b = getattr(expected, f.name), getattr(stored, f.name)
     if a != b:
@@ -60,7 +61,12 @@ def _check_same(expected: Any, stored: Any) -> None:
 
 
 def save_params(directory: str, params: Any, config: Any, *, force: bool = True) -> None:
-  """Saves `params` with orbax and `config` as JSON under `directory`."""
+  """Saves `params` with orbax and `config` as JSON under `directory`.
+  Checkpoints hold the standard layout: a decoder tree in the packed decode
+  layout (`DecoderLM.pack_params`) is unpacked first."""
+  from specjax.models import decoder, decoder_layout
+  if isinstance(config, decoder.DecoderConfig) and decoder_layout.is_packed(params):
+    params = decoder_layout.unpack_params(params, config)
   import orbax.checkpoint as ocp
   directory = os.path.abspath(os.fspath(directory))
   os.makedirs(directory, exist_ok=True)

@@ -13,19 +13,26 @@ Parameter tree (all kernels `[in..., out...]`):
   layer_{i}/{gate [E, F], up [E, F], down [F, E]}/kernel
   final_norm/scale [E]
   lm_head/kernel [E, V]        (absent when embeddings are tied)
+
+That is the standard layout. `DecoderLM.pack_params` gives the packed decode
+layout of the same weights (`qkv`, `gate_up`, `down_t` in place of the six
+projection kernels; `specjax.models.decoder_layout`), faster at decode time
+on CPU; every method takes either.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Tuple
+import functools
+from typing import Any, ClassVar, Dict, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from specjax.models.layers import KVCache, RMSNorm, apply_rope, attend_cached, replace_layer
+from specjax.models import decoder_layout
+from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, contract,
+                                   replace_layer)
 
 __all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]
 
@@ -56,18 +63,19 @@ class DecoderConfig:
     rope_theta: rotary base.
     norm_eps: RMSNorm epsilon.
     dtype: compute dtype name; param_dtype: parameter dtype name.
-    fused_projections: opt-in. Single-token calls (B * T = 1, a decode step)
-      compute q/k/v as one matmul over the three kernels concatenated on their
-      output axes, and gate/up likewise: fewer, wider matrix-vector products
-      (+5-13% decode-loop throughput at batch 1 on XLA:CPU,
-      `benchmarks/projections_bench.py`). The parameter tree is unchanged,
-      but the concatenation is a copy of those kernels (~2/3 of the weights):
-      inside the decoding loop XLA hoists it out, once per call, and the
-      copy adds to peak memory; a single-token call made on its own (a
-      host-driven step) pays the copy every call (measured 5x slower per
-      step on the 17M decoder). Calls on several tokens keep the separate
-      matmuls (wider ones measured slower there). Keep it off when the
-      kernels are sharded over a `model` mesh axis.
+    matvec_max_rows: how a call on N = B * T tokens computes each projection
+      (compute only: checkpoints restore across values). 1 < N <= this: one
+      matrix-vector product per token, issued back to back on the same
+      kernel, so the kernel streams from memory once and the other products
+      read it from cache; otherwise one matrix-matrix product. On XLA:CPU,
+      Eigen's matrix-matrix path at 2-8 rows reads the weights at about half
+      the bandwidth of its matrix-vector path (`benchmarks/projections_bench.py`).
+      None (default): 8 on the CPU backend, 0 (off) on others; 0 turns it off.
+
+  The parameter tree has two layouts of the same weights: the standard one
+  above (training, checkpoints, transformers export) and a packed decode
+  layout (`DecoderLM.pack_params`) with fewer, wider kernels. Every method
+  takes either.
   """
 
   vocab_size: int
@@ -83,7 +91,10 @@ class DecoderConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   # How calls compute, not what the weights are: checkpoints restore across values.
-  fused_projections: bool = dataclasses.field(default=False, metadata={"compute_only": True})
+  matvec_max_rows: Optional[int] = dataclasses.field(default=None,
+                                                     metadata={"compute_only": True})
+  # Compute-only fields of earlier versions, ignored when a stored config holds them.
+  REMOVED_FIELDS: ClassVar[Tuple[str, ...]] = ("fused_projections",)
 
   def __post_init__(self):
     for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_kv_heads",
@@ -94,8 +105,11 @@ class DecoderConfig:
           f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for rotary positions, got {self.head_dim}")
-    if not isinstance(self.fused_projections, bool):
-      raise TypeError(f"fused_projections must be a bool, got {self.fused_projections!r}")
+    m = self.matvec_max_rows
+    if m is not None and (isinstance(m, bool) or not isinstance(m, int)):
+      raise TypeError(f"matvec_max_rows must be an int or None, got {m!r}")
+    if m is not None and m < 0:
+      raise ValueError(f"matvec_max_rows must be >= 0 (0: off) or None (auto), got {m}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
@@ -156,15 +170,22 @@ def _dense(features, name, config, axis=-1):
       kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"))
 
 
-def _fused_matmul(x_BTE: jax.Array, kernels, out_shapes, dtype) -> list:
-  """`[x @ k for k in kernels]` as one matmul over the kernels concatenated on
-  their (flattened) output axes; each result reshaped to `[B, T, *out_shape]`."""
-  e = x_BTE.shape[-1]
-  flat = [k.reshape(e, -1) for k in kernels]
-  y = x_BTE.astype(dtype) @ jnp.concatenate(flat, axis=1).astype(dtype)
-  splits = np.cumsum([f.shape[1] for f in flat])[:-1]
-  return [part.reshape(x_BTE.shape[:-1] + tuple(shape))
-          for part, shape in zip(jnp.split(y, splits, axis=-1), out_shapes)]
+def matvec_rows(config: DecoderConfig) -> int:
+  """`config.matvec_max_rows` resolved (None: 8 on the CPU backend, else 0)."""
+  if config.matvec_max_rows is not None:
+    return config.matvec_max_rows
+  return 8 if jax.default_backend() == "cpu" else 0
+
+
+def _declare_block_params(c: DecoderConfig, dtype) -> None:
+  """Creates the standard kernels of a block (init only), named as in the tree."""
+  e = jnp.zeros((1, c.d_model), dtype)
+  for name, shape in (("q", (c.num_heads, c.head_dim)), ("k", (c.num_kv_heads, c.head_dim)),
+                      ("v", (c.num_kv_heads, c.head_dim)), ("gate", (c.mlp_dim,)),
+                      ("up", (c.mlp_dim,))):
+    _dense(shape, name, c)(e)
+  _dense(c.d_model, "o", c, axis=(-2, -1))(jnp.zeros((1, c.num_heads, c.head_dim), dtype))
+  _dense(c.d_model, "down", c)(jnp.zeros((1, c.mlp_dim), dtype))
 
 
 class _Block(nn.Module):
@@ -175,32 +196,35 @@ class _Block(nn.Module):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     norm = lambda name: RMSNorm(c.norm_eps, dtype, jnp.dtype(c.param_dtype), name=name)
-    qkv_shapes = ((c.num_heads, c.head_dim), (c.num_kv_heads, c.head_dim),
-                  (c.num_kv_heads, c.head_dim))
-    # Same parameters either way; the fused path reads the kernels directly.
-    fused = (c.fused_projections and not self.is_initializing()
-             and x_BTE.shape[0] * x_BTE.shape[1] == 1)
-    params = self.variables["params"] if fused else None
+    if self.is_initializing():
+      _declare_block_params(c, dtype)
+    p = {k: v["kernel"] for k, v in self.variables["params"].items() if "kernel" in v}
+    mm = functools.partial(contract, max_matvec_rows=matvec_rows(c), dtype=dtype)
+    b, t = x_BTE.shape[:2]
     h_BTE = norm("attn_norm")(x_BTE)
-    if fused:
-      q_BTHD, k_BTKD, v_BTKD = _fused_matmul(
-          h_BTE, [params[n]["kernel"] for n in ("q", "k", "v")], qkv_shapes, dtype)
+    if "qkv" in p:  # packed: [E, K, G + 2, D], each kv head after its query group
+      g = c.num_heads // c.num_kv_heads
+      qkv = mm(h_BTE, p["qkv"], (0,))
+      q_BTHD = qkv[:, :, :, :g].reshape(b, t, c.num_heads, c.head_dim)
+      k_BTKD, v_BTKD = qkv[:, :, :, g], qkv[:, :, :, g + 1]
     else:
-      q_BTHD, k_BTKD, v_BTKD = (_dense(shape, name, c)(h_BTE)
-                                for name, shape in zip(("q", "k", "v"), qkv_shapes))
+      q_BTHD, k_BTKD, v_BTKD = (mm(h_BTE, p[n], (0,)) for n in ("q", "k", "v"))
     q_BTHD = apply_rope(q_BTHD, positions_BT, c.rope_theta)
     k_BTKD = apply_rope(k_BTKD, positions_BT, c.rope_theta)
     att_BTHD, new_k, new_v = attend_cached(q_BTHD, k_BTKD, v_BTKD, cache.k[layer], cache.v[layer],
                                            cache.lengths, scale=c.head_dim ** -0.5, empty=empty)
-    x_BTE = x_BTE + _dense(c.d_model, "o", c, axis=(-2, -1))(att_BTHD)
+    x_BTE = x_BTE + mm(att_BTHD, p["o"], (0, 1))
     h_BTE = norm("mlp_norm")(x_BTE)
-    if fused:
-      gate, up = _fused_matmul(h_BTE, [params["gate"]["kernel"], params["up"]["kernel"]],
-                               ((c.mlp_dim,), (c.mlp_dim,)), dtype)
+    if "gate_up" in p:  # packed: [E, F, 2]
+      gu_BTF2 = mm(h_BTE, p["gate_up"], (0,))
+      gate, up = gu_BTF2[..., 0], gu_BTF2[..., 1]
     else:
-      gate = _dense(c.mlp_dim, "gate", c)(h_BTE)
-      up = _dense(c.mlp_dim, "up", c)(h_BTE)
-    x_BTE = x_BTE + _dense(c.d_model, "down", c)(nn.silu(gate) * up)
+      gate, up = mm(h_BTE, p["gate"], (0,)), mm(h_BTE, p["up"], (0,))
+    act_BTF = nn.silu(gate) * up
+    if "down_t" in p:  # packed: [E, F]
+      x_BTE = x_BTE + mm(act_BTF, p["down_t"], (1,))
+    else:
+      x_BTE = x_BTE + mm(act_BTF, p["down"], (0,))
     return x_BTE, cache.replace(k=replace_layer(cache.k, layer, new_k),
                                v=replace_layer(cache.v, layer, new_v))
 
@@ -241,10 +265,16 @@ class DecoderModule(nn.Module):
 
   def project(self, h_xE: jax.Array) -> jax.Array:
     """Hidden states `[..., E]` → float32 logits `[..., V]`."""
-    if self.config.tie_embeddings:
-      logits = self.embed.attend(h_xE)
+    c = self.config
+    if self.is_initializing():
+      logits = self.embed.attend(h_xE) if c.tie_embeddings else self.lm_head(h_xE)
+      return logits.astype(jnp.float32)
+    params = self.variables["params"]
+    mm = functools.partial(contract, max_matvec_rows=matvec_rows(c), dtype=jnp.dtype(c.dtype))
+    if c.tie_embeddings:  # the embedding [V, E] read as an [out, in] kernel
+      logits = mm(h_xE, params["embed"]["embedding"], (1,))
     else:
-      logits = self.lm_head(h_xE)
+      logits = mm(h_xE, params["lm_head"]["kernel"], (0,))
     return logits.astype(jnp.float32)
 
 
@@ -274,6 +304,17 @@ class DecoderLM:
     variables = self.module.init(key, jnp.zeros((1, 2), jnp.int32), cache,
                                  method=DecoderModule.init_all)
     return variables["params"]
+
+  def pack_params(self, params) -> Dict[str, Any]:
+    """The same weights in the packed decode layout (fewer, wider kernels:
+    see `specjax.models.decoder_layout`); faster decode steps on CPU. Pack
+    once, after restoring and before sharding; checkpoints and the
+    transformers export take the standard tree (`unpack_params`)."""
+    return decoder_layout.pack_params(params, self.config)
+
+  def unpack_params(self, params) -> Dict[str, Any]:
+    """The packed decode layout back to the standard tree (exact)."""
+    return decoder_layout.unpack_params(params, self.config)
 
   def init_cache(self, batch_size: int, max_len: int, prompt_len: int = 0) -> KVCache:
     """An empty `KVCache` with `max_len` slots (prompt_len is unused)."""

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-__all__ = ["KVCache", "RMSNorm", "apply_rope", "kv_specs", "zero_arrays",
+__all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "kv_specs", "zero_arrays",
            "replace_layer", "to_cache_layout", "write_kv", "attend", "attend_cached"]
 
 
@@ -105,6 +105,35 @@ class RMSNorm(nn.Module):
     x32 = x.astype(jnp.float32)
     x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
     return (x32 * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+def contract(x: jax.Array, kernel: jax.Array, kernel_in_axes: Sequence[int],
+             max_matvec_rows: int = 0, dtype=None) -> jax.Array:
+  """`x [..., *in]` times `kernel` over its `kernel_in_axes` (matched, in
+  order, to x's trailing axes) → `[..., *out]`, out = the kernel's other axes.
+
+  With N = the product of x's leading axes, 1 < N <= `max_matvec_rows`
+  computes N matrix-vector products issued back to back on the kernel (it
+  streams from memory once; the later products read it from cache), else
+  one matrix-matrix product. Same values either way, up to float rounding.
+  `dtype`: the compute dtype both operands are cast to (None: unchanged).
+  """
+  k = len(kernel_in_axes)
+  lead, inner = x.shape[: x.ndim - k], x.shape[x.ndim - k:]
+  if tuple(kernel.shape[a] for a in kernel_in_axes) != tuple(inner):
+    raise ValueError(f"x's trailing axes {tuple(inner)} do not match the kernel's axes "
+                     f"{tuple(kernel_in_axes)} of shape {kernel.shape}")
+  x_NI = x.reshape((-1,) + tuple(inner))
+  if dtype is not None:
+    x_NI, kernel = x_NI.astype(dtype), kernel.astype(dtype)
+  dims = ((tuple(range(1, k + 1)), tuple(kernel_in_axes)), ((), ()))
+  n = x_NI.shape[0]
+  if 1 < n <= max_matvec_rows:
+    y = jnp.concatenate([jax.lax.dot_general(x_NI[i:i + 1], kernel, dims) for i in range(n)],
+                        axis=0)
+  else:
+    y = jax.lax.dot_general(x_NI, kernel, dims)
+  return y.reshape(tuple(lead) + y.shape[1:])
 
 
 def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:

@@ -1,0 +1,96 @@
+"""The packed decode layout of a decoder LM's parameters.
+
+The standard tree (see `specjax.models.decoder`) keeps one kernel per
+projection, as training, checkpoints and the transformers export want them.
+A decode step at small batch is a chain of matrix-vector products, and on
+XLA:CPU such a product reads a kernel faster the longer its contiguous rows
+are (`benchmarks/projections_bench.py`). The packed layout holds the same
+weights in fewer, wider kernels, per layer:
+
+  qkv/kernel     [E, K, G + 2, D]  q heads of kv head j (G = H / K of them),
+                                   then k, then v of head j
+  gate_up/kernel [E, F, 2]         gate and up of each hidden unit side by side
+  down_t/kernel  [E, F]            down, transposed (rows of F, not of E)
+
+Everything else (norms, `o`, embeddings, `lm_head`) is unchanged. Both
+layouts give the same values up to float rounding; `DecoderLM` takes either.
+Shard after packing: `specjax.sharding` splits `qkv` over kv heads, `gate_up`
+and `down_t` over hidden units.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+__all__ = ["is_packed", "pack_params", "unpack_params"]
+
+_STANDARD = ("q", "k", "v", "gate", "up", "down")
+_PACKED = ("qkv", "gate_up", "down_t")
+
+
+def _layers(params: Mapping[str, Any], config) -> list:
+  if not isinstance(params, Mapping):
+    raise TypeError(f"params must be a mapping (a params tree), got {type(params).__name__}")
+  names = [f"layer_{i}" for i in range(config.num_layers)]
+  missing = [n for n in names if n not in params]
+  if missing:
+    raise ValueError(f"params lack {missing[:3]}: not a tree of this config "
+                     f"({config.num_layers} layers)")
+  return names
+
+
+def is_packed(params: Mapping[str, Any]) -> bool:
+  """Whether `params` (a decoder LM's tree) is in the packed decode layout."""
+  layer = params.get("layer_0", {}) if isinstance(params, Mapping) else {}
+  return "qkv" in layer
+
+
+def pack_params(params: Mapping[str, Any], config) -> dict:
+  """The standard tree → the packed decode layout (new arrays; `params` is
+  not modified). Raises `ValueError` on a tree that is already packed."""
+  names = _layers(params, config)
+  if is_packed(params):
+    raise ValueError("params are already in the packed decode layout")
+  e, h, k, d = config.d_model, config.num_heads, config.num_kv_heads, config.head_dim
+  g = h // k
+  out = dict(params)
+  for name in names:
+    layer = dict(params[name])
+    absent = [n for n in _STANDARD if n not in layer]
+    if absent:
+      raise ValueError(f"{name} lacks the standard kernels {absent}")
+    q = layer.pop("q")["kernel"].reshape(e, k, g, d)
+    kk, v = layer.pop("k")["kernel"], layer.pop("v")["kernel"]
+    layer["qkv"] = {"kernel": jnp.concatenate([q, kk[:, :, None], v[:, :, None]], axis=2)}
+    layer["gate_up"] = {"kernel": jnp.stack([layer.pop("gate")["kernel"],
+                                             layer.pop("up")["kernel"]], axis=-1)}
+    layer["down_t"] = {"kernel": jnp.transpose(layer.pop("down")["kernel"])}
+    out[name] = layer
+  return out
+
+
+def unpack_params(params: Mapping[str, Any], config) -> dict:
+  """The packed decode layout → the standard tree (exact: the same numbers).
+  Raises `ValueError` on a tree that is not packed."""
+  names = _layers(params, config)
+  if not is_packed(params):
+    raise ValueError("params are not in the packed decode layout")
+  e, h, k, d = config.d_model, config.num_heads, config.num_kv_heads, config.head_dim
+  g = h // k
+  out = dict(params)
+  for name in names:
+    layer = dict(params[name])
+    absent = [n for n in _PACKED if n not in layer]
+    if absent:
+      raise ValueError(f"{name} lacks the packed kernels {absent}")
+    qkv = layer.pop("qkv")["kernel"]
+    layer["q"] = {"kernel": qkv[:, :, :g].reshape(e, h, d)}
+    layer["k"] = {"kernel": qkv[:, :, g]}
+    layer["v"] = {"kernel": qkv[:, :, g + 1]}
+    gu = layer.pop("gate_up")["kernel"]
+    layer["gate"], layer["up"] = {"kernel": gu[..., 0]}, {"kernel": gu[..., 1]}
+    layer["down"] = {"kernel": jnp.transpose(layer.pop("down_t")["kernel"])}
+    out[name] = layer
+  return out
