@@ -25,8 +25,9 @@ in one process, on the same prompts:
 * `memory_job` (run as `python -m specjax.benchmarking_peers --memory_job
   JSON`) / `measure_memory`: one system in a fresh process: peak RSS during a
   steady generation call (the kernel's high-water mark reset through
-  /proc/self/clear_refs after a warm-up call) and peak RSS including loading
-  and compilation, both minus the process's idle RSS after its imports;
+  /proc/self/clear_refs after a warm-up call and a `malloc_trim`) and peak RSS
+  including loading and compilation, both minus the process's idle RSS after
+  its imports;
 * `cost_growth`: time per token as the generated length and, separately, the
   static cache buffer grow.
 
@@ -35,6 +36,7 @@ Shapes follow `specjax.protocol`: B rows, P prompt tokens, N new tokens.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import glob
@@ -158,17 +160,23 @@ def _model_for(config):
   return T5(config) if isinstance(config, T5Config) else DecoderLM(config)
 
 
-def _restore(directory: str):
+def _restore(directory: str, packed: bool = False):
+  """(model, params) from an orbax model directory; `packed`: a decoder's
+  params in the packed decode layout, packed on the host before placement."""
   from specjax.checkpoints.orbax_io import restore_params
   params, config = restore_params(directory)
-  return _model_for(config), jax.tree_util.tree_map(jnp.asarray, params)
+  model = _model_for(config)
+  if packed and isinstance(model, DecoderLM):
+    params = model.pack_params(jax.tree_util.tree_map(np.asarray, params))
+  return model, jax.tree_util.tree_map(jnp.asarray, params)
 
 
 def load_pair(spec: PairSpec) -> Pair:
   """Restores both models (trained) or initialises them (random, seeded)."""
+  packed = spec.kind == "decoder" and spec.packed
   if spec.trained:
-    target, tp = _restore(spec.target_dir)
-    draft, dp = _restore(spec.draft_dir)
+    target, tp = _restore(spec.target_dir, packed)
+    draft, dp = _restore(spec.draft_dir, packed)
   else:
     cls = T5Config if spec.kind == "t5" else DecoderConfig
     target = _model_for(cls(**spec.target_config))
@@ -182,7 +190,7 @@ def load_pair(spec: PairSpec) -> Pair:
   if target.vocab_size != draft.vocab_size:
     raise ValueError(f"pair {spec.name!r}: target vocab {target.vocab_size} != draft vocab "
                      f"{draft.vocab_size}")
-  if spec.kind == "decoder" and spec.packed:
+  if packed and not spec.trained:
     tp, dp = target.pack_params(tp), draft.pack_params(dp)
   return Pair(spec, target, tp, draft, dp)
 
@@ -793,6 +801,16 @@ def _reset_peak() -> bool:
     return False
 
 
+def _trim_heap() -> None:
+  """Returns the C heap's free pages to the OS (glibc `malloc_trim`), so that
+  memory freed after loading (e.g. host copies of the weights) does not count
+  as held; a no-op where there is no glibc."""
+  try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+  except (OSError, AttributeError):
+    pass
+
+
 def memory_job(job: Dict[str, Any]) -> Dict[str, Any]:
   """Runs one system in this (fresh) process and reports its memory in MiB.
 
@@ -837,6 +855,7 @@ def memory_job(job: Dict[str, Any]) -> Dict[str, Any]:
   call()
   peak_with_load = _status_kb("VmHWM")
   gc.collect()
+  _trim_heap()
   before = _status_kb("VmRSS")
   reset = _reset_peak()
   call()

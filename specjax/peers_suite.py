@@ -487,6 +487,7 @@ def run_suite(cfg: SuiteConfig, log: Callable[[str], None] = print,
                "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
                "load_average": load_start,
                "xla_flags": os.environ.get("XLA_FLAGS", ""),
+               "memory_heap_trim": True,  # memory_job trims the heap before the steady call
                "config": {k: list(v) if isinstance(v, tuple) else v
                           for k, v in dataclasses.asdict(cfg).items()}},
       "pairs": pairs,
@@ -832,7 +833,9 @@ def to_markdown(results: Dict[str, Any]) -> str:
       "timestamping `put`. Every token an iteration commits arrives at that iteration's timestamp "
       "(the first with the iteration's gap, the others with 0), hence P50 ITL of 0 when iterations "
       "commit ≥ 2 tokens on average. Peak memory: each system alone in a fresh process, peak RSS "
-      "during a steady call (high-water mark reset after a warm-up call) minus that process's "
+      "during a steady call (high-water mark reset after a warm-up call"
+      + (", the C heap's free pages returned to the OS first" if m.get("memory_heap_trim")
+         else "") + ") minus that process's "
       "idle RSS after its imports (details in the memory table). compile = "
       "first call − steady call. loop overhead = predicted speedup (from `step_times` component "
       "times and the measured iterations) / measured speedup − 1; AR / SP ovh = wall / "

@@ -207,7 +207,7 @@ def test_num_params_counts_init_leaves(cfg):
   assert ("lm_head" in shapes) == (not cfg.tie_embeddings)
 
 
-# ----------------------------------------------------------------- fused projections
+# ------------------------------------------------- packed layout, matrix-vector products
 
 
 def _dot_count(fn, *args) -> int:
@@ -267,6 +267,22 @@ def test_packed_layout_and_matvec_rows_match_the_standard_matmuls(name):
   assert dots(rows, packed, 3) == dots(gemm, packed, 3) + 5 * (4 * layers + head)
   assert dots(rows, params, 3) == dots(gemm, params, 3) + 5 * (7 * layers + head)
   assert dots(rows, packed, 5) == dots(gemm, packed, 5)  # N = 10 > 8: one product
+
+
+def test_packing_host_arrays_stays_on_the_host():
+  """numpy leaves pack with numpy (a restored checkpoint is packed before it
+  is placed on a device): the same values as packing the device arrays."""
+  lm, params = _model("gqa")
+  host = lm.pack_params(jax.tree_util.tree_map(np.asarray, params))
+  device = lm.pack_params(params)
+  assert jax.tree_util.tree_structure(host) == jax.tree_util.tree_structure(device)
+  for a, b in zip(jax.tree_util.tree_leaves(host), jax.tree_util.tree_leaves(device)):
+    assert isinstance(a, np.ndarray) and a.flags.c_contiguous
+    np.testing.assert_array_equal(a, np.asarray(b))
+  back = lm.unpack_params(host)
+  for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(params)):
+    assert isinstance(a, np.ndarray)
+    np.testing.assert_array_equal(a, np.asarray(b))
 
 
 def test_packing_errors_are_clear():

@@ -23,10 +23,22 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["is_packed", "pack_params", "unpack_params"]
 
 _STANDARD = ("q", "k", "v", "gate", "up", "down")
+
+
+def _xp(x):
+  """numpy for host arrays (packing before device placement never holds two
+  device copies of the weights), jax.numpy otherwise."""
+  return np if isinstance(x, np.ndarray) else jnp
+
+
+def _transpose(x_2d):
+  """A 2-D kernel transposed, stored row-major (a copy)."""
+  return np.ascontiguousarray(x_2d.T) if isinstance(x_2d, np.ndarray) else jnp.transpose(x_2d)
 _PACKED = ("qkv", "gate_up", "down_t")
 
 
@@ -49,7 +61,9 @@ def is_packed(params: Mapping[str, Any]) -> bool:
 
 def pack_params(params: Mapping[str, Any], config) -> dict:
   """The standard tree → the packed decode layout (new arrays; `params` is
-  not modified). Raises `ValueError` on a tree that is already packed."""
+  not modified). Host (numpy) leaves give host arrays: pack a restored
+  checkpoint before placing it on a device, and the device never holds both
+  layouts. Raises `ValueError` on a tree that is already packed."""
   names = _layers(params, config)
   if is_packed(params):
     raise ValueError("params are already in the packed decode layout")
@@ -61,12 +75,14 @@ def pack_params(params: Mapping[str, Any], config) -> dict:
     absent = [n for n in _STANDARD if n not in layer]
     if absent:
       raise ValueError(f"{name} lacks the standard kernels {absent}")
-    q = layer.pop("q")["kernel"].reshape(e, k, g, d)
+    q = layer.pop("q")["kernel"]
+    xp = _xp(q)
+    q = q.reshape(e, k, g, d)
     kk, v = layer.pop("k")["kernel"], layer.pop("v")["kernel"]
-    layer["qkv"] = {"kernel": jnp.concatenate([q, kk[:, :, None], v[:, :, None]], axis=2)}
-    layer["gate_up"] = {"kernel": jnp.stack([layer.pop("gate")["kernel"],
-                                             layer.pop("up")["kernel"]], axis=-1)}
-    layer["down_t"] = {"kernel": jnp.transpose(layer.pop("down")["kernel"])}
+    layer["qkv"] = {"kernel": xp.concatenate([q, kk[:, :, None], v[:, :, None]], axis=2)}
+    layer["gate_up"] = {"kernel": xp.stack([layer.pop("gate")["kernel"],
+                                            layer.pop("up")["kernel"]], axis=-1)}
+    layer["down_t"] = {"kernel": _transpose(layer.pop("down")["kernel"])}
     out[name] = layer
   return out
 
@@ -91,6 +107,6 @@ def unpack_params(params: Mapping[str, Any], config) -> dict:
     layer["v"] = {"kernel": qkv[:, :, g + 1]}
     gu = layer.pop("gate_up")["kernel"]
     layer["gate"], layer["up"] = {"kernel": gu[..., 0]}, {"kernel": gu[..., 1]}
-    layer["down"] = {"kernel": jnp.transpose(layer.pop("down_t")["kernel"])}
+    layer["down"] = {"kernel": _transpose(layer.pop("down_t")["kernel"])}
     out[name] = layer
   return out
