@@ -46,6 +46,8 @@ _CACHE = flags.DEFINE_integer("cache_len", 512, "Static KV buffer slots.")
 _GAMMAS = flags.DEFINE_list("gammas", ["3", "5", "7"], "γ values: targets are timed at T = γ + 1.")
 _STEPS = flags.DEFINE_integer("steps", 16, "Steps inside one timed fori_loop.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (median).")
+_PACKED = flags.DEFINE_bool("packed_decoder", True, "Decoder params in the packed decode layout "
+                            "(DecoderLM.pack_params); false: the standard tree.")
 _BW_GIB = flags.DEFINE_float("bandwidth_gib", 2.0, "Size of the bandwidth-measuring array.")
 
 
@@ -65,7 +67,8 @@ def main(argv):
       f"{bw['peak_bandwidth'] / 1e9:.0f} GB/s (best)")
   rows = []
   common = dict(batch=_BATCH.value, prompt_len=prompt_len, cache_len=cache_len,
-                bandwidth=bw["bandwidth"], steps=steps, repeats=repeats, log=log)
+                bandwidth=bw["bandwidth"], steps=steps, repeats=repeats,
+                packed=_PACKED.value, log=log)
   for family in _FAMILIES.value:
     target_name, drafts = families[family]
     target = roofline.build_model(family, target_name)
@@ -81,6 +84,7 @@ def main(argv):
                      "date": time.strftime("%Y-%m-%d %H:%M"), "cpu_smoke": smoke,
                      "batch": _BATCH.value, "prompt_len": prompt_len, "cache_len": cache_len,
                      "gammas": gammas, "steps": steps, "repeats": repeats, "dtype": "bfloat16",
+                     "packed_decoder": _PACKED.value,
                      "seconds": time.time() - start},
             "bandwidth": bw, "rows": rows, "summary": summary, "goals": goals}
   os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)

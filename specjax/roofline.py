@@ -177,15 +177,19 @@ def build_model(family: str, spec, dtype: str = "bfloat16"):
 
 def measure_model(family: str, name: str, role: str, model, *, batch: int, prompt_len: int,
                   cache_len: int, token_counts, bandwidth: float, steps: int, repeats: int,
-                  seed: int = 0, log=print):
+                  seed: int = 0, packed: bool = True, log=print):
   """Step latency of `model` at every T in `token_counts` (in-graph,
   `benchmarking.step_times`) next to its roofline; random weights made on
-  the device and freed afterwards."""
+  the device and freed afterwards. `packed`: a decoder's params in the
+  packed decode layout (`DecoderLM.pack_params`; the same bytes)."""
   import time
   from specjax.benchmarking import step_times
   shapes = param_shapes(model)
   t0 = time.perf_counter()
   params = jax.block_until_ready(random_params(model, jax.random.PRNGKey(seed), shapes))
+  packed = packed and isinstance(model, DecoderLM)
+  if packed:
+    params = jax.block_until_ready(model.pack_params(params))
   n_params = sum(int(math.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
   log(f"{family}/{name} ({role}): {n_params / 1e9:.3f}B params on device in "
       f"{time.perf_counter() - t0:.1f}s; timing T = {list(token_counts)}")
@@ -202,6 +206,7 @@ def measure_model(family: str, name: str, role: str, model, *, batch: int, promp
     b = step_bytes(model, batch, t, context, cache_len, enc, shapes)
     roof, roof_buf = roofline_s(b["total"], bandwidth), roofline_s(b["total_buffer"], bandwidth)
     rows.append({"family": family, "model": name, "role": role, "params": n_params,
+                 "layout": "packed" if packed else "standard",
                  "batch": batch, "T": t, "context": context, "cache_len": cache_len,
                  "step_ms": 1e3 * sec, "bytes": b, "roofline_ms": 1e3 * roof,
                  "roofline_buffer_ms": 1e3 * roof_buf,

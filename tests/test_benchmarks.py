@@ -223,6 +223,8 @@ def test_gpu_roofline_cpu_smoke(tmp_path):
     assert r["step_ms"] > 0 and r["roofline_buffer_ms"] > 0 and r["x_roofline"] > 0
   assert {s["family"] for s in result["summary"]} == {"t5", "decoder"}
   assert len(result["goals"]) == 2 and "x roof" in res.stdout
+  layouts = {(r["family"], r["layout"]) for r in result["rows"]}
+  assert layouts == {("t5", "standard"), ("decoder", "packed")}  # decoders packed by default
 
 
 def test_sampling_bench_smoke(tmp_path):
