@@ -59,54 +59,56 @@ def is_packed(params: Mapping[str, Any]) -> bool:
   return "qkv" in layer
 
 
+def _convert(params: Mapping[str, Any], config, to_packed: bool, convert_layer) -> dict:
+  """Checks the tree's layout, then `convert_layer(layer, e, h, k, d, g)` on a
+  copy of every layer's dict (it pops the old kernels and sets the new)."""
+  names = _layers(params, config)
+  if is_packed(params) == to_packed:
+    raise ValueError("params are already in the packed decode layout" if to_packed
+                     else "params are not in the packed decode layout")
+  kind, needed = ("standard", _STANDARD) if to_packed else ("packed", _PACKED)
+  e, h, k, d = config.d_model, config.num_heads, config.num_kv_heads, config.head_dim
+  out = dict(params)
+  for name in names:
+    layer = dict(params[name])
+    absent = [n for n in needed if n not in layer]
+    if absent:
+      raise ValueError(f"{name} lacks the {kind} kernels {absent}")
+    convert_layer(layer, e, h, k, d, h // k)
+    out[name] = layer
+  return out
+
+
+def _pack_layer(layer, e, h, k, d, g) -> None:
+  q = layer.pop("q")["kernel"]
+  xp = _xp(q)
+  q = q.reshape(e, k, g, d)
+  kk, v = layer.pop("k")["kernel"], layer.pop("v")["kernel"]
+  layer["qkv"] = {"kernel": xp.concatenate([q, kk[:, :, None], v[:, :, None]], axis=2)}
+  layer["gate_up"] = {"kernel": xp.stack([layer.pop("gate")["kernel"],
+                                          layer.pop("up")["kernel"]], axis=-1)}
+  layer["down_t"] = {"kernel": _transpose(layer.pop("down")["kernel"])}
+
+
+def _unpack_layer(layer, e, h, k, d, g) -> None:
+  qkv = layer.pop("qkv")["kernel"]
+  layer["q"] = {"kernel": qkv[:, :, :g].reshape(e, h, d)}
+  layer["k"] = {"kernel": qkv[:, :, g]}
+  layer["v"] = {"kernel": qkv[:, :, g + 1]}
+  gu = layer.pop("gate_up")["kernel"]
+  layer["gate"], layer["up"] = {"kernel": gu[..., 0]}, {"kernel": gu[..., 1]}
+  layer["down"] = {"kernel": _transpose(layer.pop("down_t")["kernel"])}
+
+
 def pack_params(params: Mapping[str, Any], config) -> dict:
   """The standard tree → the packed decode layout (new arrays; `params` is
   not modified). Host (numpy) leaves give host arrays: pack a restored
   checkpoint before placing it on a device, and the device never holds both
   layouts. Raises `ValueError` on a tree that is already packed."""
-  names = _layers(params, config)
-  if is_packed(params):
-    raise ValueError("params are already in the packed decode layout")
-  e, h, k, d = config.d_model, config.num_heads, config.num_kv_heads, config.head_dim
-  g = h // k
-  out = dict(params)
-  for name in names:
-    layer = dict(params[name])
-    absent = [n for n in _STANDARD if n not in layer]
-    if absent:
-      raise ValueError(f"{name} lacks the standard kernels {absent}")
-    q = layer.pop("q")["kernel"]
-    xp = _xp(q)
-    q = q.reshape(e, k, g, d)
-    kk, v = layer.pop("k")["kernel"], layer.pop("v")["kernel"]
-    layer["qkv"] = {"kernel": xp.concatenate([q, kk[:, :, None], v[:, :, None]], axis=2)}
-    layer["gate_up"] = {"kernel": xp.stack([layer.pop("gate")["kernel"],
-                                            layer.pop("up")["kernel"]], axis=-1)}
-    layer["down_t"] = {"kernel": _transpose(layer.pop("down")["kernel"])}
-    out[name] = layer
-  return out
+  return _convert(params, config, True, _pack_layer)
 
 
 def unpack_params(params: Mapping[str, Any], config) -> dict:
   """The packed decode layout → the standard tree (exact: the same numbers).
   Raises `ValueError` on a tree that is not packed."""
-  names = _layers(params, config)
-  if not is_packed(params):
-    raise ValueError("params are not in the packed decode layout")
-  e, h, k, d = config.d_model, config.num_heads, config.num_kv_heads, config.head_dim
-  g = h // k
-  out = dict(params)
-  for name in names:
-    layer = dict(params[name])
-    absent = [n for n in _PACKED if n not in layer]
-    if absent:
-      raise ValueError(f"{name} lacks the packed kernels {absent}")
-    qkv = layer.pop("qkv")["kernel"]
-    layer["q"] = {"kernel": qkv[:, :, :g].reshape(e, h, d)}
-    layer["k"] = {"kernel": qkv[:, :, g]}
-    layer["v"] = {"kernel": qkv[:, :, g + 1]}
-    gu = layer.pop("gate_up")["kernel"]
-    layer["gate"], layer["up"] = {"kernel": gu[..., 0]}, {"kernel": gu[..., 1]}
-    layer["down"] = {"kernel": _transpose(layer.pop("down_t")["kernel"])}
-    out[name] = layer
-  return out
+  return _convert(params, config, False, _unpack_layer)
