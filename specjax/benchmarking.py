@@ -122,7 +122,7 @@ class StepTimer:
     _check_steps(steps, 1)
     if not token_counts:
       raise ValueError(f"token_counts must name at least one T, got {token_counts!r}")
-    self.params, self.steps = params, steps
+    self.steps = steps
     self._loops = {t: _step_loop(model, params, batch_size, cache_len, prompt_len, t, steps)
                    + (params,) for t in token_counts}
 

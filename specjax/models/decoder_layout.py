@@ -28,6 +28,7 @@ import numpy as np
 __all__ = ["is_packed", "pack_params", "unpack_params"]
 
 _STANDARD = ("q", "k", "v", "gate", "up", "down")
+_PACKED = ("qkv", "gate_up", "down_t")
 
 
 def _xp(x):
@@ -39,7 +40,6 @@ def _xp(x):
 def _transpose(x_2d):
   """A 2-D kernel transposed, stored row-major (a copy)."""
   return np.ascontiguousarray(x_2d.T) if isinstance(x_2d, np.ndarray) else jnp.transpose(x_2d)
-_PACKED = ("qkv", "gate_up", "down_t")
 
 
 def _layers(params: Mapping[str, Any], config) -> list:
