@@ -7,7 +7,8 @@ product per token, against one matrix-matrix product on the standard layout.
 A decode step at small batch is a chain of products of a few token vectors
 with each weight matrix. On XLA:CPU two things set their speed:
 
-* Eigen's matrix-vector product reads a kernel faster the longer its
+* XLA:CPU's matrix-vector product (YNNPACK, jaxlib 0.10.2's default dot
+  backend) reads a kernel faster the longer its
   contiguous rows are (about 8 GB/s at rows of 384 floats, 16-20 GB/s at
   2048-4096 on the 2-core development machine). The packed decode layout
   (`DecoderLM.pack_params`) holds q/k/v as one kernel, gate/up as one, and

@@ -67,10 +67,12 @@ class DecoderConfig:
       (compute only: checkpoints restore across values). 1 < N <= this: one
       matrix-vector product per token, issued back to back on the same
       kernel, so the kernel streams from memory once and the other products
-      read it from cache; otherwise one matrix-matrix product. On XLA:CPU,
-      Eigen's matrix-matrix path at 2-8 rows reads the weights at about half
-      the bandwidth of its matrix-vector path (`benchmarks/projections_bench.py`).
-      None (default): 8 on the CPU backend, 0 (off) on others; 0 turns it off.
+      read it from cache; otherwise one matrix-matrix product. Which is faster
+      depends on the CPU (its caches, its neighbours' load): on one machine
+      the per-token products won at 2-8 rows, on another (105 MB L3) one
+      matrix-matrix product won from 3 rows on (benchmarks/README.md; measure
+      with `benchmarks/projections_bench.py`). None (default): 8 on the CPU
+      backend, 0 (off) on others; 0 turns it off.
 
   The parameter tree has two layouts of the same weights: the standard one
   above (training, checkpoints, transformers export) and a packed decode
