@@ -70,9 +70,9 @@ class DecoderConfig:
       read it from cache; otherwise one matrix-matrix product. Which is faster
       depends on the CPU (its caches, its neighbours' load): on one machine
       the per-token products won at 2-8 rows, on another (105 MB L3) one
-      matrix-matrix product won from 3 rows on (benchmarks/README.md; measure
-      with `benchmarks/projections_bench.py`). None (default): 8 on the CPU
-      backend, 0 (off) on others; 0 turns it off.
+      matrix-matrix product won from 2 rows on, about even at 2
+      (benchmarks/README.md; measure with `benchmarks/projections_bench.py`).
+      None (default): 8 on the CPU backend, 0 (off) on others; 0 turns it off.
 
   The parameter tree has two layouts of the same weights: the standard one
   above (training, checkpoints, transformers export) and a packed decode
