@@ -62,15 +62,29 @@ _THREADS = flags.DEFINE_integer("torch_threads", None, "torch threads (default: 
                                 "smoke: 1).")
 _PACKED = flags.DEFINE_bool("packed_decoder", True, "Decoder pairs decode from the packed "
                             "layout (DecoderLM.pack_params); false: the standard tree.")
+_MATVEC = flags.DEFINE_string("decoder_matvec_rows", "auto", "Decoder pairs' matvec_max_rows: "
+                              "auto (measured on this machine by specjax.tune_matvec_rows), "
+                              "default (the library's), or an int >= 0.")
 _RENDER = flags.DEFINE_string("render", "", "Measure nothing: recompute the goals of this "
                                "results JSON and rewrite the markdown next to it (X.json → X.md).")
+
+
+def _matvec_rows(value: str):
+  if value in ("auto", "default"):
+    return None if value == "default" else value
+  try:
+    return int(value)
+  except ValueError:
+    raise ValueError(f"--decoder_matvec_rows must be auto, default or an int >= 0, got "
+                     f"{value!r}") from None
 
 
 def make_config() -> peers_suite.SuiteConfig:
   kw = dict(peers_suite.SMOKE if _SMOKE.value else peers_suite.QUICK if _QUICK.value else {})
   kw.update(leviathan_dir=_LEV.value, chen_dir=_CHEN.value, t5_draft=_T5_DRAFT.value,
             data_cache=_DATA.value, pairs=tuple(_PAIRS.value), memory=_MEMORY.value,
-            growth=_GROWTH.value, packed_decoder=_PACKED.value)
+            growth=_GROWTH.value, packed_decoder=_PACKED.value,
+            decoder_matvec_rows=_matvec_rows(_MATVEC.value))
   ints = lambda xs: tuple(int(x) for x in xs)
   for flag, key in ((_BATCHES, "batches"), (_GAMMAS, "gammas"), (_GAMMAS_B, "gammas_batched"),
                     (_MP_GAMMAS, "mp_gammas")):

@@ -9,7 +9,8 @@ Decoding (one jit, one `lax.while_loop`, donated static-shape caches):
 Models follow `specjax.protocol.LanguageModel`: `DecoderLM` (Chinchilla /
 Llama style), `T5` (v1.0 / v1.1), `UnigramLM` / `BigramLM`. Sampling choices
 are `SamplingConfig`s; `specjax.theory` has the analytic results;
-`specjax.sharding` places everything on a `jax.sharding` mesh.
+`specjax.sharding` places everything on a `jax.sharding` mesh;
+`tune_matvec_rows` picks a decoder's CPU product path for this machine.
 
 Shape names: B batch, P prompt, T tokens per call, S cache slots, V vocab,
 L layers, H heads, K kv heads, D head dim, E width, G = gamma.
@@ -25,6 +26,7 @@ from specjax.models.ngram import BigramLM, UnigramLM
 from specjax.models.t5 import T5, T5_CONFIGS, T5Config, t5_config
 from specjax.protocol import LanguageModel
 from specjax.sampling import GREEDY, SamplingConfig, process_logits
+from specjax.tuning import MatvecChoice, tune_matvec_rows
 from specjax.verify import rejection_verify
 
 __version__ = "0.1.0"
@@ -34,5 +36,5 @@ __all__ = [
     "DecodeState", "AutoregressiveDecoder", "SpeculativeDecoder", "SamplingConfig", "GREEDY",
     "process_logits", "rejection_verify", "measure_beta", "LanguageModel", "DecoderLM",
     "DecoderConfig", "decoder_config", "DECODER_CONFIGS", "T5", "T5Config", "t5_config",
-    "T5_CONFIGS", "UnigramLM", "BigramLM", "theory",
+    "T5_CONFIGS", "UnigramLM", "BigramLM", "theory", "tune_matvec_rows", "MatvecChoice",
 ]

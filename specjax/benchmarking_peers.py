@@ -93,6 +93,9 @@ class PairSpec:
     packed: decoder pairs only: both models' params in the packed decode
       layout (`DecoderLM.pack_params`) for every specjax measurement (the
       transformers export unpacks them: the same weights).
+    target_matvec_rows, draft_matvec_rows: decoder pairs only: each model's
+      `DecoderConfig.matvec_max_rows` (None: the config's own, e.g. the
+      library default; the suite fills them from `specjax.tune_matvec_rows`).
   """
 
   name: str
@@ -103,6 +106,8 @@ class PairSpec:
   draft_config: Dict[str, Any] = dataclasses.field(default_factory=dict)
   seed: int = 0
   packed: bool = True
+  target_matvec_rows: Optional[int] = None
+  draft_matvec_rows: Optional[int] = None
 
   @property
   def trained(self) -> bool:
@@ -192,6 +197,10 @@ def load_pair(spec: PairSpec) -> Pair:
                      f"{draft.vocab_size}")
   if packed and not spec.trained:
     tp, dp = target.pack_params(tp), draft.pack_params(dp)
+  if spec.kind == "decoder":
+    target, draft = (m if rows is None else DecoderLM(m.config.replace(matvec_max_rows=rows))
+                     for m, rows in ((target, spec.target_matvec_rows),
+                                     (draft, spec.draft_matvec_rows)))
   return Pair(spec, target, tp, draft, dp)
 
 

@@ -80,10 +80,23 @@ class SuiteConfig:
   # Decoder pairs decode from the packed layout (`DecoderLM.pack_params`);
   # False: the standard tree (the layout the checkpoints hold).
   packed_decoder: bool = True
+  # Decoder pairs: each model's `DecoderConfig.matvec_max_rows`: "auto" =
+  # measured on this machine by `specjax.tune_matvec_rows` at these row
+  # counts before the pair runs; None = the library default; an int: that.
+  decoder_matvec_rows: Any = "auto"
+  matvec_row_counts: Sequence[int] = (2, 3, 4, 5, 8)
   mode: str = "full"
 
   def __post_init__(self):
     _check_model_parallel(self.model_parallel)
+    _check_matvec_rows(self.decoder_matvec_rows)
+
+
+def _check_matvec_rows(rows) -> None:
+  if rows is None or rows == "auto":
+    return
+  if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+    raise ValueError(f"decoder_matvec_rows must be 'auto', None or an int >= 0, got {rows!r}")
 
 
 def _check_model_parallel(k) -> None:
@@ -102,7 +115,7 @@ SMOKE = dict(fallback_size="tiny", batches=(1,), gammas=(2,), gammas_batched=(),
              overhead_min_seconds=0.0,
              memory_batches=(1,),
              memory_systems=("specjax autoregressive",), memory_pairs=("decoder",),
-             growth_new_tokens=(8,),
+             growth_new_tokens=(8,), matvec_row_counts=(2,),
              growth_buffers=(1, 2), growth_fresh_compile=False, threads=1, model_parallel=2,
              mp_gammas=(2,), mode="smoke")
 
@@ -122,6 +135,8 @@ def _pair_spec(cfg: SuiteConfig, name: str) -> bp.PairSpec:
   have = bool(base) and all(os.path.exists(os.path.join(d, "config.json")) for d in dirs)
   spec = bp.fallback_spec(name, kind, cfg.fallback_size, *(dirs if have else ("", "")))
   spec.packed = cfg.packed_decoder
+  if kind == "decoder" and cfg.decoder_matvec_rows != "auto":
+    spec.target_matvec_rows = spec.draft_matvec_rows = cfg.decoder_matvec_rows
   spec.note = ("trained: " + ", ".join(dirs) if have else
                f"random init ({cfg.fallback_size} shapes): "
                + ("no directory given" if not base else f"no trained models under {base}"))
@@ -422,6 +437,10 @@ def run_pair(name: str, cfg: SuiteConfig, tmp: str, log) -> Dict[str, Any]:
   spec = _pair_spec(cfg, name)
   log(f"[{name}] {spec.note}")
   pair = bp.load_pair(spec)
+  tuning = None
+  if spec.kind == "decoder" and cfg.decoder_matvec_rows == "auto":
+    pair, tuning = _tune_matvec_rows(pair, cfg, log)
+    spec = pair.spec
   n_prompts = max(max(cfg.batches), cfg.b1_prompts, 2)
   prompts, lengths, source = bp.pair_prompts(pair, n_prompts, cfg.prompt_len, cfg.data_cache)
   log(f"[{name}] prompts: {source}")
@@ -458,9 +477,29 @@ def run_pair(name: str, cfg: SuiteConfig, tmp: str, log) -> Dict[str, Any]:
       "prompts": {"source": source, "count": int(n_prompts), "prompt_len": cfg.prompt_len,
                   "mean_length": float(np.mean(lengths))},
       "cache_len": cache_len, "rows": rows, "batches": batches, "notes": notes,
+      "matvec_tuning": tuning,
       "ratios": _ratios(rows, cfg.batches), "growth": growth, "hf_error": hf_error,
       "torch_threads": torch.get_num_threads(), "seconds": time.perf_counter() - t_start,
   }
+
+
+def _tune_matvec_rows(pair, cfg: SuiteConfig, log):
+  """Both decoders' `matvec_max_rows` measured on this machine (in the params'
+  layout); returns the pair rebuilt with them, and the measurements."""
+  choices = {}
+  for role, model, params in (("target", pair.target, pair.tp), ("draft", pair.draft, pair.dp)):
+    prefix = f"[{pair.spec.name}] {role} "
+    choices[role] = specjax.tune_matvec_rows(
+        model, params, row_counts=tuple(cfg.matvec_row_counts), prompt_len=cfg.prompt_len,
+        repeats=max(cfg.step_repeats, 3), log=lambda line, pre=prefix: log(pre + line))
+    log(f"{prefix}matvec_max_rows = {choices[role].rows} "
+        f"(library default {choices[role].default_rows})")
+  spec = dataclasses.replace(pair.spec, target_matvec_rows=choices["target"].rows,
+                             draft_matvec_rows=choices["draft"].rows)
+  spec.note = pair.spec.note
+  tuned = dataclasses.replace(pair, spec=spec, target=choices["target"].apply(pair.target),
+                              draft=choices["draft"].apply(pair.draft))
+  return tuned, {role: c.to_dict() for role, c in choices.items()}
 
 
 def run_suite(cfg: SuiteConfig, log: Callable[[str], None] = print,
@@ -709,8 +748,19 @@ def _layout_note(p) -> str:
   packed = p.get("spec", {}).get("packed")
   if p["kind"] != "decoder" or packed is None:
     return ""
-  return (" · specjax params: packed decode layout (`DecoderLM.pack_params`)" if packed
+  note = (" · specjax params: packed decode layout (`DecoderLM.pack_params`)" if packed
           else " · specjax params: standard layout")
+  spec, tuning = p.get("spec", {}), p.get("matvec_tuning")
+  if spec.get("target_matvec_rows") is not None:
+    note += (f" · `matvec_max_rows` target {spec['target_matvec_rows']}, draft "
+             f"{spec['draft_matvec_rows']} ("
+             + ("tuned on this machine by `specjax.tune_matvec_rows`" if tuning else "set"))
+    if tuning:
+      note += "; per-token products' speedup over one matrix-matrix product at N rows: " + \
+          "; ".join(f"{role} " + ", ".join(f"N={n} {v:.2f}×" for n, v in t["speedups"].items())
+                    for role, t in tuning.items())
+    note += ")"
+  return note
 
 
 def _model_parallel_table(rows) -> List[str]:

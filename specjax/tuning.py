@@ -1,0 +1,145 @@
+"""Choosing a decoder's compute path for the machine it runs on.
+
+`DecoderConfig.matvec_max_rows` decides how a call on N = B * T tokens
+computes each projection: for 1 < N <= it, one matrix-vector product per
+token, back to back on each kernel; otherwise one matrix-matrix product.
+Which is faster depends on the CPU (its caches above all): on one
+development machine (1 MB L2, 32 MB L3) the per-token products won at 2-8
+rows by 1.16-1.43x, on another (2 MB L2, 105 MB L3) one matrix-matrix
+product won from 2-3 rows on, by up to 1.5x at 8 rows
+(benchmarks/README.md). No fixed default is right on both, so measure:
+
+  choice = specjax.tune_matvec_rows(lm, params)     # ~1 min for a 17M model
+  lm = choice.apply(lm)                              # same weights, same params
+
+The measurement is the in-graph cost of one call on N tokens
+(`specjax.benchmarking.step_times_side_by_side`, both paths interleaved
+call by call, so the ratio of each pair is taken moments apart), at batch 1
+and T = N tokens (a verify of N tokens; a batch-N step has the same
+projections). The chosen threshold is the largest N such that the per-token
+products beat one matrix-matrix product by more than `margin` at every
+measured row count up to it (0: never). The choice changes only how calls
+compute, not what they compute (equal up to float rounding); it is a
+compute-only config field, so checkpoints restore across values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Callable, Dict, Mapping, Optional, Sequence
+
+from specjax.benchmarking import step_times_side_by_side
+from specjax.models.decoder import DecoderLM, matvec_rows
+
+__all__ = ["MatvecChoice", "tune_matvec_rows", "choose_matvec_rows"]
+
+DEFAULT_ROW_COUNTS = (2, 3, 4, 5, 8)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatvecChoice:
+  """The outcome of `tune_matvec_rows`.
+
+  Attributes:
+    rows: the chosen `matvec_max_rows` (0: always one matrix-matrix product).
+    speedups: per measured row count N, the median of the paired ratios
+      (matrix-matrix time / per-token time): > 1 means the per-token
+      products were faster.
+    per_token_ms, matmul_ms: per N, the median milliseconds per call.
+    default_rows: what the config's own setting resolved to (for reports).
+  """
+
+  rows: int
+  speedups: Mapping[int, float]
+  per_token_ms: Mapping[int, float]
+  matmul_ms: Mapping[int, float]
+  default_rows: int
+
+  def apply(self, model: DecoderLM) -> DecoderLM:
+    """`model` with `matvec_max_rows` set to the choice (same params)."""
+    _check_model(model)
+    return DecoderLM(model.config.replace(matvec_max_rows=self.rows))
+
+  def to_dict(self) -> Dict[str, object]:
+    """JSON-able (row counts as string keys)."""
+    return {"rows": self.rows, "default_rows": self.default_rows,
+            "speedups": {str(k): v for k, v in self.speedups.items()},
+            "per_token_ms": {str(k): v for k, v in self.per_token_ms.items()},
+            "matmul_ms": {str(k): v for k, v in self.matmul_ms.items()}}
+
+
+def choose_matvec_rows(speedups: Mapping[int, float], margin: float = 1.0) -> int:
+  """The largest row count N of `speedups` such that every measured count
+  up to N has a speedup (matrix-matrix / per-token time) above `margin`;
+  0 when the smallest already does not. Counts between measured ones take
+  the path of the smaller: a threshold never extends past a measurement."""
+  if not speedups:
+    raise ValueError(f"speedups must hold at least one row count, got {dict(speedups)!r}")
+  if not margin > 0:
+    raise ValueError(f"margin must be > 0, got {margin!r}")
+  rows = 0
+  for n in sorted(speedups):
+    if not speedups[n] > margin:  # NaN (an unmeasurable cell) stops it too
+      break
+    rows = n
+  return rows
+
+
+def _check_model(model) -> None:
+  if not isinstance(model, DecoderLM):
+    raise TypeError(f"model must be a specjax DecoderLM (matvec_max_rows is a decoder "
+                    f"option), got {type(model).__name__}")
+
+
+def tune_matvec_rows(model: DecoderLM, params, row_counts: Sequence[int] = DEFAULT_ROW_COUNTS,
+                     prompt_len: int = 64, cache_len: Optional[int] = None, steps: int = 16,
+                     repeats: int = 7, margin: float = 1.0,
+                     log: Optional[Callable[[str], None]] = None) -> MatvecChoice:
+  """Measures per-token products against one matrix-matrix product at each
+  row count and returns the `MatvecChoice` (see the module docstring).
+
+  Args:
+    model: a `DecoderLM`; params: its parameters in the layout decoding will
+      use (standard or `pack_params`'s packed tree: the choice can differ).
+    row_counts: the N to measure, each an int >= 2 (N = 1 is one
+      matrix-vector product on either path).
+    prompt_len: tokens already in the cache before each timed call;
+      cache_len: its slots (default: prompt_len + max(row_counts)).
+    steps, repeats: calls per timed loop, paired measurements per N.
+    margin: the per-token path must be faster by more than this factor.
+    log: called with one line per N (e.g. `print`, `logging.info`).
+
+  Compiles 2 * len(row_counts) step loops; costs ~1 min for the Chen
+  reproduction's 17.3M target on a 2-core CPU with the defaults.
+  """
+  _check_model(model)
+  counts = tuple(row_counts)
+  if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in counts):
+    raise ValueError(f"row_counts must be a non-empty sequence of ints >= 2, got "
+                     f"{row_counts!r}")
+  if len(set(counts)) != len(counts):
+    raise ValueError(f"row_counts must not repeat a count, got {row_counts!r}")
+  if isinstance(prompt_len, bool) or not isinstance(prompt_len, int) or prompt_len < 1:
+    raise ValueError(f"prompt_len must be an int >= 1, got {prompt_len!r}")
+  need = prompt_len + max(counts)
+  cache_len = need if cache_len is None else cache_len
+  if isinstance(cache_len, bool) or not isinstance(cache_len, int) or cache_len < need:
+    raise ValueError(f"cache_len must be an int >= prompt_len + max(row_counts) = {need}, "
+                     f"got {cache_len!r}")
+  config = model.config
+  speedups, per_token_ms, matmul_ms = {}, {}, {}
+  for n in sorted(counts):
+    models = {"per_token": DecoderLM(config.replace(matvec_max_rows=n)),
+              "matmul": DecoderLM(config.replace(matvec_max_rows=0))}
+    sec = step_times_side_by_side(models, params, 1, cache_len, prompt_len, n, steps=steps,
+                                  repeats=repeats)
+    speedups[n] = statistics.median(m / p for m, p in zip(sec["matmul"], sec["per_token"]))
+    per_token_ms[n] = 1e3 * statistics.median(sec["per_token"])
+    matmul_ms[n] = 1e3 * statistics.median(sec["matmul"])
+    if log:
+      log(f"matvec tuning: N={n}: per-token {per_token_ms[n]:.3f} ms, matrix-matrix "
+          f"{matmul_ms[n]:.3f} ms ({speedups[n]:.2f}x)")
+  return MatvecChoice(rows=choose_matvec_rows(speedups, margin), speedups=speedups,
+                      per_token_ms=per_token_ms, matmul_ms=matmul_ms,
+                      default_rows=matvec_rows(config))
