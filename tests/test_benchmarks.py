@@ -162,6 +162,12 @@ def test_peers_bench_smoke(tmp_path):
     assert {r["sweep"] for r in growth} == {"length", "buffer"}
     assert all(r["ms_per_token"] > 0 for r in growth)
     assert f"## Pair `{name}`" in md
+  # Decoder pairs run with matvec_max_rows measured on this machine (T5: no such option).
+  tuned = results["pairs"]["decoder"]["matvec_tuning"]
+  assert set(tuned) == {"target", "draft"} and all(t["rows"] in (0, 2) for t in tuned.values())
+  assert results["pairs"]["decoder"]["spec"]["target_matvec_rows"] == tuned["target"]["rows"]
+  assert results["pairs"]["t5"]["matvec_tuning"] is None
+  assert "(tuned on this machine by `specjax.tune_matvec_rows`" in md
   mem = [r["memory"] for r in results["pairs"]["decoder"]["rows"] if "memory" in r]
   assert mem and "error" not in mem[0] and mem[0]["peak_with_load_mb"] > 0
   statuses = {g["status"] for g in results["goals"]}
