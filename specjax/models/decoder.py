@@ -71,8 +71,9 @@ class DecoderConfig:
       depends on the CPU (its caches, its neighbours' load): on one machine
       the per-token products won at 2-8 rows, on another (105 MB L3) one
       matrix-matrix product won from 2 rows on, about even at 2
-      (benchmarks/README.md; measure with `benchmarks/projections_bench.py`).
-      None (default): 8 on the CPU backend, 0 (off) on others; 0 turns it off.
+      (benchmarks/README.md). `specjax.tune_matvec_rows` measures both paths
+      on this machine and picks the value. None (default): 8 on the CPU
+      backend, 0 (off) on others; 0 turns it off.
 
   The parameter tree has two layouts of the same weights: the standard one
   above (training, checkpoints, transformers export) and a packed decode
