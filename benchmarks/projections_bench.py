@@ -19,10 +19,12 @@ with each weight matrix. On XLA:CPU two things set their speed:
   on each kernel: the kernel streams from memory once, the later products
   read it from cache.
 
-Three variants of the same random weights, measured side by side in one
+Four variants of the same random weights, measured side by side in one
 process, interleaved measurement by measurement: "packed" (packed layout,
-matrix-vector products up to 8 tokens: what decoding uses), "standard" (the
-standard layout, the same products) and "matmul" (the standard layout, one
+matrix-vector products up to 8 tokens: the library's CPU default), "tuned"
+(packed layout, `matvec_max_rows` chosen on this machine by
+`specjax.tune_matvec_rows`, run first), "standard" (the standard layout,
+products up to 8 tokens) and "matmul" (the standard layout, one
 matrix-matrix product per call: the computation before either change). The
 ratios are medians of the paired ratios matmul / variant (the machine is
 noisy). Cells:
@@ -31,9 +33,9 @@ noisy). Cells:
   is a matrix-vector product in every variant (only the layout differs);
   B * T = 12 > 8 is one matrix-matrix product in every variant (the packed
   layout's cost there);
-* wall time per generated token of greedy `generate` at batch 1 (N tokens
-  after a P-token prompt, minus the N = 1 call: the decode loop alone), and
-  whether the three variants generate the same tokens.
+* wall time per generated token of greedy `generate` at batch 1 and 8 (N
+  tokens after a P-token prompt, minus the N = 1 call: the decode loop
+  alone), and whether the variants generate the same tokens.
 
 Writes `projections.json` and `projections.md` into --out_dir.
 """
@@ -64,7 +66,7 @@ _REPEATS = flags.DEFINE_integer("repeats", 15, "Interleaved measurements per cel
 # The Chen reproduction's `full` target (17.3M parameters).
 CHEN_TARGET = DecoderConfig(vocab_size=4096, d_model=384, num_layers=8, num_heads=6,
                             num_kv_heads=6, head_dim=64, mlp_dim=1024)
-VARIANTS = ("packed", "standard", "matmul")
+VARIANTS = ("packed", "tuned", "standard", "matmul")
 BASELINE = "matmul"
 
 
@@ -94,12 +96,18 @@ def main(argv):
   cache_len = prompt_len + max_new
   repeats = 3 if quick else _REPEATS.value
   rowwise = DecoderLM(config.replace(matvec_max_rows=rows_max))
-  models = {"packed": rowwise, "standard": rowwise,
-            "matmul": DecoderLM(config.replace(matvec_max_rows=0))}
   standard = rowwise.init(jax.random.PRNGKey(0))
-  params = {"packed": rowwise.pack_params(standard), "standard": standard, "matmul": standard}
-  prompts = jnp.asarray(np.random.default_rng(0).integers(2, config.vocab_size,
-                                                          size=(1, prompt_len)), jnp.int32)
+  packed = rowwise.pack_params(standard)
+  choice = specjax.tune_matvec_rows(rowwise, packed, row_counts=(2, 3) if quick else
+                                    (2, 3, 4, 5, 8), prompt_len=prompt_len,
+                                    steps=2 if quick else 16, repeats=2 if quick else 7,
+                                    log=logging.info)
+  models = {"packed": rowwise, "tuned": choice.apply(rowwise), "standard": rowwise,
+            "matmul": DecoderLM(config.replace(matvec_max_rows=0))}
+  params = {"packed": packed, "tuned": packed, "standard": standard, "matmul": standard}
+  rng = np.random.default_rng(0)
+  prompts = {b: jnp.asarray(rng.integers(2, config.vocab_size, size=(b, prompt_len)),
+                            jnp.int32) for b in (1, 8)}
   rows = []
   for b, t in cells:
     n = b * t
@@ -112,23 +120,27 @@ def main(argv):
         f"{k} {rows[-1][k + '_ms']:.2f} ms ({rows[-1][k + '_speedup']:.2f}x)" for k in VARIANTS))
     jax.clear_caches()
 
-  # The decode loop end to end: generate at batch 1, minus its N = 1 call.
-  tokens, per_token = {}, {k: [] for k in VARIANTS}
-  for k in VARIANTS:  # compile all first
-    tokens[k] = np.asarray(_generate(models[k], params[k], prompts, max_new, cache_len))
-    _generate(models[k], params[k], prompts, 1, cache_len).block_until_ready()
-  for r in range(2 if quick else repeats):
-    for k in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):  # none always first
-      lm, p = models[k], params[k]
-      full = time_call(lambda: _generate(lm, p, prompts, max_new, cache_len), repeats=1)
-      one = time_call(lambda: _generate(lm, p, prompts, 1, cache_len), repeats=1)
-      per_token[k].append((full["median_s"] - one["median_s"]) / (max_new - 1))
-  same = all(np.array_equal(tokens[k], tokens[BASELINE]) for k in VARIANTS)
-  rows.append(_row(f"generate B=1, ms per token (N={max_new}, P={prompt_len})", per_token,
-                   "matrix-vector (every variant)"))
+  # The decode loop end to end: generate at batch 1 and 8, minus its N = 1 call.
+  same = True
+  for b, x in prompts.items():
+    tokens, per_token = {}, {k: [] for k in VARIANTS}
+    for k in VARIANTS:  # compile all first
+      tokens[k] = np.asarray(_generate(models[k], params[k], x, max_new, cache_len))
+      _generate(models[k], params[k], x, 1, cache_len).block_until_ready()
+    for r in range(2 if quick else repeats):
+      for k in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):  # none always first
+        lm, p = models[k], params[k]
+        full = time_call(lambda: _generate(lm, p, x, max_new, cache_len), repeats=1)
+        one = time_call(lambda: _generate(lm, p, x, 1, cache_len), repeats=1)
+        per_token[k].append((full["median_s"] - one["median_s"]) / (max_new - 1))
+    same = same and all(np.array_equal(tokens[k], tokens[BASELINE]) for k in VARIANTS)
+    rows.append(_row(f"generate B={b}, ms per step (N={max_new}, P={prompt_len})", per_token,
+                     "matrix-vector (every variant)" if b == 1 else
+                     "one product per row (tuned: if B <= its rows; matmul: one B-row product)"))
   meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
           "model": "tiny" if quick else "Chen target shape (17.3M)", "params": config.num_params(),
           "repeats": repeats, "cache_len": cache_len, "matvec_max_rows": rows_max,
+          "tuned_matvec_max_rows": choice.rows, "tuning": choice.to_dict(),
           "greedy_tokens_identical": same, "load_average_at_start": os.getloadavg()[0]}
   lines = ["# Decode-step projections: packed layout and matrix-vector products (CPU)", "",
            f"{meta['machine']}; jax {meta['jax']}; {meta['model']}, random weights; "
@@ -136,15 +148,20 @@ def main(argv):
            f"ratios matmul / variant (measured moments apart); cache {cache_len} slots; load "
            f"average at start {meta['load_average_at_start']:.2f}. packed = packed layout "
            f"(`DecoderLM.pack_params`) with one matrix-vector product per token up to "
-           f"{rows_max} tokens; standard = the standard layout, the same products; matmul = the "
+           f"{rows_max} tokens (the CPU default); tuned = packed layout, `matvec_max_rows` = "
+           f"{choice.rows}, chosen on this machine by `specjax.tune_matvec_rows` (per-token / "
+           f"one-product speedup at N rows: "
+           + ", ".join(f"N={n} {v:.2f}×" for n, v in choice.speedups.items())
+           + f"); standard = the standard layout, products up to {rows_max} tokens; matmul = the "
            f"standard layout, one matrix-matrix product per call (`matvec_max_rows=0`). Greedy "
-           f"tokens identical across the three: {'yes' if same else 'NO'}.", "",
-           "| measurement | packed ms | standard ms | matmul ms | packed speedup | standard "
-           "speedup | products |", "|---|---|---|---|---|---|---|"]
+           f"tokens identical across the variants: {'yes' if same else 'NO'}.", "",
+           "| measurement | " + " | ".join(f"{k} ms" for k in VARIANTS) + " | "
+           + " | ".join(f"{k} speedup" for k in VARIANTS if k != BASELINE)
+           + " | products (packed, standard) |", "|---" * (2 * len(VARIANTS) + 1) + "|"]
   for row in rows:
-    lines.append(f"| {row['what']} | {row['packed_ms']:.2f} | {row['standard_ms']:.2f} | "
-                 f"{row['matmul_ms']:.2f} | {row['packed_speedup']:.2f}× | "
-                 f"{row['standard_speedup']:.2f}× | {row['path']} |")
+    lines.append(f"| {row['what']} | " + " | ".join(f"{row[k + '_ms']:.2f}" for k in VARIANTS)
+                 + " | " + " | ".join(f"{row[k + '_speedup']:.2f}×" for k in VARIANTS
+                                      if k != BASELINE) + f" | {row['path']} |")
   md = "\n".join(lines) + "\n"
   os.makedirs(_OUT.value, exist_ok=True)
   for name, text in [("projections.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),

@@ -85,6 +85,7 @@ class SuiteConfig:
   # counts before the pair runs; None = the library default; an int: that.
   decoder_matvec_rows: Any = "auto"
   matvec_row_counts: Sequence[int] = (2, 3, 4, 5, 8)
+  tune_repeats: int = 7            # paired measurements per row count
   mode: str = "full"
 
   def __post_init__(self):
@@ -115,7 +116,7 @@ SMOKE = dict(fallback_size="tiny", batches=(1,), gammas=(2,), gammas_batched=(),
              overhead_min_seconds=0.0,
              memory_batches=(1,),
              memory_systems=("specjax autoregressive",), memory_pairs=("decoder",),
-             growth_new_tokens=(8,), matvec_row_counts=(2,),
+             growth_new_tokens=(8,), matvec_row_counts=(2,), tune_repeats=1,
              growth_buffers=(1, 2), growth_fresh_compile=False, threads=1, model_parallel=2,
              mp_gammas=(2,), mode="smoke")
 
@@ -491,7 +492,7 @@ def _tune_matvec_rows(pair, cfg: SuiteConfig, log):
     prefix = f"[{pair.spec.name}] {role} "
     choices[role] = specjax.tune_matvec_rows(
         model, params, row_counts=tuple(cfg.matvec_row_counts), prompt_len=cfg.prompt_len,
-        repeats=max(cfg.step_repeats, 3), log=lambda line, pre=prefix: log(pre + line))
+        repeats=cfg.tune_repeats, log=lambda line, pre=prefix: log(pre + line))
     log(f"{prefix}matvec_max_rows = {choices[role].rows} "
         f"(library default {choices[role].default_rows})")
   spec = dataclasses.replace(pair.spec, target_matvec_rows=choices["target"].rows,
@@ -757,8 +758,9 @@ def _layout_note(p) -> str:
              + ("tuned on this machine by `specjax.tune_matvec_rows`" if tuning else "set"))
     if tuning:
       note += "; per-token products' speedup over one matrix-matrix product at N rows: " + \
-          "; ".join(f"{role} " + ", ".join(f"N={n} {v:.2f}×" for n, v in t["speedups"].items())
-                    for role, t in tuning.items())
+          "; ".join(f"{role} " + ", ".join(f"N={n} {v:.2f}×" for n, v in sorted(
+              tuning[role]["speedups"].items(), key=lambda kv: int(kv[0])))
+                    for role in ("target", "draft") if role in tuning)
     note += ")"
   return note
 

@@ -29,7 +29,7 @@ import dataclasses
 import statistics
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
-from specjax.benchmarking import step_times_side_by_side
+from specjax.benchmarking import floor_step_seconds, step_times_side_by_side
 from specjax.models.decoder import DecoderLM, matvec_rows
 
 __all__ = ["MatvecChoice", "tune_matvec_rows", "choose_matvec_rows"]
@@ -134,9 +134,11 @@ def tune_matvec_rows(model: DecoderLM, params, row_counts: Sequence[int] = DEFAU
               "matmul": DecoderLM(config.replace(matvec_max_rows=0))}
     sec = step_times_side_by_side(models, params, 1, cache_len, prompt_len, n, steps=steps,
                                   repeats=repeats)
-    speedups[n] = statistics.median(m / p for m, p in zip(sec["matmul"], sec["per_token"]))
-    per_token_ms[n] = 1e3 * statistics.median(sec["per_token"])
-    matmul_ms[n] = 1e3 * statistics.median(sec["matmul"])
+    # Calls too cheap to resolve read as the 0.1 µs floor, never as <= 0.
+    per_token, matmul = ([floor_step_seconds([x]) for x in sec[k]] for k in ("per_token", "matmul"))
+    speedups[n] = statistics.median(m / p for m, p in zip(matmul, per_token))
+    per_token_ms[n] = 1e3 * statistics.median(per_token)
+    matmul_ms[n] = 1e3 * statistics.median(matmul)
     if log:
       log(f"matvec tuning: N={n}: per-token {per_token_ms[n]:.3f} ms, matrix-matrix "
           f"{matmul_ms[n]:.3f} ms ({speedups[n]:.2f}x)")

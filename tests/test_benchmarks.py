@@ -250,11 +250,14 @@ def test_projections_bench_smoke(tmp_path):
   assert result["meta"]["greedy_tokens_identical"]
   rows = {r["what"]: r for r in result["rows"]}
   assert set(rows) == {"step_times B=1 T=1", "step_times B=1 T=3", "step_times B=4 T=3",
-                       "generate B=1, ms per token (N=8, P=8)"}
+                       "generate B=1, ms per step (N=8, P=8)",
+                       "generate B=8, ms per step (N=8, P=8)"}
+  assert result["meta"]["tuned_matvec_max_rows"] in (0, 2, 3)  # tune_matvec_rows ran
   assert rows["step_times B=1 T=3"]["path"].startswith("one product per token")
   assert rows["step_times B=4 T=3"]["path"] == "one 12-row product (every variant)"
   for row in rows.values():  # tiny model: times near the noise floor, only finite
-    values = [row[f"{k}_{x}"] for k in ("packed", "standard", "matmul") for x in ("ms", "speedup")]
+    values = [row[f"{k}_{x}"] for k in ("packed", "tuned", "standard", "matmul")
+              for x in ("ms", "speedup")]
     assert np.isfinite(values).all(), row
     assert row["matmul_speedup"] == 1.0  # the baseline against itself
   assert "| step_times B=1 T=1 |" in (tmp_path / "projections.md").read_text()
