@@ -69,6 +69,11 @@ class MatvecChoice:
             "matmul_ms": {str(k): v for k, v in self.matmul_ms.items()}}
 
 
+def _check_margin(margin) -> None:
+  if not margin > 0:
+    raise ValueError(f"margin must be > 0, got {margin!r}")
+
+
 def choose_matvec_rows(speedups: Mapping[int, float], margin: float = 1.0) -> int:
   """The largest row count N of `speedups` such that every measured count
   up to N has a speedup (matrix-matrix / per-token time) above `margin`;
@@ -76,8 +81,7 @@ def choose_matvec_rows(speedups: Mapping[int, float], margin: float = 1.0) -> in
   the path of the smaller: a threshold never extends past a measurement."""
   if not speedups:
     raise ValueError(f"speedups must hold at least one row count, got {dict(speedups)!r}")
-  if not margin > 0:
-    raise ValueError(f"margin must be > 0, got {margin!r}")
+  _check_margin(margin)
   rows = 0
   for n in sorted(speedups):
     if not speedups[n] > margin:  # NaN (an unmeasurable cell) stops it too
@@ -114,6 +118,7 @@ def tune_matvec_rows(model: DecoderLM, params, row_counts: Sequence[int] = DEFAU
   reproduction's 17.3M target on a 2-core CPU with the defaults.
   """
   _check_model(model)
+  _check_margin(margin)  # before a minute of measuring, not after
   counts = tuple(row_counts)
   if not counts or any(isinstance(n, bool) or not isinstance(n, int) or n < 2 for n in counts):
     raise ValueError(f"row_counts must be a non-empty sequence of ints >= 2, got "
