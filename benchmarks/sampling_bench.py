@@ -24,7 +24,6 @@ import json
 import os
 import platform
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,6 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from specjax.atomic_io import atomic_write_text  # noqa: E402
+from specjax.benchmarking import now  # noqa: E402
 from specjax.sampling import SamplingConfig, process_logits, sample_tokens  # noqa: E402
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
@@ -69,9 +69,9 @@ def in_loop_us(fn, x, iters, repeats):
   loop(x).block_until_ready()
   times = []
   for _ in range(repeats):
-    t0 = time.perf_counter()
+    t0 = now()
     loop(x).block_until_ready()
-    times.append(time.perf_counter() - t0)
+    times.append(now() - t0)
   times.sort()
   return 1e6 * times[len(times) // 2] / iters
 

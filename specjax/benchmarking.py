@@ -13,19 +13,52 @@ helpers only make the measurements consistent:
 * `predicted_speedup`: the speedup the measured component times and the
   measured tokens per iteration predict; measured / predicted is the loop
   overhead.
+
+Every timing in specjax reads one clock, `now()` (`time.perf_counter`
+unless `use_clock` injects another): tests rig it — a fake clock that the
+timed calls advance by chosen amounts — so the logic of a measurement is
+tested exactly and never depends on how busy the machine is.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from typing import Any, Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["time_call", "step_times", "StepTimer", "floor_step_seconds",
+__all__ = ["now", "use_clock", "time_call", "step_times", "StepTimer", "floor_step_seconds",
            "step_times_side_by_side", "prefill_seconds", "predicted_speedup", "count_params"]
+
+
+_CLOCKS = [time.perf_counter]
+
+
+def now() -> float:
+  """Seconds on the clock every specjax timing reads (`time.perf_counter`,
+  or the clock `use_clock` installed)."""
+  return _CLOCKS[-1]()
+
+
+@contextlib.contextmanager
+def use_clock(clock: Callable[[], float]) -> Iterator[None]:
+  """Within the block, `now()` (and so every specjax timing) reads `clock`:
+
+    class FakeClock:        # advanced by the code under test, never by load
+      t = 0.0
+      def __call__(self): return self.t
+    with use_clock(fake): ...
+  """
+  if not callable(clock):
+    raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
+  _CLOCKS.append(clock)
+  try:
+    yield
+  finally:
+    _CLOCKS.pop()
 
 
 def _block(tree):
@@ -41,16 +74,16 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> Dict[
   `first_s` is the first call's time (compilation included)."""
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
-  t0 = time.perf_counter()
+  t0 = now()
   _block(fn())
-  first = time.perf_counter() - t0
+  first = now() - t0
   for _ in range(max(warmup - 1, 0)):
     _block(fn())
   times = []
   for _ in range(repeats):
-    t0 = time.perf_counter()
+    t0 = now()
     _block(fn())
-    times.append(time.perf_counter() - t0)
+    times.append(now() - t0)
   return {"median_s": statistics.median(times), "min_s": min(times), "first_s": first,
           "runs": times}
 
@@ -94,9 +127,9 @@ def _paired_step_seconds(loops, steps: int, repeats: int) -> Dict[Any, list]:
   none, full = jnp.int32(0), jnp.int32(steps)
 
   def seconds(fn, cache, params, n):
-    t_start = time.perf_counter()
+    t_start = now()
     _block(fn(params, cache, n))
-    return time.perf_counter() - t_start
+    return now() - t_start
 
   per_step = {key: [] for key in loops}
   order = list(loops)

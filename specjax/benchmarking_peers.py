@@ -45,7 +45,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import jax
@@ -54,7 +53,7 @@ import numpy as np
 
 import specjax
 from specjax import sharding
-from specjax.benchmarking import StepTimer, floor_step_seconds, time_call
+from specjax.benchmarking import StepTimer, floor_step_seconds, now, time_call
 from specjax.benchmarking_calls import model_call_loop
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
 from specjax.models.decoder import DecoderConfig, DecoderLM
@@ -353,17 +352,17 @@ class SpecjaxStream:
     """One request. Returns (t0, events, tokens `[B, N]`)."""
     p = self.pair
     b, plen = prompts.shape
-    t0 = time.perf_counter()
+    t0 = now()
     tc = p.target.init_cache(b, self.cache_len, plen)
     dc = p.draft.init_cache(b, self.cache_len, plen) if self.gamma else None
     keys = jax.random.split(jax.random.key(0), b)
     state = self._init(p.tp, p.dp, jnp.asarray(prompts), jnp.asarray(lengths), keys, tc, dc)
     out_len, done, tokens = jax.device_get((state.out_len, state.done, state.tokens))
-    events = [(time.perf_counter(), out_len)]
+    events = [(now(), out_len)]
     while not done.all():
       state = self._step(p.tp, p.dp, state)
       out_len, done, tokens = jax.device_get((state.out_len, state.done, state.tokens))
-      events.append((time.perf_counter(), out_len))
+      events.append((now(), out_len))
     return t0, events, np.asarray(tokens)[:, :self.max_new]
 
 
@@ -385,14 +384,14 @@ class TimingStreamer(_BaseStreamer):
     self._cum: Optional[np.ndarray] = None
 
   def put(self, value):
-    now = time.perf_counter()
+    t = now()
     self.puts += 1
     if self.puts == 1:
       return
     shape = tuple(value.shape)
     new = np.full((shape[0],), shape[1]) if len(shape) == 2 else np.ones((shape[0],), np.int64)
     self._cum = new if self._cum is None else self._cum + new
-    self.events.append((now, self._cum.copy()))
+    self.events.append((t, self._cum.copy()))
 
   def end(self):
     pass
@@ -563,7 +562,7 @@ def hf_runner(hf: HFPair, prompts: np.ndarray, lengths: np.ndarray, row_groups, 
     toks, events, puts = [], [], []
     for a, b in row_groups:
       streamer = TimingStreamer()
-      t0 = time.perf_counter()
+      t0 = now()
       toks.append(hf.generate(prompts[a:b], lengths[a:b], max_new, mode, gamma, streamer))
       events.append((t0, streamer.events))
       puts.append(streamer.puts - 1)
@@ -579,17 +578,17 @@ def interleaved_times(runners: Sequence[Runner], repeats: int, log=None) -> None
   `runner.last` with first_s, runs (seconds), median_s, tokens, stats; keeps
   transformers' stream events of the timed rounds."""
   for r in runners:
-    t0 = time.perf_counter()
+    t0 = now()
     tokens, stats = r.fn()
-    r.last = {"first_s": time.perf_counter() - t0, "runs": [], "tokens": tokens, "stats": stats}
+    r.last = {"first_s": now() - t0, "runs": [], "tokens": tokens, "stats": stats}
     if log:
       log(f"  warm {r.system} B={r.batch} γ={r.gamma}: {r.last['first_s']:.2f}s")
   for i in range(repeats):
     order = list(runners[i % len(runners):]) + list(runners[:i % len(runners)])
     for r in order:
-      t0 = time.perf_counter()
+      t0 = now()
       tokens, stats = r.fn()
-      r.last["runs"].append(time.perf_counter() - t0)
+      r.last["runs"].append(now() - t0)
       r.last["tokens"], r.last["stats"] = tokens, stats
       if "events" in stats:
         r.latency_events.extend(stats["events"])
@@ -722,9 +721,9 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
   call_loops = _call_loops(pair, prompts, lengths, b, g, cache_len) if model_calls else None
 
   def seconds(fn):
-    t0 = time.perf_counter()
+    t0 = now()
     result = fn()
-    return time.perf_counter() - t0, result
+    return now() - t0, result
 
   out, loop_s, r = [], 0.0, 0
   while r < rounds or (loop_s < min_loop_seconds and r < max_rounds):
@@ -935,14 +934,14 @@ def cost_growth(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, gamma: int
     jax.clear_caches()
   order = list(runs.values())
   for r in order:
-    t0 = time.perf_counter()
+    t0 = now()
     r["fn"]().block_until_ready()
-    r["first_s"] = time.perf_counter() - t0
+    r["first_s"] = now() - t0
   for i in range(repeats):
     for r in order[i % len(order):] + order[:i % len(order)]:
-      t0 = time.perf_counter()
+      t0 = now()
       r["fn"]().block_until_ready()
-      r["runs"].append(time.perf_counter() - t0)
+      r["runs"].append(now() - t0)
   for row in out:
     r = runs[row.pop("_key")]
     med = statistics.median(r["runs"]) if r["runs"] else r["first_s"]

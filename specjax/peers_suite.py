@@ -25,7 +25,7 @@ import specjax
 from specjax import benchmarking_peers as bp
 from specjax import sharding, theory
 from specjax.analysis import measure_beta
-from specjax.benchmarking import count_params, step_times
+from specjax.benchmarking import count_params, now, step_times
 from specjax.sampling import SamplingConfig
 
 __all__ = ["SuiteConfig", "run_suite", "run_pair", "goals", "to_markdown", "QUICK", "SMOKE"]
@@ -218,13 +218,13 @@ def _streams(pair, gammas, prompts, lengths, row_groups, cfg, cache_len, referen
   out = {}
   for g in gammas:
     stream = bp.SpecjaxStream(pair, g, cfg.max_new, cache_len)
-    t0 = time.perf_counter()
+    t0 = now()
     for a, b in row_groups:
       stream.run(prompts[a:b], lengths[a:b])
-    first = time.perf_counter() - t0
+    first = now() - t0
     ttfts, gaps, totals, toks = [], [], [], []
     for _ in range(cfg.stream_repeats):
-      t0 = time.perf_counter()
+      t0 = now()
       toks = []
       for a, b in row_groups:
         start, events, tokens = stream.run(prompts[a:b], lengths[a:b])
@@ -232,7 +232,7 @@ def _streams(pair, gammas, prompts, lengths, row_groups, cfg, cache_len, referen
         ttfts += x
         gaps += y
         toks.append(tokens)
-      totals.append(time.perf_counter() - t0)
+      totals.append(now() - t0)
     rows_total = sum(b - a for a, b in row_groups)
     out[g] = dict(bp.latency_summary(ttfts, gaps),
                   stream_tokens_per_s=rows_total * cfg.max_new / _median(totals),
@@ -383,10 +383,10 @@ def _memory(pair, hf, spec, prompts, lengths, rows, cfg, cache_len, tmp, log):
       mode = {"transformers greedy": "greedy", "transformers assisted": "assisted",
               "transformers prompt lookup": "lookup"}.get(system)
       job = dict(base, system=system, batch=batch, gamma=row["gamma"], mode=mode)
-      t0 = time.perf_counter()
+      t0 = now()
       row["memory"] = bp.measure_memory(job)
       log(f"  memory {system} B={batch} γ={row['gamma']}: {row['memory']} "
-          f"({time.perf_counter() - t0:.0f}s)")
+          f"({now() - t0:.0f}s)")
 
 
 def _ratios(rows, batches) -> List[Dict[str, Any]]:
@@ -434,7 +434,7 @@ def _ratios(rows, batches) -> List[Dict[str, Any]]:
 
 
 def run_pair(name: str, cfg: SuiteConfig, tmp: str, log) -> Dict[str, Any]:
-  t_start = time.perf_counter()
+  t_start = now()
   spec = _pair_spec(cfg, name)
   log(f"[{name}] {spec.note}")
   pair = bp.load_pair(spec)
@@ -480,7 +480,7 @@ def run_pair(name: str, cfg: SuiteConfig, tmp: str, log) -> Dict[str, Any]:
       "cache_len": cache_len, "rows": rows, "batches": batches, "notes": notes,
       "matvec_tuning": tuning,
       "ratios": _ratios(rows, cfg.batches), "growth": growth, "hf_error": hf_error,
-      "torch_threads": torch.get_num_threads(), "seconds": time.perf_counter() - t_start,
+      "torch_threads": torch.get_num_threads(), "seconds": now() - t_start,
   }
 
 
@@ -507,7 +507,7 @@ def run_suite(cfg: SuiteConfig, log: Callable[[str], None] = print,
               on_pair: Optional[Callable[[Dict[str, Any]], None]] = None) -> Dict[str, Any]:
   """Runs every pair; returns the results (meta, pairs, goals). `on_pair`
   gets the finished pairs after each one (to save partial results)."""
-  t0 = time.perf_counter()
+  t0 = now()
   load_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
   tmp = tempfile.mkdtemp(prefix="specjax_peers_")
   pairs = {}
@@ -532,7 +532,7 @@ def run_suite(cfg: SuiteConfig, log: Callable[[str], None] = print,
                           for k, v in dataclasses.asdict(cfg).items()}},
       "pairs": pairs,
   }
-  results["meta"]["total_s"] = time.perf_counter() - t0
+  results["meta"]["total_s"] = now() - t0
   results["meta"]["load_average_end"] = (list(os.getloadavg()) if hasattr(os, "getloadavg")
                                          else None)
   results["goals"] = goals(results)

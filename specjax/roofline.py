@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.benchmarking import time_call
+from specjax.benchmarking import now, time_call
 from specjax.models.decoder import DecoderLM
 from specjax.models.t5 import T5
 
@@ -182,22 +182,21 @@ def measure_model(family: str, name: str, role: str, model, *, batch: int, promp
   `benchmarking.step_times`) next to its roofline; random weights made on
   the device and freed afterwards. `packed`: a decoder's params in the
   packed decode layout (`DecoderLM.pack_params`; the same bytes)."""
-  import time
   from specjax.benchmarking import step_times
   shapes = param_shapes(model)
-  t0 = time.perf_counter()
+  t0 = now()
   params = jax.block_until_ready(random_params(model, jax.random.PRNGKey(seed), shapes))
   packed = packed and isinstance(model, DecoderLM)
   if packed:
     params = jax.block_until_ready(model.pack_params(params))
   n_params = sum(int(math.prod(x.shape)) for x in jax.tree_util.tree_leaves(shapes))
   log(f"{family}/{name} ({role}): {n_params / 1e9:.3f}B params on device in "
-      f"{time.perf_counter() - t0:.1f}s; timing T = {list(token_counts)}")
-  t0 = time.perf_counter()
+      f"{now() - t0:.1f}s; timing T = {list(token_counts)}")
+  t0 = now()
   times = step_times(model, params, batch, cache_len, prompt_len, list(token_counts), steps=steps,
                      repeats=repeats)
   log(f"  step times {({t: round(1e3 * v, 3) for t, v in times.items()})} ms "
-      f"({time.perf_counter() - t0:.0f}s with compilation)")
+      f"({now() - t0:.0f}s with compilation)")
   del params
   context = model.prefill_positions(prompt_len)
   enc = prompt_len if isinstance(model, T5) else 0

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -275,40 +274,71 @@ def test_step_times_side_by_side_takes_params_per_model():
   assert set(sec) == {"a", "b"} and all(len(v) == 2 for v in sec.values())
 
 
-class _SlowPrefill:
-  """A tiny decoder whose prefill sleeps `delay` seconds (host callback)."""
+class FakeClock:
+  """The clock `specjax.benchmarking.use_clock` injects: time moves only when
+  the code under test advances it, never with the machine's load."""
 
-  def __init__(self, model, delay):
-    self._model, self._delay = model, delay
+  def __init__(self):
+    self.t = 0.0
+
+  def __call__(self) -> float:
+    return self.t
+
+  def advance(self, seconds: float) -> None:
+    self.t += seconds
+
+
+class _ClockedModel:
+  """A tiny decoder whose prefill advances a fake clock by `prefill_s` and
+  whose extend advances it by `step_s` per call (host callbacks inside the
+  jitted loop, fed from the logits so XLA keeps them and runs them in order)."""
+
+  def __init__(self, model, clock, prefill_s, step_s):
+    self._model, self._clock = model, clock
+    self._prefill_s, self._step_s = prefill_s, step_s
 
   def __getattr__(self, name):
     return getattr(self._model, name)
 
-  def prefill(self, params, prompts, lengths, cache):
-    def sleep(x):
-      time.sleep(self._delay)
+  def _tick(self, logits, seconds):
+    def advance(x):
+      self._clock.advance(seconds)
       return np.zeros((), np.float32)
+    return jax.pure_callback(advance, jax.ShapeDtypeStruct((), jnp.float32), logits.sum())
 
+  def prefill(self, params, prompts, lengths, cache):
     logits, last, cache = self._model.prefill(params, prompts, lengths, cache)
-    pause = jax.pure_callback(sleep, jax.ShapeDtypeStruct((), jnp.float32), logits[0, 0])
-    return logits + pause, last, cache
+    return logits + self._tick(logits, self._prefill_s), last, cache
+
+  def extend(self, params, tokens, cache):
+    logits, cache = self._model.extend(params, tokens, cache)
+    return logits + self._tick(logits, self._step_s), cache
 
 
 def test_step_times_exclude_the_prefill():
-  """The prefill's cost must cancel out of the per-step time. (A separately
-  timed prefill whose result is unused is dead code to XLA: subtracting it
-  left prefill / steps inside every step time.)"""
-  from specjax.benchmarking import step_times
+  """The prefill's cost must cancel out of the per-step time, and every one of
+  the `steps` calls must count. (A separately timed prefill whose result is
+  unused is dead code to XLA: subtracting it left prefill / steps inside
+  every step time.) On a rigged clock — prefill 1000 s, a call 1 ms — the
+  answer is exactly 1 ms per call, however busy the machine."""
+  from specjax.benchmarking import step_times, use_clock
   lm = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=1))
   params = lm.init(jax.random.PRNGKey(0))
-  delay, steps = 0.2, 4
-  out = step_times(_SlowPrefill(lm, delay), params, 1, 16, 4, [1, 3], steps=steps, repeats=3)
+  clock = FakeClock()
+  model = _ClockedModel(lm, clock, prefill_s=1000.0, step_s=1e-3)
+  with use_clock(clock):
+    out = step_times(model, params, 1, 16, 4, [1, 3], steps=4, repeats=3)
   assert set(out) == {1, 3}
   for t, sec in out.items():
-    # Counting the prefill would give >= delay / steps = 50 ms per step.
-    assert 0.0 < sec < 0.25 * delay / steps, (t, sec)
+    assert sec == pytest.approx(1e-3, rel=1e-9), (t, sec)  # Counting the prefill: 250 s.
+  # A call that costs nothing on the clock reads as the 0.1 µs floor, never 0.
+  with use_clock(FakeClock()):
+    assert step_times(lm, params, 1, 16, 4, [1], steps=2, repeats=1) == {1: 1e-7}
   with pytest.raises(ValueError, match="steps"):
     step_times(lm, params, 1, 16, 4, [1], steps=0)
+  with pytest.raises(TypeError, match="clock"):
+    with use_clock(3.0):
+      pass
 
 
 def test_step_times_side_by_side_rejects_no_models():
@@ -331,64 +361,107 @@ def test_step_timer_measures_in_rounds():
     timer.measure(0)
 
 
-def test_paired_loop_overhead_detects_a_slow_loop():
-  """A speculative loop that costs more than its components (here: a sleep
-  added to every call) must read as overhead; the same loop without it
-  must not."""
-  spec = bp.fallback_spec("decoder", "decoder", "tiny")
-  pair = bp.load_pair(spec)
-  rng = np.random.default_rng(0)
-  prompts = rng.integers(1, pair.target.vocab_size, size=(1, 8)).astype(np.int32)
-  lengths = np.full((1,), 8, np.int32)
-  groups, max_new, gamma = [(0, 1)], 8, 2
-  cache_len = 8 + max_new + gamma
-  ar = bp.specjax_runner(pair, prompts, lengths, groups, 0, max_new, cache_len)
-  sp = bp.specjax_runner(pair, prompts, lengths, groups, gamma, max_new, cache_len)
-  slow = bp.specjax_runner(pair, prompts, lengths, groups, gamma, max_new, cache_len)
-  fast_fn = slow.fn
-  delay = 0.25
+class _RiggedTimer:
+  """Stands in for `StepTimer`: per T, a fixed number of seconds per call."""
 
-  def slow_fn():
-    time.sleep(delay)
-    return fast_fn()
+  def __init__(self, seconds):
+    self.seconds = seconds
 
-  slow.fn = slow_fn
-  for r in (ar, sp):
-    r.fn()  # compile
-  # One round asked, then more until the loops ran 1e9 s: stopped by max_rounds.
-  plain = bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 1,
-                                  steps=2, min_loop_seconds=1e9, max_rounds=2)
-  # Two rounds asked; the loops' minimum time is reached after the first (≥ 0.25 s).
-  slowed = bp.paired_loop_overhead(pair, ar, slow, prompts, lengths, cache_len, max_new, 2,
-                                   steps=2, min_loop_seconds=0.2)
-  assert len(plain["rounds"]) == 2 and plain["gamma"] == gamma and plain["batch"] == 1
+  def measure(self, repeats=1):
+    return {t: [v] * repeats for t, v in self.seconds.items()}
+
+
+def _rigged_overhead_world(monkeypatch, clock, sp_extra_s=0.0, sp_calls_extra_s=0.0):
+  """`paired_loop_overhead`'s inputs on a fake clock, every cost chosen:
+  target steps 2 ms (T=1) / 3 ms (T=3), draft 0.5 / 0.6 ms (T=1 / 2),
+  prefills 10 ms + 1 ms; γ = 2, 8 new tokens, the speculative request runs 4
+  iterations. The AR loop costs exactly its components (24 ms); the
+  speculative one 27.4 ms + `sp_extra_s` (its model calls alone 27.4 ms +
+  `sp_calls_extra_s`)."""
+  target, draft = object(), object()
+  pair = bp.Pair(spec=None, target=target, tp="tp", draft=draft, dp="dp")
+  timers = {target: {1: 2e-3, 3: 3e-3}, draft: {1: 0.5e-3, 2: 0.6e-3}}
+  monkeypatch.setattr(bp, "StepTimer", lambda model, *a, **k: _RiggedTimer(timers[model]))
+  prefill_s = {target: 10e-3, draft: 1e-3}
+  monkeypatch.setattr(bp, "_prefill_call",
+                      lambda model, *a, **k: lambda: clock.advance(prefill_s[model]))
+  calls_s = {0: 24e-3, 2: 27.4e-3 + sp_calls_extra_s}
+  monkeypatch.setattr(bp, "_call_loops",
+                      lambda *a, **k: lambda g, iterations: clock.advance(calls_s[g]))
+
+  def runner(gamma, seconds):
+    def fn():
+      clock.advance(seconds)
+      return None, {"iterations": [4]}
+    return bp.Runner("rigged", 1, gamma, fn)
+  ar, sp = runner(0, 24e-3), runner(2, 27.4e-3 + sp_extra_s)
+  prompts, lengths = np.ones((1, 8), np.int32), np.full((1,), 8, np.int32)
+  return pair, ar, sp, prompts, lengths
+
+
+def test_paired_loop_overhead_on_a_rigged_clock(monkeypatch):
+  """The loop-overhead arithmetic, the round logic and the split into the
+  decoding logic's and the composition's part, on a fake clock: a loop that
+  costs exactly its components reads 0 overhead; 250 ms added to the
+  speculative loop (outside its model calls) reads as exactly that, in the
+  logic's part."""
+  from specjax.benchmarking import use_clock
+  clock = FakeClock()
+  ar_pred, sp_pred = 10e-3 + 7 * 2e-3, 10e-3 + 1e-3 + 4 * (0.6e-3 + 0.5e-3 + 3e-3)
+  with use_clock(clock):
+    plain = bp.paired_loop_overhead(*_rigged_overhead_world(monkeypatch, clock), cache_len=18,
+                                    max_new=8, rounds=1, min_loop_seconds=1e9, max_rounds=3)
+  # One round asked, more until 1e9 s of loops: stopped by max_rounds.
+  assert len(plain["rounds"]) == 3 and plain["gamma"] == 2 and plain["batch"] == 1
+  assert plain["predicted_speedup"] == pytest.approx(ar_pred / sp_pred)
+  assert plain["measured_speedup"] == pytest.approx(24e-3 / 27.4e-3)
+  for key in ("loop_overhead", "ar_loop_overhead", "sp_loop_overhead", "logic_overhead",
+              "composition_overhead"):
+    assert plain[key] == pytest.approx(0.0, abs=1e-12), key
+  assert plain["loop_seconds"] == pytest.approx(3 * (24e-3 + 27.4e-3))
+  r = plain["rounds"][0]
+  assert r["target_ms"] == {1: pytest.approx(2.0), 3: pytest.approx(3.0)}
+  assert r["prefill_ms"] == {"target": pytest.approx(10.0), "draft": pytest.approx(1.0)}
+
+  clock = FakeClock()
+  with use_clock(clock):
+    slowed = bp.paired_loop_overhead(*_rigged_overhead_world(monkeypatch, clock, 0.25),
+                                     cache_len=18, max_new=8, rounds=1, min_loop_seconds=0.5)
+  # Rounds continue until the loops' summed time reaches 0.5 s: two rounds of 0.3014 s.
   assert len(slowed["rounds"]) == 2
-  assert slowed["loop_seconds"] == pytest.approx(
-      sum(r["ar_s"] + r["sp_s"] for r in slowed["rounds"]))
+  assert slowed["loop_seconds"] == pytest.approx(2 * (24e-3 + 27.4e-3 + 0.25))
+  sp_s = 27.4e-3 + 0.25
+  assert slowed["sp_loop_overhead"] == pytest.approx(sp_s / sp_pred - 1)
+  assert slowed["loop_overhead"] == pytest.approx((ar_pred / sp_pred) / (24e-3 / sp_s) - 1)
+  # The model-call loops cost their components: all of it is the decoding logic's.
+  assert slowed["composition_overhead"] == pytest.approx(0.0, abs=1e-12)
+  assert slowed["logic_overhead"] == pytest.approx(slowed["loop_overhead"])
+  assert slowed["sp_logic"] == pytest.approx(sp_s / 27.4e-3 - 1)
   for r in slowed["rounds"]:
-    assert r["sp_s"] >= delay
-  # The sleep is >> the tiny models' whole loop: predicted / measured − 1 jumps.
-  assert slowed["loop_overhead"] > plain["loop_overhead"] + 1.0, (plain, slowed)
-  assert slowed["sp_loop_overhead"] > plain["sp_loop_overhead"] + 1.0
-  # ... and the model-call loops put it in the decoding logic's part, not
-  # the composition's: the sleep is outside the model calls.
-  assert slowed["logic_overhead"] > plain["logic_overhead"] + 1.0
-  assert slowed["sp_logic"] > plain["sp_logic"] + 1.0
-  for r in plain["rounds"] + slowed["rounds"]:
-    assert r["ar_calls_s"] > 0 and r["sp_calls_s"] > 0
     assert (1 + r["logic_overhead"]) * (1 + r["composition_overhead"]) == pytest.approx(
         1 + r["loop_overhead"])
-  off = bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 1, steps=2,
-                                model_calls=False)
+
+  # Extra cost inside the model calls is the composition's part instead.
+  clock = FakeClock()
+  with use_clock(clock):
+    composed = bp.paired_loop_overhead(*_rigged_overhead_world(monkeypatch, clock, 0.01, 0.01),
+                                       cache_len=18, max_new=8, rounds=2)
+  assert composed["logic_overhead"] == pytest.approx(0.0, abs=1e-12)
+  assert composed["composition_overhead"] == pytest.approx(composed["loop_overhead"])
+  assert composed["loop_overhead"] > 0.3
+
+  world = _rigged_overhead_world(monkeypatch, clock)
+  off = bp.paired_loop_overhead(*world, cache_len=18, max_new=8, rounds=1, model_calls=False)
   assert "logic_overhead" not in off and "sp_calls_s" not in off["rounds"][0]
+  pair, ar, sp, prompts, lengths = world
   with pytest.raises(ValueError, match="rounds"):
-    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 0)
+    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, 18, 8, 0)
   with pytest.raises(ValueError, match="autoregressive"):
-    bp.paired_loop_overhead(pair, sp, ar, prompts, lengths, cache_len, max_new, 1)
+    bp.paired_loop_overhead(pair, sp, ar, prompts, lengths, 18, 8, 1)
   with pytest.raises(ValueError, match="max_rounds"):
-    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 3, max_rounds=2)
+    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, 18, 8, 3, max_rounds=2)
   with pytest.raises(ValueError, match="min_loop_seconds"):
-    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, cache_len, max_new, 1,
+    bp.paired_loop_overhead(pair, ar, sp, prompts, lengths, 18, 8, 1,
                             min_loop_seconds=float("nan"))
 
 

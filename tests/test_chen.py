@@ -172,16 +172,28 @@ def test_rerun_reuses_everything(micro_run):
   assert again["batch"] == first["batch"]
 
 
-def test_changed_config_is_refused(micro_run):
-  cfg, _ = micro_run
+def test_changed_settings_recompute_what_they_touch(micro_run, tmp_path):
+  """A truncated chunk file is recomputed alone; a changed quality setting
+  recomputes the quality stages only; impossible settings are refused."""
+  cfg, first = micro_run
+  run = tmp_path / "run"
+  shutil.copytree(cfg.workdir, run)
   changed = chen_config.get_config("micro")
-  changed.update_from_flattened_dict({"workdir": cfg.workdir, "data.cache_dir": cfg.data.cache_dir,
+  changed.update_from_flattened_dict({"workdir": str(run), "data.cache_dir": cfg.data.cache_dir,
                                       "data.code_source": cfg.data.code_source,
                                       "data.summarize_source": cfg.data.summarize_source,
-                                      "eval.max_new_tokens": 9})
-  with pytest.raises(ValueError, match="eval.max_new_tokens"):
-    chen.run(changed)
-  changed.eval.max_new_tokens = cfg.eval.max_new_tokens
+                                      "eval.bootstrap": cfg.eval.bootstrap + 1})
+  chunk = run / "stages" / "xsum_greedy" / "k" / "chunk0" / "draft" / "g2.json"
+  chunk.write_text(chunk.read_text()[:30])
+  again = chen.run(changed)
+  recomputed = again["stages"]["recomputed"]
+  assert set(recomputed) == {"xsum_greedy/k/chunk0/draft/g2"} | {
+      f"{name}/quality" for name in chen.SETTINGS}, recomputed
+  assert recomputed["xsum_nucleus/quality"] == "bootstrap changed"
+  for name in first["settings"]:  # The K sweeps' token statistics come back unchanged.
+    for a, b in zip(first["settings"][name]["k_sweep"], again["settings"][name]["k_sweep"]):
+      assert a.get("tokens_per_iteration") == b.get("tokens_per_iteration")
+    assert again["settings"][name]["alpha"] == first["settings"][name]["alpha"]
   changed.eval.headline_k = 3
   with pytest.raises(ValueError, match="headline_k"):
     chen.run(changed)

@@ -3,10 +3,13 @@
 import json
 import os
 import random
+import shutil
 
+import ml_collections
 import pytest
 
 from configs import leviathan_t5 as lev_config
+from specjax.checkpoints import CheckpointError, params_digest, restore_params
 from specjax.experiments import leviathan
 
 WORDS = ("the file could not be opened save open close window new folder print error "
@@ -69,6 +72,73 @@ def test_rerun_reuses_everything(micro_run):
     a = first["tasks"][task]["temperatures"]["0"]["cells"]
     b = again["tasks"][task]["temperatures"]["0"]["cells"]
     assert a == b  # the measurements come from the stored stages, not a new run
+
+
+def _copy_of_run(cfg, dest):
+  """The micro run's workdir copied to `dest` (trained models, stages,
+  compiled executables), and a config pointing at it."""
+  shutil.copytree(cfg.workdir, dest)
+  copy = ml_collections.ConfigDict(cfg.to_dict())
+  copy.workdir = str(dest)
+  return copy
+
+
+def _truncate_largest(directory, size=5):
+  files = [os.path.join(b, f) for b, _, fs in os.walk(directory) for f in fs]
+  path = max(files, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    f.truncate(size)
+  return path
+
+
+def test_damaged_models_and_stages_are_recovered(micro_run, tmp_path):
+  """A truncated params file in one draft's final/, a missing config.json in
+  another's (whose newest step checkpoint is truncated too) and a truncated
+  measurement chunk: the rerun rebuilds both drafts from their newest intact
+  step checkpoints (bit-exact, so every measurement of them still holds),
+  recomputes the one chunk, and reuses everything else."""
+  cfg, first = micro_run
+  run = tmp_path / "run"
+  cfg2 = _copy_of_run(cfg, run)
+  _truncate_largest(run / "draft_small" / "final" / "params")
+  os.remove(run / "draft_large" / "final" / "config.json")
+  steps = sorted(int(p) for p in os.listdir(run / "draft_large" / "checkpoints") if p.isdigit())
+  _truncate_largest(run / "draft_large" / "checkpoints" / str(steps[-1]) / "state")
+  chunk = run / "stages" / "translate" / "t0" / "chunk0" / "small" / "g2.json"
+  chunk.write_text(chunk.read_text()[:40])
+  again = leviathan.run(cfg2)
+  assert again["stages"]["computed"] == 1, again["stages"]
+  assert "unreadable file" in again["stages"]["recomputed"]["translate/t0/chunk0/small/g2"]
+  for name in ("small", "large"):
+    original, _ = restore_params(os.path.join(cfg.workdir, f"draft_{name}", "final"))
+    rebuilt, _ = restore_params(str(run / f"draft_{name}" / "final"))
+    assert params_digest(rebuilt) == params_digest(original), name
+    assert any(d.startswith("final.corrupt-") for d in os.listdir(run / f"draft_{name}"))
+  assert os.listdir(run / "draft_large" / "checkpoints.corrupt")[0].startswith(f"{steps[-1]}.")
+  for task in ("translate", "summarize"):
+    a, b = (r["tasks"][task]["temperatures"]["0"] for r in (first, again))
+    assert a["alpha"] == b["alpha"]
+    assert b["cells"]["small/g2"]["identical_fraction"] == 1.0
+
+
+def test_a_retrained_draft_recomputes_only_its_own_stages(micro_run, tmp_path):
+  cfg, _ = micro_run
+  run = tmp_path / "run"
+  cfg2 = _copy_of_run(cfg, run)
+  cfg2.models.drafts.small.d_model = 16
+  with pytest.raises(CheckpointError, match="d_model") as err:
+    leviathan.run(cfg2)
+  assert err.value.kind == "config_mismatch" and "draft_small to train it again" in str(err.value)
+  shutil.rmtree(run / "draft_small")
+  again = leviathan.run(cfg2)
+  stored = {os.path.relpath(os.path.join(b, f), run / "stages")[:-5]
+            for b, _, fs in os.walk(run / "stages") for f in fs}
+  reads_small = {name for name in stored if "small" in name.split("/")}
+  assert reads_small and set(again["stages"]["recomputed"]) == reads_small
+  assert again["stages"]["computed"] == len(reads_small)
+  assert again["stages"]["reused"] > 0
+  assert again["stages"]["computed"] + again["stages"]["reused"] == len(stored - {
+      n for n in stored if n.endswith("compile_s")})
 
 
 def test_end_to_end_prediction_hand_computed():

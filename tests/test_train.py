@@ -277,6 +277,69 @@ def test_resume_is_bit_exact(tmp_path):
                    str(tmp_path / "b"))
 
 
+def _truncate_one_file(directory):
+  """Truncates the largest file under `directory` to 5 bytes; returns its path."""
+  files = [os.path.join(b, f) for b, _, fs in os.walk(directory) for f in fs]
+  path = max(files, key=os.path.getsize)
+  with open(path, "r+b") as f:
+    f.truncate(5)
+  return path
+
+
+def test_a_damaged_step_checkpoint_falls_back_to_the_one_before(tmp_path):
+  """Resume skips (and sets aside) a step checkpoint orbax cannot read, and
+  continues from the newest intact one: the run still ends bit-exact."""
+  src = _reverse_source()
+  config = _config(keep_checkpoints=3)
+  full = tr.train_model(STUDENT, None, src, config, str(tmp_path / "a"))
+  tr.train_model(STUDENT, None, src, config, str(tmp_path / "b"), stop_at_step=16)
+  ckpts = tmp_path / "b" / "checkpoints"
+  _truncate_one_file(ckpts / "16" / "state")
+  resumed = tr.train_model(STUDENT, None, src, config, str(tmp_path / "b"))
+  assert _leaves_equal(resumed, full)
+  aside = os.listdir(tmp_path / "b" / "checkpoints.corrupt")
+  assert len(aside) == 1 and aside[0].startswith("16.corrupt-")
+  # Every step checkpoint damaged: training starts again from step 0 (same result).
+  tr.train_model(STUDENT, None, src, config, str(tmp_path / "c"), stop_at_step=8)
+  _truncate_one_file(tmp_path / "c" / "checkpoints" / "8" / "state")
+  assert _leaves_equal(tr.train_model(STUDENT, None, src, config, str(tmp_path / "c")), full)
+
+
+def test_train_or_restore_rebuilds_a_damaged_final_and_refuses_other_settings(tmp_path):
+  from specjax.checkpoints import CheckpointError
+  from specjax.experiments.common import train_or_restore
+  src = _reverse_source()
+  config = _config()
+  work = str(tmp_path / "run")
+  params = train_or_restore(STUDENT, src, config, work)
+  assert os.path.exists(os.path.join(work, "final", "train_meta.json"))
+  calls = []
+
+  def lazy_source():
+    calls.append(1)
+    return src
+  # Intact: restored without building the data.
+  assert _leaves_equal(train_or_restore(STUDENT, lazy_source, config, work), params) and not calls
+  for damage in ("params", "config.json"):
+    if damage == "params":
+      _truncate_one_file(os.path.join(work, "final", "params"))
+    else:
+      os.remove(os.path.join(work, "final", "config.json"))
+    again = train_or_restore(STUDENT, lazy_source, config, work)
+    assert _leaves_equal(again, params) and calls  # Rebuilt from the step-24 checkpoint.
+    calls.clear()
+    restored, _ = restore_params(os.path.join(work, "final"), STUDENT.config)
+    assert _leaves_equal(restored, params)
+  assert len([d for d in os.listdir(work) if d.startswith("final.corrupt-")]) == 2
+  # Trained with other settings: named, not silently reused, nothing moved.
+  with pytest.raises(CheckpointError, match="train.learning_rate") as err:
+    train_or_restore(STUDENT, lazy_source, _config(learning_rate=1e-3), work)
+  assert err.value.kind == "config_mismatch" and "Delete" in str(err.value) and not calls
+  other = DecoderLM(STUDENT.config.replace(mlp_dim=32))
+  with pytest.raises(CheckpointError, match="mlp_dim"):
+    train_or_restore(other, lazy_source, config, work)
+
+
 def test_distillation_lowers_kl_to_the_teacher(tmp_path):
   teacher_params = init_params(STUDENT, 42)
   # Sharpen the teacher so it has something definite to imitate.

@@ -2,4 +2,5 @@
 from specjax.checkpoints.hf_common import check_state_dict, load_state_dict, save_safetensors
 from specjax.checkpoints.hf_llama import export_hf_llama, import_hf_llama
 from specjax.checkpoints.hf_t5 import export_hf_t5, import_hf_t5
-from specjax.checkpoints.orbax_io import restore_params, save_params
+from specjax.checkpoints.integrity import CheckpointError, params_digest
+from specjax.checkpoints.orbax_io import read_config, restore_params, save_params

@@ -5,24 +5,34 @@ Layout of a saved model directory:
   <dir>/params/   orbax StandardCheckpointer tree of the params
   <dir>/config.json  {"class": "specjax.models.decoder.DecoderConfig", "fields": {...}}
 
+  <dir>/integrity.json  the size of every file under params/ and a digest of
+                     the values (`specjax.checkpoints.integrity`)
+
 `restore_params(dir, expected_config)` checks the stored config against the
-one the caller expects and raises a ValueError naming the first differing
-field (a checkpoint of another size never loads silently).
+one the caller expects, the files against their manifest and the restored
+values against their digest. Every problem is a `CheckpointError` (a
+ValueError) naming the directory, what is wrong (missing, unreadable,
+truncated, corrupt, config mismatch) and what to do — never orbax's
+tensorstore stack. A checkpoint of another size never loads silently.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import os
 from typing import Any, Optional, Tuple
 
 import jax
 import numpy as np
 
-from specjax.checkpoints.hf_common import read_json, write_json
+from specjax.checkpoints import integrity
+from specjax.checkpoints.hf_common import write_json
+from specjax.checkpoints.integrity import CheckpointError, first_line
 
-__all__ = ["save_params", "restore_params", "config_to_dict", "config_from_dict"]
+__all__ = ["save_params", "restore_params", "config_to_dict", "config_from_dict",
+           "CheckpointError", "read_config"]
 
 
 def config_to_dict(config: Any) -> dict:
@@ -48,16 +58,43 @@ def config_from_dict(d: dict) -> Any:
   return cls(**{k: v for k, v in d["fields"].items() if k not in removed})
 
 
-def _check_same(expected: Any, stored: Any) -> None:
+_MISMATCH_REMEDY = ("Load it with the config it was saved with, or give the new model "
+                    "another directory.")
+
+
+def _check_same(expected: Any, stored: Any, directory: str) -> None:
   if type(expected) is not type(stored):
-    raise ValueError(f"checkpoint holds a {type(stored).__name__}, expected a "
-                     f"{type(expected).__name__}")
+    raise CheckpointError(directory, "config_mismatch",
+                          f"it holds a {type(stored).__name__}, expected a "
+                          f"{type(expected).__name__}", _MISMATCH_REMEDY)
   for f in dataclasses.fields(expected):
     if f.metadata.get("compute_only"):  # e.g. DecoderConfig.matvec_max_rows
       continue
     a, b = getattr(expected, f.name), getattr(stored, f.name)
     if a != b:
-      raise ValueError(f"checkpoint config field {f.name!r} is {b!r}, expected {a!r}")
+      raise CheckpointError(directory, "config_mismatch",
+                            f"checkpoint config field {f.name!r} is {b!r}, expected {a!r}",
+                            _MISMATCH_REMEDY)
+
+
+def read_config(directory: str) -> Any:
+  """The config stored in a model directory (a CheckpointError when its
+  config.json is absent or unreadable; FileNotFoundError when the directory
+  does not exist)."""
+  directory = os.path.abspath(os.fspath(directory))
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"{directory} does not exist (no specjax model checkpoint there)")
+  path = os.path.join(directory, "config.json")
+  if not os.path.exists(path):
+    raise CheckpointError(directory, "missing", "config.json is missing (an interrupted save, "
+                          "or not a specjax model checkpoint)")
+  try:
+    with open(path, encoding="utf-8") as f:
+      stored = json.load(f)
+    return config_from_dict(stored)
+  except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+    raise CheckpointError(directory, "unreadable",
+                          f"config.json cannot be read ({first_line(e)})") from None
 
 
 def save_params(directory: str, params: Any, config: Any, *, force: bool = True) -> None:
@@ -73,23 +110,44 @@ def save_params(directory: str, params: Any, config: Any, *, force: bool = True)
   params = jax.tree_util.tree_map(np.asarray, params)
   with ocp.StandardCheckpointer() as ckpt:
     ckpt.save(os.path.join(directory, "params"), params, force=force)
+  # The manifest, then config.json: a directory with a config.json is complete.
+  integrity.write_manifest(directory, integrity.params_digest(params))
   write_json(config_to_dict(config), os.path.join(directory, "config.json"))
 
 
-def restore_params(directory: str, expected_config: Optional[Any] = None) -> Tuple[Any, Any]:
-  """Restores `(params, config)`; with `expected_config`, a mismatch is an error."""
+def restore_params(directory: str, expected_config: Optional[Any] = None, *,
+                   verify: bool = True) -> Tuple[Any, Any]:
+  """Restores `(params, config)`.
+
+  With `expected_config`, a differing stored config is a CheckpointError
+  ("config_mismatch") naming the first differing field. Files missing or of
+  another size than the save wrote, an unreadable config.json, orbax read
+  errors and (with `verify`) values that differ from the stored digest are
+  CheckpointErrors too; a directory that does not exist is a
+  FileNotFoundError."""
   import orbax.checkpoint as ocp
   directory = os.path.abspath(os.fspath(directory))
-  config_path = os.path.join(directory, "config.json")
-  if not os.path.exists(config_path):
-    raise FileNotFoundError(f"{directory} is not a specjax model checkpoint (no config.json)")
-  config = config_from_dict(read_json(config_path))
+  config = read_config(directory)
   if expected_config is not None:
-    _check_same(expected_config, config)
+    _check_same(expected_config, config, directory)
     # Compute-only fields (how calls run, not what the weights are) follow the caller.
     config = dataclasses.replace(config, **{
         f.name: getattr(expected_config, f.name) for f in dataclasses.fields(config)
         if f.metadata.get("compute_only")})
-  with ocp.StandardCheckpointer() as ckpt:
-    params = ckpt.restore(os.path.join(directory, "params"))
+  manifest = integrity.read_manifest(directory)
+  if manifest is not None:
+    integrity.check_files(directory, manifest)
+  params_dir = os.path.join(directory, "params")
+  if not os.path.isdir(params_dir):
+    raise CheckpointError(directory, "missing", "params/ is missing")
+  try:
+    with integrity.quiet_asyncio_errors(), ocp.StandardCheckpointer() as ckpt:
+      params = ckpt.restore(params_dir)
+  except Exception as e:  # pylint: disable=broad-except  (orbax / tensorstore errors)
+    kind = "truncated" if "OUT_OF_RANGE" in str(e) or "byte range" in str(e) else "unreadable"
+    raise CheckpointError(directory, kind, f"orbax cannot read params/ ({first_line(e)})") from None
+  if verify and manifest is not None and manifest.get("params_sha256"):
+    if integrity.params_digest(params) != manifest["params_sha256"]:
+      raise CheckpointError(directory, "corrupt",
+                            "the restored values differ from the digest stored at save time")
   return params, config

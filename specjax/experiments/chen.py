@@ -1,6 +1,8 @@
 """Chen et al. 2023 end to end on this machine (see configs/chen_chinchilla.py).
 
-Stages, each cached under the workdir (a rerun reuses them):
+Stages, each cached under the workdir (a rerun reuses them; every stage is a
+file under `<workdir>/stages/` keyed by the digests of the models it reads
+and the settings, so a retrained model recomputes what depends on it):
 
   1. data: the Python standard library (code documents), Debian package
      descriptions → synopses (XSum-like), the 164 HumanEval prompts;
@@ -24,6 +26,7 @@ Stages, each cached under the workdir (a rerun reuses them):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import shutil
@@ -42,7 +45,9 @@ from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
 from specjax.experiments import chen_quality, chen_report, report
-from specjax.experiments.common import Stages, enable_compilation_cache, pad_batch, train_or_restore
+from specjax.checkpoints import params_digest
+from specjax.experiments.common import (Stages, array_digest, enable_compilation_cache, fingerprint,
+                                        pad_batch, train_or_restore)
 from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.tokenizer import SentencePieceTokenizer
@@ -129,29 +134,35 @@ def _sources(cfg, tok, split: str) -> Dict[str, object]:
 
 
 def train_models(cfg, tok, workdir: str, stages: Stages):
-  """(target, params), (draft, params): trained, or restored when already trained."""
+  """(target, params), (draft, params): trained, or restored when already trained.
+  The corpora are tokenized only when a model has to be trained (or rebuilt
+  from its step checkpoints)."""
   from specjax.train import Mixture
-  train = valid = None
-  if not all(os.path.exists(os.path.join(workdir, m, "final", "config.json"))
-             for m in ("target", DRAFT)):  # Tokenize the corpora only when training.
-    src = _sources(cfg, tok, "train")
-    train = Mixture([(src["code"], cfg.data.code_weight),
-                     (src["summarize"], 1 - cfg.data.code_weight)])
-    valid = _sources(cfg, tok, "validation") or None
+  data = {}
+
+  def train():
+    if "train" not in data:
+      src = _sources(cfg, tok, "train")
+      data["train"] = Mixture([(src["code"], cfg.data.code_weight),
+                               (src["summarize"], 1 - cfg.data.code_weight)])
+    return data["train"]
+
+  def valid():
+    if "valid" not in data:
+      data["valid"] = _sources(cfg, tok, "validation") or None
+    return data["valid"]
   target = decoder(cfg.models.target, tok.vocab_size)
   draft = decoder(cfg.models.draft, tok.vocab_size)
   t0 = time.time()
   tp = train_or_restore(target, train, _train_config(cfg.train.target),
                         os.path.join(workdir, "target"), eval_dataset=valid)
-  if stages.get("timing/train_target") is None:
-    stages.put("timing/train_target", time.time() - t0)
+  stages.note("timing/train_target", time.time() - t0)
   dcfg = _train_config(cfg.train.draft)
   t0 = time.time()
   dp = train_or_restore(draft, train, dcfg, os.path.join(workdir, "draft"),
                         teacher=(target, tp) if dcfg.distill_weight > 0 else None,
                         eval_dataset=valid)
-  if stages.get("timing/train_draft") is None:
-    stages.put("timing/train_draft", time.time() - t0)
+  stages.note("timing/train_draft", time.time() - t0)
   return (target, tp), (draft, dp)
 
 
@@ -286,8 +297,10 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
   return rows
 
 
-def measure(cfg, tok, target, draft, stages: Stages) -> dict:
-  """Every measurement (each stage cached in `stages`)."""
+def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str]) -> dict:
+  """Every measurement, each stage cached in `stages` and keyed by what it
+  reads (`fingerprints`: {"target": digest, "draft": digest} of the trained
+  params, the prompts, the settings)."""
   ks = [int(k) for k in cfg.eval.ks]
   gammas = [k for k in ks if k > 0]
   head = int(cfg.eval.headline_k)
@@ -300,10 +313,11 @@ def measure(cfg, tok, target, draft, stages: Stages) -> dict:
     p_len = prompts.shape[1]
     cache_len = specjax.required_cache_len(target[0], p_len, cfg.eval.max_new_tokens, max(gammas))
     t0 = time.time()  # Keyed by shape: tasks with one prompt bucket share it.
+    batch_sizes = [int(b) for b in cfg.eval.batch_sizes]
     comp = stages.run(f"components/p{p_len}_c{cache_len}", lambda: components(
-        target, draft, p_len, cache_len, gammas, list(cfg.eval.batch_sizes), head))
-    if stages.get(f"timing/{task}/components") is None:
-      stages.put(f"timing/{task}/components", time.time() - t0)
+        target, draft, p_len, cache_len, gammas, batch_sizes, head),
+        deps={**fingerprints, "gammas": gammas, "batch_sizes": batch_sizes, "head_k": head})
+    stages.note(f"timing/{task}/components", time.time() - t0)
     results["tasks"][task] = {"components": comp, "num_prompts": int(len(prompts)),
                               "prompts_cut": int(cut), "prompt_len": int(p_len)}
   for name in SETTINGS:
@@ -313,14 +327,17 @@ def measure(cfg, tok, target, draft, stages: Stages) -> dict:
     t0 = time.time()
     recs = sweep(target[0], target[1], {DRAFT: draft}, prompts, lengths, gammas=gammas,
                  sampling=sampling, max_new_tokens=cfg.eval.max_new_tokens, eos_id=eos,
-                 stages=stages, prefix=f"{name}/k", chunk=cfg.eval.chunk, seed=cfg.seed,
-                 keep_cell_tokens=[cell_name(DRAFT, head)])
+                 stages=stages, prefix=f"{name}/k", fingerprints=fingerprints,
+                 chunk=cfg.eval.chunk, seed=cfg.seed, keep_cell_tokens=[cell_name(DRAFT, head)])
     summary = summarize(recs)
     ar_out = [o for r in recs for o in r["ar"]["outputs"]]
     sp_out = [o for r in recs for o in r["cells"][cell_name(DRAFT, head)]["outputs"]]
     n = len(ar_out)
+    samples = {**fingerprints, "prompts": array_digest(prompts[:n], lengths[:n]),
+               "ar_outputs": fingerprint(ar_out), "max_new_tokens": int(cfg.eval.max_new_tokens),
+               "sampling": dataclasses.asdict(sampling)}
     alpha = stages.run(f"{name}/alpha", lambda: exact_alpha(
-        cfg, tok, target, draft, prompts[:n], lengths[:n], ar_out, sampling))
+        cfg, tok, target, draft, prompts[:n], lengths[:n], ar_out, sampling), deps=samples)
 
     def quality():
       q = {}
@@ -331,9 +348,11 @@ def measure(cfg, tok, target, draft, stages: Stages) -> dict:
             q_ar, q_sp, [len(o) for o in ar_out], [len(o) for o in sp_out])
       q.update(chen_quality.compare_samples(task, tok, records[:n], ar_out, sp_out, cfg.eval))
       return q
-    qual = stages.run(f"{name}/quality", quality)
-    if stages.get(f"timing/{name}") is None:
-      stages.put(f"timing/{name}", time.time() - t0)
+    quality_settings = {k: cfg.eval[k] for k in ("bootstrap", "humaneval_harness",
+                                                  "harness_min_parse", "harness_timeout_s")}
+    qual = stages.run(f"{name}/quality", quality,
+                      deps=dict(samples, sp_outputs=fingerprint(sp_out), **quality_settings))
+    stages.note(f"timing/{name}", time.time() - t0)
     comp = results["tasks"][task]["components"]["1"]
     results["settings"][name] = {
         **SETTINGS[name], "cells": summary, "alpha": alpha, "quality": qual,
@@ -341,11 +360,13 @@ def measure(cfg, tok, target, draft, stages: Stages) -> dict:
         "compile_s": stages.get(f"{name}/k/compile_s")}
     jax.clear_caches()  # Free the finished executables (see leviathan.measure).
   comps = {t: r["components"] for t, r in results["tasks"].items()}
-  results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, head)
+  results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, head,
+                                   fingerprints)
   return results
 
 
-def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: int) -> dict:
+def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: int,
+                  fingerprints: Dict[str, str]) -> dict:
   """Speedup at the headline K for each batch size, same prompts for all;
   `comps`: {task: components by batch size} (for the prefill times)."""
   out = {}
@@ -359,7 +380,8 @@ def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: in
         continue
       recs = sweep(target[0], target[1], {DRAFT: draft}, prompts[:n], lengths[:n], gammas=[k],
                    sampling=sampling_config(name), max_new_tokens=cfg.eval.max_new_tokens,
-                   eos_id=eos, stages=stages, prefix=f"{name}/batch{b}", batch_size=int(b),
+                   eos_id=eos, stages=stages, prefix=f"{name}/batch{b}",
+                   fingerprints=fingerprints, batch_size=int(b),
                    chunk=max(int(cfg.eval.chunk), int(b)), seed=cfg.seed, keep_ar_tokens=False,
                    cache_gamma=max(int(x) for x in cfg.eval.ks))
       s = summarize(recs)
@@ -376,8 +398,7 @@ def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: in
                      "sp_ms_per_token": c["ms_per_token"],
                      "speedup": c["speedup"], "acceptance_rate": c["acceptance_rate"],
                      "tokens_per_iteration": c["tokens_per_iteration"], "num_prompts": n}
-    if stages.get(f"timing/{name}/batch") is None:
-      stages.put(f"timing/{name}/batch", time.time() - t0)
+    stages.note(f"timing/{name}/batch", time.time() - t0)
     out[name] = res
   return out
 
@@ -416,32 +437,13 @@ def model_info(cfg, target, draft, workdir: str) -> dict:
   return info
 
 
-def check_config(cfg, stages: Stages) -> None:
-  """The stored measurements belong to this config: a ValueError names the
-  first field that changed (paths and apt_update may change freely)."""
-  import json
+def check_config(cfg) -> None:
+  """Settings that cannot work together are a ValueError before anything runs.
+  (A changed setting needs no check: every stored stage is keyed by what it
+  depends on, and the stages it touches are recomputed.)"""
   if int(cfg.eval.headline_k) not in [int(k) for k in cfg.eval.ks if int(k) > 0]:
     raise ValueError(f"config.eval.headline_k ({cfg.eval.headline_k}) must be one of the "
                      f"speculative K in config.eval.ks ({list(cfg.eval.ks)})")
-  now = cfg.to_dict()
-  for k in ("workdir", "results_dir"):
-    now.pop(k, None)
-  now["data"] = {k: v for k, v in now["data"].items() if k not in ("cache_dir", "apt_update")}
-  now = json.loads(json.dumps(now))
-  old = stages.get("config")
-  if old is None:
-    stages.put("config", now)
-    return
-  for section in sorted(set(old) | set(now)):
-    a, b = old.get(section), now.get(section)
-    if a == b:
-      continue
-    field = section
-    if isinstance(a, dict) and isinstance(b, dict):
-      field = next(f"{section}.{k}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
-    raise ValueError(
-        f"{stages.path} holds measurements made with a different config ({field} changed); "
-        "use a new workdir, or delete stages.json to measure again with the trained models")
 
 
 def run(cfg) -> dict:
@@ -449,21 +451,24 @@ def run(cfg) -> dict:
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
-  stages = Stages(os.path.join(workdir, "stages.json"))
-  check_config(cfg, stages)
+  check_config(cfg)
+  stages = Stages(os.path.join(workdir, "stages"))
   t0 = time.time()
   spm_path = prepare_data(cfg)
-  if stages.get("timing/data_and_vocab") is None:
-    stages.put("timing/data_and_vocab", time.time() - t0)
+  stages.note("timing/data_and_vocab", time.time() - t0)
   tok = SentencePieceTokenizer(spm_path)
   target, draft = train_models(cfg, tok, workdir, stages)
+  fingerprints = {"target": params_digest(target[1]), DRAFT: params_digest(draft[1])}
   # Decode from the packed layout (same weights, faster steps on CPU).
   target, draft = ((m, m.pack_params(p)) for m, p in (target, draft))
-  results = measure(cfg, tok, target, draft, stages)
+  results = measure(cfg, tok, target, draft, stages, fingerprints)
   results["models"] = model_info(cfg, target, draft, workdir)
   results["vocab"] = {"path": spm_path, "size": tok.vocab_size}
-  results["timings"] = {k[len("timing/"):]: v for k, v in stages.data.items()
-                        if k.startswith("timing/")}
+  results["timings"] = stages.values("timing")
+  results["stages"] = stages.summary()
+  logging.info("stages: %d computed, %d reused%s", results["stages"]["computed"],
+               results["stages"]["reused"],
+               "".join(f"\n  recomputed {k}: {v}" for k, v in stages.recomputed.items()))
   results["config"] = cfg.to_dict()
   results["machine"] = report.machine_info()
   out_dir = os.path.join(workdir, "results")

@@ -1,11 +1,15 @@
 """Pieces shared by the reproduction experiments (Leviathan T5, Chen Chinchilla).
 
-* `Stages`: a results file of finished stages, written atomically, so a
-  killed run resumes where it stopped and a rerun reuses everything;
+* `Stages` (`specjax.experiments.stages`): finished stages, one atomic file
+  each, keyed by a fingerprint of what they depend on, so a killed run
+  resumes where it stopped, a rerun reuses everything, and a retrained model
+  recomputes exactly the stages that read it;
 * `enable_compilation_cache`: JAX's persistent compilation cache, so reruns
   skip XLA compilation;
 * `train_or_restore`: train with `specjax.train.train_model` (which resumes
-  from its own orbax checkpoints) unless final parameters already exist;
+  from its own orbax checkpoints) unless final parameters already exist; a
+  damaged `final/` is set aside and rebuilt from the newest intact step
+  checkpoint;
 * `pad_batch`: token lists → right-padded `[B, P]` + lengths;
 * `Progress`: absl logging of done/total with rate and ETA.
 """
@@ -15,48 +19,25 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 from absl import logging
 
 from specjax import atomic_io
+from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import restore_params
+from specjax.experiments.stages import Stages, array_digest, fingerprint
 
 __all__ = ["Stages", "enable_compilation_cache", "train_or_restore", "pad_batch", "Progress",
-           "atomic_write_text"]
+           "atomic_write_text", "array_digest", "fingerprint"]
 
 
 def atomic_write_text(text: str, path: str) -> None:
   """Writes `text` to `path` atomically (`specjax.atomic_io`; note the
   argument order, text first)."""
   atomic_io.atomic_write_text(path, text)
-
-
-class Stages:
-  """A JSON file of named, finished stage results (atomic, resumable)."""
-
-  def __init__(self, path: str):
-    self.path = path
-    self.data: Dict[str, Any] = {}
-    if os.path.exists(path):
-      with open(path, encoding="utf-8") as f:
-        self.data = json.load(f)
-
-  def get(self, name: str) -> Optional[Any]:
-    return self.data.get(name)
-
-  def put(self, name: str, value: Any) -> Any:
-    self.data[name] = value
-    atomic_write_text(json.dumps(self.data, indent=1, sort_keys=True), self.path)
-    return value
-
-  def run(self, name: str, fn: Callable[[], Any]) -> Any:
-    """Returns the stored result of `name`, or computes, stores and returns it."""
-    if name in self.data:
-      return self.data[name]
-    return self.put(name, fn())
 
 
 def enable_compilation_cache(directory: str) -> None:
@@ -70,15 +51,69 @@ def enable_compilation_cache(directory: str) -> None:
 def train_or_restore(model, source, train_config, workdir: str, *, teacher=None,
                      eval_dataset=None, init_params=None):
   """Final params from `workdir/final` if a finished run left them, else trains
-  (resuming from the workdir's checkpoints)."""
-  final = os.path.join(workdir, "final")
-  if os.path.exists(os.path.join(final, "config.json")):
-    params, _ = restore_params(final, model.config)
-    logging.info("reusing trained parameters in %s", final)
-    return params
+  (resuming from the workdir's checkpoints).
+
+  `source` (and `eval_dataset`) may be zero-argument callables that build
+  the data: they are called only when training is needed.
+
+  A `final/` trained with other settings (model config, training trajectory
+  fields, teacher) is a CheckpointError naming the field: delete the
+  directory to retrain. A damaged `final/` (missing or truncated files,
+  values that differ from their digest, an unreadable config.json) is moved
+  aside (`final.corrupt-<time>`, logged) and rebuilt: training resumes from
+  the newest intact step checkpoint and writes a new `final/`; nothing else
+  is touched."""
   from specjax.train import train_model  # Imported late: pulls in optax/orbax.
+  from specjax.training.checkpoint import TRAIN_META, move_aside
+  from specjax.training.config import validate_config
+  from specjax.training.loop import meta_difference, quiet_orbax_info_logs, training_meta
+  quiet_orbax_info_logs()  # orbax logs a dozen INFO lines per restore.
+  final = os.path.join(os.path.abspath(workdir), "final")
+  if os.path.exists(final):
+    remedy = (f"Delete {os.path.dirname(final)} to train it again with the new settings (the "
+              "measurements that read it are then recomputed, the others reused), or use "
+              "a new workdir.")
+    try:
+      params, _ = restore_params(final, model.config)
+    except CheckpointError as e:
+      if e.kind == "config_mismatch":
+        raise CheckpointError(final, e.kind, e.problem, remedy) from None
+      move_aside(final, f"the trained parameters cannot be used: {e.problem}")
+      logging.warning("recovering %s: training resumes from the newest intact step checkpoint "
+                      "in %s and writes a new final/", final,
+                      os.path.join(os.path.dirname(final), "checkpoints"))
+    else:
+      meta_path = os.path.join(final, TRAIN_META)
+      stored = _read_train_meta(meta_path)
+      if stored is not None:
+        expected = training_meta(model, validate_config(train_config),
+                                 teacher[0] if teacher is not None else None)
+        expected.pop("model")  # Checked above, with compute-only fields ignored.
+        diff = meta_difference(stored, expected)
+        if diff is not None:
+          raise CheckpointError(final, "config_mismatch",
+                                f"it was trained with {diff[0]} = {diff[1]!r}, the config now "
+                                f"asks for {diff[2]!r}", remedy)
+      logging.info("reusing trained parameters in %s", final)
+      return params
+  source = source() if callable(source) else source
+  eval_dataset = eval_dataset() if callable(eval_dataset) else eval_dataset
   return train_model(model, init_params, source, train_config, workdir, teacher=teacher,
                      eval_dataset=eval_dataset)
+
+
+def _read_train_meta(path: str):
+  """final/train_meta.json, or None when absent (a final from before it
+  existed) or unreadable (logged: the params themselves were verified)."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    logging.warning("%s is unreadable (%s): the training settings of %s are not checked", path,
+                    e, os.path.dirname(path))
+    return None
 
 
 def pad_batch(sequences: Sequence[Sequence[int]], length: int, pad_id: int = 0):

@@ -11,7 +11,9 @@ Stages, each cached under the workdir (a rerun reuses them):
   5. measurements on the test split at batch 1: α (exact β along the
      target's own outputs), the component times (c, verify cost), and the
      walltime of autoregressive vs speculative decoding for every task ×
-     draft × temperature × γ; unigram/bigram α (Table 3);
+     draft × temperature × γ; unigram/bigram α (Table 3) — each stage a
+     file under `<workdir>/stages/` keyed by the digests of the models it
+     reads and the settings (`specjax.experiments.stages`);
   6. report: results.json, results.md (the paper's layout, its numbers next
      to ours), speedup_vs_gamma.png, alpha.png.
 """
@@ -34,7 +36,9 @@ from specjax.benchmarking import count_params, prefill_seconds, step_times
 from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task, train_sentencepiece
 from specjax.experiments import report
-from specjax.experiments.common import Stages, enable_compilation_cache, pad_batch, train_or_restore
+from specjax.checkpoints import params_digest
+from specjax.experiments.common import (Stages, array_digest, enable_compilation_cache, pad_batch,
+                                        train_or_restore)
 from specjax.experiments.speed import (cell_name, decode_ms_per_token, summarize, sweep,
                                        sweep_cache_len)
 from specjax.models.ngram import fit_ngram
@@ -154,11 +158,15 @@ def _ngram_alpha(tables, target, tp, prompts, lengths, outputs_NT, out_lens, sam
   return res
 
 
-def measure(cfg, tok, target, tp, drafts, stages: Stages) -> dict:
-  """All measurements (each stage cached in `stages`)."""
+def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str, str]) -> dict:
+  """All measurements, each stage cached in `stages` and keyed by what it
+  reads: the models' parameter digests (`fingerprints`: {"target": ...,
+  <draft>: ...}), the prompts and the settings. A retrained draft
+  recomputes its own stages only."""
   results = {"tasks": {}, "params": {"target": count_params(tp)}}
   for name, (_, dp) in drafts.items():
     results["params"][name] = count_params(dp)
+  models = {"target": (target, tp), **drafts}
   # Unigram/bigram drafts from the decoder streams of the training targets.
   train_streams = []
   for spec in TASKS.values():
@@ -166,50 +174,60 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages) -> dict:
       train_streams.append([0] + tok.encode(r["targets"]))
   tables = {"unigram": fit_ngram(train_streams, tok.vocab_size, 1)["logits"],
             "bigram": fit_ngram(train_streams, tok.vocab_size, 2)["logits"]}
+  tables_digest = array_digest(tables["unigram"], tables["bigram"])
   for task in TASKS:
     p_len = cfg.eval[f"{task}_prompt_len"]
     max_new = cfg.eval[f"{task}_max_new"]
     prompts, lengths, _ = test_prompts(cfg, tok, task, p_len)
+    prompts_digest = array_digest(prompts, lengths)
     cache_len = specjax.required_cache_len(target, p_len, max_new, max(cfg.eval.gammas))
-
-    def components():
-      tt = step_times(target, tp, 1, cache_len, p_len, [1] + [g + 1 for g in cfg.eval.gammas])
-      out = {"target": {str(k): v for k, v in tt.items()}}
-      for name, (model, dp) in drafts.items():
-        out[name] = {str(k): v for k, v in step_times(model, dp, 1, cache_len, p_len, [1, 2]).items()}
-      return out
-    # Tasks with the same shapes share one measurement (and one compilation).
-    comp = stages.run(f"components/p{p_len}_n{max_new}", components)
+    # One stage per model: tasks with the same shapes share it (and its compilation).
+    comp = {}
+    for name, (model, mp) in models.items():
+      counts = [1] + [g + 1 for g in cfg.eval.gammas] if name == "target" else [1, 2]
+      comp[name] = stages.run(
+          f"components/p{p_len}_n{max_new}/{name}",
+          lambda model=model, mp=mp, counts=counts: {
+              str(k): v for k, v in step_times(model, mp, 1, cache_len, p_len, counts).items()},
+          deps={"model": fingerprints[name], "cache_len": cache_len, "prompt_len": p_len,
+                "token_counts": counts})
     # The per-request prefill (encoders, cross K/V, first token), kept apart from the
     # decode step times so measured speedups can be compared decode-only.
     sweep_len = sweep_cache_len(target, [m for m, _ in drafts.values()], p_len, max_new,
                                 max(cfg.eval.gammas))
-    prefill = stages.run(f"prefill/p{p_len}_n{max_new}", lambda: {
-        name: prefill_seconds(m, mp, 1, sweep_len, p_len)
-        for name, (m, mp) in {"target": (target, tp), **drafts}.items()})
+    prefill = {name: stages.run(f"prefill/p{p_len}_n{max_new}/{name}",
+                                lambda m=m, mp=mp: prefill_seconds(m, mp, 1, sweep_len, p_len),
+                                deps={"model": fingerprints[name], "cache_len": sweep_len,
+                                      "prompt_len": p_len})
+               for name, (m, mp) in models.items()}
     task_res = {"components": comp, "prefill": prefill, "temperatures": {},
                 "num_prompts": int(len(prompts))}
     for temp in cfg.eval.temperatures:
       sampling = specjax.SamplingConfig(temperature=float(temp))
       recs = sweep(target, tp, drafts, prompts, lengths, gammas=cfg.eval.gammas, sampling=sampling,
                    max_new_tokens=max_new, eos_id=tok.eos_id, stages=stages,
-                   prefix=f"{task}/t{temp:g}", chunk=cfg.eval.chunk, seed=cfg.seed)
+                   prefix=f"{task}/t{temp:g}", fingerprints=fingerprints, chunk=cfg.eval.chunk,
+                   seed=cfg.seed)
       summary = summarize(recs)
       outputs = [o for r in recs for o in r["ar"]["outputs"]]
       out_NT, out_lens = pad_batch([o if o else [0] for o in outputs], max_new)
       out_lens = np.asarray([len(o) for o in outputs], np.int32)
+      along = {"target": fingerprints["target"], "prompts": prompts_digest,
+               "outputs": array_digest(out_NT, out_lens), "temperature": float(temp)}
 
-      def alphas():
-        res = {}
-        for name, (model, dp) in drafts.items():
-          beta, mask = measure_beta(target, tp, model, dp, jnp.asarray(prompts),
-                                    jnp.asarray(lengths), jnp.asarray(out_NT),
-                                    jnp.asarray(out_lens), sampling)
-          beta, mask = np.asarray(beta), np.asarray(mask)
-          res[name] = float((beta * mask).sum() / mask.sum())
-        res.update(_ngram_alpha(tables, target, tp, prompts, lengths, out_NT, out_lens, sampling))
-        return res
-      alpha = stages.run(f"{task}/t{temp:g}/alpha", alphas)
+      def draft_alpha(model, dp):
+        beta, mask = measure_beta(target, tp, model, dp, jnp.asarray(prompts),
+                                  jnp.asarray(lengths), jnp.asarray(out_NT),
+                                  jnp.asarray(out_lens), sampling)
+        beta, mask = np.asarray(beta), np.asarray(mask)
+        return float((beta * mask).sum() / mask.sum())
+      alpha = {name: stages.run(f"{task}/t{temp:g}/alpha/{name}",
+                                lambda model=model, dp=dp: draft_alpha(model, dp),
+                                deps=dict(along, draft=fingerprints[name]))
+               for name, (model, dp) in drafts.items()}
+      alpha.update(stages.run(f"{task}/t{temp:g}/alpha/ngram", lambda: _ngram_alpha(
+          tables, target, tp, prompts, lengths, out_NT, out_lens, sampling),
+          deps=dict(along, tables=tables_digest)))
       task_res["temperatures"][f"{temp:g}"] = {
           "alpha": alpha, "cells": summary, "compile_s": stages.get(f"{task}/t{temp:g}/compile_s")}
       # Each (draft, γ) cell is a compiled executable, and XLA:CPU maps memory sections
@@ -275,11 +293,17 @@ def run(cfg) -> dict:
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
-  stages = Stages(os.path.join(workdir, "stages.json"))
+  stages = Stages(os.path.join(workdir, "stages"))
   spm_path = prepare_data(cfg)
   tok = SentencePieceTokenizer(spm_path)
   target, tp, drafts = train_models(cfg, tok, workdir)
-  results = measure(cfg, tok, target, tp, drafts, stages)
+  fingerprints = {"target": params_digest(tp),
+                  **{name: params_digest(dp) for name, (_, dp) in drafts.items()}}
+  results = measure(cfg, tok, target, tp, drafts, stages, fingerprints)
+  results["stages"] = stages.summary()
+  logging.info("stages: %d computed, %d reused%s", results["stages"]["computed"],
+               results["stages"]["reused"],
+               "".join(f"\n  recomputed {k}: {v}" for k, v in stages.recomputed.items()))
   results = add_predictions(results, list(cfg.eval.gammas), list(cfg.eval.drafts))
   results["config"] = cfg.to_dict()
   results["machine"] = report.machine_info()

@@ -4,8 +4,9 @@
 the autoregressive baseline and then every (draft, γ) cell on the same
 prompts, interleaved, so slow phases of a noisy machine hit all cells alike.
 Compilation happens once per cell before any timing. Results are stored per
-chunk of prompts in a `Stages` file, so a killed run resumes and a rerun
-costs nothing. `summarize` turns the records into per-cell totals.
+chunk of prompts and per cell as `Stages`, keyed by the models' parameter
+digests and the settings, so a killed run resumes, a rerun costs nothing,
+and a retrained draft re-measures only its own cells. `summarize` turns the records into per-cell totals.
 
 Speedup is measured per generated token: (AR seconds / AR tokens) /
 (speculative seconds / speculative tokens); at temperature 0 both decoders
@@ -15,7 +16,7 @@ distributed) continuations.
 
 from __future__ import annotations
 
-import time
+import dataclasses
 from typing import Dict, List, Mapping, Sequence, Tuple
 
 import jax
@@ -23,7 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax.experiments.common import Progress, Stages
+from specjax.benchmarking import now
+from specjax.experiments.common import Progress
+from specjax.experiments.stages import Stages, array_digest
 
 __all__ = ["sweep", "summarize", "cell_name"]
 
@@ -33,10 +36,10 @@ def cell_name(draft: str, gamma: int) -> str:
 
 
 def _timed(fn):
-  t0 = time.perf_counter()
+  t0 = now()
   out = fn()
   out.tokens.block_until_ready()
-  return out, time.perf_counter() - t0
+  return out, now() - t0
 
 
 def sweep_cache_len(target, drafts: Sequence[object], prompt_len: int, max_new_tokens: int,
@@ -50,8 +53,8 @@ def sweep_cache_len(target, drafts: Sequence[object], prompt_len: int, max_new_t
 def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           prompts_NP: np.ndarray, lengths_N: np.ndarray, *, gammas: Sequence[int],
           sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: int, stages: Stages,
-          prefix: str, batch_size: int = 1, chunk: int = 25, seed: int = 0,
-          keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = (),
+          prefix: str, fingerprints: Mapping[str, str], batch_size: int = 1, chunk: int = 25,
+          seed: int = 0, keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = (),
           cache_gamma: int = 0) -> List[dict]:
   """Measures AR and every (draft, γ) on all prompts; returns chunk records.
 
@@ -61,10 +64,21 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   list per prompt, as the AR record does with `keep_ar_tokens`). The caches
   are sized for max(gammas, cache_gamma): a sweep over fewer γ with the same
   `cache_gamma` reuses another sweep's executables (same shapes).
+
+  Every chunk stores AR and each cell as separate stages
+  (`<prefix>/chunk<k>/ar`, `<prefix>/chunk<k>/<draft>/g<γ>`) keyed by the
+  chunk's prompts, the decoding settings and the `fingerprints` of the
+  models they ran ({"target": digest, <draft name>: digest, ...}: see
+  `specjax.checkpoints.params_digest`). A chunk with some stages missing
+  (a retrained draft, an unreadable file) measures only those again — AR is
+  always rerun alongside, for its tokens, and its stored timing kept.
   """
   n = (len(prompts_NP) // batch_size) * batch_size
   if n == 0:
     raise ValueError(f"need at least batch_size={batch_size} prompts, got {len(prompts_NP)}")
+  missing = sorted({"target", *drafts} - set(fingerprints))
+  if missing:
+    raise ValueError(f"fingerprints must name every model of the sweep; missing {missing}")
   p = prompts_NP.shape[1]
   cache_len = sweep_cache_len(target, [d for d, _ in drafts.values()], p, max_new_tokens,
                               max(max(gammas), cache_gamma))
@@ -85,50 +99,86 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   cells = [(d, g) for d in drafts for g in gammas]
   batches = [(s, jnp.asarray(prompts_NP[s:s + batch_size]), jnp.asarray(lengths_N[s:s + batch_size]))
              for s in range(0, n, batch_size)]
-  chunks = [batches[i:i + max(chunk // batch_size, 1)]
-            for i in range(0, len(batches), max(chunk // batch_size, 1))]
-  records = []
-  todo = [k for k in range(len(chunks)) if stages.get(f"{prefix}/chunk{k}") is None]
-  if todo:
-    # Compile every cell once, outside the timings.
+  per_chunk = max(chunk // batch_size, 1)
+  chunks = [batches[i:i + per_chunk] for i in range(0, len(batches), per_chunk)]
+  base = {"target": fingerprints["target"], "sampling": dataclasses.asdict(sampling),
+          "max_new_tokens": int(max_new_tokens), "eos_id": eos_id, "seed": int(seed),
+          "batch_size": int(batch_size), "cache_len": int(cache_len),
+          "keep_ar_tokens": bool(keep_ar_tokens)}
+  plan = []  # Per chunk: (name, deps) of AR and every cell, and what is stored.
+  for k, chunk_batches in enumerate(chunks):
+    lo, hi = chunk_batches[0][0], chunk_batches[-1][0] + batch_size
+    ar_deps = dict(base, prompts=array_digest(prompts_NP[lo:hi], lengths_N[lo:hi]))
+    names = {"ar": (f"{prefix}/chunk{k}/ar", ar_deps)}
+    for d, g in cells:
+      names[cell_name(d, g)] = (f"{prefix}/chunk{k}/{cell_name(d, g)}",
+                                dict(ar_deps, draft=fingerprints[d], gamma=int(g),
+                                     keep_tokens=cell_name(d, g) in keep_cell_tokens))
+    stored = {key: stages.get(name, deps) for key, (name, deps) in names.items()}
+    plan.append((names, stored))
+  todo_cells = sorted({c for _, stored in plan for c, v in stored.items() if v is None} - {"ar"})
+  todo_chunks = [k for k, (_, stored) in enumerate(plan) if any(v is None for v in stored.values())]
+  if todo_chunks:
+    # Compile AR and every cell to be measured once, outside the timings.
     s0, x0, l0 = batches[0]
-    t0 = time.perf_counter()
+    t0 = now()
     _timed(lambda: run_ar(x0, l0, keys_for(s0)))
     for d, g in cells:
-      _timed(lambda: run_sp(d, g, x0, l0, keys_for(s0)))
-    compile_s = time.perf_counter() - t0
-    stages.put(f"{prefix}/compile_s", compile_s)
-  progress = Progress(prefix, sum(len(chunks[k]) for k in todo))
+      if cell_name(d, g) in todo_cells:
+        _timed(lambda: run_sp(d, g, x0, l0, keys_for(s0)))
+    if len(todo_cells) == len(cells):
+      stages.put(f"{prefix}/compile_s", now() - t0)
+  progress = Progress(prefix, sum(len(chunks[k]) for k in todo_chunks))
+  records = []
   for k, chunk_batches in enumerate(chunks):
-    def measure(chunk_batches=chunk_batches):
-      rec = {"ar": {"seconds": [], "tokens": [], "outputs": []},
-             "cells": {cell_name(d, g): {"seconds": [], "tokens": [], "target_calls": [],
-                                         "hist": [], "identical": []} for d, g in cells}}
-      for s, x, l in chunk_batches:
-        keys = keys_for(s)
-        ar, t_ar = _timed(lambda: run_ar(x, l, keys))
-        lens = np.asarray(ar.lengths)
-        toks = np.asarray(ar.tokens)
-        rec["ar"]["seconds"].append(t_ar)
-        rec["ar"]["tokens"].append(int(lens.sum()))
-        if keep_ar_tokens:
-          rec["ar"]["outputs"].extend(toks[r, :lens[r]].tolist() for r in range(len(lens)))
-        for d, g in cells:
-          sp, t_sp = _timed(lambda: run_sp(d, g, x, l, keys))
-          c = rec["cells"][cell_name(d, g)]
-          c["seconds"].append(t_sp)
-          c["tokens"].append(int(np.asarray(sp.lengths).sum()))
-          c["target_calls"].append(int(np.asarray(sp.stats.target_calls).sum()))
-          c["hist"].append(np.asarray(sp.stats.accepted_hist).sum(0).tolist())
-          c["identical"].append(bool(np.array_equal(np.asarray(sp.tokens), toks)))
-          if cell_name(d, g) in keep_cell_tokens:
-            sp_lens, sp_toks = np.asarray(sp.lengths), np.asarray(sp.tokens)
-            c.setdefault("outputs", []).extend(
-                sp_toks[r, :sp_lens[r]].tolist() for r in range(len(sp_lens)))
-        progress.update(1)
-      return rec
-    records.append(stages.run(f"{prefix}/chunk{k}", measure))
+    names, stored = plan[k]
+    if k in todo_chunks:
+      todo = [(d, g) for d, g in cells if stored[cell_name(d, g)] is None]
+      fresh = _measure_chunk(chunk_batches, todo, keys_for, run_ar, run_sp, keep_ar_tokens,
+                             keep_cell_tokens, progress)
+      for key, (name, deps) in names.items():
+        if stored[key] is None:
+          stored[key] = stages.put(name, fresh[key], deps)
+          stages.computed.append(name)
+        else:
+          stages.reused.append(name)
+    else:
+      stages.reused.extend(name for name, _ in names.values())
+    records.append({"ar": stored["ar"], "cells": {cell_name(d, g): stored[cell_name(d, g)]
+                                                  for d, g in cells}})
   return records
+
+
+def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_tokens: bool,
+                   keep_cell_tokens: Sequence[str], progress) -> Dict[str, dict]:
+  """AR and the given (draft, γ) cells on every batch of one chunk,
+  interleaved batch by batch: {"ar": record, cell name: record}."""
+  ar_rec = {"seconds": [], "tokens": [], "outputs": []}
+  recs = {cell_name(d, g): {"seconds": [], "tokens": [], "target_calls": [], "hist": [],
+                            "identical": []} for d, g in cells}
+  for s, x, l in chunk_batches:
+    keys = keys_for(s)
+    ar, t_ar = _timed(lambda: run_ar(x, l, keys))
+    lens = np.asarray(ar.lengths)
+    toks = np.asarray(ar.tokens)
+    ar_rec["seconds"].append(t_ar)
+    ar_rec["tokens"].append(int(lens.sum()))
+    if keep_ar_tokens:
+      ar_rec["outputs"].extend(toks[r, :lens[r]].tolist() for r in range(len(lens)))
+    for d, g in cells:
+      sp, t_sp = _timed(lambda: run_sp(d, g, x, l, keys))
+      c = recs[cell_name(d, g)]
+      c["seconds"].append(t_sp)
+      c["tokens"].append(int(np.asarray(sp.lengths).sum()))
+      c["target_calls"].append(int(np.asarray(sp.stats.target_calls).sum()))
+      c["hist"].append(np.asarray(sp.stats.accepted_hist).sum(0).tolist())
+      c["identical"].append(bool(np.array_equal(np.asarray(sp.tokens), toks)))
+      if cell_name(d, g) in keep_cell_tokens:
+        sp_lens, sp_toks = np.asarray(sp.lengths), np.asarray(sp.tokens)
+        c.setdefault("outputs", []).extend(
+            sp_toks[r, :sp_lens[r]].tolist() for r in range(len(sp_lens)))
+    progress.update(1)
+  return {"ar": ar_rec, **recs}
 
 
 def decode_ms_per_token(seconds: float, tokens: int, calls: int, prefill_s: float) -> float:

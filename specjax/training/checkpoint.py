@@ -7,7 +7,9 @@ Layout of a workdir:
                                         (`orbax_io.config_to_dict`), the training
                                         fields that fix the trajectory, data stats
   <workdir>/final/                      `orbax_io.save_params` layout (params +
-                                        config.json), loadable by `restore_params`
+                                        config.json + integrity.json), loadable by
+                                        `restore_params`, and train_meta.json (the
+                                        settings it was trained with)
   <workdir>/metrics.jsonl               one JSON line per log / eval event
   <workdir>/summary.json                the last run's summary
 
@@ -20,6 +22,11 @@ run killed mid-save leaves only the temporary directory, which
 old or the new, complete artifact. Small JSON files are written to a temporary
 file and `os.replace`d.
 
+Recovery: `restore_newest_intact` tries the steps newest first; a step that
+orbax cannot read (a truncated or missing file) is logged, moved aside to
+`<workdir>/checkpoints.corrupt/<step>` and the next older one is tried, so a
+damaged checkpoint costs the steps since the one before it, nothing else.
+
 Saves are asynchronous by default: the state is first copied to host numpy
 arrays (so the donated device buffers can be reused at once) and orbax writes
 them in a background thread; `close()` waits for it.
@@ -29,15 +36,34 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Any, Optional
+import time
+from typing import Any, Callable, Optional, Tuple
 
 import jax
 import numpy as np
+from absl import logging
 
 from specjax import atomic_io
+from specjax.checkpoints.integrity import first_line, quiet_asyncio_errors
 from specjax.checkpoints.orbax_io import save_params
 
-__all__ = ["Checkpointer", "save_final_params", "atomic_write_json"]
+__all__ = ["Checkpointer", "save_final_params", "atomic_write_json", "move_aside",
+           "TRAIN_META"]
+
+
+def move_aside(path: str, reason: str) -> str:
+  """Renames a damaged checkpoint directory `path` to a sibling folder
+  `<parent>.corrupt/<name>-<time>` (kept for inspection, out of the way of
+  the run) and logs why; returns the new path."""
+  parent, name = os.path.split(os.path.abspath(path))
+  aside_dir = parent + ".corrupt" if name.isdigit() else parent
+  os.makedirs(aside_dir, exist_ok=True)
+  dest = os.path.join(aside_dir, f"{name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+  while os.path.exists(dest):
+    dest += "x"
+  os.rename(path, dest)
+  logging.warning("%s: %s; moved aside to %s", path, reason, dest)
+  return dest
 
 
 def atomic_write_json(obj: Any, path: str) -> None:
@@ -85,6 +111,35 @@ class Checkpointer:
     return self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target))).state
 
+  def restore_newest_intact(self, like_state_dict: dict,
+                            check_meta: Callable[[dict, int], None]) -> Optional[Tuple[int, dict]]:
+    """`(step, state)` of the newest step checkpoint that reads back whole,
+    or None when there is none. `check_meta(meta, step)` runs first on each
+    (it raises when the checkpoint belongs to other settings: that is not
+    damage, and nothing is moved). An unreadable step is moved aside
+    (`move_aside`) and the next older one is tried."""
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        with quiet_asyncio_errors():
+          meta = self.restore_meta(step)
+      except Exception as e:  # pylint: disable=broad-except  (orbax / tensorstore errors)
+        self._set_aside(step, f"its meta cannot be read ({first_line(e)})")
+        continue
+      check_meta(meta, step)
+      try:
+        with quiet_asyncio_errors():
+          state = self.restore(step, like_state_dict)
+      except Exception as e:  # pylint: disable=broad-except
+        self._set_aside(step, f"its train state cannot be read ({first_line(e)})")
+        continue
+      return step, state
+    return None
+
+  def _set_aside(self, step: int, reason: str) -> None:
+    move_aside(os.path.join(self.directory, str(step)),
+               f"the checkpoint at step {step} is damaged: {reason}")
+    self.manager.reload()
+
   def wait(self) -> None:
     self.manager.wait_until_finished()
 
@@ -93,13 +148,20 @@ class Checkpointer:
     self.manager.close()
 
 
-def save_final_params(workdir: str, params, model_config) -> str:
-  """Atomically (tmp dir + rename) writes `<workdir>/final`; returns its path."""
+TRAIN_META = "train_meta.json"
+
+
+def save_final_params(workdir: str, params, model_config, meta: Optional[dict] = None) -> str:
+  """Atomically (tmp dir + rename) writes `<workdir>/final`; returns its path.
+  `meta` (the run's `training_meta`) goes to `final/train_meta.json`, so a
+  later run can tell whether the artifact matches its settings."""
   workdir = os.path.abspath(workdir)
   final = os.path.join(workdir, "final")
   tmp = f"{final}.tmp-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
   save_params(tmp, params, model_config)
+  if meta is not None:
+    atomic_write_json(meta, os.path.join(tmp, TRAIN_META))
   old = f"{final}.old-{os.getpid()}"
   if os.path.exists(final):
     os.rename(final, old)

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import config_to_dict
 from specjax.training import batching
 from specjax.training.checkpoint import Checkpointer, atomic_write_json, save_final_params
@@ -40,7 +41,8 @@ from specjax.training.optim import OptimizerSpec
 from specjax.training import steps as steps_lib
 from specjax.training.steps import StepSpec, TrainState, eval_step, init_state, train_step
 
-__all__ = ["train_model", "evaluate_loss", "summarize_metrics", "quiet_orbax_info_logs"]
+__all__ = ["train_model", "evaluate_loss", "summarize_metrics", "quiet_orbax_info_logs",
+           "training_meta", "meta_difference"]
 
 
 class _DropOrbaxInfo(py_logging.Filter):
@@ -115,25 +117,50 @@ def evaluate_loss(spec: StepSpec, params, batches: Sequence[dict], teacher_param
   return summarize_metrics(sums)
 
 
-def _check_resume(meta: dict, expected: dict, directory: str, step: int) -> None:
-  for section in ("model", "teacher", "train", "data"):
-    old, new = meta.get(section), expected[section]
-    if old == new:
+def training_meta(model, config, teacher_model=None, mixture=None) -> dict:
+  """What fixes the parameters a run ends with: the model and teacher configs,
+  the trajectory fields of the training config and (given the `mixture`) the
+  data's shape and weights. Stored with every checkpoint and with `final/`."""
+  meta = {"model": _jsonable(_model_meta(model)),
+          "teacher": _jsonable(_model_meta(teacher_model)) if teacher_model is not None else None,
+          "train": _jsonable(trajectory_fields(config))}
+  if mixture is not None:
+    meta["data"] = _data_meta(mixture)
+  return meta
+
+
+def meta_difference(old: dict, new: dict) -> Optional[tuple]:
+  """The first `(field, old value, new value)` where two `training_meta`s
+  differ (sections of `new` only: a meta stored without "data" is compared
+  without it), or None. Fields are named down to two levels, e.g.
+  "train.learning_rate" or "model.fields.d_model"."""
+  for section in new:
+    a, b = old.get(section), new[section]
+    if a == b:
       continue
     field = section
-    if isinstance(old, dict) and isinstance(new, dict):
-      for k in sorted(set(old) | set(new)):
-        if old.get(k) != new.get(k):
-          field, old, new = f"{section}.{k}", old.get(k), new.get(k)
+    if isinstance(a, dict) and isinstance(b, dict):
+      for k in sorted(set(a) | set(b)):
+        if a.get(k) != b.get(k):
+          field, a, b = f"{section}.{k}", a.get(k), b.get(k)
           break
-      if isinstance(old, dict) and isinstance(new, dict):  # One more level (config fields).
-        for k in sorted(set(old) | set(new)):
-          if old.get(k) != new.get(k):
-            field, old, new = f"{field}.{k}", old.get(k), new.get(k)
+      if isinstance(a, dict) and isinstance(b, dict):  # One more level (config fields).
+        for k in sorted(set(a) | set(b)):
+          if a.get(k) != b.get(k):
+            field, a, b = f"{field}.{k}", a.get(k), b.get(k)
             break
-    raise ValueError(
-        f"cannot resume from the checkpoint at step {step} in {directory}: {field} was "
-        f"{old!r}, now {new!r}; use the same settings or a new workdir")
+    return field, a, b
+  return None
+
+
+def _check_resume(meta: dict, expected: dict, directory: str, step: int) -> None:
+  diff = meta_difference(meta, expected)
+  if diff is not None:
+    field, old, new = diff
+    raise CheckpointError(
+        os.path.join(directory, str(step)), "config_mismatch",
+        f"cannot resume from it: {field} was {old!r}, now {new!r}",
+        "Use the same settings, or a new workdir.")
 
 
 class _Progress:
@@ -262,9 +289,7 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
                   distill_weight=float(config.distill_weight),
                   distill_temperature=float(config.distill_temperature))
   os.makedirs(workdir, exist_ok=True)
-  meta = {"model": _jsonable(_model_meta(model)),
-          "teacher": _jsonable(_model_meta(teacher_model)) if teacher_model is not None else None,
-          "train": _jsonable(trajectory_fields(config)), "data": _data_meta(mixture)}
+  meta = training_meta(model, config, teacher_model, mixture)
   for k, s in enumerate(mixture.sources):
     logging.info("data source %d (%s, weight %.3f): %s", k, s.format, mixture.weights[k],
                  s.stats)
@@ -274,11 +299,15 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
     if init_params is None:
       init_params = steps_lib.init_params(model, config.seed)
     state = init_state(spec, init_params, config.seed)
-    latest = ckpt.latest_step()
-    if latest is not None:
-      _check_resume(ckpt.restore_meta(latest), meta, ckpt.directory, latest)
-      state = TrainState.from_dict(ckpt.restore(latest, state.to_dict()))
+    had_checkpoints = ckpt.latest_step() is not None
+    found = ckpt.restore_newest_intact(
+        state.to_dict(), lambda m, step: _check_resume(m, meta, ckpt.directory, step))
+    if found is not None:
+      latest, restored = found
+      state = TrainState.from_dict(restored)
       logging.info("resumed from the checkpoint at step %d in %s", latest, ckpt.directory)
+    elif had_checkpoints:
+      logging.warning("no intact checkpoint left in %s: training from step 0", ckpt.directory)
     start = int(state.step)
     if start > end:
       raise ValueError(f"the checkpoint is at step {start}, past the requested end {end}")
@@ -332,7 +361,7 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
     if finished:
       final = None
       if dataclasses.is_dataclass(getattr(model, "config", None)):
-        final = save_final_params(workdir, state.params, model.config)
+        final = save_final_params(workdir, state.params, model.config, meta)
       summary = {"step": int(state.step), "final_params": final,
                  "compile_s": compile_s, "wall_s_this_run": time.perf_counter() - t_run,
                  "steps_this_run": end - start, "last_train": progress.last,

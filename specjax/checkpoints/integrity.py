@@ -1,0 +1,172 @@
+"""Integrity of saved models: named errors, file manifests, content digests.
+
+A model directory written by `orbax_io.save_params` holds, besides
+`params/` (orbax) and `config.json`, an `integrity.json`:
+
+  {"files": {"params/<relative path>": <bytes>, ...},
+   "params_sha256": <digest of the parameter values>}
+
+`check_files` compares the directory against it before orbax opens
+anything, so a truncated or missing file is named in one line (orbax's own
+error is a long tensorstore message followed by asyncio tracebacks), and
+`params_digest` of the restored values is compared with the stored digest
+(corrupt bytes of the right length). Directories saved before the manifest
+existed still load: only orbax's own checks apply to them.
+
+Every problem with a checkpoint is a `CheckpointError` (a ValueError) that
+names the directory, says what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import json
+import logging as py_logging
+import os
+import sys
+from typing import Any, Dict, Iterator, Optional
+
+import jax
+import numpy as np
+
+__all__ = ["CheckpointError", "params_digest", "file_manifest", "check_files",
+           "quiet_asyncio_errors", "first_line"]
+
+MANIFEST = "integrity.json"
+
+# What is wrong, in the words a CheckpointError uses.
+KINDS = ("missing", "unreadable", "truncated", "corrupt", "config_mismatch")
+
+
+class CheckpointError(ValueError):
+  """A saved model or train state that cannot be used as it is.
+
+  Attributes:
+    directory: the checkpoint directory.
+    kind: one of "missing" (no such checkpoint, or a file of it is absent),
+      "unreadable", "truncated", "corrupt" (values differ from their digest)
+      or "config_mismatch" (a different model or training setup).
+    problem: one line saying what is wrong.
+    remedy: what to do about it.
+  """
+
+  def __init__(self, directory: str, kind: str, problem: str, remedy: str = ""):
+    if kind not in KINDS:
+      raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    self.directory, self.kind, self.problem = directory, kind, problem
+    self.remedy = remedy or (
+        "Delete it (or put back a copy) and save or train it again; the experiment launchers "
+        "do this on their own: they fall back to the newest intact step checkpoint of the "
+        "training run and re-finalise it.")
+    super().__init__(f"checkpoint {directory} is {kind.replace('_', ' ')}: {problem}. "
+                     f"{self.remedy}")
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+  """The first line of an exception's message, clipped to `limit` characters
+  (tensorstore's messages carry a whole JSON spec)."""
+  text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+  return text if len(text) <= limit else text[:limit] + " ..."
+
+
+def params_digest(params: Any) -> str:
+  """sha256 of a parameter tree: every leaf's path, dtype, shape and bytes, in
+  key-path order. Equal trees (same values, same layout) give equal digests;
+  it is the identity the experiments key their cached measurements by."""
+  h = hashlib.sha256()
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
+    x = np.ascontiguousarray(np.asarray(leaf))
+    h.update(f"{jax.tree_util.keystr(path)}|{x.dtype.str}|{x.shape}|".encode())
+    h.update(memoryview(x).cast("B"))
+  return h.hexdigest()
+
+
+def file_manifest(directory: str, sub: str = "params") -> Dict[str, int]:
+  """{relative path: size in bytes} of every file under `directory/sub`."""
+  root = os.path.join(directory, sub)
+  out = {}
+  for base, _, files in os.walk(root):
+    for name in files:
+      path = os.path.join(base, name)
+      out[os.path.relpath(path, directory)] = os.path.getsize(path)
+  return dict(sorted(out.items()))
+
+
+def write_manifest(directory: str, digest: str) -> None:
+  from specjax import atomic_io  # pylint: disable=g-import-not-at-top
+  atomic_io.atomic_write_json(os.path.join(directory, MANIFEST),
+                              {"files": file_manifest(directory), "params_sha256": digest})
+
+
+def read_manifest(directory: str) -> Optional[dict]:
+  """The stored manifest, None when the directory predates manifests."""
+  path = os.path.join(directory, MANIFEST)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      manifest = json.load(f)
+    if not isinstance(manifest.get("files"), dict):
+      raise ValueError("no 'files' mapping")
+  except (OSError, ValueError) as e:
+    raise CheckpointError(directory, "unreadable", f"{MANIFEST} cannot be read ({first_line(e)})")
+  return manifest
+
+
+def check_files(directory: str, manifest: dict) -> None:
+  """Every file the save wrote is there with the size it was written with."""
+  for rel, size in manifest["files"].items():
+    path = os.path.join(directory, rel)
+    if not os.path.exists(path):
+      raise CheckpointError(directory, "missing", f"{rel} is missing (the save wrote {size} bytes)")
+    now = os.path.getsize(path)
+    if now != size:
+      kind = "truncated" if now < size else "corrupt"
+      raise CheckpointError(directory, kind, f"{rel} holds {now} bytes, the save wrote {size}")
+
+
+class _DropTaskErrors(py_logging.Filter):
+  """asyncio's "Task exception was never retrieved" lines: orbax gathers one
+  task per array, and when one fails the others' errors are logged later."""
+
+  def filter(self, record):
+    return "exception was never retrieved" not in record.getMessage()
+
+
+_INSTALLED = []
+
+
+def _install_filters() -> None:
+  """Once per process: drop the two kinds of noise a failed orbax read leaves
+  behind, and only those. (1) asyncio's log line for the gather's other
+  failed tasks; (2) tensorstore's completion callbacks that fire after
+  orbax closed its event loop: `RuntimeError('Event loop is closed')`
+  reaches `sys.unraisablehook` once per array, dozens of tracebacks."""
+  if _INSTALLED:
+    return
+  py_logging.getLogger("asyncio").addFilter(_DropTaskErrors())
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+      return
+    previous(unraisable)
+  sys.unraisablehook = hook
+  _INSTALLED.append(hook)
+
+
+@contextlib.contextmanager
+def quiet_asyncio_errors() -> Iterator[None]:
+  """Around an orbax read that may fail: the one error that matters is
+  raised (and re-raised by the caller as a CheckpointError); the asyncio
+  noise it leaves behind is dropped (`_install_filters`)."""
+  _install_filters()
+  try:
+    yield
+  except BaseException:
+    gc.collect()  # The failed gather's other tasks are reported when collected: now.
+    raise
