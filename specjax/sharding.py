@@ -99,7 +99,7 @@ def shard_params(params, mesh: Mesh):
 
 
 def cache_spec(x, mesh: Mesh) -> P:
-  """Cache buffers (`[B, K, S, D]` keys, `[B, K, D, S]` values, one per
+  """Cache buffers (`[B, K, D, S]` keys, `[B, K, S, D]` values, one per
   layer) → batch over data, kv heads over model; `[B]` vectors → data."""
   if getattr(x, "ndim", 0) == 4:
     spec = [DATA, MODEL, None, None]

@@ -12,6 +12,13 @@ product won from 2-3 rows on, by up to 1.5x at 8 rows
   choice = specjax.tune_matvec_rows(lm, params)     # ~1 min for a 17M model
   lm = choice.apply(lm)                              # same weights, same params
 
+The choice is also stored for this machine (`specjax.models.matvec_cache`:
+keyed by the CPU, the JAX version, the model's shape and the parameter
+layout), so every later process on this machine decodes that model shape
+on the tuned path with `matvec_max_rows=None` (the default) — tuned once per
+machine. Without a stored choice, None means one matrix-matrix product per
+call.
+
 The measurement is the in-graph cost of one call on N tokens
 (`specjax.benchmarking.step_times_side_by_side`, both paths interleaved
 call by call, so the ratio of each pair is taken moments apart), at batch 1
@@ -30,6 +37,7 @@ import statistics
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
 from specjax.benchmarking import floor_step_seconds, step_times_side_by_side
+from specjax.models import decoder_layout, matvec_cache
 from specjax.models.decoder import DecoderLM, matvec_rows
 
 __all__ = ["MatvecChoice", "tune_matvec_rows", "choose_matvec_rows"]
@@ -48,6 +56,7 @@ class MatvecChoice:
       products were faster.
     per_token_ms, matmul_ms: per N, the median milliseconds per call.
     default_rows: what the config's own setting resolved to (for reports).
+    stored_at: the file the choice was stored in ("" when not stored).
   """
 
   rows: int
@@ -55,6 +64,7 @@ class MatvecChoice:
   per_token_ms: Mapping[int, float]
   matmul_ms: Mapping[int, float]
   default_rows: int
+  stored_at: str = ""
 
   def apply(self, model: DecoderLM) -> DecoderLM:
     """`model` with `matvec_max_rows` set to the choice (same params)."""
@@ -63,7 +73,7 @@ class MatvecChoice:
 
   def to_dict(self) -> Dict[str, object]:
     """JSON-able (row counts as string keys)."""
-    return {"rows": self.rows, "default_rows": self.default_rows,
+    return {"rows": self.rows, "default_rows": self.default_rows, "stored_at": self.stored_at,
             "speedups": {str(k): v for k, v in self.speedups.items()},
             "per_token_ms": {str(k): v for k, v in self.per_token_ms.items()},
             "matmul_ms": {str(k): v for k, v in self.matmul_ms.items()}}
@@ -99,7 +109,8 @@ def _check_model(model) -> None:
 def tune_matvec_rows(model: DecoderLM, params, row_counts: Sequence[int] = DEFAULT_ROW_COUNTS,
                      prompt_len: int = 64, cache_len: Optional[int] = None, steps: int = 16,
                      repeats: int = 7, margin: float = 1.0,
-                     log: Optional[Callable[[str], None]] = None) -> MatvecChoice:
+                     log: Optional[Callable[[str], None]] = None,
+                     save: bool = True) -> MatvecChoice:
   """Measures per-token products against one matrix-matrix product at each
   row count and returns the `MatvecChoice` (see the module docstring).
 
@@ -113,6 +124,8 @@ def tune_matvec_rows(model: DecoderLM, params, row_counts: Sequence[int] = DEFAU
     steps, repeats: calls per timed loop, paired measurements per N.
     margin: the per-token path must be faster by more than this factor.
     log: called with one line per N (e.g. `print`, `logging.info`).
+    save: store the choice for this machine, model shape and layout, where
+      `matvec_max_rows=None` finds it (`specjax.models.matvec_cache`).
 
   Compiles 2 * len(row_counts) step loops; costs ~1 min for the Chen
   reproduction's 17.3M target on a 2-core CPU with the defaults.
@@ -147,6 +160,11 @@ def tune_matvec_rows(model: DecoderLM, params, row_counts: Sequence[int] = DEFAU
     if log:
       log(f"matvec tuning: N={n}: per-token {per_token_ms[n]:.3f} ms, matrix-matrix "
           f"{matmul_ms[n]:.3f} ms ({speedups[n]:.2f}x)")
-  return MatvecChoice(rows=choose_matvec_rows(speedups, margin), speedups=speedups,
-                      per_token_ms=per_token_ms, matmul_ms=matmul_ms,
-                      default_rows=matvec_rows(config))
+  packed = decoder_layout.is_packed(params)
+  default_rows = matvec_rows(config, packed)
+  rows = choose_matvec_rows(speedups, margin)
+  stored_at = matvec_cache.store(config, packed, rows) if save else ""
+  if log and stored_at:
+    log(f"matvec tuning: matvec_max_rows = {rows} stored in {stored_at}")
+  return MatvecChoice(rows=rows, speedups=speedups, per_token_ms=per_token_ms,
+                      matmul_ms=matmul_ms, default_rows=default_rows, stored_at=stored_at)

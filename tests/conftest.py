@@ -3,3 +3,13 @@ import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated_tuning_cache(tmp_path_factory, monkeypatch):
+  """Tuned decode paths (`specjax.models.matvec_cache`) go to a fresh folder
+  per test, never to the user's ~/.cache: a choice tuned by one test must not
+  change how another computes (subprocesses inherit the variable)."""
+  monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path_factory.mktemp("specjax-cache")))

@@ -140,6 +140,6 @@ def test_fresh_caches_are_distinct_zero_buffers():
       assert len(getattr(cache, name)) == 2  # one buffer per layer
   c = lm.init_cache(2, 9)
   kv = lm.config.num_kv_heads, lm.config.head_dim
-  assert c.k[0].shape == (2, kv[0], 9, kv[1]) and c.v[0].shape == (2, kv[0], kv[1], 9)
+  assert c.k[0].shape == (2, kv[0], kv[1], 9) and c.v[0].shape == (2, kv[0], 9, kv[1])
   traced = jax.jit(lambda: zero_arrays(((3, 4), jnp.float32), ((3,), jnp.int32)))()
   assert [x.shape for x in traced] == [(3, 4), (3,)] and traced[1].dtype == jnp.int32

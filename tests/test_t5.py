@@ -128,8 +128,8 @@ def test_prefill_follows_protocol(tiny_model):
   assert isinstance(cache, T5Cache) and cache.max_len == S and cache.encoder_len == P
   L, H, D = c.num_decoder_layers, c.num_heads, c.d_kv
   assert len(cache.k) == len(cache.v) == len(cache.cross_k) == len(cache.cross_v) == L
-  assert cache.k[0].shape == (B, H, S, D) and cache.v[0].shape == (B, H, D, S)
-  assert cache.cross_k[0].shape == (B, H, P, D) and cache.cross_v[0].shape == (B, H, D, P)
+  assert cache.k[0].shape == (B, H, D, S) and cache.v[0].shape == (B, H, S, D)
+  assert cache.cross_k[0].shape == (B, H, D, P) and cache.cross_v[0].shape == (B, H, P, D)
   logits, last, cache = prefill(model, params, jnp.asarray(inputs), jnp.asarray(lengths), cache)
   assert logits.shape == (B, c.vocab_size) and logits.dtype == jnp.float32
   np.testing.assert_array_equal(last, [c.decoder_start_id] * B)

@@ -53,16 +53,29 @@ def test_tune_measures_each_row_count_and_picks_the_threshold(monkeypatch):
   lines = []
   choice = specjax.tune_matvec_rows(lm, None, row_counts=(8, 2, 4, 5), prompt_len=10,
                                     repeats=3, log=lines.append)
-  assert choice.rows == 4 and choice.default_rows == 8  # CPU default
+  assert choice.rows == 4 and choice.default_rows == 0  # CPU default: no stored choice
   assert [c[:4] for c in calls] == [(1, n, n, 0) for n in (2, 4, 5, 8)]
   assert all(c[4] == 18 and c[5] == 10 and c[6] == 3 for c in calls)  # cache P + max N
   assert choice.speedups == {2: 2.0, 4: 2.0, 5: 0.5, 8: 0.5}
   assert choice.per_token_ms[2] == pytest.approx(1.0) and choice.matmul_ms[8] == pytest.approx(1.0)
-  assert len(lines) == 4 and "N=5" in lines[2]
+  assert len(lines) == 5 and "N=5" in lines[2]
   tuned = choice.apply(lm)
   assert tuned.config == lm.config.replace(matvec_max_rows=4)
   d = choice.to_dict()
   assert d["rows"] == 4 and d["speedups"]["5"] == 0.5
+  # Stored for this machine and shape: the default config now decodes on it.
+  from specjax.models import matvec_cache
+  from specjax.models.decoder import matvec_rows
+  assert choice.stored_at == matvec_cache.cache_path() and "stored in" in lines[-1]
+  assert matvec_rows(lm.config) == 4 and matvec_rows(lm.config, packed=True) == 0
+  assert matvec_rows(lm.config.replace(matvec_max_rows=2)) == 2  # an explicit value wins
+  assert matvec_rows(decoder_config("tiny", d_model=64)) == 0   # another shape
+  unsaved = specjax.tune_matvec_rows(lm, None, row_counts=(8,), prompt_len=10, repeats=1,
+                                     save=False)
+  assert unsaved.rows == 0 and unsaved.stored_at == "" and matvec_rows(lm.config) == 4
+  with open(matvec_cache.cache_path(), "w") as f:
+    f.write("{not json")
+  assert matvec_rows(lm.config) == 0  # an unreadable file is ignored
 
 
 def test_tune_on_a_tiny_model_and_the_tuned_model_computes_the_same():

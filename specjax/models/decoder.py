@@ -30,9 +30,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.models import decoder_layout
+from specjax.models import decoder_layout, matvec_cache
 from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, contract,
-                                   replace_layer)
+                                   copy_slots, replace_layer)
 
 __all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]
 
@@ -72,8 +72,11 @@ class DecoderConfig:
       the per-token products won at 2-8 rows, on another (105 MB L3) one
       matrix-matrix product won from 2 rows on, about even at 2
       (benchmarks/README.md). `specjax.tune_matvec_rows` measures both paths
-      on this machine and picks the value. None (default): 8 on the CPU
-      backend, 0 (off) on others; 0 turns it off.
+      on this machine, picks the value and stores it for this machine and
+      model shape. None (default): on the CPU backend the stored choice if
+      there is one, else 0 (one matrix-matrix product per call, which never
+      loses badly: per-token products cost 2-3x on a 32 MB-L3 machine); 0
+      on other backends; 0 turns it off.
 
   The parameter tree has two layouts of the same weights: the standard one
   above (training, checkpoints, transformers export) and a packed decode
@@ -173,11 +176,17 @@ def _dense(features, name, config, axis=-1):
       kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"))
 
 
-def matvec_rows(config: DecoderConfig) -> int:
-  """`config.matvec_max_rows` resolved (None: 8 on the CPU backend, else 0)."""
+def matvec_rows(config: DecoderConfig, packed: bool = False) -> int:
+  """`config.matvec_max_rows` resolved. None: on the CPU backend, the choice
+  `specjax.tune_matvec_rows` stored for this machine, model shape and
+  parameter layout (`specjax.models.matvec_cache`), else 0 (one
+  matrix-matrix product per call); 0 on other backends."""
   if config.matvec_max_rows is not None:
     return config.matvec_max_rows
-  return 8 if jax.default_backend() == "cpu" else 0
+  if jax.default_backend() != "cpu":
+    return 0
+  tuned = matvec_cache.lookup(config, packed)
+  return 0 if tuned is None else tuned
 
 
 def _declare_block_params(c: DecoderConfig, dtype) -> None:
@@ -195,14 +204,15 @@ class _Block(nn.Module):
   config: DecoderConfig
 
   @nn.compact
-  def __call__(self, x_BTE, positions_BT, cache: KVCache, layer: int, empty: bool):
+  def __call__(self, x_BTE, positions_BT, cache: KVCache, layer: int, empty: bool,
+               mask_TT=None, valid_BS=None, write_slots_BT=None):
     c = self.config
     dtype = jnp.dtype(c.dtype)
     norm = lambda name: RMSNorm(c.norm_eps, dtype, jnp.dtype(c.param_dtype), name=name)
     if self.is_initializing():
       _declare_block_params(c, dtype)
     p = {k: v["kernel"] for k, v in self.variables["params"].items() if "kernel" in v}
-    mm = functools.partial(contract, max_matvec_rows=matvec_rows(c), dtype=dtype)
+    mm = functools.partial(contract, max_matvec_rows=matvec_rows(c, "qkv" in p), dtype=dtype)
     b, t = x_BTE.shape[:2]
     h_BTE = norm("attn_norm")(x_BTE)
     if "qkv" in p:  # packed: [E, K, G + 2, D], each kv head after its query group
@@ -215,7 +225,9 @@ class _Block(nn.Module):
     q_BTHD = apply_rope(q_BTHD, positions_BT, c.rope_theta)
     k_BTKD = apply_rope(k_BTKD, positions_BT, c.rope_theta)
     att_BTHD, new_k, new_v = attend_cached(q_BTHD, k_BTKD, v_BTKD, cache.k[layer], cache.v[layer],
-                                           cache.lengths, scale=c.head_dim ** -0.5, empty=empty)
+                                           cache.lengths, scale=c.head_dim ** -0.5, empty=empty,
+                                           mask_TT=mask_TT, valid_BS=valid_BS,
+                                           write_slots_BT=write_slots_BT)
     x_BTE = x_BTE + mm(att_BTHD, p["o"], (0, 1))
     h_BTE = norm("mlp_norm")(x_BTE)
     if "gate_up" in p:  # packed: [E, F, 2]
@@ -250,14 +262,20 @@ class DecoderModule(nn.Module):
     if not c.tie_embeddings:
       self.lm_head = _dense(c.vocab_size, "lm_head", c)
 
-  def __call__(self, tokens_BT: jax.Array, cache: KVCache,
-               empty: bool = False) -> Tuple[jax.Array, KVCache]:
-    """`empty=True` (static): every row's length is 0 (prefill, full forward)."""
+  def __call__(self, tokens_BT: jax.Array, cache: KVCache, empty: bool = False,
+               positions_BT=None, mask_TT=None, valid_BS=None,
+               write_slots_BT=None) -> Tuple[jax.Array, KVCache]:
+    """`empty=True` (static): every row's length is 0 (prefill, full forward).
+    `positions_BT` (rotary positions; default lengths + 0..T-1) and `mask_TT`
+    (attention among the new tokens; default causal): see `DecoderLM.extend`.
+    `valid_BS` / `write_slots_BT`: a ring-buffer cache (`layers.attend_cached`)."""
     t = tokens_BT.shape[1]
-    positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    if positions_BT is None:
+      positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     x_BTE = self.embed(tokens_BT)
     for i, block in enumerate(self.layers):
-      x_BTE, cache = block(x_BTE, positions_BT, cache, i, empty)
+      x_BTE, cache = block(x_BTE, positions_BT, cache, i, empty, mask_TT, valid_BS,
+                           write_slots_BT)
     cache = cache.replace(lengths=cache.lengths + t)
     return self.final_norm(x_BTE), cache
 
@@ -273,7 +291,9 @@ class DecoderModule(nn.Module):
       logits = self.embed.attend(h_xE) if c.tie_embeddings else self.lm_head(h_xE)
       return logits.astype(jnp.float32)
     params = self.variables["params"]
-    mm = functools.partial(contract, max_matvec_rows=matvec_rows(c), dtype=jnp.dtype(c.dtype))
+    packed = "qkv" in params.get("layer_0", {})
+    mm = functools.partial(contract, max_matvec_rows=matvec_rows(c, packed),
+                           dtype=jnp.dtype(c.dtype))
     if c.tie_embeddings:  # the embedding [V, E] read as an [out, in] kernel
       logits = mm(h_xE, params["embed"]["embedding"], (1,))
     else:
@@ -330,18 +350,37 @@ class DecoderLM:
   def prefill_positions(self, prompt_len: int) -> int:
     return prompt_len
 
-  def extend_with_hidden(self, params, tokens_BT: jax.Array,
-                         cache: KVCache) -> Tuple[jax.Array, jax.Array, KVCache]:
+  def extend_with_hidden(self, params, tokens_BT: jax.Array, cache: KVCache,
+                         positions_BT: Optional[jax.Array] = None,
+                         mask_TT: Optional[jax.Array] = None
+                         ) -> Tuple[jax.Array, jax.Array, KVCache]:
     """Like `extend`, also returning the final hidden states `[B, T, E]`."""
     module = self.module
-    h_BTE, cache = module.apply({"params": params}, tokens_BT, cache)
+    h_BTE, cache = module.apply({"params": params}, tokens_BT, cache, False, positions_BT,
+                                mask_TT)
     logits = module.apply({"params": params}, h_BTE, method=DecoderModule.project)
     return logits, h_BTE, cache
 
-  def extend(self, params, tokens_BT: jax.Array, cache: KVCache) -> Tuple[jax.Array, KVCache]:
-    """Writes `tokens_BT` at each row's length; returns logits `[B, T, V]`, cache."""
-    logits, _, cache = self.extend_with_hidden(params, tokens_BT, cache)
+  def extend(self, params, tokens_BT: jax.Array, cache: KVCache,
+             positions_BT: Optional[jax.Array] = None,
+             mask_TT: Optional[jax.Array] = None) -> Tuple[jax.Array, KVCache]:
+    """Writes `tokens_BT` at slots lengths + 0..T-1 of each row; returns
+    logits `[B, T, V]` and the cache (lengths + T).
+
+    `positions_BT` (int32): the tokens' positions in their sequence, for the
+    rotary embedding (default: their slots, lengths + 0..T-1). `mask_TT`
+    (bool `[T, T]` or `[B, T, T]`): which of the T new tokens each attends
+    to (default: causal); every token attends to the row's cached slots
+    `< lengths`. Token trees and lookahead branches use both."""
+    logits, _, cache = self.extend_with_hidden(params, tokens_BT, cache, positions_BT, mask_TT)
     return logits, cache
+
+  def copy_slots(self, cache: KVCache, src_BN: jax.Array, dst_B: jax.Array) -> KVCache:
+    """The cache with row b's slots `src_BN[b, i]` copied to `dst_B[b] + i`
+    in every layer (committing accepted tokens whose keys and values were
+    written elsewhere in the call); lengths unchanged."""
+    ks, vs = zip(*(copy_slots(k, v, src_BN, dst_B) for k, v in zip(cache.k, cache.v)))
+    return cache.replace(k=tuple(ks), v=tuple(vs))
 
   def prefill(self, params, prompts_BP: jax.Array, prompt_lengths_B: jax.Array,
               cache: KVCache) -> Tuple[jax.Array, jax.Array, KVCache]:

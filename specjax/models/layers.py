@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from flax import struct
 
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "kv_specs", "zero_arrays",
-           "replace_layer", "to_cache_layout", "write_kv", "attend", "attend_cached"]
+           "replace_layer", "to_cache_layout", "write_kv", "copy_slots", "attend",
+           "attend_cached"]
 
 
 @struct.dataclass
@@ -23,18 +24,21 @@ class KVCache:
   """Static-shape self-attention cache with a length per row.
 
   Attributes:
-    k: a tuple of L key buffers `[B, K, S, D]` (rotary already applied for
-      the decoder LM).
-    v: a tuple of L value buffers `[B, K, D, S]` (slots last).
+    k: a tuple of L key buffers `[B, K, D, S]` (slots last; rotary already
+      applied for the decoder LM).
+    v: a tuple of L value buffers `[B, K, S, D]` (slots first).
     lengths: int32 `[B]`, valid positions of each row. Slots at or past a
       row's length are masked by attention and overwritten later; rolling a
       row back is lowering its length.
 
-  One buffer per layer, heads before slots and values transposed: each buffer
-  is then, whole, the operand the attention contractions read (XLA copies a
-  slice of a stacked `[L, ...]` buffer, or a transposed one, on every step).
-  The batch axis (0) and the kv-head axis (1) of every buffer are the axes to
-  shard over a mesh (`specjax.sharding`).
+  One buffer per layer, heads before slots, keys transposed: each buffer is
+  then, whole, the right-hand operand of its attention product in the layout
+  a matrix product reads without repacking — scores = queries `[T·G, D]` @
+  keys `[D, S]`, output = weights `[T·G, S]` @ values `[S, D]` — so a call
+  on T tokens reads each buffer once however large T is (`attend_cached`).
+  (XLA copies a slice of a stacked `[L, ...]` buffer, or a transposed one,
+  on every step.) The batch axis (0) and the kv-head axis (1) of every
+  buffer are the axes to shard over a mesh (`specjax.sharding`).
   """
 
   k: Tuple[jax.Array, ...]
@@ -44,7 +48,7 @@ class KVCache:
   @property
   def max_len(self) -> int:
     """Number of slots S (static)."""
-    return self.k[0].shape[2]
+    return self.v[0].shape[2]
 
   @property
   def batch_size(self) -> int:
@@ -75,10 +79,10 @@ def _zeros_fn(specs):
 
 def kv_specs(num_layers: int, batch_size: int, slots: int, heads: int, head_dim: int,
              dtype) -> List[Tuple[Tuple[int, ...], Any]]:
-  """`(shape, dtype)` of the L key buffers `[B, K, S, D]`, then the L value
-  buffers `[B, K, D, S]` (for `zero_arrays`)."""
-  return ([((batch_size, heads, slots, head_dim), dtype)] * num_layers
-          + [((batch_size, heads, head_dim, slots), dtype)] * num_layers)
+  """`(shape, dtype)` of the L key buffers `[B, K, D, S]`, then the L value
+  buffers `[B, K, S, D]` (for `zero_arrays`)."""
+  return ([((batch_size, heads, head_dim, slots), dtype)] * num_layers
+          + [((batch_size, heads, slots, head_dim), dtype)] * num_layers)
 
 
 def replace_layer(buffers: Tuple[jax.Array, ...], layer: int,
@@ -88,8 +92,8 @@ def replace_layer(buffers: Tuple[jax.Array, ...], layer: int,
 
 
 def to_cache_layout(k_BSKD: jax.Array, v_BSKD: jax.Array) -> Tuple[jax.Array, jax.Array]:
-  """Projected keys / values `[B, S, K, D]` → `[B, K, S, D]`, `[B, K, D, S]`."""
-  return k_BSKD.transpose(0, 2, 1, 3), v_BSKD.transpose(0, 2, 3, 1)
+  """Projected keys / values `[B, S, K, D]` → `[B, K, D, S]`, `[B, K, S, D]`."""
+  return k_BSKD.transpose(0, 2, 3, 1), v_BSKD.transpose(0, 2, 1, 3)
 
 
 class RMSNorm(nn.Module):
@@ -149,89 +153,170 @@ def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float) -> jax.
   return (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
 
 
-def write_kv(k_BKSD: jax.Array, v_BKDS: jax.Array, new_k_BTKD: jax.Array,
+# Up to this many rows, `write_kv` writes each row with its own
+# dynamic-update-slice (in place, a few hundred ns each); above it, one
+# scatter (XLA:CPU's scatter of T > 1 positions costs ~10 µs per buffer).
+_ROW_WRITES_MAX_ROWS = 64
+
+
+def write_kv(k_BKDS: jax.Array, v_BKSD: jax.Array, new_k_BTKD: jax.Array,
              new_v_BTKD: jax.Array, start_B: jax.Array) -> Tuple[jax.Array, jax.Array]:
   """Writes T new keys / values of row b at slots `start_B[b] .. + T - 1`.
 
-  Scatters of B*T entries: XLA updates the (loop-carried) buffers in place.
-  Callers guarantee start + T <= S (the generation API checks capacity).
-  """
-  b, t = new_k_BTKD.shape[:2]
+  In place on the (loop-carried) buffers: one dynamic-update-slice per row
+  (a scatter above 64 rows). Callers guarantee start + T <= S (the
+  generation API checks capacity)."""
+  return _write_slots(k_BKDS, v_BKSD, new_k_BTKD.astype(k_BKDS.dtype).transpose(0, 2, 3, 1),
+                      new_v_BTKD.astype(v_BKSD.dtype).transpose(0, 2, 1, 3), start_B)
+
+
+def _write_slots(k_BKDS, v_BKSD, k_BKDT, v_BKTD, start_B):
+  """Writes keys `[B, K, D, T]` / values `[B, K, T, D]` at slots start_B[b].. of each row."""
+  b, t = k_BKDT.shape[0], k_BKDT.shape[3]
+  if b <= _ROW_WRITES_MAX_ROWS:
+    zero = jnp.zeros((), jnp.int32)
+    for r in range(b):
+      at = start_B[r].astype(jnp.int32)
+      row = jnp.int32(r)
+      k_BKDS = jax.lax.dynamic_update_slice(k_BKDS, k_BKDT[r:r + 1], (row, zero, zero, at))
+      v_BKSD = jax.lax.dynamic_update_slice(v_BKSD, v_BKTD[r:r + 1], (row, zero, at, zero))
+    return k_BKDS, v_BKSD
   pos_BT = start_B[:, None] + jnp.arange(t, dtype=start_B.dtype)[None, :]
   rows_BT = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
-  # Advanced indices split by slices: both indexed shapes are [B, T, K, D].
-  k = k_BKSD.at[rows_BT, :, pos_BT].set(
-      new_k_BTKD.astype(k_BKSD.dtype), indices_are_sorted=True, unique_indices=True)
-  v = v_BKDS.at[rows_BT, :, :, pos_BT].set(
-      new_v_BTKD.astype(v_BKDS.dtype), indices_are_sorted=True, unique_indices=True)
+  # Advanced indices split by slices: the indexed shapes are [B, T, K, D].
+  k = k_BKDS.at[rows_BT, :, :, pos_BT].set(k_BKDT.transpose(0, 3, 1, 2),
+                                           indices_are_sorted=True, unique_indices=True)
+  v = v_BKSD.at[rows_BT, :, pos_BT].set(v_BKTD.transpose(0, 2, 1, 3),
+                                        indices_are_sorted=True, unique_indices=True)
   return k, v
 
 
-def attend(q_BTHD: jax.Array, k_BKSD: jax.Array, v_BKDS: jax.Array, mask_BTS: jax.Array,
+def copy_slots(k_BKDS: jax.Array, v_BKSD: jax.Array, src_BN: jax.Array,
+               dst_B: jax.Array) -> Tuple[jax.Array, jax.Array]:
+  """Copies row b's slots `src_BN[b, i]` to slots `dst_B[b] + i` (i < N), in
+  both buffers: the N entries are gathered first, so the ranges may
+  overlap. Reads and writes N slots per row, nothing else."""
+  # Clipped, never NaN-filled: a finished row's call may point past the buffer.
+  k_BKDN = jnp.take_along_axis(k_BKDS, src_BN[:, None, None, :], axis=3, mode="clip")
+  v_BKND = jnp.take_along_axis(v_BKSD, src_BN[:, None, :, None], axis=2, mode="clip")
+  return _write_slots(k_BKDS, v_BKSD, k_BKDN, v_BKND, dst_B)
+
+
+def _queries(q_BTHD: jax.Array, kv: int) -> jax.Array:
+  """Queries `[B, T, H, D]` → `[B, K, T·G, D]` (query head h = kv head h // G)."""
+  b, t, h, d = q_BTHD.shape
+  return q_BTHD.reshape(b, t, kv, h // kv, d).transpose(0, 2, 1, 3, 4).reshape(b, kv, -1, d)
+
+
+def _bias_BKTGX(bias_BHTX: jax.Array, kv: int) -> jax.Array:
+  """An additive bias `[B | 1, H, T, X]` → `[B | 1, K, T, G, X]`, float32."""
+  b, h, t, x = bias_BHTX.shape
+  return bias_BHTX.reshape(b, kv, h // kv, t, x).transpose(0, 1, 3, 2, 4).astype(jnp.float32)
+
+
+def attend(q_BTHD: jax.Array, k_BKDS: jax.Array, v_BKSD: jax.Array, mask_BTS: jax.Array,
            bias_BHTS: Optional[jax.Array] = None, scale: float = 1.0) -> jax.Array:
-  """Multi-head / grouped-query attention over keys `[B, K, S, D]` and values
-  `[B, K, D, S]` (the cache layout; `to_cache_layout` converts projections).
+  """Multi-head / grouped-query attention over keys `[B, K, D, S]` and values
+  `[B, K, S, D]` (the cache layout; `to_cache_layout` converts projections).
 
   Query head h uses kv head h // (H // K). Softmax in float32. A query whose
-  mask is all false would average uniformly rather than produce NaN.
+  mask is all false would average uniformly rather than produce NaN. The
+  queries are the left operand of both products (`[T·G, D] @ [D, S]`, then
+  `[T·G, S] @ [S, D]`), so each buffer is read once for all T queries.
   """
   b, t, h, d = q_BTHD.shape
-  kv, s = k_BKSD.shape[1], k_BKSD.shape[2]
-  q_BTKGD = q_BTHD.reshape(b, t, kv, h // kv, d)
-  scores = jnp.einsum("btkgd,bksd->bkgts", q_BTKGD, k_BKSD,
-                      preferred_element_type=jnp.float32) * scale
+  kv, s = k_BKDS.shape[1], k_BKDS.shape[3]
+  g = h // kv
+  scores = jnp.einsum("bkqd,bkds->bkqs", _queries(q_BTHD, kv), k_BKDS,
+                      preferred_element_type=jnp.float32).reshape(b, kv, t, g, s) * scale
   if bias_BHTS is not None:
-    scores = scores + bias_BHTS.reshape(b, kv, h // kv, t, s).astype(jnp.float32)
-  scores = jnp.where(mask_BTS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-  weights = jax.nn.softmax(scores, axis=-1).astype(v_BKDS.dtype)
-  out = jnp.einsum("bkgts,bkds->btkgd", weights, v_BKDS)
-  return out.reshape(b, t, h, d)
+    scores = scores + _bias_BKTGX(bias_BHTS, kv)
+  scores = jnp.where(mask_BTS[:, None, :, None, :], scores, jnp.finfo(jnp.float32).min)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v_BKSD.dtype).reshape(b, kv, t * g, s)
+  out = jnp.einsum("bkqs,bksd->bkqd", weights, v_BKSD)
+  return out.reshape(b, kv, t, g, d).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
 
 
 def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Array,
-                  k_BKSD: jax.Array, v_BKDS: jax.Array, lengths_B: jax.Array,
+                  k_BKDS: jax.Array, v_BKSD: jax.Array, lengths_B: jax.Array,
                   bias_BHTS: Optional[jax.Array] = None, bias_new_BHTT: Optional[jax.Array] = None,
-                  scale: float = 1.0, empty: bool = False) -> Tuple[jax.Array, jax.Array, jax.Array]:
-  """Attention of T new tokens (row b at positions `lengths_B[b] + 0..T-1`)
-  over the row's cached slots `< lengths_B[b]` and, causally, over each
-  other; then writes the new keys / values into the buffers (`write_kv`).
+                  scale: float = 1.0, empty: bool = False,
+                  mask_TT: Optional[jax.Array] = None, valid_BS: Optional[jax.Array] = None,
+                  write_slots_BT: Optional[jax.Array] = None
+                  ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Attention of T new tokens (row b's at slots `lengths_B[b] + 0..T-1`)
+  over the row's cached slots `< lengths_B[b]` and over each other —
+  causally, or as `mask_TT` says (bool `[T, T]` or `[B, T, T]`: new token t
+  attends to new token u; token trees and lookahead branches) — then writes
+  the new keys / values into the buffers (`write_kv`).
 
   Returns the attention output `[B, T, H, D]` and the updated buffers.
 
+  The cached part is two products per kv head with the T·G queries on the
+  left — scores `[T·G, D] @ [D, S]` over the key buffer, output
+  `[T·G, S] @ [S, D]` over the value buffer — the orientation XLA:CPU's
+  matrix products handle without repacking a buffer, so a T-token call
+  reads each buffer once (with the queries on the right, or values stored
+  slots-last, a verify of 5 tokens cost 3.5× a one-token step's attention
+  at 512 slots; now ~1.3×: benchmarks/README.md). The new tokens' part is a
+  `[T, T]` block beside it; one softmax spans both.
+
   The buffers are read (whole, by the contractions) before they are written.
   The written values are made to depend on the attention output (+ 0 times
-  one of its elements: exact for finite values), so that XLA orders every
+  one of its elements, NaN-safe), so that XLA orders every
   read before the in-place write; without that dependency it copies each
-  loop-carried buffer, twice per step. One softmax spans both parts.
-  `bias_BHTS` is added to the cached part, `bias_new_BHTT` to the new part
-  (T5's relative positions). `empty=True` (static) promises that every row's
-  length is 0 (a prefill or a full forward): the cached part is skipped, and
-  XLA does not constant-fold a fully masked `[B, K, G, T, S]` block.
+  loop-carried buffer, twice per step. `bias_BHTS` is added to the cached
+  part, `bias_new_BHTT` to the new part (T5's relative positions).
+  `empty=True` (static) promises that every row's length is 0 (a prefill or
+  a full forward): the cached part is skipped, and XLA does not
+  constant-fold a fully masked block over S. A cache that is not a prefix
+  of slots (a ring buffer: `specjax.drafters.windowed`) passes which slots
+  are valid (`valid_BS`, bool `[B, S]`) and where the new tokens go
+  (`write_slots_BT`, int32 `[B, T]`).
   """
   b, t, h, d = q_BTHD.shape
-  kv, s = k_BKSD.shape[1], k_BKSD.shape[2]
+  kv, s = k_BKDS.shape[1], k_BKDS.shape[3]
   g = h // kv
-  q_BTKGD = q_BTHD.reshape(b, t, kv, g, d)
-  new = jnp.einsum("btkgd,bukd->bkgtu", q_BTKGD, new_k_BTKD.astype(k_BKSD.dtype),
-                   preferred_element_type=jnp.float32)
-  new = new * scale
-  if bias_new_BHTT is not None:
-    new = new + bias_new_BHTT.reshape(bias_new_BHTT.shape[0], kv, g, t, t).astype(jnp.float32)
   neg = jnp.finfo(jnp.float32).min
-  new = jnp.where(jnp.tril(jnp.ones((t, t), bool)), new, neg)
-  new_v_BTKD = new_v_BTKD.astype(v_BKDS.dtype)
-  if empty:
-    weights = jax.nn.softmax(new, axis=-1).astype(v_BKDS.dtype)
-    out = jnp.einsum("bkgtu,bukd->btkgd", weights, new_v_BTKD)
+  q_BTKGD = q_BTHD.reshape(b, t, kv, g, d)
+  new_v_BTKD = new_v_BTKD.astype(v_BKSD.dtype)
+  new = jnp.einsum("btkgd,bukd->bktgu", q_BTKGD, new_k_BTKD.astype(k_BKDS.dtype),
+                   preferred_element_type=jnp.float32) * scale
+  if bias_new_BHTT is not None:
+    new = new + _bias_BKTGX(bias_new_BHTT, kv)
+  if mask_TT is None:
+    allowed = jnp.tril(jnp.ones((t, t), bool))[:, None, :]          # [T, 1, U]
+  elif mask_TT.ndim == 2:
+    allowed = mask_TT[:, None, :]
   else:
-    old = jnp.einsum("btkgd,bksd->bkgts", q_BTKGD, k_BKSD,
-                     preferred_element_type=jnp.float32) * scale
+    allowed = mask_TT[:, None, :, None, :]                         # [B, 1, T, 1, U]
+  new = jnp.where(allowed, new, neg)
+  if empty:
+    weights = jax.nn.softmax(new, axis=-1).astype(v_BKSD.dtype)
+    out_BKTGD = jnp.einsum("bktgu,bukd->bktgd", weights, new_v_BTKD)
+  else:
+    old = jnp.einsum("bkqd,bkds->bkqs", _queries(q_BTHD, kv), k_BKDS,
+                     preferred_element_type=jnp.float32).reshape(b, kv, t, g, s) * scale
     if bias_BHTS is not None:
-      old = old + bias_BHTS.reshape(b, kv, g, t, s).astype(jnp.float32)
-    old = jnp.where((jnp.arange(s)[None, :] < lengths_B[:, None])[:, None, None, None, :], old, neg)
-    weights = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(v_BKDS.dtype)
-    out = (jnp.einsum("bkgts,bkds->btkgd", weights[..., :s], v_BKDS)
-           + jnp.einsum("bkgtu,bukd->btkgd", weights[..., s:], new_v_BTKD))
-  after = (out[0, 0, 0, 0, :1] * 0).astype(new_k_BTKD.dtype)
-  k_BKSD, v_BKDS = write_kv(k_BKSD, v_BKDS, new_k_BTKD + after, new_v_BTKD + after, lengths_B)
-  return out.reshape(b, t, h, d), k_BKSD, v_BKDS
+      old = old + _bias_BKTGX(bias_BHTS, kv)
+    if valid_BS is None:
+      valid_BS = jnp.arange(s)[None, :] < lengths_B[:, None]
+    old = jnp.where(valid_BS[:, None, None, None, :], old, neg)
+    weights = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(v_BKSD.dtype)
+    cached = jnp.einsum("bkqs,bksd->bkqd", weights[..., :s].reshape(b, kv, t * g, s), v_BKSD)
+    out_BKTGD = (cached.reshape(b, kv, t, g, d)
+                 + jnp.einsum("bktgu,bukd->bktgd", weights[..., s:], new_v_BTKD))
+  out_BTHD = out_BKTGD.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
+  # Zero, but computed from the output (a NaN or inf in one row must not
+  # reach the others' keys: hence nan_to_num, which XLA cannot fold away).
+  after = jnp.nan_to_num(out_BTHD[0, 0, 0, :1] * 0, nan=0.0, posinf=0.0,
+                         neginf=0.0).astype(new_k_BTKD.dtype)
+  if write_slots_BT is None:
+    k_BKDS, v_BKSD = write_kv(k_BKDS, v_BKSD, new_k_BTKD + after, new_v_BTKD + after, lengths_B)
+  else:
+    rows_BT = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+    k_BKDS = k_BKDS.at[rows_BT, :, :, write_slots_BT].set(
+        (new_k_BTKD + after).astype(k_BKDS.dtype), unique_indices=True)
+    v_BKSD = v_BKSD.at[rows_BT, :, write_slots_BT].set(
+        (new_v_BTKD + after).astype(v_BKSD.dtype), unique_indices=True)
+  return out_BTHD, k_BKDS, v_BKSD

@@ -43,15 +43,15 @@ import dataclasses
 import functools
 import math
 import numbers
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.layers import (RMSNorm, attend, attend_cached, kv_specs, replace_layer,
-                                   to_cache_layout, zero_arrays)
+from specjax.models.layers import (RMSNorm, attend, attend_cached, copy_slots, kv_specs,
+                                   replace_layer, to_cache_layout, zero_arrays)
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 
 __all__ = [
@@ -66,9 +66,9 @@ class T5Cache:
 
   Attributes:
     k, v: decoder self-attention keys and values, tuples of L buffers
-      `[B, H, S, D]` and `[B, H, D, S]` (the layout of `layers.KVCache`).
+      `[B, H, D, S]` and `[B, H, S, D]` (the layout of `layers.KVCache`).
     cross_k, cross_v: cross-attention keys and values, tuples of L buffers
-      `[B, H, P, D]` and `[B, H, D, P]`, projected from the encoder output
+      `[B, H, D, P]` and `[B, H, P, D]`, projected from the encoder output
       once, at prefill.
     encoder_lengths: int32 `[B]`, valid encoder positions of each row
       (cross-attention hides the padding past them).
@@ -89,12 +89,12 @@ class T5Cache:
   @property
   def max_len(self) -> int:
     """Number of decoder slots S (static)."""
-    return self.k[0].shape[2]
+    return self.v[0].shape[2]
 
   @property
   def encoder_len(self) -> int:
     """Number of encoder positions P held for cross-attention (static)."""
-    return self.cross_k[0].shape[2]
+    return self.cross_v[0].shape[2]
 
   @property
   def batch_size(self) -> int:
@@ -202,8 +202,8 @@ class _EncoderLayer(nn.Module):
 
   def __call__(self, x_BPE, mask_BQP, bias_BHPP):
     h_BPE = self.attn_norm(x_BPE)
-    k_BHPD, v_BHDP = to_cache_layout(*self.attn.kv(h_BPE))
-    att_BPHD = attend(self.attn.q(h_BPE), k_BHPD, v_BHDP, mask_BQP, bias_BHPP)
+    k_BHDP, v_BHPD = to_cache_layout(*self.attn.kv(h_BPE))
+    att_BPHD = attend(self.attn.q(h_BPE), k_BHDP, v_BHPD, mask_BQP, bias_BHPP)
     x_BPE = x_BPE + self.attn.o(att_BPHD)
     return x_BPE + self.mlp(self.mlp_norm(x_BPE))
 
@@ -221,16 +221,17 @@ class _DecoderLayer(nn.Module):
     self.mlp = _MLP(c)
 
   def cross_kv(self, enc_BPE: jax.Array) -> Tuple[jax.Array, jax.Array]:
-    """Cross-attention keys `[B, H, P, D]` and values `[B, H, D, P]`."""
+    """Cross-attention keys `[B, H, D, P]` and values `[B, H, P, D]`."""
     return to_cache_layout(*self.cross_attn.kv(enc_BPE))
 
   def __call__(self, x_BTE, cache: T5Cache, layer: int, bias_BHTS, bias_new_1HTT,
-               cross_mask_B1P, empty: bool):
+               cross_mask_B1P, empty: bool, mask_TT=None):
     h_BTE = self.self_norm(x_BTE)
     k_BTHD, v_BTHD = self.self_attn.kv(h_BTE)
     att_BTHD, new_k, new_v = attend_cached(self.self_attn.q(h_BTE), k_BTHD, v_BTHD,
                                            cache.k[layer], cache.v[layer], cache.lengths,
-                                           bias_BHTS, bias_new_1HTT, empty=empty)
+                                           bias_BHTS, bias_new_1HTT, empty=empty,
+                                           mask_TT=mask_TT)
     x_BTE = x_BTE + self.self_attn.o(att_BTHD)
     h_BTE = self.cross_norm(x_BTE)
     att_BTHD = attend(self.cross_attn.q(h_BTE), cache.cross_k[layer], cache.cross_v[layer],
@@ -283,16 +284,19 @@ class _Decoder(nn.Module):
     self.final_norm = _norm(c)
 
   def cross_kv(self, enc_BPE: jax.Array) -> Tuple[jax.Array, jax.Array]:
-    """Cross-attention K/V of every layer: tuples of `[B, H, P, D]` / `[B, H, D, P]`."""
+    """Cross-attention K/V of every layer: tuples of `[B, H, D, P]` / `[B, H, P, D]`."""
     kvs = [layer.cross_kv(enc_BPE) for layer in self.layers]
     return tuple(k for k, _ in kvs), tuple(v for _, v in kvs)
 
-  def __call__(self, x_BTE: jax.Array, cache: T5Cache,
-               empty: bool = False) -> Tuple[jax.Array, T5Cache]:
-    """`empty=True` (static): every row's decoder length is 0 (prefill, forward)."""
+  def __call__(self, x_BTE: jax.Array, cache: T5Cache, empty: bool = False,
+               positions_BT=None, mask_TT=None) -> Tuple[jax.Array, T5Cache]:
+    """`empty=True` (static): every row's decoder length is 0 (prefill, forward).
+    `positions_BT` / `mask_TT`: see `T5.extend`."""
     c = self.config
     t, s = x_BTE.shape[1], cache.max_len
-    pos_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    explicit = positions_BT is not None
+    pos_BT = positions_BT if explicit else (
+        cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :])
     bucket = functools.partial(relative_position_bucket, bidirectional=False,
                                num_buckets=c.relative_attention_num_buckets,
                                max_distance=c.relative_attention_max_distance)
@@ -302,13 +306,17 @@ class _Decoder(nn.Module):
     if not empty:
       buckets_BTS = bucket(jnp.arange(s, dtype=jnp.int32)[None, None, :] - pos_BT[:, :, None])
       bias_BHTS = jnp.moveaxis(jnp.take(self.relpos_bias, buckets_BTS, axis=0), -1, 1)
-    arange_t = jnp.arange(t, dtype=jnp.int32)
-    buckets_1TT = bucket(arange_t[None, None, :] - arange_t[None, :, None])
+    if explicit:  # key position - query position within the new tokens, per row
+      buckets_1TT = bucket(pos_BT[:, None, :] - pos_BT[:, :, None])
+    else:
+      arange_t = jnp.arange(t, dtype=jnp.int32)
+      buckets_1TT = bucket(arange_t[None, None, :] - arange_t[None, :, None])
     bias_new_1HTT = jnp.moveaxis(jnp.take(self.relpos_bias, buckets_1TT, axis=0), -1, 1)
     cross_mask_B1P = (jnp.arange(cache.encoder_len)[None, :]
                       < cache.encoder_lengths[:, None])[:, None, :]
     for i, layer in enumerate(self.layers):
-      x_BTE, cache = layer(x_BTE, cache, i, bias_BHTS, bias_new_1HTT, cross_mask_B1P, empty)
+      x_BTE, cache = layer(x_BTE, cache, i, bias_BHTS, bias_new_1HTT, cross_mask_B1P, empty,
+                           mask_TT)
     cache = cache.replace(lengths=cache.lengths + t)
     return self.final_norm(x_BTE), cache
 
@@ -340,10 +348,10 @@ class T5Module(nn.Module):
                          cross_v=tuple(x.astype(dtype) for x in v),
                          encoder_lengths=lengths_B, lengths=jnp.zeros_like(cache.lengths))
 
-  def decode(self, tokens_BT: jax.Array, cache: T5Cache,
-             empty: bool = False) -> Tuple[jax.Array, T5Cache]:
+  def decode(self, tokens_BT: jax.Array, cache: T5Cache, empty: bool = False,
+             positions_BT=None, mask_TT=None) -> Tuple[jax.Array, T5Cache]:
     """Decoder tokens at each row's length → final-normed states `[B, T, E]`, cache."""
-    return self.decoder(self.shared(tokens_BT), cache, empty)
+    return self.decoder(self.shared(tokens_BT), cache, empty, positions_BT, mask_TT)
 
   def project(self, h_xE: jax.Array) -> jax.Array:
     """Decoder states `[..., E]` → float32 logits `[..., V]`."""
@@ -430,20 +438,35 @@ class T5:
     last_B = jnp.full(lengths_B.shape, self.config.decoder_start_id, jnp.int32)
     return logits_BV, last_B, cache
 
-  def extend_with_hidden(self, params, tokens_BT: jax.Array,
-                         cache: T5Cache) -> Tuple[jax.Array, jax.Array, T5Cache]:
+  def extend_with_hidden(self, params, tokens_BT: jax.Array, cache: T5Cache,
+                         positions_BT: Optional[jax.Array] = None,
+                         mask_TT: Optional[jax.Array] = None
+                         ) -> Tuple[jax.Array, jax.Array, T5Cache]:
     """Like `extend`, also returning the final-normed decoder states `[B, T, E]`
     (before v1.0's output scaling)."""
     module = self.module
-    h_BTE, cache = module.apply({"params": params}, tokens_BT.astype(jnp.int32), cache,
-                                method=T5Module.decode)
+    h_BTE, cache = module.apply({"params": params}, tokens_BT.astype(jnp.int32), cache, False,
+                                positions_BT, mask_TT, method=T5Module.decode)
     logits = module.apply({"params": params}, h_BTE, method=T5Module.project)
     return logits, h_BTE, cache
 
-  def extend(self, params, tokens_BT: jax.Array, cache: T5Cache) -> Tuple[jax.Array, T5Cache]:
-    """Writes decoder tokens at each row's length; returns logits `[B, T, V]`, cache."""
-    logits, _, cache = self.extend_with_hidden(params, tokens_BT, cache)
+  def extend(self, params, tokens_BT: jax.Array, cache: T5Cache,
+             positions_BT: Optional[jax.Array] = None,
+             mask_TT: Optional[jax.Array] = None) -> Tuple[jax.Array, T5Cache]:
+    """Writes decoder tokens at slots lengths + 0..T-1 of each row; returns
+    logits `[B, T, V]` and the cache (lengths + T).
+
+    `positions_BT`: the tokens' decoder positions, for the relative position
+    bias (default: their slots); `mask_TT` (bool `[T, T]` or `[B, T, T]`):
+    which new tokens each attends to (default: causal). As `DecoderLM.extend`."""
+    logits, _, cache = self.extend_with_hidden(params, tokens_BT, cache, positions_BT, mask_TT)
     return logits, cache
+
+  def copy_slots(self, cache: T5Cache, src_BN: jax.Array, dst_B: jax.Array) -> T5Cache:
+    """The cache with row b's self-attention slots `src_BN[b, i]` copied to
+    `dst_B[b] + i` in every decoder layer (cross-attention is unchanged)."""
+    ks, vs = zip(*(copy_slots(k, v, src_BN, dst_B) for k, v in zip(cache.k, cache.v)))
+    return cache.replace(k=tuple(ks), v=tuple(vs))
 
   def forward(self, params, inputs_BP: jax.Array, input_lengths_B: jax.Array,
               decoder_inputs_BT: jax.Array) -> jax.Array:
