@@ -163,7 +163,7 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                          eos_id: Optional[int] = None, pad_id: int = 0, target_cache=None,
                          draft_cache=None, cache_len: Optional[int] = None,
                          verify_fn: Callable = rejection_verify) -> GenerationOutput:
-  """Exact speculative decoding (draft γ, verify once), one jitted while_loop.
+  """Exact speculative decoding (draft, verify once per iteration), one jitted while_loop.
 
   The output has exactly the distribution of `generate(target, ...)` with the
   same `sampling` (greedy: the very same tokens). Every row accepts its own
@@ -171,36 +171,60 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
 
   Args:
     target, target_params: the model whose distribution is sampled.
-    draft, draft_params: the proposal model; same vocabulary as the target.
+    draft, draft_params: where the drafts come from — a draft model
+      (a `LanguageModel` with the target's vocabulary, and its params) or a
+      drafter (`specjax.drafters`: `PromptLookup`, `LayerSkip`, `WindowedKV`,
+      `Lookahead`, `ModelDrafter`, ...; `draft_params` None for drafters
+      that need none or run on the target's weights).
     prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id:
       as in `generate`.
-    gamma: γ ≥ 1 drafts per iteration (static: one compilation per value).
-    target_cache, draft_cache: caches to reuse (donated), or `cache_len` for
-      both (default: the minimum).
-    verify_fn: the accept/reject rule (`specjax.verify`); the default is exact.
+    gamma: γ ≥ 1 drafted tokens per iteration (static: one compilation per
+      value); lookahead decoding fixes its own (`Lookahead.chain_len`).
+    target_cache, draft_cache: caches to reuse (donated; `draft_cache` only
+      for a draft model), or `cache_len` for both (default: the minimum).
+    verify_fn: the accept/reject rule for drafts with distributions
+      (`specjax.verify`); the default is exact.
 
   Returns:
-    `GenerationOutput` with acceptance statistics.
+    `GenerationOutput` with acceptance statistics; its `draft_cache` is the
+    drafter's final state (a draft model's cache).
   """
+  from specjax.drafters import ModelDrafter, is_drafter  # pylint: disable=g-import-not-at-top
   check_model(target, "target")
-  check_model(draft, "draft")
-  if target.vocab_size != draft.vocab_size:
-    raise ValueError(
-        f"draft vocab_size ({draft.vocab_size}) must equal target vocab_size "
-        f"({target.vocab_size}): both must share one tokenizer")
+  if is_drafter(draft):
+    drafter = draft
+  elif hasattr(draft, "extend") and hasattr(draft, "prefill"):
+    drafter = ModelDrafter(draft)
+  else:
+    raise TypeError(f"draft must be a draft model (a specjax LanguageModel) or a drafter "
+                    f"(specjax.drafters), got {type(draft).__name__}")
+  if getattr(drafter, "fixed_gamma", None) is not None:
+    gamma = drafter.fixed_gamma
   gamma = _check_int("gamma", gamma, 1)
+  drafter.check(target, gamma)
+  if drafter.uses_target_params and draft_params is None:
+    draft_params = target_params
   if not callable(verify_fn):
     raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
                                                  target.vocab_size)
   prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape
-  target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens, gamma,
-                              cache_len)
-  draft_cache = _check_cache("draft_cache", draft, draft_cache, b, p, max_new_tokens, gamma,
-                             cache_len)
+  call_len = drafter.layout(gamma).length
+  target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens,
+                              call_len - 1, cache_len)
+  if isinstance(drafter, ModelDrafter) and not drafter.shares_target_params:
+    draft_cache = _check_cache("draft_cache", drafter.model, draft_cache, b, p, max_new_tokens,
+                               gamma, cache_len)
+  else:
+    if draft_cache is not None and not isinstance(drafter, ModelDrafter):
+      raise ValueError(f"draft_cache is for a draft model; {type(drafter).__name__} allocates "
+                       "its own state (pass draft_cache=None)")
+    if draft_cache is None:
+      draft_cache = drafter.alloc(b, p, target_cache.max_len, gamma)
   keys = _row_keys(key, b, sampling)
-  dec = SpeculativeDecoder(target, draft, gamma, sampling, max_new_tokens, eos_id, pad_id,
-                           verify_fn)
+  dec = SpeculativeDecoder(target, drafter if not isinstance(drafter, ModelDrafter) or
+                           drafter.shares_target_params else draft, gamma, sampling,
+                           max_new_tokens, eos_id, pad_id, verify_fn)
   return dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
                  draft_cache)

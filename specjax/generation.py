@@ -43,10 +43,14 @@ from typing import Any, Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from specjax.sampling import SamplingConfig, process_logits, row_uniforms, sample_from_uniform
-from specjax.verify import greedy_verify, rejection_verify
+from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, is_drafter
+from specjax.drafters.model import ModelDrafter, draw
+from specjax.sampling import SamplingConfig, process_logits, row_uniforms
+from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_verify,
+                            rejection_verify)
 
 __all__ = [
     "DecodeStats", "GenerationOutput", "DecodeState", "AutoregressiveDecoder",
@@ -148,14 +152,6 @@ def _fold_keys(keys_B: jax.Array, data) -> jax.Array:
   return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys_B)
 
 
-def _draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
-  """One token per row: the argmax for greedy (the one-hot's only token; no
-  random numbers are then computed at all), else an inverse-CDF draw."""
-  if sampling.is_greedy:
-    return jnp.argmax(probs_BV, axis=-1).astype(jnp.int32)
-  return sample_from_uniform(u_B, probs_BV)
-
-
 def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: int,
             eos_id: Optional[int]) -> Tuple[DecodeState, jax.Array]:
   """Appends the first count_B[b] of new_BC[b] to each active row's output,
@@ -188,7 +184,7 @@ def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: 
 def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B):
   logits_BV, last_B, cache = model.prefill(params, prompts_BP, lengths_B, cache)
   u_B = row_uniforms(_fold_keys(keys_B, 0), 1)[:, 0]
-  first_B = _draw(u_B, process_logits(logits_BV, sampling), sampling)
+  first_B = draw(u_B, process_logits(logits_BV, sampling), sampling)
   return first_B, last_B, cache
 
 
@@ -241,7 +237,7 @@ class AutoregressiveDecoder:
     cache = state.target_cache.replace(lengths=state.seq_len)
     logits_B1V, cache = self.model.extend(params, state.pending[:, None], cache)
     u_B = row_uniforms(_fold_keys(state.keys, state.step + 1), 1)[:, 0]
-    next_B = _draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
+    next_B = draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
     state, _ = _commit(state, next_B[:, None], jnp.ones_like(next_B), self.max_new_tokens,
                        self.eos_id)
     a = active_B.astype(jnp.int32)
@@ -254,7 +250,19 @@ class AutoregressiveDecoder:
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeDecoder:
-  """Draft-then-verify decoding with γ = `gamma` drafts per iteration."""
+  """Draft-then-verify decoding. Static configuration.
+
+  `draft` is a draft model (any `LanguageModel`: wrapped in a
+  `drafters.ModelDrafter`, γ = `gamma` drafts per iteration) or a drafter
+  (`specjax.drafters`: prompt lookup, self-speculative, lookahead, ...).
+  One iteration: the drafter proposes; the target runs once on the call
+  the drafter's `layout` describes; the drafts are verified exactly
+  (`specjax.verify`: the rejection rule for drafts with distributions, the
+  one-hot rule for deterministic drafts and candidate sets); the accepted
+  tokens and the next are committed; if the accepted tokens did not sit
+  right after the pending token in the call, their keys and values are
+  moved there (`copy_slots`); the drafter sees the result (`update`).
+  """
 
   target: Any
   draft: Any
@@ -264,15 +272,26 @@ class SpeculativeDecoder:
   eos_id: Optional[int] = None
   pad_id: int = 0
   verify_fn: Callable = rejection_verify
+  # The rule for deterministic drafts and candidate sets (a test plants a broken one).
+  candidates_fn: Callable = candidates_verify
+
+  @property
+  def drafter(self):
+    return self.draft if is_drafter(self.draft) else ModelDrafter(self.draft)
+
+  @property
+  def layout(self) -> CallLayout:
+    return self.drafter.layout(self.gamma)
 
   def init_state(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
                  target_cache, draft_cache) -> DecodeState:
     first_B, last_B, target_cache = _prefill(self.target, target_params, self.sampling,
                                              prompts_BP, lengths_B, target_cache, keys_B)
-    _, _, draft_cache = self.draft.prefill(draft_params, prompts_BP, lengths_B, draft_cache)
-    return _initial_state(first_B, last_B, target_cache, draft_cache, keys_B,
-                          self.max_new_tokens, self.gamma + 1, self.gamma, self.pad_id,
-                          self.eos_id)
+    draft_state = self.drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
+                                     target_cache)
+    n = self.layout.chain_len
+    return _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
+                          self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id)
 
   @property
   def _verify(self) -> Callable:
@@ -281,53 +300,78 @@ class SpeculativeDecoder:
       return greedy_verify
     return self.verify_fn
 
-  def draft_tokens(self, draft_params, state: DecodeState, u_BG):
-    """Runs the draft γ steps (draft i drawn with the uniform `u_BG[:, i]`);
-    returns drafts `[B, G]`, their distributions `[B, G, V]` and the draft
-    cache."""
-    g = self.gamma
-    cache = state.draft_cache.replace(lengths=state.seq_len - 1)
-    logits_B2V, cache = self.draft.extend(
-        draft_params, jnp.stack([state.prev, state.pending], axis=1), cache)
-    p1_BV = process_logits(logits_B2V[:, 1], self.sampling)
-    d1_B = _draw(u_BG[:, 0], p1_BV, self.sampling)
-
-    def one_step(carry, u_B):
-      tok_B, c = carry
-      logits_B1V, c = self.draft.extend(draft_params, tok_B[:, None], c)
-      p_BV = process_logits(logits_B1V[:, 0], self.sampling)
-      d_B = _draw(u_B, p_BV, self.sampling)
-      return (d_B, c), (d_B, p_BV)
-
-    (_, cache), (ds_GB, ps_GBV) = jax.lax.scan(
-        one_step, (d1_B, cache), jnp.swapaxes(u_BG[:, 1:g], 0, 1))
-    drafts_BG = jnp.concatenate([d1_B[:, None], jnp.swapaxes(ds_GB, 0, 1)], axis=1)
-    probs_BGV = jnp.concatenate([p1_BV[:, None], jnp.swapaxes(ps_GBV, 0, 1)], axis=1)
-    return drafts_BG, probs_BGV, cache
+  def _verify_call(self, key_B, proposal: Proposal, q_BTV):
+    """(chain_B, accepted_B, next_B) for one target call's distributions."""
+    lay = self.layout
+    chains = np.asarray(lay.chains_KN)
+    cands_BKN = proposal.tokens_BT[:, chains]
+    valid_BKN = proposal.valid_BKN
+    if proposal.probs_BGV is not None and lay.num_chains == 1:
+      drafts_BG = cands_BKN[:, 0]
+      q_BG1V = jnp.concatenate([q_BTV[:, :1], q_BTV[:, chains[0]]], axis=1)
+      if self.verify_fn is rejection_verify:  # the built-in rules know invalid drafts
+        num_valid_B = jnp.sum(valid_BKN[:, 0], axis=1).astype(jnp.int32)
+        n_B, next_B = self._verify(key_B, drafts_BG, proposal.probs_BGV, q_BG1V, num_valid_B)
+      else:
+        n_B, next_B = self._verify(key_B, drafts_BG, proposal.probs_BGV, q_BG1V)
+      return jnp.zeros_like(n_B), n_B, next_B
+    if proposal.probs_BGV is not None:
+      raise ValueError("proposal distributions are supported for one chain only (K = 1)")
+    if self.sampling.is_greedy:
+      best_BT = jnp.argmax(q_BTV, axis=-1).astype(jnp.int32)
+      return greedy_candidates_verify(cands_BKN, valid_BKN, best_BT[:, 0], best_BT[:, chains])
+    return self.candidates_fn(key_B, cands_BKN, valid_BKN, q_BTV[:, 0], q_BTV[:, chains])
 
   def step(self, target_params, draft_params, state: DecodeState) -> DecodeState:
-    g = self.gamma
+    lay, drafter = self.layout, self.drafter
+    n = lay.chain_len
     active_B = ~state.done
-    # Per row and iteration: one key for the draft's G uniforms, one for the verifier.
+    # Per row and iteration: one key for the drafter's uniforms, one for the verifier.
     keys_B2 = jax.vmap(lambda k: jax.random.split(k, 2))(_fold_keys(state.keys, state.step + 1))
-    u_BG = row_uniforms(keys_B2[:, 0], g)
-    drafts_BG, p_BGV, draft_cache = self.draft_tokens(draft_params, state, u_BG)
+    u_BG = row_uniforms(keys_B2[:, 0], n) if not drafter.deterministic else None
+    inp = DraftInput(seq_len=state.seq_len, pending=state.pending, prev=state.prev,
+                     done=state.done, step=state.step)
+    proposal, draft_state = drafter.propose(draft_params, state.draft_cache, inp, u_BG,
+                                            self.sampling, self.gamma)
     target_cache = state.target_cache.replace(lengths=state.seq_len)
-    logits_BG1V, target_cache = self.target.extend(
-        target_params, jnp.concatenate([state.pending[:, None], drafts_BG], axis=1), target_cache)
-    q_BG1V = process_logits(logits_BG1V, self.sampling)
-    n_B, next_B = self._verify(keys_B2[:, 1], drafts_BG, p_BGV, q_BG1V)
-    j_G1 = jnp.arange(g + 1)[None]
-    new_BG1 = jnp.where(j_G1 < n_B[:, None], jnp.pad(drafts_BG, ((0, 0), (0, 1))), next_B[:, None])
-    state, _ = _commit(state, new_BG1, n_B + 1, self.max_new_tokens, self.eos_id)
+    kw = {}
+    if lay.offsets_T is not None:
+      kw["positions_BT"] = state.seq_len[:, None] + jnp.asarray(lay.offsets_T, jnp.int32)[None]
+    if lay.mask_TT is not None:
+      kw["mask_TT"] = jnp.asarray(lay.mask_TT, bool)
+    logits_BTV, target_cache = self.target.extend(target_params, proposal.tokens_BT,
+                                                  target_cache, **kw)
+    q_BTV = process_logits(logits_BTV, self.sampling)
+    chain_B, n_B, next_B = self._verify_call(keys_B2[:, 1], proposal, q_BTV)
+    chains = jnp.asarray(np.asarray(lay.chains_KN), jnp.int32)
+    slots_BN = chains[chain_B]                                   # call positions of the chain
+    chain_tokens_BN = jnp.take_along_axis(proposal.tokens_BT, slots_BN, axis=1)
+    j_N1 = jnp.arange(n + 1)[None]
+    new_BN1 = jnp.where(j_N1 < n_B[:, None], jnp.pad(chain_tokens_BN, ((0, 0), (0, 1))),
+                        next_B[:, None])
+    seq_before_B = state.seq_len
+    state, count_B = _commit(state, new_BN1, n_B + 1, self.max_new_tokens, self.eos_id)
+    if not lay.is_plain_chain:
+      # The accepted tokens' keys and values sit at their chain's call slots:
+      # move them right after the pending token (rows with nothing to move copy
+      # slots onto themselves or past their length: harmless).
+      target_cache = self.target.copy_slots(target_cache, seq_before_B[:, None] + slots_BN,
+                                            seq_before_B + 1)
+    feedback = DraftFeedback(
+        committed_BC=new_BN1, count_B=count_B, seq_len_B=state.seq_len, pending_B=state.pending,
+        target_argmax_BT=jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32), chain_B=chain_B,
+        accepted_B=n_B)
+    draft_state = drafter.update(draft_params, draft_state, feedback)
     a = active_B.astype(jnp.int32)
+    drafted_B = jnp.max(jnp.sum(proposal.valid_BKN, axis=2), axis=1).astype(jnp.int32)
+    calls = getattr(drafter, "calls_per_iteration", lambda g: 0)(self.gamma)
     s = state.stats
     stats = s.replace(
-        target_calls=s.target_calls + a, draft_calls=s.draft_calls + g * a,
-        drafted=s.drafted + g * a, accepted=s.accepted + n_B * a,
-        accepted_hist=s.accepted_hist + jax.nn.one_hot(n_B, g + 1, dtype=jnp.int32) * a[:, None])
+        target_calls=s.target_calls + a, draft_calls=s.draft_calls + calls * a,
+        drafted=s.drafted + drafted_B * a, accepted=s.accepted + n_B * a,
+        accepted_hist=s.accepted_hist + jax.nn.one_hot(n_B, n + 1, dtype=jnp.int32) * a[:, None])
     return state.replace(step=state.step + 1, target_cache=target_cache,
-                         draft_cache=draft_cache, stats=stats)
+                         draft_cache=draft_state, stats=stats)
 
   def run(self, target_params, draft_params, prompts_BP, lengths_B, keys_B, target_cache,
           draft_cache) -> GenerationOutput:

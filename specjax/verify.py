@@ -1,4 +1,17 @@
-"""The speculative accept/reject rule (Leviathan et al. 2023, Chen et al. 2023).
+"""The speculative accept/reject rules (Leviathan et al. 2023, Chen et al. 2023).
+
+Drafts sampled from a proposal distribution p (a draft model) are verified
+by the rejection rule (`rejection_verify`). Deterministic drafts (prompt
+lookup, n-gram candidates: no distribution, or a one-hot one) stay exact by
+treating the proposal as one-hot on the draft: accept d with probability
+q(d); on rejection draw from q with d removed, renormalised — the same rule
+with p = one-hot (`candidates_verify`, which also handles several candidate
+chains sharing a root: at each depth it tries the still-consistent
+candidates' tokens in order, each a one-hot proposal from the residual left
+by the ones before it, as recursive rejection sampling does; a repeated
+token has zero residual mass and is rejected without effect). With a
+greedy target every rule reduces to "keep drafts while they equal the
+target's argmax" (`greedy_verify`, `greedy_candidates_verify`).
 
 A verifier is a pure function
 
@@ -17,14 +30,15 @@ token when all G are kept. `speculative_generate` accepts any such function
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 
 from specjax.sampling import row_uniforms, sample_from_uniform
 
-__all__ = ["rejection_verify", "greedy_verify", "gather_probs"]
+__all__ = ["rejection_verify", "greedy_verify", "gather_probs", "candidates_verify",
+           "greedy_candidates_verify"]
 
 
 def gather_probs(probs_BXV: jax.Array, tokens_BX: jax.Array) -> jax.Array:
@@ -33,7 +47,8 @@ def gather_probs(probs_BXV: jax.Array, tokens_BX: jax.Array) -> jax.Array:
 
 
 def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: jax.Array,
-                     target_probs_BG1V: jax.Array) -> Tuple[jax.Array, jax.Array]:
+                     target_probs_BG1V: jax.Array,
+                     num_valid_B: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
   """Exact speculative sampling.
 
   Draft i is accepted with probability min(1, q_i(d_i) / p_i(d_i)), left to
@@ -41,7 +56,9 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   norm(max(0, q_j − p_j)); if all G are accepted, from q_{G+1}. The output
   then has exactly the target's distribution. With one-hot (greedy)
   distributions this is "keep drafts while they equal the target's argmax,
-  then emit the target's argmax".
+  then emit the target's argmax". `num_valid_B` (default: all G): row b
+  proposes only its first num_valid_B[b] drafts; the others count as
+  rejected with p = 0 there (0 valid: a plain sample from q_1).
   """
   b, g = drafts_BG.shape
   # One PRNG call per row: G acceptance uniforms and the residual draw's.
@@ -51,10 +68,13 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   q_BG = gather_probs(target_probs_BG1V[:, :g], drafts_BG)
   # u < q/p without dividing (p > 0 for a token sampled from p).
   accept_BG = u_BG * p_BG < q_BG
+  valid_BG = _valid(num_valid_B, b, g)
+  accept_BG = accept_BG & valid_BG
   num_accepted_B = jnp.sum(jnp.cumprod(accept_BG.astype(jnp.int32), axis=1), axis=1)
 
   zeros_B1V = jnp.zeros_like(draft_probs_BGV[:, :1])
-  p_ext_BG1V = jnp.concatenate([draft_probs_BGV, zeros_B1V], axis=1)
+  p_ext_BG1V = jnp.concatenate([jnp.where(valid_BG[..., None], draft_probs_BGV, 0.0), zeros_B1V],
+                               axis=1)
   idx = num_accepted_B[:, None, None]
   q_BV = jnp.take_along_axis(target_probs_BG1V, idx, axis=1)[:, 0]
   p_BV = jnp.take_along_axis(p_ext_BG1V, idx, axis=1)[:, 0]
@@ -65,8 +85,15 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   return num_accepted_B.astype(jnp.int32), next_B
 
 
+def _valid(num_valid_B: Optional[jax.Array], b: int, g: int) -> jax.Array:
+  if num_valid_B is None:
+    return jnp.ones((b, g), bool)
+  return jnp.arange(g)[None, :] < num_valid_B[:, None]
+
+
 def greedy_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: jax.Array,
-                  target_probs_BG1V: jax.Array) -> Tuple[jax.Array, jax.Array]:
+                  target_probs_BG1V: jax.Array,
+                  num_valid_B: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
   """`rejection_verify` specialised to greedy (one-hot) distributions.
 
   Keeps drafts while they equal the target's argmax, then emits the target's
@@ -75,9 +102,89 @@ def greedy_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: jax.
   decoder uses it automatically for temperature 0 with the default verifier.
   """
   del keys_B, draft_probs_BGV
-  g = drafts_BG.shape[1]
+  b, g = drafts_BG.shape
   best_BG1 = jnp.argmax(target_probs_BG1V, axis=-1).astype(jnp.int32)
-  match_BG = (drafts_BG == best_BG1[:, :g]).astype(jnp.int32)
+  match_BG = ((drafts_BG == best_BG1[:, :g]) & _valid(num_valid_B, b, g)).astype(jnp.int32)
   num_accepted_B = jnp.sum(jnp.cumprod(match_BG, axis=1), axis=1).astype(jnp.int32)
   next_B = jnp.take_along_axis(best_BG1, num_accepted_B[:, None], axis=1)[:, 0]
   return num_accepted_B, next_B
+
+
+def candidates_verify(keys_B: jax.Array, cands_BKN: jax.Array, valid_BKN: jax.Array,
+                      q_root_BV: jax.Array, q_BKNV: jax.Array
+                      ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Exact verification of K deterministic candidate chains sharing a root.
+
+  Args:
+    keys_B: one PRNG key per row.
+    cands_BKN: int32 candidate tokens; chain k's token j follows its tokens
+      0..j-1 and the root (the pending token).
+    valid_BKN: bool, which candidate tokens exist (a prefix of each chain).
+    q_root_BV: the target's processed distribution after the root.
+    q_BKNV: the target's processed distribution after chain k's tokens 0..j.
+
+  Recursive rejection sampling with one-hot proposals: at depth j the
+  residual r starts as the target's distribution after the accepted prefix;
+  the candidates still consistent with that prefix are tried in order:
+  token x is accepted with probability r(x), else r ← r with x removed,
+  renormalised. A rejected depth ends with a draw from r; a fully accepted
+  chain ends with a draw from the target's distribution after it. The
+  emitted tokens have exactly the target's distribution.
+
+  Returns `(chain_B, accepted_B, next_B)`: the chain holding the accepted
+  tokens (its first `accepted_B` tokens), and the token that follows them.
+  """
+  b, k, n = cands_BKN.shape
+  u_BX = row_uniforms(keys_B, k * n + 1)
+  r_BV = q_root_BV.astype(jnp.float32)
+  alive_BK = valid_BKN[:, :, 0]
+  stopped_B = jnp.zeros((b,), bool)
+  accepted_B = jnp.zeros((b,), jnp.int32)
+  chain_B = jnp.zeros((b,), jnp.int32)
+  for j in range(n):
+    hit_B = jnp.zeros((b,), bool)
+    x_acc_B = jnp.zeros((b,), jnp.int32)
+    k_acc_B = jnp.zeros((b,), jnp.int32)
+    for c in range(k):
+      x_B = cands_BKN[:, c, j]
+      trial_B = alive_BK[:, c] & valid_BKN[:, c, j] & ~hit_B & ~stopped_B
+      r_x = jnp.take_along_axis(r_BV, x_B[:, None], axis=1)[:, 0]
+      ok_B = trial_B & (u_BX[:, j * k + c] < r_x)
+      hit_B = hit_B | ok_B
+      x_acc_B = jnp.where(ok_B, x_B, x_acc_B)
+      k_acc_B = jnp.where(ok_B, c, k_acc_B)
+      # Rejected: remove x from the residual and renormalise.
+      zeroed_BV = jnp.where(jax.nn.one_hot(x_B, r_BV.shape[1], dtype=bool), 0.0, r_BV)
+      mass_B1 = jnp.sum(zeroed_BV, axis=1, keepdims=True)
+      renorm_BV = jnp.where(mass_B1 > 0, zeroed_BV / jnp.where(mass_B1 > 0, mass_B1, 1.0), r_BV)
+      r_BV = jnp.where((trial_B & ~ok_B)[:, None], renorm_BV, r_BV)
+    # Accepted at depth j: continue below the accepted token.
+    q_next_BV = jnp.take_along_axis(q_BKNV[:, :, j], k_acc_B[:, None, None], axis=1)[:, 0]
+    r_BV = jnp.where(hit_B[:, None], q_next_BV.astype(jnp.float32), r_BV)
+    accepted_B = accepted_B + hit_B.astype(jnp.int32)
+    chain_B = jnp.where(hit_B, k_acc_B, chain_B)
+    alive_BK = alive_BK & (cands_BKN[:, :, j] == x_acc_B[:, None])
+    stopped_B = stopped_B | ~hit_B
+  next_B = sample_from_uniform(u_BX[:, k * n], r_BV)
+  return chain_B, accepted_B, next_B
+
+
+def greedy_candidates_verify(cands_BKN: jax.Array, valid_BKN: jax.Array,
+                             best_root_B: jax.Array, best_BKN: jax.Array
+                             ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """`candidates_verify` for a greedy target, from argmaxes alone: the
+  candidate with the longest prefix equal to the target's argmax path (the
+  first such), and the argmax after it. `best_root_B`: the argmax after the
+  root; `best_BKN`: after chain k's tokens 0..j."""
+  b, k, n = cands_BKN.shape
+  parent_BKN = jnp.concatenate(
+      [jnp.broadcast_to(best_root_B[:, None, None], (b, k, 1)), best_BKN[:, :, :-1]], axis=2)
+  match_BKN = (cands_BKN == parent_BKN) & valid_BKN
+  depth_BK = jnp.sum(jnp.cumprod(match_BKN.astype(jnp.int32), axis=2), axis=2)
+  chain_B = jnp.argmax(depth_BK, axis=1).astype(jnp.int32)
+  accepted_B = jnp.max(depth_BK, axis=1).astype(jnp.int32)
+  after_BN1 = jnp.concatenate([best_root_B[:, None],
+                               jnp.take_along_axis(best_BKN, chain_B[:, None, None], axis=1)[:, 0]],
+                              axis=1)
+  next_B = jnp.take_along_axis(after_BN1, accepted_B[:, None], axis=1)[:, 0]
+  return chain_B, accepted_B, next_B

@@ -184,11 +184,11 @@ def test_rollback_reads_exactly_prefix_accepted_and_resampled():
     _, _, fresh = lm_prefill(params, jnp.asarray([stream], jnp.int32),
                              jnp.asarray([len(stream)]), fresh)
     n = len(stream)
-    # (keys [B, K, S, D] and values [B, K, D, S] per layer)
-    np.testing.assert_allclose(np.stack(after.target_cache.k)[:, b, :, :n],
-                               np.stack(fresh.k)[:, 0, :, :n], atol=1e-5)
-    np.testing.assert_allclose(np.stack(after.target_cache.v)[:, b, ..., :n],
-                               np.stack(fresh.v)[:, 0, ..., :n], atol=1e-5)
+    # (keys [B, K, D, S] and values [B, K, S, D] per layer)
+    np.testing.assert_allclose(np.stack(after.target_cache.k)[:, b, ..., :n],
+                               np.stack(fresh.k)[:, 0, ..., :n], atol=1e-5)
+    np.testing.assert_allclose(np.stack(after.target_cache.v)[:, b, :, :n],
+                               np.stack(fresh.v)[:, 0, :, :n], atol=1e-5)
     # Draft: it re-feeds [prev, pending] at seq_len - 1.
     d_cache = jax.tree_util.tree_map(lambda x: x[b:b + 1], after.draft_cache)
     d_cache = d_cache.replace(lengths=after.seq_len[b:b + 1] - 1)
@@ -198,8 +198,8 @@ def test_rollback_reads_exactly_prefix_accepted_and_resampled():
     d_fresh = draft.init_cache(1, 32)
     _, _, d_fresh = d_prefill(draft_params, jnp.asarray([stream], jnp.int32),
                                   jnp.asarray([n]), d_fresh)
-    np.testing.assert_allclose(np.stack(after.draft_cache.k)[:, b, :, : n - 1],
-                               np.stack(d_fresh.k)[:, 0, :, : n - 1], atol=1e-5)
+    np.testing.assert_allclose(np.stack(after.draft_cache.k)[:, b, ..., : n - 1],
+                               np.stack(d_fresh.k)[:, 0, ..., : n - 1], atol=1e-5)
 
 
 def test_no_retrace_for_new_prompts_of_the_same_shape():

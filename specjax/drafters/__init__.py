@@ -1,0 +1,29 @@
+"""Drafters: where the drafts of speculative decoding come from, behind one protocol.
+
+  drafter = specjax.drafters.PromptLookup(max_ngram=3)
+  out = specjax.speculative_generate(target, tp, drafter, None, prompts, lengths,
+                                     max_new_tokens=64, gamma=8)
+
+`speculative_generate` takes a draft model (as always: it becomes a
+`ModelDrafter`) or any drafter. The protocol is in `specjax.drafters.base`;
+one small module per family:
+
+  model          ModelDrafter   a separate draft model (Leviathan / Chen)
+  prompt_lookup  PromptLookup   copies what followed the last n-gram earlier in the row
+  layer_skip     LayerSkip      the target through a subset of its layers (+ choose_layers)
+  windowed       WindowedKV     the target over sink + recent-window KV only
+  lookahead      Lookahead      Jacobi iteration + n-gram pool, verified in one call
+"""
+
+from specjax.drafters.base import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
+                                   chain_layout, is_drafter)
+from specjax.drafters.layer_skip import LayerSkip, LayerSkipLM, choose_layers
+from specjax.drafters.lookahead import Lookahead, LookaheadState
+from specjax.drafters.model import ModelDrafter
+from specjax.drafters.prompt_lookup import LookupState, PromptLookup
+from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
+
+__all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "chain_layout",
+           "is_drafter", "ModelDrafter", "PromptLookup", "LookupState", "LayerSkip",
+           "LayerSkipLM", "choose_layers", "WindowedKV", "WindowedLM", "WindowCache",
+           "Lookahead", "LookaheadState"]

@@ -1,0 +1,216 @@
+"""The drafter protocol: what `SpeculativeDecoder` needs from a source of drafts.
+
+A drafter is a frozen (hashable) dataclass — it is a static argument of the
+jitted loop, so its fields are static choices — with pure methods over an
+explicit state pytree (a draft model's KV cache, a token history, an n-gram
+pool, ...). One speculative iteration, for every row at once:
+
+  1. `propose(params, state, inp, u_BG, sampling, gamma)` → `(Proposal, state)`:
+     the tokens of the target call (`[B, T]`, token 0 the row's pending
+     token), the per-row validity of the drafted tokens and, unless the
+     drafter is `deterministic`, the distributions they were drawn from;
+  2. the target runs once on those T tokens (at the positions and with the
+     attention mask among them that `layout(gamma)` fixes);
+  3. the drafts are verified exactly (`specjax.verify`) and the accepted
+     tokens committed;
+  4. `update(params, state, feedback)` → state: the drafter sees what was
+     committed (and the target's argmax at every position of the call).
+
+Drafted tokens are organised as K chains of n tokens each
+(`CallLayout.chains_KN`: positions in the call), all rooted at the pending
+token: a draft model proposes one chain (K = 1, n = γ), lookahead decoding
+several n-gram candidates. A row proposes fewer tokens by marking them
+invalid (`Proposal.valid_BKN`); a row with none runs a plain target step.
+
+Exactness: model drafts carry their proposal distributions `[B, G, V]` and
+are verified by the rejection rule; deterministic drafts (prompt lookup,
+n-gram candidates) are verified as drafts from a one-hot proposal (accept
+d with probability q(d); on rejection q with d removed, renormalised) —
+`specjax.verify`. Either way the output has exactly the target's
+distribution, whatever the drafter proposes.
+
+Shapes: B batch, G = γ, T tokens in the target call, K chains, N = n, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Protocol, Tuple, runtime_checkable
+
+import jax
+import numpy as np
+from flax import struct
+
+__all__ = ["Drafter", "Proposal", "CallLayout", "DraftInput", "DraftFeedback", "is_drafter",
+           "chain_layout"]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallLayout:
+  """The static shape of one target call (one compilation per layout).
+
+  Attributes:
+    length: T, tokens in the call (token 0 is the pending token).
+    chains_KN: int numpy `[K, N]`, the call position of token j of chain k
+      (all >= 1). A chain's tokens follow each other (each attends to the
+      ones before it and to the pending token).
+    offsets_T: int numpy `[T]`, each token's position relative to the
+      pending token's (None: 0..T-1, a plain causal block).
+    mask_TT: bool numpy `[T, T]`, which new tokens each new token attends
+      to (None: causal). Every token also attends to the committed cache.
+  """
+
+  length: int
+  chains_KN: Any
+  offsets_T: Any = None
+  mask_TT: Any = None
+
+  def __post_init__(self):
+    chains = np.asarray(self.chains_KN)
+    if chains.ndim != 2 or chains.size == 0:
+      raise ValueError(f"chains_KN must be a non-empty [K, N] array, got shape {chains.shape}")
+    if chains.min() < 1 or chains.max() >= self.length:
+      raise ValueError(f"chain positions must lie in [1, {self.length}), got {chains.min()}.."
+                       f"{chains.max()}")
+
+  def __hash__(self):
+    arrays = tuple(None if a is None else (np.asarray(a).shape, np.asarray(a).tobytes())
+                   for a in (self.chains_KN, self.offsets_T, self.mask_TT))
+    return hash((self.length,) + arrays)
+
+  def __eq__(self, other):
+    if not isinstance(other, CallLayout) or self.length != other.length:
+      return False
+    for a, b in ((self.chains_KN, other.chains_KN), (self.offsets_T, other.offsets_T),
+                 (self.mask_TT, other.mask_TT)):
+      if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
+        return False
+    return True
+
+  @property
+  def num_chains(self) -> int:
+    return int(np.asarray(self.chains_KN).shape[0])
+
+  @property
+  def chain_len(self) -> int:
+    return int(np.asarray(self.chains_KN).shape[1])
+
+  @property
+  def is_plain_chain(self) -> bool:
+    """One chain right after the pending token, causal, contiguous: the
+    accepted drafts' keys and values are already where they belong."""
+    chains = np.asarray(self.chains_KN)
+    return (chains.shape[0] == 1 and self.length == chains.shape[1] + 1
+            and np.array_equal(chains[0], np.arange(1, self.length))
+            and self.offsets_T is None and self.mask_TT is None)
+
+
+def chain_layout(gamma: int) -> CallLayout:
+  """The classic layout: [pending, d_1..d_γ], causal."""
+  return CallLayout(length=gamma + 1, chains_KN=np.arange(1, gamma + 1)[None, :])
+
+
+@struct.dataclass
+class DraftInput:
+  """What a drafter may read of the decoding state (per row, `[B]`).
+
+  seq_len: committed positions in the target's cache (the pending token
+    goes to position seq_len); pending: the last committed token, not yet
+    fed to the target; prev: the token at position seq_len - 1; done: rows
+    that finished; step: the iteration (scalar).
+  """
+
+  seq_len: jax.Array
+  pending: jax.Array
+  prev: jax.Array
+  done: jax.Array
+  step: jax.Array
+
+
+@struct.dataclass
+class Proposal:
+  """One iteration's drafts.
+
+  Attributes:
+    tokens_BT: int32 `[B, T]`, the target call's tokens; `[:, 0]` is the
+      pending token, the chains' tokens at `layout.chains_KN`.
+    valid_BKN: bool `[B, K, N]`, which drafted tokens a row proposes; a
+      chain's valid tokens form a prefix.
+    probs_BGV: `[B, N, V]` float32 distributions the single chain (K = 1)
+      was drawn from, after the same temperature / top-k / top-p as the
+      target; None for deterministic drafters.
+  """
+
+  tokens_BT: jax.Array
+  valid_BKN: jax.Array
+  probs_BGV: Optional[jax.Array] = None
+
+
+@struct.dataclass
+class DraftFeedback:
+  """What the iteration committed (for `Drafter.update`).
+
+  Attributes:
+    committed_BC: int32 `[B, C]`, the tokens committed this iteration (the
+      first `count_B[b]` of row b; C = N + 1).
+    count_B: int32 `[B]` committed tokens (0 for rows already done).
+    seq_len_B: committed positions after the commit (the new pending token
+      is not in the cache yet).
+    pending_B: the new pending token.
+    target_argmax_BT: int32 `[B, T]`, the target's most likely next token
+      after each token of the call (lookahead's Jacobi step reads it).
+    chain_B, accepted_B: the chain the accepted tokens came from and how
+      many of its tokens were accepted.
+  """
+
+  committed_BC: jax.Array
+  count_B: jax.Array
+  seq_len_B: jax.Array
+  pending_B: jax.Array
+  target_argmax_BT: jax.Array
+  chain_B: jax.Array
+  accepted_B: jax.Array
+
+
+@runtime_checkable
+class Drafter(Protocol):
+  """A source of drafts (see the module doc). Frozen and hashable.
+
+  Attributes:
+    deterministic: drafts come without proposal distributions and are
+      verified as one-hot proposals.
+    uses_target_params: the drafter runs on the target's own weights
+      (self-speculative): `speculative_generate(..., draft_params=None)`
+      passes the target's.
+  """
+
+  deterministic: bool
+  uses_target_params: bool
+
+  def check(self, target: Any, gamma: int) -> None:
+    """Raises ValueError / TypeError naming what does not fit (vocabulary,
+    γ, the target's kind)."""
+
+  def layout(self, gamma: int) -> CallLayout:
+    """The target call of one iteration (static)."""
+
+  def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> Any:
+    """Fresh state buffers (on the host; donated to the loop)."""
+
+  def start(self, params: Any, state: Any, prompts_BP: jax.Array, lengths_B: jax.Array,
+            first_B: jax.Array, target_cache: Any) -> Any:
+    """The state after the prompts' prefill (in the loop's trace); `first_B`
+    is the first generated token, `target_cache` the target's prefilled cache."""
+
+  def propose(self, params: Any, state: Any, inp: DraftInput, u_BG: jax.Array,
+              sampling: Any, gamma: int) -> Tuple[Proposal, Any]:
+    """Drafts for every row; `u_BG` are uniforms a sampling drafter may use
+    (draft j drawn with `u_BG[:, j]`)."""
+
+  def update(self, params: Any, state: Any, feedback: DraftFeedback) -> Any:
+    """The state after the commit."""
+
+
+def is_drafter(obj: Any) -> bool:
+  """True for objects that follow the drafter protocol (not plain models)."""
+  return all(hasattr(obj, name) for name in ("propose", "update", "layout", "alloc", "start"))

@@ -1,0 +1,114 @@
+"""The classic drafter: a separate (small) language model proposes a chain.
+
+`ModelDrafter(model)` wraps any `specjax.protocol.LanguageModel` with the
+target's vocabulary. Its state is the draft's KV cache. Each iteration it
+sets the cache's length to seq_len - 1 and feeds [prev, pending] in one
+T = 2 call (so the draft sees the corrected / bonus token of the last
+iteration, and re-writes `prev`, which it may not hold yet), then γ - 1
+single-token calls in a `lax.scan`, drawing draft j from its processed
+distribution with the uniform u_BG[:, j]. Rolling back is setting lengths:
+rejected drafts' slots are overwritten later. This is what
+`speculative_generate(target, tp, draft_model, dp, ...)` has always done;
+the self-speculative drafters (`LayerSkip`, `WindowedKV`) are model
+drafters over models that share the target's weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, chain_layout
+from specjax.protocol import check_model
+from specjax.sampling import SamplingConfig, process_logits, sample_from_uniform
+
+__all__ = ["ModelDrafter", "draw"]
+
+
+def draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """One token per row: the argmax for greedy (the one-hot's only token; no
+  random numbers are then computed at all), else an inverse-CDF draw."""
+  if sampling.is_greedy:
+    return jnp.argmax(probs_BV, axis=-1).astype(jnp.int32)
+  return sample_from_uniform(u_B, probs_BV)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter:
+  """A separate draft model (see the module doc).
+
+  Attributes:
+    model: the draft, a `LanguageModel` with the target's vocabulary.
+    shares_target_params: the model runs on the target's parameters (a
+      self-speculative draft); `speculative_generate` then passes them.
+  """
+
+  model: Any
+  shares_target_params: bool = False
+
+  deterministic = False
+
+  @property
+  def uses_target_params(self) -> bool:
+    return self.shares_target_params
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def check(self, target: Any, gamma: int) -> None:
+    check_model(self.model, "draft")
+    if self.model.vocab_size != target.vocab_size:
+      raise ValueError(
+          f"draft vocab_size ({self.model.vocab_size}) must equal target vocab_size "
+          f"({target.vocab_size}): both must share one tokenizer")
+
+  def layout(self, gamma: int) -> CallLayout:
+    return chain_layout(gamma)
+
+  def required_slots(self, prompt_len: int, max_new_tokens: int, gamma: int) -> int:
+    """Slots the draft's cache needs (the target's count)."""
+    return self.model.prefill_positions(prompt_len) + max_new_tokens + gamma - 1
+
+  def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> Any:
+    return self.model.init_cache(batch_size, cache_len, prompt_len)
+
+  def start(self, params, state, prompts_BP, lengths_B, first_B, target_cache) -> Any:
+    del first_B, target_cache
+    _, _, state = self.model.prefill(params, prompts_BP, lengths_B, state)
+    return state
+
+  def propose(self, params, state, inp: DraftInput, u_BG: jax.Array, sampling: SamplingConfig,
+              gamma: int) -> Tuple[Proposal, Any]:
+    cache = state.replace(lengths=inp.seq_len - 1)
+    logits_B2V, cache = self.model.extend(params, jnp.stack([inp.prev, inp.pending], axis=1),
+                                          cache)
+    p1_BV = process_logits(logits_B2V[:, 1], sampling)
+    d1_B = draw(u_BG[:, 0], p1_BV, sampling)
+
+    def one_step(carry, u_B):
+      tok_B, c = carry
+      logits_B1V, c = self.model.extend(params, tok_B[:, None], c)
+      p_BV = process_logits(logits_B1V[:, 0], sampling)
+      d_B = draw(u_B, p_BV, sampling)
+      return (d_B, c), (d_B, p_BV)
+
+    (_, cache), (ds_GB, ps_GBV) = jax.lax.scan(
+        one_step, (d1_B, cache), jnp.swapaxes(u_BG[:, 1:gamma], 0, 1))
+    drafts_BG = jnp.concatenate([d1_B[:, None], jnp.swapaxes(ds_GB, 0, 1)], axis=1)
+    probs_BGV = jnp.concatenate([p1_BV[:, None], jnp.swapaxes(ps_GBV, 0, 1)], axis=1)
+    b = drafts_BG.shape[0]
+    proposal = Proposal(tokens_BT=jnp.concatenate([inp.pending[:, None], drafts_BG], axis=1),
+                        valid_BKN=jnp.ones((b, 1, gamma), bool), probs_BGV=probs_BGV)
+    return proposal, cache
+
+  def update(self, params, state, feedback: DraftFeedback) -> Any:
+    del params, feedback  # The next proposal rolls the cache back by its length.
+    return state
+
+  def calls_per_iteration(self, gamma: int) -> int:
+    """Draft forward passes per iteration (for the statistics)."""
+    return gamma
