@@ -8,7 +8,7 @@ For each batch size, draft (a ~46x smaller random draft, and the target
 itself = "self", every token accepted) and gamma it measures, side by side in
 one process:
 
-* component times, in-graph (`specjax.benchmarking.step_times`): target step
+* component times, in-graph (`specjax.bench.timing.step_times`): target step
   (T=1), target verify (T=gamma+1), draft step (T=1) and the draft's first
   step of an iteration (T=2);
 * wall time of `generate` and `speculative_generate` (greedy, no EOS, same
@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 import specjax  # noqa: E402
-from specjax.benchmarking import count_params, step_times, time_call  # noqa: E402
+from specjax.bench.timing import count_params, step_times, time_call  # noqa: E402
 from specjax.models.decoder import DecoderLM, decoder_config  # noqa: E402
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags, logging  # noqa: E402
 
-from specjax import peers_suite  # noqa: E402
+from specjax.bench import peers_suite  # noqa: E402
 from specjax.checkpoints.hf_common import write_json  # noqa: E402
 from specjax.experiments.common import atomic_write_text  # noqa: E402
 

@@ -55,7 +55,7 @@ from absl import app, flags, logging  # noqa: E402
 
 import specjax  # noqa: E402
 from specjax.atomic_io import atomic_write_text  # noqa: E402
-from specjax.benchmarking import step_times_side_by_side, time_call  # noqa: E402
+from specjax.bench.timing import step_times_side_by_side, time_call  # noqa: E402
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config  # noqa: E402
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),

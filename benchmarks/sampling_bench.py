@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from specjax.atomic_io import atomic_write_text  # noqa: E402
-from specjax.benchmarking import now  # noqa: E402
+from specjax.bench.timing import now  # noqa: E402
 from specjax.sampling import SamplingConfig, process_logits, sample_tokens  # noqa: E402
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),

@@ -6,7 +6,7 @@
                                                             # this script at another commit
 
 Speculative decoding pays when verifying γ+1 tokens costs about one decode
-step. This measures, in-graph (`specjax.benchmarking.StepTimer`: a jitted
+step. This measures, in-graph (`specjax.bench.timing.StepTimer`: a jitted
 `lax.fori_loop` of `extend` calls timed at 0 and N iterations, prefill and
 dispatch cancelled, every logit consumed), the cost of a call on T = 1, 2,
 4, 6, 8, 16, 32, 64 tokens relative to T = 1, at batch 1 and 8 and cache
@@ -58,7 +58,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from specjax.atomic_io import atomic_write_text  # noqa: E402
-from specjax.benchmarking import StepTimer, floor_step_seconds, now  # noqa: E402
+from specjax.bench.timing import StepTimer, floor_step_seconds, now  # noqa: E402
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config  # noqa: E402
 from specjax.models.t5 import T5  # noqa: E402
 from specjax.models.t5_config import T5Config  # noqa: E402
@@ -74,6 +74,17 @@ _LABEL = flags.DEFINE_string("label", "", "A name for this run (e.g. the commit)
 _PROFILE = flags.DEFINE_bool("profile", True, "Add the per-op profile section.")
 _PRODUCTS = flags.DEFINE_bool("products", True, "Add the projection-products section.")
 _CELLS = flags.DEFINE_bool("cells", True, "Measure the T x batch x cache cells.")
+_BATCHES = flags.DEFINE_list("batches", [str(b) for b in (1, 8)], "Batch sizes of the cells.")
+_CACHES = flags.DEFINE_list("caches", [str(s) for s in (128, 512, 2048)], "Cache slots.")
+_TOKENS = flags.DEFINE_list("tokens", [str(t) for t in (1, 2, 4, 6, 8, 16, 32, 64)],
+                            "Tokens per call (1 first).")
+_AB = flags.DEFINE_string("ab", "", "Another checkout of specjax (e.g. a git worktree of an "
+                          "earlier commit): the cells are measured alternately in both, "
+                          "--ab_rounds times each, in fresh processes, and reported side by "
+                          "side (medians over rounds): before = that checkout, after = this.")
+_AB_ROUNDS = flags.DEFINE_integer("ab_rounds", 3, "Alternations for --ab.")
+_CELLS_JSON = flags.DEFINE_string("cells_json", "", "Internal (--ab): measure the cells only "
+                                  "and write them to this file.")
 
 TOKENS = (1, 2, 4, 6, 8, 16, 32, 64)
 BATCHES = (1, 8)
@@ -105,7 +116,9 @@ def build(name: str, quick: bool):
 
 def measure_cells(name: str, quick: bool, repeats: int) -> list:
   model, params, prompt_of = build(name, quick)
-  batches, caches, tokens = ((1,), (128,), (1, 2, 8)) if quick else (BATCHES, CACHES, TOKENS)
+  batches, caches, tokens = ((1,), (128,), (1, 2, 8)) if quick else (
+      tuple(int(b) for b in _BATCHES.value), tuple(int(c) for c in _CACHES.value),
+      tuple(int(t) for t in _TOKENS.value))
   rows = []
   for b in batches:
     for s in caches:
@@ -374,15 +387,57 @@ def render(results: dict) -> str:
         ratio = f"{vals[-1] / vals[0]:.2f}×" if vals[0] > 0 else "—"
         lines.append(f"| {c} | " + " | ".join(f"{v:.0f} ({s:.0%})" for v, s in zip(vals, shares))
                      + f" | {ratio} |")
-      lines.append(f"| **total** | " + " | ".join(f"{prof[t]['total_us']:.0f}" for t in ts)
+      lines.append("| **total** | " + " | ".join(f"{prof[t]['total_us']:.0f}" for t in ts)
                    + f" | {prof[ts[-1]]['total_us'] / prof[ts[0]]['total_us']:.2f}× |")
       lines.append("")
   return "\n".join(lines) + "\n"
 
 
+def _ab_cells(models: list, repeats: int) -> dict:
+  """The cells measured alternately in the other checkout (before) and this
+  one (after), each round a fresh process per side; per cell and T the
+  median over rounds of each side's ratio and T = 1 time."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  sides = {"before": os.path.abspath(_AB.value), "after": here}
+  runs = {side: [] for side in sides}
+  flags_ = [f"--models={','.join(models)}", f"--repeats={repeats}",
+            f"--batches={','.join(_BATCHES.value)}", f"--caches={','.join(_CACHES.value)}",
+            f"--tokens={','.join(_TOKENS.value)}"]
+  for r in range(_AB_ROUNDS.value):
+    for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
+      out = os.path.join(tempfile.mkdtemp(prefix="verify_ab_"), "cells.json")
+      env = dict(os.environ, PYTHONPATH=sides[side])
+      # Each side's own copy of this script, so it imports its own specjax.
+      script = os.path.join(sides[side], "benchmarks", "verify_cost.py")
+      subprocess.run([sys.executable, script, f"--cells_json={out}"] + flags_, cwd=sides[side],
+                     env=env, check=True)
+      with open(out, encoding="utf-8") as f:
+        runs[side].append(json.load(f))
+      logging.info("ab round %d: %s done", r, side)
+  merged = {}
+  for side, rounds in runs.items():
+    cells = []
+    for i, cell in enumerate(rounds[0]):
+      per_round = [rd[i] for rd in rounds]
+      med = lambda key, t: float(np.median([c[key][t] for c in per_round]))
+      cells.append({**cell, "t1_ms": float(np.median([c["t1_ms"] for c in per_round])),
+                    "ms": {t: med("ms", t) for t in cell["ms"]},
+                    "ratio": {t: med("ratio", t) for t in cell["ratio"]},
+                    "rounds": len(per_round)})
+    merged[side] = cells
+  return merged
+
+
 def main(argv):
   del argv
   quick = _QUICK.value
+  if _CELLS_JSON.value:
+    cells = []
+    for name in _MODELS.value:
+      cells += measure_cells(name, quick, 2 if quick else _REPEATS.value)
+    atomic_write_text(_CELLS_JSON.value, json.dumps(cells))
+    return
   repeats = 2 if quick else _REPEATS.value
   meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores ({_cpu_name()})",
           "jax": jax.__version__, "repeats": repeats, "label": _LABEL.value, "quick": quick,
@@ -392,8 +447,16 @@ def main(argv):
   if _BEFORE.value:
     with open(_BEFORE.value, encoding="utf-8") as f:
       results["before"] = {k: v for k, v in json.load(f).items() if k in ("meta", "cells")}
-  for name in models if _CELLS.value else ():
-    results["cells"] += measure_cells(name, quick, repeats)
+  if _AB.value:
+    ab = _ab_cells(models, repeats)
+    results["cells"] = ab["after"]
+    results["before"] = {"meta": {"label": f"{_AB.value} (alternated, "
+                                           f"{_AB_ROUNDS.value} rounds each)"},
+                         "cells": ab["before"]}
+    meta["ab_rounds"] = _AB_ROUNDS.value
+  else:
+    for name in models if _CELLS.value else ():
+      results["cells"] += measure_cells(name, quick, repeats)
   if _PRODUCTS.value:
     for name in models:
       results["products"].append(measure_products(name, quick, repeats))

@@ -26,7 +26,7 @@ from specjax.models.ngram import BigramLM, UnigramLM
 from specjax.models.t5 import T5, T5_CONFIGS, T5Config, t5_config
 from specjax.protocol import LanguageModel
 from specjax.sampling import GREEDY, SamplingConfig, process_logits
-from specjax.tuning import MatvecChoice, tune_matvec_rows
+from specjax.bench.tuning import MatvecChoice, tune_matvec_rows
 from specjax.verify import rejection_verify
 
 __version__ = "0.1.0"

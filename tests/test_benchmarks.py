@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import benchmarking_peers as bp
-from specjax import roofline
+from specjax.bench import peers as bp
+from specjax.bench import roofline
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
@@ -265,7 +265,7 @@ def test_projections_bench_smoke(tmp_path):
 def test_step_times_side_by_side_takes_params_per_model():
   """Per-name params (the same weights in two layouts) time both; a wrong
   tree for a model would fail inside its loop."""
-  from specjax.benchmarking import step_times_side_by_side
+  from specjax.bench.timing import step_times_side_by_side
   from specjax.models.decoder import DecoderLM, decoder_config
   lm = DecoderLM(decoder_config("tiny"))
   params = lm.init(jax.random.PRNGKey(0))
@@ -275,7 +275,7 @@ def test_step_times_side_by_side_takes_params_per_model():
 
 
 class FakeClock:
-  """The clock `specjax.benchmarking.use_clock` injects: time moves only when
+  """The clock `specjax.bench.timing.use_clock` injects: time moves only when
   the code under test advances it, never with the machine's load."""
 
   def __init__(self):
@@ -321,7 +321,7 @@ def test_step_times_exclude_the_prefill():
   unused is dead code to XLA: subtracting it left prefill / steps inside
   every step time.) On a rigged clock — prefill 1000 s, a call 1 ms — the
   answer is exactly 1 ms per call, however busy the machine."""
-  from specjax.benchmarking import step_times, use_clock
+  from specjax.bench.timing import step_times, use_clock
   lm = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=1))
   params = lm.init(jax.random.PRNGKey(0))
   clock = FakeClock()
@@ -342,13 +342,13 @@ def test_step_times_exclude_the_prefill():
 
 
 def test_step_times_side_by_side_rejects_no_models():
-  from specjax.benchmarking import step_times_side_by_side
+  from specjax.bench.timing import step_times_side_by_side
   with pytest.raises(ValueError, match="models"):
     step_times_side_by_side({}, {}, 1, 16, 4, 1)
 
 
 def test_step_timer_measures_in_rounds():
-  from specjax.benchmarking import StepTimer
+  from specjax.bench.timing import StepTimer
   lm = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=1))
   params = lm.init(jax.random.PRNGKey(0))
   timer = StepTimer(lm, params, 1, 16, 4, [1, 3], steps=4)
@@ -405,7 +405,7 @@ def test_paired_loop_overhead_on_a_rigged_clock(monkeypatch):
   costs exactly its components reads 0 overhead; 250 ms added to the
   speculative loop (outside its model calls) reads as exactly that, in the
   logic's part."""
-  from specjax.benchmarking import use_clock
+  from specjax.bench.timing import use_clock
   clock = FakeClock()
   ar_pred, sp_pred = 10e-3 + 7 * 2e-3, 10e-3 + 1e-3 + 4 * (0.6e-3 + 0.5e-3 + 3e-3)
   with use_clock(clock):
@@ -510,7 +510,7 @@ def test_model_call_loop_follows_greedy_decoding(make_pair):
   draft's own greedy continuation of the first K tokens — an off-by-one in
   a length, a wrong draft feed or a stale cache would change the tokens."""
   import specjax
-  from specjax.benchmarking_calls import model_call_loop
+  from specjax.bench.calls import model_call_loop
   target, tp, draft, dp = make_pair()
   rng = np.random.default_rng(5)
   plen, n_new = 7, 10
@@ -553,7 +553,7 @@ def test_measured_alpha_is_the_argmax_agreement(make_pair):
   import types
 
   import specjax
-  from specjax import peers_suite
+  from specjax.bench import peers_suite
   target, tp, draft, dp = make_pair()
   rng = np.random.default_rng(1)
   plen, n_new = 6, 12
@@ -584,7 +584,7 @@ def _goal_results(alpha, measured):
 
 
 def test_batch_goal_gates_on_e_beta_and_projects_the_components():
-  from specjax import peers_suite
+  from specjax.bench import peers_suite
 
   def goal(alpha, measured):
     out = [g for g in peers_suite.goals(_goal_results(alpha, measured))
@@ -610,7 +610,7 @@ def test_batch_goal_gates_on_e_beta_and_projects_the_components():
 
 
 def test_floor_step_seconds():
-  from specjax.benchmarking import floor_step_seconds
+  from specjax.bench.timing import floor_step_seconds
   assert floor_step_seconds([3e-3, 1e-3, 2e-3]) == pytest.approx(2e-3)
   assert floor_step_seconds([-1e-4, 1e-9, -2e-5]) == 1e-7  # noise never reads as <= 0
   with pytest.raises(ValueError, match="seconds"):
@@ -618,7 +618,7 @@ def test_floor_step_seconds():
 
 
 def test_model_parallel_mesh_choices():
-  from specjax import peers_suite
+  from specjax.bench import peers_suite
   cfg = lambda k: peers_suite.SuiteConfig(model_parallel=k)
   assert peers_suite.model_parallel_mesh(cfg(1)) == (None, "")  # the default: off
   mesh, note = peers_suite.model_parallel_mesh(cfg(2))
@@ -631,3 +631,40 @@ def test_model_parallel_mesh_choices():
   with pytest.raises(ValueError, match="model_parallel must be an int >= 0.*-1"):
     peers_suite.model_parallel_mesh(cfg(-1))
 
+
+
+def test_drafters_bench_smoke(tmp_path):
+  """Every drafter family on tiny random models: the report's tables, goals
+  and greedy agreement (no timing is asserted)."""
+  _run(["benchmarks/drafters_bench.py", "--smoke", f"--out_dir={tmp_path}"])
+  results = json.loads((tmp_path / "drafters_smoke.json").read_text())
+  md = (tmp_path / "drafters_smoke.md").read_text()
+  names = {"autoregressive", "classic draft", "prompt lookup", "layer skip", "windowed KV",
+           "lookahead"}
+  for cells in results["tasks"].values():
+    assert {(c["temperature"], c["batch"]) for c in cells} == {(0.0, 2), (1.0, 2)}
+    for c in cells:
+      assert {r["drafter"] for r in c["rows"]} == names
+      for r in c["rows"]:
+        assert r["tokens_per_call"] >= 1.0 and np.isfinite(r["speedup"])
+        if c["temperature"] == 0 and r["drafter"] != "autoregressive":
+          assert r["identical"] is True, (r["drafter"], c["batch"])
+  goals = {g["goal"]: g["status"] for g in results["goals"]}
+  assert goals["one compilation per (drafter, γ, bucket): no trace while timing"] == "PASS"
+  assert goals["every drafter exact: greedy output identical to AR"] == "PASS"
+  assert "## Goals" in md and "Spec-Bench" in md and "| lookahead |" in md
+
+
+def test_verify_cost_quick(tmp_path):
+  _run(["benchmarks/verify_cost.py", "--quick", f"--out_dir={tmp_path}"])
+  results = json.loads((tmp_path / "verify_cost.json").read_text())
+  assert {c["model"] for c in results["cells"]} == {"chen", "t5"}
+  for c in results["cells"]:
+    assert c["ratio"]["1"] == 1.0 and all(v > 0 for v in c["ms"].values())
+  assert {(p["model"], p["tokens"]) for p in results["profile"]} == {
+      ("chen", 1), ("chen", 5), ("t5", 1), ("t5", 6)}
+  for p in results["profile"]:
+    assert p["total_us"] > 0 and "projections (q/k/v/o, MLP)" in p["us_per_call"]
+  assert {p["model"] for p in results["products"]} == {"chen", "t5"}
+  md = (tmp_path / "verify_cost.md").read_text()
+  assert "## Where a call's time goes" in md and "## The matrix products alone" in md

@@ -40,7 +40,7 @@ from absl import logging
 
 import specjax
 from specjax.analysis import measure_beta, position_distributions
-from specjax.benchmarking import count_params, prefill_seconds, step_times
+from specjax.bench.timing import count_params, prefill_seconds, step_times
 from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
@@ -458,9 +458,12 @@ def run(cfg) -> dict:
   stages.note("timing/data_and_vocab", time.time() - t0)
   tok = SentencePieceTokenizer(spm_path)
   target, draft = train_models(cfg, tok, workdir, stages)
-  fingerprints = {"target": params_digest(target[1]), DRAFT: params_digest(draft[1])}
-  # Decode from the packed layout (same weights, faster steps on CPU).
-  target, draft = ((m, m.pack_params(p)) for m, p in (target, draft))
+  # What the measurements read: the weights, and the layout they are decoded from.
+  layout = "|packed" if cfg.eval.packed_layout else ""
+  fingerprints = {"target": params_digest(target[1]) + layout,
+                  DRAFT: params_digest(draft[1]) + layout}
+  if cfg.eval.packed_layout:  # The same weights, in DecoderLM.pack_params's decode layout.
+    target, draft = ((m, m.pack_params(p)) for m, p in (target, draft))
   results = measure(cfg, tok, target, draft, stages, fingerprints)
   results["models"] = model_info(cfg, target, draft, workdir)
   results["vocab"] = {"path": spm_path, "size": tok.vocab_size}

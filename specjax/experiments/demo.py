@@ -8,7 +8,7 @@ import numpy as np
 from absl import logging
 
 import specjax
-from specjax.benchmarking import count_params, time_call
+from specjax.bench.timing import count_params, time_call
 from specjax.models.decoder import DecoderLM, decoder_config
 
 

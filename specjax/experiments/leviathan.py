@@ -32,7 +32,7 @@ from absl import logging
 import specjax
 from specjax import theory
 from specjax.analysis import measure_beta, position_distributions
-from specjax.benchmarking import count_params, prefill_seconds, step_times
+from specjax.bench.timing import count_params, prefill_seconds, step_times
 from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task, train_sentencepiece
 from specjax.experiments import report

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax.benchmarking import now
+from specjax.bench.timing import now
 from specjax.experiments.common import Progress
 from specjax.experiments.stages import Stages, array_digest
 

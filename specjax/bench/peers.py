@@ -18,11 +18,11 @@ in one process, on the same prompts:
   arrive at its timestamp, so the first has the iteration's gap and the
   others a gap of 0 — what a client reading the stream sees;
 * `loop_prediction`: autoregressive / speculative wall time predicted from
-  the in-graph component times (`benchmarking.step_times`) and the measured
+  the in-graph component times (`bench.timing.step_times`) and the measured
   iterations; measured vs predicted is the loop's overhead;
   `paired_loop_overhead` measures it in rounds, loops and components
   moments apart;
-* `memory_job` (run as `python -m specjax.benchmarking_peers --memory_job
+* `memory_job` (run as `python -m specjax.bench.peers --memory_job
   JSON`) / `measure_memory`: one system in a fresh process: peak RSS during a
   steady generation call (the kernel's high-water mark reset through
   /proc/self/clear_refs after a warm-up call and a `malloc_trim`) and peak RSS
@@ -53,8 +53,8 @@ import numpy as np
 
 import specjax
 from specjax import sharding
-from specjax.benchmarking import StepTimer, floor_step_seconds, now, time_call
-from specjax.benchmarking_calls import model_call_loop
+from specjax.bench.timing import StepTimer, floor_step_seconds, now, time_call
+from specjax.bench.calls import model_call_loop
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.t5 import T5
@@ -637,7 +637,7 @@ def overhead_fields(pred: Dict[str, float], ar_s: float, sp_s: float) -> Dict[st
 def call_loop_fields(pred: Dict[str, float], ar_s: float, sp_s: float, ar_calls_s: float,
                      sp_calls_s: float) -> Dict[str, float]:
   """Splits the loop overhead of `overhead_fields` in two with the wall times
-  of the model-call loops (`benchmarking_calls.model_call_loop`, same
+  of the model-call loops (`bench.calls.model_call_loop`, same
   requests and iterations): `logic_overhead` = model-call speedup / measured
   speedup − 1 (what verify, commit, stopping, statistics and the API's host
   work cost the speedup) and `composition_overhead` = predicted speedup /
@@ -696,7 +696,7 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
   size gets about the same measured time, whatever its loops cost.
 
   With `model_calls`, each round also times the two loops' model calls alone
-  (`benchmarking_calls.model_call_loop`: same requests, the round's
+  (`bench.calls.model_call_loop`: same requests, the round's
   iteration counts) and splits the overhead into the decoding logic's and
   the composition's part (`call_loop_fields`). The request groups are
   consecutive row blocks of the runners' batch (`groups`)."""
@@ -882,7 +882,7 @@ def measure_memory(job: Dict[str, Any], timeout_s: float = 600) -> Dict[str, Any
   env = dict(os.environ)
   env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
   env.setdefault("JAX_PLATFORMS", "cpu")
-  cmd = [sys.executable, "-m", "specjax.benchmarking_peers", "--memory_job", json.dumps(job)]
+  cmd = [sys.executable, "-m", "specjax.bench.peers", "--memory_job", json.dumps(job)]
   try:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
   except subprocess.TimeoutExpired:
@@ -957,4 +957,4 @@ if __name__ == "__main__":
   if len(sys.argv) == 3 and sys.argv[1] == "--memory_job":
     print(json.dumps(memory_job(json.loads(sys.argv[2]))))
   else:
-    sys.exit("usage: python -m specjax.benchmarking_peers --memory_job JSON")
+    sys.exit("usage: python -m specjax.bench.peers --memory_job JSON")

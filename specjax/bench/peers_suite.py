@@ -3,7 +3,7 @@ every pair, derives ratios, checks the goals, writes the markdown.
 
 `run_suite(SuiteConfig(...))` returns one JSON-able dict; `to_markdown` turns
 it into the report; `goals` computes the pass/fail lines. Measurement
-pieces live in `specjax.benchmarking_peers`.
+pieces live in `specjax.bench.peers`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax import benchmarking_peers as bp
+from specjax.bench import peers as bp
 from specjax import sharding, theory
 from specjax.analysis import measure_beta
-from specjax.benchmarking import count_params, now, step_times
+from specjax.bench.timing import count_params, now, step_times
 from specjax.sampling import SamplingConfig
 
 __all__ = ["SuiteConfig", "run_suite", "run_pair", "goals", "to_markdown", "QUICK", "SMOKE"]
@@ -948,7 +948,7 @@ def to_markdown(results: Dict[str, Any]) -> str:
                 "median of the rounds' overheads; the predicted, measured and AR / SP ovh "
                 "columns are medians of their own, so their ratio need not equal it. "
                 "Each round also times both loops' model calls alone "
-                "(`specjax.benchmarking_calls.model_call_loop`: the same calls in the same "
+                "(`specjax.bench.calls.model_call_loop`: the same calls in the same "
                 "order for the same requests and iteration counts, without verify, commit, "
                 "stopping, statistics or the API's host work), which splits the overhead: "
                 "logic = model-call speedup / measured − 1 (the decoding logic), composition = "

@@ -1,7 +1,7 @@
 """The fused decode loops' forward passes alone: a baseline for loop overhead.
 
 A fused loop's wall time can exceed the sum of its component times (each
-`model.extend` timed in its own loop, `specjax.benchmarking.step_times`) for
+`model.extend` timed in its own loop, `specjax.bench.timing.step_times`) for
 two different reasons: the loop's decoding logic (verify, commit, stopping,
 statistics, PRNG, the API's host work) and the composition of the components
 into one loop (a draft call that runs right after a target call finds colder

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.benchmarking import now, time_call
+from specjax.bench.timing import now, time_call
 from specjax.models.decoder import DecoderLM
 from specjax.models.t5 import T5
 
@@ -179,10 +179,10 @@ def measure_model(family: str, name: str, role: str, model, *, batch: int, promp
                   cache_len: int, token_counts, bandwidth: float, steps: int, repeats: int,
                   seed: int = 0, packed: bool = True, log=print):
   """Step latency of `model` at every T in `token_counts` (in-graph,
-  `benchmarking.step_times`) next to its roofline; random weights made on
+  `bench.timing.step_times`) next to its roofline; random weights made on
   the device and freed afterwards. `packed`: a decoder's params in the
   packed decode layout (`DecoderLM.pack_params`; the same bytes)."""
-  from specjax.benchmarking import step_times
+  from specjax.bench.timing import step_times
   shapes = param_shapes(model)
   t0 = now()
   params = jax.block_until_ready(random_params(model, jax.random.PRNGKey(seed), shapes))
