@@ -1,13 +1,14 @@
-"""Demo: autoregressive vs speculative decoding of a decoder-only pair.
+"""Demo: autoregressive vs speculative decoding, prompt lookup and a draft model.
 
 Run:
   python experiments/demo.py --config=configs/demo.py
   python experiments/demo.py --config=configs/demo.py:tiny   # seconds, for smoke tests
   python experiments/demo.py --config=configs/demo.py --config.gamma=7 --config.batch_size=8
 
-The pair has random weights (a trained pair comes with the reproductions), so
-the draft rarely agrees with the target: the interesting numbers are the loop
-costs. `draft="self"` drafts with the target itself (every token accepted).
+The target has random weights (a trained pair comes with the reproductions).
+The prompts repeat a random block, so prompt lookup gets drafts accepted;
+the random draft model rarely agrees with the target. `draft="self"` drafts
+with the target itself (every token accepted).
 """
 
 import ml_collections
@@ -27,6 +28,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.top_p = 1.0
   c.seed = 0
   c.repeats = 3
+  c.drafters = "prompt_lookup,model"   # any of: prompt_lookup, model
+  c.lookup_gamma = 8
+  c.lookup_max_ngram = 3
   if arg == "tiny":
     c.target = "tiny"
     c.draft = "tiny"

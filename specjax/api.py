@@ -211,8 +211,15 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape
   call_len = drafter.layout(gamma).length
-  target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens,
-                              call_len - 1, cache_len)
+  try:
+    target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens,
+                                call_len - 1, cache_len)
+  except ValueError as e:
+    if call_len == gamma + 1:
+      raise
+    raise ValueError(f"{e} (the drafter's target call holds {call_len} tokens: "
+                     f"{type(drafter).__name__} needs {call_len - 1} slots past the pending "
+                     "token, not gamma)") from None
   if isinstance(drafter, ModelDrafter) and not drafter.shares_target_params:
     draft_cache = _check_cache("draft_cache", drafter.model, draft_cache, b, p, max_new_tokens,
                                gamma, cache_len)

@@ -49,8 +49,9 @@ from flax import struct
 from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, is_drafter
 from specjax.drafters.model import ModelDrafter, draw
 from specjax.sampling import SamplingConfig, process_logits, row_uniforms
+from specjax.tree import TokenTree
 from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_verify,
-                            rejection_verify)
+                            rejection_verify, tree_verify)
 
 __all__ = [
     "DecodeStats", "GenerationOutput", "DecodeState", "AutoregressiveDecoder",
@@ -272,8 +273,10 @@ class SpeculativeDecoder:
   eos_id: Optional[int] = None
   pad_id: int = 0
   verify_fn: Callable = rejection_verify
-  # The rule for deterministic drafts and candidate sets (a test plants a broken one).
+  # The rules for deterministic drafts / candidate sets and for token trees
+  # (a test plants a broken one).
   candidates_fn: Callable = candidates_verify
+  tree_fn: Callable = tree_verify
 
   @property
   def drafter(self):
@@ -301,6 +304,22 @@ class SpeculativeDecoder:
     return self.verify_fn
 
   def _verify_call(self, key_B, proposal: Proposal, q_BTV):
+    """(slots_BN, accepted_B, next_B, chain_B): the call positions of the
+    accepted tokens (the first accepted_B of each row), the token after them
+    and the chain they came from (0 for trees)."""
+    lay = self.layout
+    chains = jnp.asarray(np.asarray(lay.chains_KN), jnp.int32)
+    if lay.is_tree:
+      tree = TokenTree(tuple(int(p) for p in np.asarray(lay.parents_T)))
+      path_BD, n_B, next_B = self.tree_fn(
+          key_B, proposal.tokens_BT, proposal.node_valid_BT, q_BTV,
+          jnp.asarray(tree.children), tree.depth, proposal.node_probs_BTV,
+          greedy=self.sampling.is_greedy)
+      return path_BD, n_B, next_B, jnp.zeros_like(n_B)
+    chain_B, n_B, next_B = self._verify_chains(key_B, proposal, q_BTV)
+    return chains[chain_B], n_B, next_B, chain_B
+
+  def _verify_chains(self, key_B, proposal: Proposal, q_BTV):
     """(chain_B, accepted_B, next_B) for one target call's distributions."""
     lay = self.layout
     chains = np.asarray(lay.chains_KN)
@@ -328,7 +347,9 @@ class SpeculativeDecoder:
     active_B = ~state.done
     # Per row and iteration: one key for the drafter's uniforms, one for the verifier.
     keys_B2 = jax.vmap(lambda k: jax.random.split(k, 2))(_fold_keys(state.keys, state.step + 1))
-    u_BG = row_uniforms(keys_B2[:, 0], n) if not drafter.deterministic else None
+    # A chain drafter draws token j with u[:, j]; a tree drafter one per node.
+    u_BG = (None if drafter.deterministic else
+            row_uniforms(keys_B2[:, 0], lay.length if lay.is_tree else n))
     inp = DraftInput(seq_len=state.seq_len, pending=state.pending, prev=state.prev,
                      done=state.done, step=state.step)
     proposal, draft_state = drafter.propose(draft_params, state.draft_cache, inp, u_BG,
@@ -342,9 +363,7 @@ class SpeculativeDecoder:
     logits_BTV, target_cache = self.target.extend(target_params, proposal.tokens_BT,
                                                   target_cache, **kw)
     q_BTV = process_logits(logits_BTV, self.sampling)
-    chain_B, n_B, next_B = self._verify_call(keys_B2[:, 1], proposal, q_BTV)
-    chains = jnp.asarray(np.asarray(lay.chains_KN), jnp.int32)
-    slots_BN = chains[chain_B]                                   # call positions of the chain
+    slots_BN, n_B, next_B, chain_B = self._verify_call(keys_B2[:, 1], proposal, q_BTV)
     chain_tokens_BN = jnp.take_along_axis(proposal.tokens_BT, slots_BN, axis=1)
     j_N1 = jnp.arange(n + 1)[None]
     new_BN1 = jnp.where(j_N1 < n_B[:, None], jnp.pad(chain_tokens_BN, ((0, 0), (0, 1))),
@@ -363,7 +382,12 @@ class SpeculativeDecoder:
         accepted_B=n_B)
     draft_state = drafter.update(draft_params, draft_state, feedback)
     a = active_B.astype(jnp.int32)
-    drafted_B = jnp.max(jnp.sum(proposal.valid_BKN, axis=2), axis=1).astype(jnp.int32)
+    if lay.is_tree:  # the deepest valid node
+      depths = jnp.asarray(np.asarray(lay.offsets_T), jnp.int32)
+      drafted_B = jnp.max(jnp.where(proposal.node_valid_BT, depths[None], 0), axis=1)
+    else:
+      drafted_B = jnp.max(jnp.sum(proposal.valid_BKN, axis=2), axis=1)
+    drafted_B = drafted_B.astype(jnp.int32)
     calls = getattr(drafter, "calls_per_iteration", lambda g: 0)(self.gamma)
     s = state.stats
     stats = s.replace(

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 from specjax.sampling import row_uniforms, sample_from_uniform
 
 __all__ = ["rejection_verify", "greedy_verify", "gather_probs", "candidates_verify",
-           "greedy_candidates_verify"]
+           "greedy_candidates_verify", "tree_verify"]
 
 
 def gather_probs(probs_BXV: jax.Array, tokens_BX: jax.Array) -> jax.Array:
@@ -188,3 +188,89 @@ def greedy_candidates_verify(cands_BKN: jax.Array, valid_BKN: jax.Array,
                               axis=1)
   next_B = jnp.take_along_axis(after_BN1, accepted_B[:, None], axis=1)[:, 0]
   return chain_B, accepted_B, next_B
+
+
+def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
+                q_BNV: jax.Array, children_NC: jax.Array, depth: int,
+                p_BNV: Optional[jax.Array] = None, greedy: bool = False
+                ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """Exact verification of a token tree (recursive rejection sampling).
+
+  Args:
+    keys_B: one PRNG key per row (unused when `greedy`).
+    tokens_BN: int32 node tokens; node 0 is the root (the pending token).
+    valid_BN: bool, which nodes a row proposes (an invalid node's subtree
+      is never reached).
+    q_BNV: the target's processed distribution after each node's path.
+    children_NC: int32 static table: node n's children in the order they
+      are tried, padded with -1 (`TokenTree.children`).
+    depth: the tree's depth D (edges on the longest root path).
+    p_BNV: the distribution each node's token was drawn from *given the
+      siblings tried before it* (i.i.d. children: the draft's distribution
+      at the parent; children drawn without replacement: that distribution
+      renormalised over the not-yet-drawn tokens); None: deterministic
+      children (top-k, n-gram), a one-hot proposal each.
+    greedy: the target's distributions are one-hot (temperature 0): the
+      same decisions without random numbers.
+
+  At the current node with residual r (first: q at the node), the children
+  are tried in order: child x is accepted with probability
+  min(1, r(x) / p_x(x)); on rejection r ← norm(max(r − p_x, 0)) (one-hot
+  p: r with x removed, renormalised). An accepted child becomes the current
+  node (r ← q there); when every child is rejected the next token is drawn
+  from r, and after an accepted leaf from q at it. Each step is the
+  single-draft lemma applied to the residual, so every emitted token has
+  the target's distribution.
+
+  Returns `(path_BD, accepted_B, next_B)`: the accepted nodes in root-to-leaf
+  order (`path_BD[b, :accepted_B[b]]`; 0 past them), how many, and the
+  token that follows.
+  """
+  b, n = tokens_BN.shape
+  c = children_NC.shape[1]
+  if greedy:
+    u_BX = jnp.full((b, depth * c + 1), 0.5, jnp.float32)
+  else:
+    u_BX = row_uniforms(keys_B, depth * c + 1)
+  r_BV = q_BNV[:, 0].astype(jnp.float32)
+  cur_B = jnp.zeros((b,), jnp.int32)
+  stopped_B = jnp.zeros((b,), bool)
+  accepted_B = jnp.zeros((b,), jnp.int32)
+  path = []
+  v = r_BV.shape[1]
+  for d in range(depth):
+    hit_B = jnp.zeros((b,), bool)
+    acc_B = jnp.zeros((b,), jnp.int32)
+    for k in range(c):
+      child_B = children_NC[cur_B, k]
+      safe_B = jnp.maximum(child_B, 0)
+      trial_B = (child_B >= 0) & jnp.take_along_axis(valid_BN, safe_B[:, None], axis=1)[:, 0] \
+          & ~hit_B & ~stopped_B
+      x_B = jnp.take_along_axis(tokens_BN, safe_B[:, None], axis=1)[:, 0]
+      r_x = jnp.take_along_axis(r_BV, x_B[:, None], axis=1)[:, 0]
+      if p_BNV is None:
+        ok_B = trial_B & (u_BX[:, d * c + k] < r_x)
+        rejected_BV = jnp.where(jax.nn.one_hot(x_B, v, dtype=bool), 0.0, r_BV)
+      else:
+        p_child_BV = jnp.take_along_axis(p_BNV, safe_B[:, None, None], axis=1)[:, 0]
+        p_x = jnp.take_along_axis(p_child_BV, x_B[:, None], axis=1)[:, 0]
+        ok_B = trial_B & (u_BX[:, d * c + k] * p_x < r_x)
+        rejected_BV = jnp.maximum(r_BV - p_child_BV.astype(jnp.float32), 0.0)
+      mass_B1 = jnp.sum(rejected_BV, axis=1, keepdims=True)
+      rejected_BV = jnp.where(mass_B1 > 0, rejected_BV / jnp.where(mass_B1 > 0, mass_B1, 1.0),
+                              r_BV)
+      r_BV = jnp.where((trial_B & ~ok_B)[:, None], rejected_BV, r_BV)
+      hit_B = hit_B | ok_B
+      acc_B = jnp.where(ok_B, child_B, acc_B)
+    q_next_BV = jnp.take_along_axis(q_BNV, acc_B[:, None, None], axis=1)[:, 0]
+    r_BV = jnp.where(hit_B[:, None], q_next_BV.astype(jnp.float32), r_BV)
+    cur_B = jnp.where(hit_B, acc_B, cur_B)
+    accepted_B = accepted_B + hit_B.astype(jnp.int32)
+    path.append(jnp.where(hit_B, acc_B, 0))
+    stopped_B = stopped_B | ~hit_B
+  if greedy:
+    next_B = jnp.argmax(r_BV, axis=-1).astype(jnp.int32)
+  else:
+    next_B = sample_from_uniform(u_BX[:, depth * c], r_BV)
+  path_BD = jnp.stack(path, axis=1) if path else jnp.zeros((b, 0), jnp.int32)
+  return path_BD.astype(jnp.int32), accepted_B, next_B

@@ -58,12 +58,16 @@ class CallLayout:
       pending token's (None: 0..T-1, a plain causal block).
     mask_TT: bool numpy `[T, T]`, which new tokens each new token attends
       to (None: causal). Every token also attends to the committed cache.
+    parents_T: int numpy `[T]`: a token tree (`specjax.tree.TokenTree`):
+      the call's tokens are its nodes, verified by `tree_verify`; None:
+      the chains are verified as chains / candidates.
   """
 
   length: int
   chains_KN: Any
   offsets_T: Any = None
   mask_TT: Any = None
+  parents_T: Any = None
 
   def __post_init__(self):
     chains = np.asarray(self.chains_KN)
@@ -75,14 +79,14 @@ class CallLayout:
 
   def __hash__(self):
     arrays = tuple(None if a is None else (np.asarray(a).shape, np.asarray(a).tobytes())
-                   for a in (self.chains_KN, self.offsets_T, self.mask_TT))
+                   for a in (self.chains_KN, self.offsets_T, self.mask_TT, self.parents_T))
     return hash((self.length,) + arrays)
 
   def __eq__(self, other):
     if not isinstance(other, CallLayout) or self.length != other.length:
       return False
     for a, b in ((self.chains_KN, other.chains_KN), (self.offsets_T, other.offsets_T),
-                 (self.mask_TT, other.mask_TT)):
+                 (self.mask_TT, other.mask_TT), (self.parents_T, other.parents_T)):
       if (a is None) != (b is None) or (a is not None and not np.array_equal(a, b)):
         return False
     return True
@@ -100,9 +104,16 @@ class CallLayout:
     """One chain right after the pending token, causal, contiguous: the
     accepted drafts' keys and values are already where they belong."""
     chains = np.asarray(self.chains_KN)
-    return (chains.shape[0] == 1 and self.length == chains.shape[1] + 1
-            and np.array_equal(chains[0], np.arange(1, self.length))
-            and self.offsets_T is None and self.mask_TT is None)
+    t = self.length
+    return (chains.shape[0] == 1 and t == chains.shape[1] + 1
+            and np.array_equal(chains[0], np.arange(1, t))
+            and (self.offsets_T is None or np.array_equal(self.offsets_T, np.arange(t)))
+            and (self.mask_TT is None
+                 or np.array_equal(self.mask_TT, np.tril(np.ones((t, t), bool)))))
+
+  @property
+  def is_tree(self) -> bool:
+    return self.parents_T is not None
 
 
 def chain_layout(gamma: int) -> CallLayout:
@@ -139,11 +150,18 @@ class Proposal:
     probs_BGV: `[B, N, V]` float32 distributions the single chain (K = 1)
       was drawn from, after the same temperature / top-k / top-p as the
       target; None for deterministic drafters.
+    node_valid_BT, node_probs_BTV: for a token tree (`layout.is_tree`):
+      which nodes a row proposes (node 0, the root, always) and the
+      distribution each node's token was drawn from given the siblings
+      tried before it (None: deterministic children); `valid_BKN` is then
+      unused (it may be None).
   """
 
   tokens_BT: jax.Array
   valid_BKN: jax.Array
   probs_BGV: Optional[jax.Array] = None
+  node_valid_BT: Optional[jax.Array] = None
+  node_probs_BTV: Optional[jax.Array] = None
 
 
 @struct.dataclass

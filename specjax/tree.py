@@ -1,0 +1,158 @@
+"""Token trees: the static topology of a tree of drafted tokens.
+
+A tree of N nodes is given by its parents: node 0 is the row's pending
+token (the root, parent -1), every other node's parent comes before it
+(`parents[i] < i`: topological order), so a node is never its own
+ancestor. The topology is static (one compilation per tree); the tokens
+at the nodes, their proposal distributions and which nodes a row uses
+(a per-row valid mask: dynamic trees with fewer nodes) are per-row data.
+
+One target call runs all N nodes: node i at position committed length +
+depth(i), attending to the committed cache and to its ancestors (and
+itself) only — `layout()` gives the `CallLayout` (offsets = depths, mask =
+ancestor mask). `specjax.verify.tree_verify` accepts a root path exactly;
+the accepted nodes' keys and values are then moved into contiguous cache
+slots (`copy_slots`).
+
+  tree = TokenTree.chain(4)                    # a chain: today's verification
+  tree = TokenTree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Iterable, Sequence, Tuple
+
+import numpy as np
+
+from specjax.drafters.base import CallLayout
+
+__all__ = ["TokenTree"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenTree:
+  """A static tree topology (see the module doc).
+
+  Attributes:
+    parents: parents[i] is node i's parent; parents[0] = -1 (the root).
+  """
+
+  parents: Tuple[int, ...]
+
+  def __post_init__(self):
+    try:
+      parents = tuple(self.parents)
+    except TypeError:
+      raise TypeError(f"parents must be a sequence of ints, got {self.parents!r}") from None
+    if not parents or parents[0] != -1:
+      raise ValueError(f"parents[0] must be -1 (node 0 is the root: the pending token), got "
+                       f"{list(parents)[:4]}")
+    for i, p in enumerate(parents):
+      if isinstance(p, bool) or not isinstance(p, numbers.Integral):
+        raise TypeError(f"parents[{i}] must be an int, got {p!r}")
+      if i == 0:
+        continue
+      if p == i:
+        raise ValueError(f"node {i} is its own parent (parents[{i}] = {i})")
+      if not 0 <= p < i:
+        raise ValueError(f"parents must be topologically ordered (0 <= parents[i] < i); "
+                         f"parents[{i}] = {p}")
+    object.__setattr__(self, "parents", tuple(int(p) for p in parents))
+
+  @classmethod
+  def chain(cls, length: int) -> "TokenTree":
+    """The root and `length` nodes in a line."""
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 1:
+      raise ValueError(f"length must be an int >= 1, got {length!r}")
+    return cls((-1,) + tuple(range(length)))
+
+  @classmethod
+  def from_paths(cls, paths: Iterable[Sequence[int]]) -> "TokenTree":
+    """A tree from child-rank paths (Medusa's notation): (i1, i2, ...) is the
+    node reached by the i1-th child of the root, then its i2-th child, ...
+    Every prefix of a path must be a path too; nodes are numbered by depth,
+    then path order."""
+    paths = sorted({tuple(int(x) for x in p) for p in paths}, key=lambda p: (len(p), p))
+    index = {(): 0}
+    parents = [-1]
+    for p in paths:
+      if not p:
+        continue
+      if p[:-1] not in index:
+        raise ValueError(f"path {p} has no parent path {p[:-1]} in the tree")
+      index[p] = len(parents)
+      parents.append(index[p[:-1]])
+    tree = cls(tuple(parents))
+    object.__setattr__(tree, "_paths", tuple(sorted(index, key=index.get)))
+    return tree
+
+  @property
+  def size(self) -> int:
+    """N, nodes including the root."""
+    return len(self.parents)
+
+  @property
+  def depths(self) -> np.ndarray:
+    """int `[N]`: edges from the root."""
+    d = np.zeros((self.size,), np.int32)
+    for i in range(1, self.size):
+      d[i] = d[self.parents[i]] + 1
+    return d
+
+  @property
+  def depth(self) -> int:
+    """D, the longest root path's edges."""
+    return int(self.depths.max())
+
+  @property
+  def children(self) -> np.ndarray:
+    """int `[N, C]`: each node's children in index order (the order they are
+    tried), padded with -1; C = the largest number of children (>= 1)."""
+    kids = [[] for _ in range(self.size)]
+    for i in range(1, self.size):
+      kids[self.parents[i]].append(i)
+    c = max(1, max(len(k) for k in kids))
+    out = np.full((self.size, c), -1, np.int32)
+    for i, k in enumerate(kids):
+      out[i, :len(k)] = k
+    return out
+
+  @property
+  def ancestor_mask(self) -> np.ndarray:
+    """bool `[N, N]`: m[i, j] = node j is node i or one of its ancestors."""
+    m = np.eye(self.size, dtype=bool)
+    for i in range(1, self.size):
+      m[i] |= m[self.parents[i]]
+    return m
+
+  def paths(self) -> Tuple[Tuple[int, ...], ...]:
+    """Each node's child-rank path (the root's is ())."""
+    if hasattr(self, "_paths"):
+      return self._paths
+    kids = self.children
+    out = [()]
+    for i in range(1, self.size):
+      p = self.parents[i]
+      out.append(out[p] + (int(np.nonzero(kids[p] == i)[0][0]),))
+    return tuple(out)
+
+  def layout(self) -> CallLayout:
+    """The target call over the tree's nodes (node i at call position i)."""
+    leaves = [i for i in range(self.size) if i and not (np.asarray(self.parents) == i).any()]
+    depth = max(self.depth, 1)
+    chains = np.zeros((max(len(leaves), 1), depth), np.int32)
+    for k, leaf in enumerate(leaves):
+      path = []
+      node = leaf
+      while node:
+        path.append(node)
+        node = self.parents[node]
+      path = path[::-1]
+      chains[k, :len(path)] = path
+      chains[k, len(path):] = path[-1]
+    if not leaves:
+      raise ValueError("a tree needs at least one node besides the root")
+    return CallLayout(length=self.size, chains_KN=chains, offsets_T=self.depths,
+                      mask_TT=self.ancestor_mask, parents_T=np.asarray(self.parents, np.int32))

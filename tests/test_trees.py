@@ -1,0 +1,242 @@
+"""Token trees: topology, exact batched verification (greedy and recursive
+rejection sampling with i.i.d., without-replacement and deterministic
+children), compaction of the accepted path, single-chain equivalence."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from reference import chi_square_pvalue, processed_probs
+from specjax import generation
+from specjax.generation import SpeculativeDecoder
+from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.sampling import GREEDY, SamplingConfig, row_uniforms, sample_from_uniform
+from specjax.tree import TokenTree
+from specjax.verify import rejection_verify, tree_verify
+from tiny import EOS, ragged_prompts, target
+from tree_drafters import MODES, TableTree
+
+TREE = TokenTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)])
+
+
+def _table(vocab, seed=0, scale=2.0):
+  return {"logits": jnp.asarray(np.random.default_rng(seed).normal(size=(vocab, vocab)) * scale,
+                                jnp.float32)}
+
+
+def test_topology():
+  t = TREE
+  assert t.size == 9 and t.depth == 3
+  assert t.parents == (-1, 0, 0, 0, 1, 1, 2, 4, 5)
+  np.testing.assert_array_equal(t.depths, [0, 1, 1, 1, 2, 2, 2, 3, 3])
+  np.testing.assert_array_equal(t.children[0], [1, 2, 3])
+  np.testing.assert_array_equal(t.children[1], [4, 5, -1])
+  m = t.ancestor_mask
+  assert m[7].tolist() == [True, True, False, False, True, False, False, True, False]
+  assert t.paths()[7] == (0, 0, 0)
+  lay = t.layout()
+  assert lay.is_tree and not lay.is_plain_chain and lay.chain_len == 3
+  chain = TokenTree.chain(3)
+  assert chain.parents == (-1, 0, 1, 2) and chain.layout().is_plain_chain
+  with pytest.raises(ValueError, match="topologically ordered"):
+    TokenTree((-1, 2, 0))
+  with pytest.raises(ValueError, match="its own parent"):
+    TokenTree((-1, 1))
+  with pytest.raises(ValueError, match=r"parents\[0\] must be -1"):
+    TokenTree((0, 0))
+  with pytest.raises(ValueError, match="no parent path"):
+    TokenTree.from_paths([(0, 1)])
+  with pytest.raises(ValueError, match="at least one node"):
+    TokenTree((-1,)).layout()
+
+
+def test_a_chain_tree_is_the_chain_rule():
+  """Same drafts, distributions and keys: tree_verify on a chain makes the
+  rejection rule's decisions, token for token."""
+  b, g, v = 256, 4, 6
+  rng = np.random.default_rng(0)
+  p = jax.nn.softmax(jnp.asarray(rng.normal(size=(b, g, v)), jnp.float32), -1)
+  q = jax.nn.softmax(jnp.asarray(rng.normal(size=(b, g + 1, v)), jnp.float32), -1)
+  keys = jax.random.split(jax.random.key(0), b)
+  drafts = jax.vmap(lambda k, pp: jax.random.categorical(k, jnp.log(pp)))(keys, p).astype(jnp.int32)
+  n_ref, next_ref = rejection_verify(keys, drafts, p, q)
+  tree = TokenTree.chain(g)
+  tokens = jnp.concatenate([jnp.zeros((b, 1), jnp.int32), drafts], axis=1)
+  probs = jnp.concatenate([jnp.zeros((b, 1, v)), p], axis=1)
+  path, n, nxt = tree_verify(keys, tokens, jnp.ones((b, g + 1), bool), q,
+                             jnp.asarray(tree.children), g, probs)
+  np.testing.assert_array_equal(n, n_ref)
+  np.testing.assert_array_equal(nxt, next_ref)
+  np.testing.assert_array_equal(path, np.where(np.arange(g)[None] < np.asarray(n)[:, None],
+                                               np.arange(1, g + 1)[None], 0))
+  assert 0 < int((n == 0).sum()) and 0 < int((n == g).sum())
+
+
+@pytest.fixture(scope="module")
+def greedy_ref():
+  lm, params = target()
+  prompts, lengths = ragged_prompts(batch=8)
+  out = specjax.generate(lm, params, prompts, lengths, max_new_tokens=20, sampling=GREEDY,
+                         eos_id=EOS)
+  lens = np.asarray(out.lengths)
+  assert (lens < 20).any() and (lens == 20).any()
+  return prompts, lengths, out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_tree_equals_autoregressive(greedy_ref, mode):
+  prompts, lengths, ref = greedy_ref
+  lm, params = target()
+  drafter = TableTree(TREE, mode, node_limit=(9, 4, 1, 7))
+  # The target's own argmax table makes accepts likely on some rows.
+  out = specjax.speculative_generate(lm, params, drafter, _table(lm.vocab_size, seed=3), prompts,
+                                     lengths, max_new_tokens=20, sampling=GREEDY, eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+  hist = np.asarray(out.stats.accepted_hist)
+  assert hist.shape[1] == TREE.depth + 1
+  np.testing.assert_array_equal(hist.sum(1), np.asarray(out.stats.target_calls) - 1)
+
+
+def test_greedy_tree_t5_equals_autoregressive():
+  from specjax.models.t5 import T5, t5_config
+  t5 = T5(t5_config("t5-tiny", vocab_size=64))
+  params = t5.init(jax.random.PRNGKey(0))
+  prompts, lengths = ragged_prompts(batch=4)
+  ref = specjax.generate(t5, params, prompts, lengths, max_new_tokens=12, sampling=GREEDY)
+  for mode in ("deterministic", "iid"):
+    out = specjax.speculative_generate(t5, params, TableTree(TREE, mode), _table(64, seed=5),
+                                       prompts, lengths, max_new_tokens=12, sampling=GREEDY)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def test_rows_accept_different_depths_and_compaction_equals_a_fresh_prefill():
+  """A self-drafting tree (the table is the target's own argmax after each
+  token is not available; use a deterministic tree whose first branch is the
+  target's greedy path by construction): rows accept different depths in one
+  iteration, and the committed cache equals a prefill of the accepted
+  sequence."""
+  lm, params = target()
+  prompts, lengths = ragged_prompts(batch=4, seed=7)
+  # A bigram table built from the target's own greedy choices on these prompts
+  # makes the first branch right often and the others wrong.
+  out = specjax.generate(lm, params, prompts, lengths, max_new_tokens=24, sampling=GREEDY)
+  logits = np.full((lm.vocab_size, lm.vocab_size), -5.0, np.float32)
+  toks = np.asarray(out.tokens)
+  for row in toks:
+    for a, b in zip(row[:-1], row[1:]):
+      logits[a, b] = 5.0
+  drafter = TableTree(TREE, "deterministic", node_limit=(9, 9, 4, 2))
+  dec = SpeculativeDecoder(lm, drafter, TREE.depth, GREEDY, 24)
+  need = specjax.required_cache_len(lm, prompts.shape[1], 24, TREE.size - 1)
+  keys = jax.random.split(jax.random.key(0), 4)
+  state = jax.jit(dec.init_state)(params, {"logits": jnp.asarray(logits)}, prompts, lengths, keys,
+                                  lm.init_cache(4, need), drafter.alloc(4, 0, need, 3))
+  step = jax.jit(dec.step)
+  depths = set()
+  for _ in range(6):
+    before = np.asarray(state.stats.accepted)
+    state = step(params, {"logits": jnp.asarray(logits)}, state)
+    gained = np.asarray(state.stats.accepted) - before
+    if len(set(gained.tolist())) > 1:
+      depths.add(tuple(gained.tolist()))
+  assert depths, "rows should accept different depths in some iteration"
+  # The committed cache equals a fresh prefill of prompt + committed tokens.
+  for b in range(4):
+    n = int(state.out_len[b])
+    stream = list(np.asarray(prompts[b, :lengths[b]])) + list(np.asarray(state.tokens[b, :n - 1]))
+    fresh = lm.init_cache(1, need)
+    _, _, fresh = lm.prefill(params, jnp.asarray([stream], jnp.int32), jnp.asarray([len(stream)]),
+                             fresh)
+    m = len(stream)
+    assert int(state.seq_len[b]) == m
+    np.testing.assert_allclose(np.stack(state.target_cache.k)[:, b, ..., :m],
+                               np.stack(fresh.k)[:, 0, ..., :m], atol=1e-5)
+    np.testing.assert_allclose(np.stack(state.target_cache.v)[:, b, :, :m],
+                               np.stack(fresh.v)[:, 0, :, :m], atol=1e-5)
+
+
+def test_no_retrace_and_misuse():
+  lm, params = target()
+  drafter = TableTree(TREE, "iid")
+  kw = dict(max_new_tokens=8, sampling=SamplingConfig(0.9))
+  p1, l1 = ragged_prompts(batch=4, seed=1)
+  p2, l2 = ragged_prompts(batch=4, seed=2)
+  table = _table(lm.vocab_size)
+  specjax.speculative_generate(lm, params, drafter, table, p1, l1, key=jax.random.key(0), **kw)
+  before = dict(generation.trace_counts)
+  specjax.speculative_generate(lm, params, drafter, table, p2, l2, key=jax.random.key(1), **kw)
+  assert dict(generation.trace_counts) == before
+  with pytest.raises(ValueError, match=r"target call holds 9 tokens"):
+    specjax.speculative_generate(lm, params, drafter, table, p1, l1, key=jax.random.key(0),
+                                 cache_len=20, **kw)
+
+
+# ------------------------------------------------------------------ exactness
+
+N_SAMPLES = 50_000
+V_LM = 8
+PROMPT = [3, 1, 4]
+SMALL_TREE = TokenTree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)]
+
+
+@pytest.fixture(scope="module")
+def exact_target():
+  lm = DecoderLM(decoder_config("tiny", vocab_size=V_LM, num_layers=2, d_model=16, num_heads=2,
+                                num_kv_heads=1, head_dim=8, mlp_dim=32))
+  return lm, lm.init(jax.random.PRNGKey(0))
+
+
+def _joint(lm, params, cfg):
+  conts = np.array(list(itertools.product(range(V_LM), repeat=3)), np.int32)
+  seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
+  logits = np.asarray(jax.jit(lm.forward)(params, jnp.asarray(seqs)))
+  q = processed_probs(logits[:, len(PROMPT) - 1:], cfg.temperature, cfg.top_k, cfg.top_p)
+  idx = np.arange(len(conts))
+  t1, t2, t3 = conts.T
+  full = (q[idx, 0, t1] * q[idx, 1, t2] * q[idx, 2, t3])[:, None] * q[:, 3]
+  return full.reshape(V_LM, V_LM, V_LM, V_LM).sum(axis=0)
+
+
+def broken_tree_verify(keys, tokens, valid, q, children, depth, p=None, greedy=False):
+  """Broken on purpose: after the children of a node are rejected it samples
+  from the target's distribution at the node, not from the residual."""
+  path, n, nxt = tree_verify(keys, tokens, valid, q, children, depth, p, greedy)
+  node = jnp.where(n > 0, jnp.take_along_axis(path, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0], 0)
+  kids = children[node]
+  tried = jnp.any((kids >= 0) & jnp.take_along_axis(valid, jnp.maximum(kids, 0), axis=1), axis=1)
+  q_here = jnp.take_along_axis(q, node[:, None, None], axis=1)[:, 0]
+  u = row_uniforms(jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys), 1)[:, 0]
+  return path, n, jnp.where(tried, sample_from_uniform(u, q_here), nxt)
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=str)
+@pytest.mark.parametrize("mode", MODES)
+def test_tree_sampling_is_exact_and_the_control_is_caught(exact_target, mode, cfg):
+  lm, params = exact_target
+  joint = _joint(lm, params, cfg)
+  drafter = TableTree(SMALL_TREE, mode)
+  table = _table(V_LM, seed=11, scale=1.0)
+  prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
+  lengths = jnp.full((N_SAMPLES,), len(PROMPT), jnp.int32)
+  need = specjax.required_cache_len(lm, len(PROMPT), 4, SMALL_TREE.size - 1)
+  keys = jax.random.split(jax.random.key(5), N_SAMPLES)
+  pvalues = {}
+  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
+    dec = SpeculativeDecoder(lm, drafter, SMALL_TREE.depth, cfg, 4, tree_fn=fn)
+    out = dec.run(params, table, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
+                  drafter.alloc(N_SAMPLES, 3, need, 3))
+    tokens = np.asarray(out.tokens)
+    counts = np.zeros((V_LM,) * 3)
+    np.add.at(counts, (tokens[:, 1], tokens[:, 2], tokens[:, 3]), 1)
+    pvalues[name] = chi_square_pvalue(counts, joint)
+    if name == "exact":
+      hist = np.asarray(out.stats.accepted_hist).sum(0)
+      assert hist[0] > 0 and hist[1:].sum() > 0, hist  # rejections and acceptances
+  assert pvalues["exact"] > 1e-3, pvalues
+  assert pvalues["broken"] < 1e-6, pvalues
