@@ -360,8 +360,13 @@ class SpeculativeDecoder:
       kw["positions_BT"] = state.seq_len[:, None] + jnp.asarray(lay.offsets_T, jnp.int32)[None]
     if lay.mask_TT is not None:
       kw["mask_TT"] = jnp.asarray(lay.mask_TT, bool)
-    logits_BTV, target_cache = self.target.extend(target_params, proposal.tokens_BT,
-                                                  target_cache, **kw)
+    hidden_BTE = None
+    if getattr(drafter, "needs_hidden", False):
+      logits_BTV, hidden_BTE, target_cache = self.target.extend_with_hidden(
+          target_params, proposal.tokens_BT, target_cache, **kw)
+    else:
+      logits_BTV, target_cache = self.target.extend(target_params, proposal.tokens_BT,
+                                                    target_cache, **kw)
     q_BTV = process_logits(logits_BTV, self.sampling)
     slots_BN, n_B, next_B, chain_B = self._verify_call(keys_B2[:, 1], proposal, q_BTV)
     chain_tokens_BN = jnp.take_along_axis(proposal.tokens_BT, slots_BN, axis=1)
@@ -376,10 +381,15 @@ class SpeculativeDecoder:
       # slots onto themselves or past their length: harmless).
       target_cache = self.target.copy_slots(target_cache, seq_before_B[:, None] + slots_BN,
                                             seq_before_B + 1)
+    last_hidden = None
+    if hidden_BTE is not None:  # at the last accepted token (the root if none)
+      at_B = jnp.where(n_B > 0, jnp.take_along_axis(slots_BN, jnp.maximum(n_B - 1, 0)[:, None],
+                                                    axis=1)[:, 0], 0)
+      last_hidden = jnp.take_along_axis(hidden_BTE, at_B[:, None, None], axis=1)[:, 0]
     feedback = DraftFeedback(
         committed_BC=new_BN1, count_B=count_B, seq_len_B=state.seq_len, pending_B=state.pending,
         target_argmax_BT=jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32), chain_B=chain_B,
-        accepted_B=n_B)
+        accepted_B=n_B, target_hidden_BE=last_hidden)
     draft_state = drafter.update(draft_params, draft_state, feedback)
     a = active_B.astype(jnp.int32)
     if lay.is_tree:  # the deepest valid node

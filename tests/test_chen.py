@@ -200,3 +200,35 @@ def test_changed_settings_recompute_what_they_touch(micro_run, tmp_path):
   changed.eval.headline_k = 3
   with pytest.raises(ValueError, match="headline_k"):
     chen.run(changed)
+
+
+def test_medusa_heads_train_on_the_micro_target(micro_run, tmp_path):
+  """experiments/train_drafter.py's job on the micro target: self-distilled
+  data, heads, accuracies, trees; the trained heads draft exactly."""
+  import jax.numpy as jnp
+  import specjax
+  from configs import train_drafter as td_config
+  from specjax.drafters import load_medusa
+  from specjax.experiments import drafter_training
+  cfg, _ = micro_run
+  td = td_config.get_config("medusa_micro")
+  td.target_dir = os.path.join(cfg.workdir, "target")
+  td.workdir = str(tmp_path / "medusa")
+  td.data.cache_dir = cfg.data.cache_dir
+  out = drafter_training.run(td)
+  assert os.path.exists(os.path.join(out["final"], "accuracy.json"))
+  acc = np.asarray(out["topk_accuracy"])
+  assert acc.shape == (td.medusa.num_heads, 10) and ((0 <= acc) & (acc <= 1)).all()
+  assert set(out["trees"]) == {"4", "6", "chain"}
+  assert "## Trees from these accuracies" in (tmp_path / "medusa" / "report.md").read_text()
+  target, tp, _ = drafter_training.load_target(td.target_dir, cfg.data.cache_dir)
+  prompts = jnp.asarray(np.random.default_rng(0).integers(3, target.vocab_size, (2, 8)),
+                        jnp.int32)
+  ref = specjax.generate(target, tp, prompts, max_new_tokens=8, sampling=specjax.GREEDY)
+  for tree in ("chain", 4):
+    d, dp = load_medusa(td.workdir, target, tp, tree)
+    sp = specjax.speculative_generate(target, tp, d, dp, prompts, max_new_tokens=8,
+                                      sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(sp.tokens, ref.tokens)
+  again = drafter_training.run(td)  # a rerun reuses the data and the finished heads
+  assert again["topk_accuracy"] == out["topk_accuracy"]

@@ -13,12 +13,14 @@ one small module per family:
   layer_skip     LayerSkip      the target through a subset of its layers (+ choose_layers)
   windowed       WindowedKV     the target over sink + recent-window KV only
   lookahead      Lookahead      Jacobi iteration + n-gram pool, verified in one call
+  medusa         Medusa         extra heads on the target's hidden state; a token tree
 """
 
 from specjax.drafters.base import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                                    chain_layout, is_drafter)
 from specjax.drafters.layer_skip import LayerSkip, LayerSkipLM, choose_layers
 from specjax.drafters.lookahead import Lookahead, LookaheadState
+from specjax.drafters.medusa import Medusa, MedusaConfig, choose_tree, load_medusa
 from specjax.drafters.model import ModelDrafter
 from specjax.drafters.prompt_lookup import LookupState, PromptLookup
 from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
@@ -26,4 +28,4 @@ from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
 __all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "chain_layout",
            "is_drafter", "ModelDrafter", "PromptLookup", "LookupState", "LayerSkip",
            "LayerSkipLM", "choose_layers", "WindowedKV", "WindowedLM", "WindowCache",
-           "Lookahead", "LookaheadState"]
+           "Lookahead", "LookaheadState", "Medusa", "MedusaConfig", "choose_tree", "load_medusa"]

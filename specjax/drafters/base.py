@@ -179,6 +179,9 @@ class DraftFeedback:
       after each token of the call (lookahead's Jacobi step reads it).
     chain_B, accepted_B: the chain the accepted tokens came from and how
       many of its tokens were accepted.
+    target_hidden_BE: for drafters with `needs_hidden`: the target's final
+      hidden state at the last accepted token (the pending token's
+      predecessor after the commit), else None.
   """
 
   committed_BC: jax.Array
@@ -188,6 +191,7 @@ class DraftFeedback:
   target_argmax_BT: jax.Array
   chain_B: jax.Array
   accepted_B: jax.Array
+  target_hidden_BE: Optional[jax.Array] = None
 
 
 @runtime_checkable

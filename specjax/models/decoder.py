@@ -400,7 +400,12 @@ class DecoderLM:
 
   def forward(self, params, tokens_BT: jax.Array) -> jax.Array:
     """Full causal forward without a persistent cache: logits `[B, T, V]`."""
+    return self.forward_with_hidden(params, tokens_BT)[0]
+
+  def forward_with_hidden(self, params, tokens_BT: jax.Array) -> Tuple[jax.Array, jax.Array]:
+    """Full causal forward: logits `[B, T, V]` and the final-normed hidden
+    states `[B, T, E]` (what draft heads read)."""
     b, t = tokens_BT.shape
     module = self.module
     h_BTE, _ = module.apply({"params": params}, tokens_BT, self.init_cache(b, t), True)
-    return module.apply({"params": params}, h_BTE, method=DecoderModule.project)
+    return module.apply({"params": params}, h_BTE, method=DecoderModule.project), h_BTE

@@ -1,0 +1,73 @@
+"""Learned drafters trained on a frozen target (`experiments/train_drafter.py`).
+
+Run (after the Chen experiment trained its target):
+  python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_quick \
+      --config.target_dir=runs/chen_full/target      # ≤ 15 min on 2 CPU cores
+  python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_full \
+      --config.target_dir=runs/chen_full/target      # ≤ 2 h, resumable
+  python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_micro \
+      --config.target_dir=/tmp/chen_micro/target --config.workdir=/tmp/medusa_micro   # seconds
+
+A rerun with the same workdir reuses the self-distillation data and resumes
+training from the newest intact checkpoint. Results: `<workdir>/final` (the
+heads), `trees.json` and `report.md` (validation top-k accuracies, the trees
+built from them and their expected tokens per target call).
+"""
+
+import ml_collections
+
+
+def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.kind = "medusa"
+  c.preset = preset
+  c.target_dir = "runs/chen_full/target"   # a trained Chen target (its final/)
+  c.workdir = f"runs/{preset}"
+  c.seed = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.cache_dir = "data_cache"
+  c.data.prompt_len = 64             # training prompts: code windows and summaries
+  c.data.max_new = 96                # target tokens per self-distilled sequence
+  c.data.temperature = 1.0           # the target samples its own continuations
+  c.data.batch_size = 32
+  c.data.train_sequences = 2048
+  c.data.valid_sequences = 128
+
+  c.medusa = ml_collections.ConfigDict()
+  c.medusa.num_heads = 4
+  c.medusa.share_lm_head = False     # True: heads share the target's frozen LM head
+  c.medusa.tree_sizes = [4, 8, 16, 32, 64]
+
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 2000
+  c.train.batch_size = 16
+  c.train.learning_rate = 1e-3
+  c.train.warmup_steps = 100
+  c.train.checkpoint_every = 250
+  c.train.log_every = 50
+  c.train.seed = 0
+  c.train.keep_checkpoints = 2
+
+  if preset == "medusa_quick":
+    c.data.train_sequences = 512
+    c.data.max_new = 64
+    c.medusa.num_heads = 3
+    c.train.steps = 400
+    c.train.checkpoint_every = 100
+  elif preset == "medusa_micro":
+    c.data.prompt_len = 16
+    c.data.max_new = 8
+    c.data.batch_size = 4
+    c.data.train_sequences = 8
+    c.data.valid_sequences = 4
+    c.medusa.num_heads = 2
+    c.medusa.tree_sizes = [4, 6]
+    c.train.steps = 6
+    c.train.batch_size = 4
+    c.train.warmup_steps = 1
+    c.train.checkpoint_every = 3
+    c.train.log_every = 3
+  elif preset != "medusa_full":
+    raise ValueError(f"unknown preset {preset!r}; known: medusa_quick, medusa_full, medusa_micro")
+  return c

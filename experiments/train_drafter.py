@@ -1,0 +1,28 @@
+"""Learned drafters on a frozen target (Medusa heads): data, training, trees.
+
+  python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_quick
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from specjax.experiments import drafter_training  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "train_drafter.py"),
+    "Drafter training config (configs/train_drafter.py:<preset>).")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.INFO)
+  drafter_training.run(_CONFIG.value)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,222 @@
+"""Medusa-1 heads (Cai et al. 2024) as a tree drafter, and their tree.
+
+K extra heads read the target's last hidden state h (the final-normed state
+at the last committed position t) and guess the tokens after the next one:
+head k (k = 1..K) predicts token t+k+1 (the target's own LM head predicts
+t+1, the pending token). Head k is a residual block and a vocabulary
+projection:
+
+  z_k = h + SiLU(h W_k + b_k);   logits_k = z_k U_k
+
+with W_k = 0 at initialisation (so a fresh head is the target's LM head)
+and U_k initialised from the target's LM head (trainable, or shared and
+frozen: `MedusaConfig.share_lm_head`). They are trained on the frozen
+target (`specjax.training.heads`).
+
+Drafting: the node of a static `TokenTree` at child-rank path (i_1, ...,
+i_d) gets the i_d-th most likely token of head d — the heads do not see
+each other's choices, so the children are deterministic (verified as
+one-hot proposals: exact). `choose_tree` picks the N nodes with the largest
+expected acceptance from the heads' measured top-k accuracies (Medusa's
+greedy tree construction); `TokenTree.chain(K)` is chain mode. The hidden
+state comes from the target call itself: the drafter asks for the target's
+hidden states (`needs_hidden`) and keeps the one at the last accepted
+position. The first iteration after the prompt proposes nothing (a plain
+target step) and yields it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any, Dict, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal
+from specjax.tree import TokenTree
+
+__all__ = ["MedusaConfig", "Medusa", "MedusaState", "init_heads", "head_logits", "choose_tree",
+           "target_lm_head", "load_medusa"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaConfig:
+  """The heads' shape: `num_heads` K over width `d_model` E, vocabulary V."""
+
+  num_heads: int
+  d_model: int
+  vocab_size: int
+  share_lm_head: bool = False
+
+  def __post_init__(self):
+    for name in ("num_heads", "d_model", "vocab_size"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+
+
+def target_lm_head(target, target_params) -> jax.Array:
+  """The target's output projection `[E, V]` (tied: the embedding transposed)."""
+  c = target.config
+  if getattr(c, "tie_embeddings", False):
+    return target_params["embed"]["embedding"].T
+  return target_params["lm_head"]["kernel"]
+
+
+def init_heads(config: MedusaConfig, target, target_params) -> Dict[str, jax.Array]:
+  """Fresh heads: zero residual blocks, LM heads copied from the target's."""
+  k, e = config.num_heads, config.d_model
+  params = {"w": jnp.zeros((k, e, e), jnp.float32), "b": jnp.zeros((k, e), jnp.float32)}
+  if not config.share_lm_head:
+    lm = jnp.asarray(target_lm_head(target, target_params), jnp.float32)
+    params["lm_head"] = jnp.broadcast_to(lm[None], (k,) + lm.shape).copy()
+  return params
+
+
+def head_logits(config: MedusaConfig, params, h_xE: jax.Array, shared_lm_head=None) -> jax.Array:
+  """Hidden states `[..., E]` → float32 logits `[..., K, V]`."""
+  h = h_xE.astype(jnp.float32)
+  z = h[..., None, :] + jax.nn.silu(jnp.einsum("...e,kef->...kf", h, params["w"]) + params["b"])
+  if config.share_lm_head:
+    return jnp.einsum("...ke,ev->...kv", z, shared_lm_head.astype(jnp.float32))
+  return jnp.einsum("...ke,kev->...kv", z, params["lm_head"])
+
+
+@struct.dataclass
+class MedusaState:
+  """hidden: `[B, E]` the target's state at the last committed position;
+  ready: `[B]` whether it is there (False until the first target call)."""
+
+  hidden: jax.Array
+  ready: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class Medusa:
+  """The Medusa drafter: `config`, the `tree` it proposes, and (with
+  `share_lm_head`) the target whose LM head the heads use. Its params are
+  {"heads": heads params, "target": the target's params if shared}."""
+
+  config: MedusaConfig
+  tree: TokenTree
+  target: Any = None
+
+  deterministic = True
+  uses_target_params = False
+  needs_hidden = True
+
+  def __post_init__(self):
+    if self.tree.depth > self.config.num_heads:
+      raise ValueError(f"the tree is {self.tree.depth} deep but there are "
+                       f"{self.config.num_heads} heads (one per depth)")
+    if self.config.share_lm_head and self.target is None:
+      raise ValueError("share_lm_head needs the target (Medusa(config, tree, target=...))")
+
+  @property
+  def fixed_gamma(self) -> int:
+    return self.tree.depth
+
+  def check(self, target: Any, gamma: int) -> None:
+    if self.config.vocab_size != target.vocab_size:
+      raise ValueError(f"the heads' vocab_size ({self.config.vocab_size}) must equal the "
+                       f"target's ({target.vocab_size})")
+    width = getattr(target.config, "d_model", None)
+    if width != self.config.d_model:
+      raise ValueError(f"the heads read states of width {self.config.d_model}; the target's "
+                       f"d_model is {width}")
+    if not hasattr(target, "extend_with_hidden"):
+      raise TypeError(f"Medusa needs the target's hidden states (extend_with_hidden); "
+                      f"{type(target).__name__} has none")
+
+  def layout(self, gamma: int) -> CallLayout:
+    return self.tree.layout()
+
+  def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> MedusaState:
+    return MedusaState(hidden=jnp.zeros((batch_size, self.config.d_model), jnp.float32),
+                       ready=jnp.zeros((batch_size,), bool))
+
+  def start(self, params, state, prompts_BP, lengths_B, first_B, target_cache) -> MedusaState:
+    return state.replace(ready=jnp.zeros_like(state.ready))
+
+  def propose(self, params, state: MedusaState, inp: DraftInput, u_BT, sampling,
+              gamma: int) -> Tuple[Proposal, MedusaState]:
+    shared = None
+    if self.config.share_lm_head:
+      shared = target_lm_head(self.target, params["target"])
+    logits_BKV = head_logits(self.config, params["heads"], state.hidden, shared)
+    ranks = max(int(self.tree.children.shape[1]), 1)
+    _, top_BKR = jax.lax.top_k(logits_BKV, ranks)
+    tree = self.tree
+    paths = tree.paths()
+    b = inp.pending.shape[0]
+    cols = [inp.pending.astype(jnp.int32)]
+    for i in range(1, tree.size):
+      d, r = len(paths[i]), paths[i][-1]
+      cols.append(top_BKR[:, d - 1, r].astype(jnp.int32))
+    tokens_BT = jnp.stack(cols, axis=1)
+    valid = jnp.broadcast_to(state.ready[:, None], (b, tree.size)).at[:, 0].set(True)
+    return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=valid), state
+
+  def update(self, params, state: MedusaState, feedback: DraftFeedback) -> MedusaState:
+    del params
+    return MedusaState(hidden=feedback.target_hidden_BE.astype(jnp.float32),
+                       ready=jnp.ones_like(state.ready))
+
+
+def choose_tree(accuracy_KR: np.ndarray, num_nodes: int) -> Tuple[TokenTree, list]:
+  """The tree of `num_nodes` nodes (root included) with the largest expected
+  accepted length, from the heads' top-k accuracies (`accuracy_KR[k, r]`:
+  how often head k+1's rank-r token was the right one). A path (i_1..i_d)
+  is accepted with probability Π_j accuracy[j, i_j] (the heads taken as
+  independent); nodes are added greedily, best expected value first, each
+  after its parent (Medusa's construction). Returns the tree and the
+  expected value of each added node."""
+  acc = np.asarray(accuracy_KR, np.float64)
+  if acc.ndim != 2 or acc.size == 0:
+    raise ValueError(f"accuracy_KR must be [heads, ranks], got shape {acc.shape}")
+  if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral) or num_nodes < 2:
+    raise ValueError(f"num_nodes must be an int >= 2 (the root and a node), got {num_nodes!r}")
+  k, r = acc.shape
+  chosen = {(): 1.0}
+  values = []
+  while len(chosen) < num_nodes:
+    best, best_v = None, -1.0
+    for path, v in chosen.items():
+      if len(path) >= k:
+        continue
+      for rank in range(r):
+        child = path + (rank,)
+        if child in chosen:
+          continue
+        cv = v * acc[len(path), rank]
+        if cv > best_v:
+          best, best_v = child, cv
+        break  # ranks are tried in order: the first free rank is this parent's best
+    if best is None:
+      break
+    chosen[best] = best_v
+    values.append(best_v)
+  return TokenTree.from_paths([p for p in chosen if p]), values
+
+
+def load_medusa(directory: str, target, target_params, tree="chain") -> Tuple["Medusa", Dict]:
+  """(drafter, draft params) from trained heads (`<directory>/final` of
+  `experiments/train_drafter.py`). `tree`: "chain" (one node per head), an
+  int N (`choose_tree` over the stored validation accuracies, N nodes with
+  the root) or a `TokenTree`."""
+  from specjax.training.heads import load_heads  # pylint: disable=g-import-not-at-top
+  config, params, acc = load_heads(directory)
+  if tree == "chain":
+    tree = TokenTree.chain(config.num_heads)
+  elif isinstance(tree, numbers.Integral) and not isinstance(tree, bool):
+    if acc is None:
+      raise ValueError(f"{directory} holds no accuracy.json: pass a TokenTree or 'chain'")
+    tree, _ = choose_tree(acc, int(tree))
+  elif not isinstance(tree, TokenTree):
+    raise TypeError(f"tree must be 'chain', an int or a TokenTree, got {tree!r}")
+  drafter = Medusa(config, tree, target if config.share_lm_head else None)
+  return drafter, {"heads": params, "target": target_params if config.share_lm_head else None}

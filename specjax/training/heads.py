@@ -1,0 +1,276 @@
+"""Training draft heads on a frozen target, by self-distillation (Medusa-1).
+
+  data = distillation_data(target, tp, prompts, lengths, max_new=96, ...)
+  params = train_medusa(target, tp, config, data, train_config, workdir)
+
+`distillation_data` lets the target continue its training prompts (its own
+samples, temperature 1 by default): the heads learn to guess what the
+target itself generates. The target's final hidden states over those
+sequences are computed once (the target is frozen); head k is trained with
+cross-entropy to predict the token k+1 positions after each generated
+position's predecessor.
+
+The loop: batch s is a pure function of (seed, s); the train state (step,
+heads params, optimizer state) is checkpointed with orbax every
+`checkpoint_every` steps (`training.checkpoint.Checkpointer`: a damaged step
+checkpoint is set aside and the one before used), so a killed run resumes
+exactly; progress lines give the loss, the heads' top-1 accuracies, rows/s
+and the ETA; the final heads go to `<workdir>/final` (atomic), with their
+validation top-k accuracies (`accuracy.json`), which `choose_tree` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import os
+import time
+from typing import Any, Callable, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from specjax import atomic_io
+from specjax.drafters.medusa import MedusaConfig, head_logits, init_heads, target_lm_head
+from specjax.training.checkpoint import Checkpointer
+from specjax.training.loop import meta_difference, quiet_orbax_info_logs
+from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
+
+__all__ = ["DistillData", "distillation_data", "target_states", "train_medusa", "topk_accuracy",
+           "save_heads", "load_heads"]
+
+
+@dataclasses.dataclass
+class DistillData:
+  """tokens: int32 `[N, L]` (prompt, then the target's continuation, then
+  pad); generated: bool `[N, L]`, the target's own tokens."""
+
+  tokens: np.ndarray
+  generated: np.ndarray
+
+  def save(self, path: str) -> None:
+    with atomic_io.atomic_path(path) as tmp, open(tmp, "wb") as f:
+      np.savez(f, tokens=self.tokens, generated=self.generated)
+
+  @classmethod
+  def load(cls, path: str) -> "DistillData":
+    with np.load(path) as z:
+      return cls(tokens=z["tokens"], generated=z["generated"])
+
+
+def distillation_data(target, target_params, prompts: np.ndarray, lengths: np.ndarray,
+                      max_new: int, batch_size: int = 32, temperature: float = 1.0,
+                      seed: int = 0, log: Optional[Callable[[str], None]] = None) -> DistillData:
+  """The target's own continuations of `prompts` (right-padded `[N, P]`)."""
+  from specjax.api import generate  # pylint: disable=g-import-not-at-top
+  from specjax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+  n, p = prompts.shape
+  rows = -(-n // batch_size) * batch_size
+  idx = np.arange(rows) % n
+  tokens = np.zeros((n, p + max_new), np.int32)
+  generated = np.zeros((n, p + max_new), bool)
+  sampling = SamplingConfig(float(temperature))
+  t0 = time.time()
+  for s in range(0, rows, batch_size):
+    take = idx[s:s + batch_size]
+    key = jax.random.split(jax.random.key(seed * 7919 + s), batch_size)
+    out = generate(target, target_params, jnp.asarray(prompts[take]), jnp.asarray(lengths[take]),
+                   max_new_tokens=max_new, sampling=sampling, key=key)
+    gen, glen = np.asarray(out.tokens), np.asarray(out.lengths)
+    for j, i in enumerate(take):
+      if s + j >= n:
+        break
+      m = int(lengths[i])
+      tokens[i, :m] = prompts[i, :m]
+      tokens[i, m:m + glen[j]] = gen[j, :glen[j]]
+      generated[i, m:m + glen[j]] = True
+    if log:
+      done = min(s + batch_size, n)
+      rate = done / max(time.time() - t0, 1e-9)
+      log(f"distillation data: {done}/{n} sequences ({rate:.1f}/s, ETA "
+          f"{(n - done) / max(rate, 1e-9):.0f}s)")
+  return DistillData(tokens=tokens, generated=generated)
+
+
+def target_states(target, target_params, tokens: np.ndarray, batch_size: int = 16) -> np.ndarray:
+  """The frozen target's final hidden states `[N, L, E]` (float32)."""
+  fn = jax.jit(lambda p, x: target.forward_with_hidden(p, x)[1])
+  out = []
+  for s in range(0, len(tokens), batch_size):
+    chunk = tokens[s:s + batch_size]
+    pad = batch_size - len(chunk)
+    x = np.concatenate([chunk, np.zeros((pad, chunk.shape[1]), chunk.dtype)]) if pad else chunk
+    out.append(np.asarray(fn(target_params, jnp.asarray(x)), np.float32)[:len(chunk)])
+  return np.concatenate(out)
+
+
+def _head_targets(tokens_BL, generated_BL, k: int):
+  """For head k (predicting k+1 positions ahead): the target tokens aligned
+  with source positions 0..L-k-2 and their mask (a generated token)."""
+  return tokens_BL[:, k + 1:], generated_BL[:, k + 1:]
+
+
+def _loss(config: MedusaConfig, params, shared, h_BLE, tokens_BL, generated_BL):
+  k_heads = config.num_heads
+  l = tokens_BL.shape[1]
+  logits_BLKV = head_logits(config, params, h_BLE[:, :l - 1], shared)
+  losses, metrics = [], {}
+  for k in range(k_heads):
+    # Head k+1 at position t predicts token t + k + 2.
+    tgt_BL, mask_BL = _head_targets(tokens_BL, generated_BL, k + 1)
+    lg = logits_BLKV[:, :l - k - 2, k]
+    mask = mask_BL.astype(jnp.float32)
+    ce = jax.nn.logsumexp(lg, -1) - jnp.take_along_axis(lg, tgt_BL[..., None], -1)[..., 0]
+    denom = jnp.maximum(jnp.sum(mask), 1.0)
+    losses.append(jnp.sum(ce * mask) / denom)
+    metrics[f"acc{k + 1}"] = jnp.sum((jnp.argmax(lg, -1) == tgt_BL) * mask) / denom
+  return sum(losses) / k_heads, metrics
+
+
+@functools.lru_cache(maxsize=8)
+def _train_step(config: MedusaConfig, spec: OptimizerSpec):
+  tx = make_optimizer(spec)
+
+  def step(state, shared, h, tokens, generated):
+    (loss, metrics), grads = jax.value_and_grad(
+        lambda p: _loss(config, p, shared, h, tokens, generated), has_aux=True)(state["params"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = dict(metrics, loss=loss, lr=make_schedule(spec)(state["step"]))
+    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+  return jax.jit(step, donate_argnums=0)
+
+
+def topk_accuracy(config: MedusaConfig, params, shared, states: np.ndarray, data: DistillData,
+                  ranks: int = 10, batch_size: int = 16) -> np.ndarray:
+  """`[K, ranks]`: how often head k+1's rank-r token is the right one, over
+  the generated positions of `data` (states: the target's, `target_states`)."""
+  fn = jax.jit(lambda p, h: jax.lax.top_k(head_logits(config, p, h, shared), ranks)[1])
+  k_heads = config.num_heads
+  hits = np.zeros((k_heads, ranks))
+  total = np.zeros((k_heads,))
+  for s in range(0, len(states), batch_size):
+    h, tok, gen = states[s:s + batch_size], data.tokens[s:s + batch_size], \
+        data.generated[s:s + batch_size]
+    top = np.asarray(fn(params, jnp.asarray(h)))            # [B, L, K, R]
+    l = tok.shape[1]
+    for k in range(k_heads):
+      off = k + 2
+      tgt, mask = tok[:, off:], gen[:, off:]
+      cand = top[:, :l - off, k]
+      hits[k] += ((cand == tgt[..., None]) & mask[..., None]).sum(axis=(0, 1))
+      total[k] += mask.sum()
+  return hits / np.maximum(total, 1)[:, None]
+
+
+def save_heads(directory: str, config: MedusaConfig, params, accuracy: Optional[np.ndarray],
+               meta: dict) -> str:
+  """Atomically writes `<directory>/final`: params (orbax), config, accuracy, meta."""
+  from specjax.checkpoints.orbax_io import save_params  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  final = os.path.join(os.path.abspath(directory), "final")
+  tmp = f"{final}.tmp-{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  save_params(tmp, params, config)
+  atomic_io.atomic_write_json(os.path.join(tmp, "train_meta.json"), meta)
+  if accuracy is not None:
+    atomic_io.atomic_write_json(os.path.join(tmp, "accuracy.json"),
+                                {"topk_accuracy": np.asarray(accuracy).tolist()})
+  old = f"{final}.old-{os.getpid()}"
+  if os.path.exists(final):
+    os.rename(final, old)
+  os.rename(tmp, final)
+  shutil.rmtree(old, ignore_errors=True)
+  return final
+
+
+def load_heads(directory: str):
+  """(config, params, top-k accuracy `[K, R]` or None) from `<dir>` or `<dir>/final`."""
+  from specjax.checkpoints.orbax_io import restore_params  # pylint: disable=g-import-not-at-top
+  d = directory if os.path.exists(os.path.join(directory, "config.json")) else os.path.join(
+      directory, "final")
+  params, config = restore_params(d)
+  acc = None
+  path = os.path.join(d, "accuracy.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      acc = np.asarray(json.load(f)["topk_accuracy"])
+  return config, params, acc
+
+
+def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
+                 valid: Optional[DistillData], train: Any, workdir: str,
+                 stop_at_step: Optional[int] = None) -> Dict[str, Any]:
+  """Trains the heads (see the module doc); returns {"params", "accuracy", "final"}.
+
+  `train`: steps, batch_size, learning_rate, warmup_steps, checkpoint_every,
+  log_every, seed, keep_checkpoints (an ml_collections / attribute object).
+  Resuming with other settings is an error naming the field."""
+  quiet_orbax_info_logs()
+  os.makedirs(workdir, exist_ok=True)
+  shared = target_lm_head(target, target_params) if config.share_lm_head else None
+  spec = OptimizerSpec(optimizer="adamw", learning_rate=float(train.learning_rate),
+                       schedule="cosine", warmup_steps=int(train.warmup_steps),
+                       total_steps=int(train.steps), weight_decay=0.0)
+  meta = {"config": dataclasses.asdict(config), "optimizer": dataclasses.asdict(spec),
+          "batch_size": int(train.batch_size), "seed": int(train.seed),
+          "data": {"rows": int(len(data.tokens)), "length": int(data.tokens.shape[1]),
+                   "generated": int(data.generated.sum())}}
+  log_t = time.time()
+  states = target_states(target, target_params, data.tokens)
+  logging.info("target states of %d sequences: %.1fs", len(states), time.time() - log_t)
+  step_fn = _train_step(config, spec)
+  init = init_heads(config, target, target_params)
+  state = {"step": jnp.zeros((), jnp.int32), "params": init,
+           "opt_state": make_optimizer(spec).init(init)}
+  ckpt = Checkpointer(workdir, int(train.keep_checkpoints))
+
+  def check(m, step):
+    diff = meta_difference(m, meta)
+    if diff is not None:
+      raise ValueError(f"cannot resume the heads in {workdir} from step {step}: {diff[0]} was "
+                       f"{diff[1]!r}, now {diff[2]!r}; use the same settings or a new workdir")
+  try:
+    found = ckpt.restore_newest_intact(state, check)
+    if found is not None:
+      state = found[1]
+      logging.info("resumed the heads at step %d in %s", found[0], ckpt.directory)
+    start = int(state["step"])
+    end = int(train.steps) if stop_at_step is None else min(int(train.steps), stop_at_step)
+    rows = len(data.tokens)
+    t0, done0, metrics_path = time.time(), start, os.path.join(workdir, "metrics.jsonl")
+    for s in range(start, end):
+      idx = np.random.default_rng((int(train.seed), s)).integers(0, rows, int(train.batch_size))
+      state, metrics = step_fn(state, shared, jnp.asarray(states[idx]),
+                               jnp.asarray(data.tokens[idx]), jnp.asarray(data.generated[idx]))
+      done = s + 1
+      if done % int(train.log_every) == 0 or done == end:
+        m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        rate = (done - done0) / max(time.time() - t0, 1e-9)
+        rec = {"step": done, **m, "steps_per_s": rate, "eta_s": (end - done) / max(rate, 1e-9)}
+        with open(metrics_path, "a", encoding="utf-8") as f:
+          f.write(json.dumps(rec, sort_keys=True) + "\n")
+        logging.info("heads step %d/%d | loss %.4f | top-1 %s | %.2f steps/s | ETA %.1f min",
+                     done, end, m["loss"], " ".join(f"{m[f'acc{k + 1}']:.3f}"
+                                                    for k in range(config.num_heads)),
+                     rate, rec["eta_s"] / 60)
+      if done % int(train.checkpoint_every) == 0 or done == end:
+        ckpt.save(done, state, meta)
+    ckpt.wait()
+    accuracy = final = None
+    if int(state["step"]) == int(train.steps):
+      eval_data = valid if valid is not None else data
+      eval_states = states if valid is None else target_states(target, target_params,
+                                                              valid.tokens)
+      accuracy = topk_accuracy(config, state["params"], shared, eval_states, eval_data)
+      logging.info("heads top-1 accuracy on %s: %s", "validation" if valid else "training data",
+                   np.round(accuracy[:, 0], 3).tolist())
+      final = save_heads(workdir, config, state["params"], accuracy, meta)
+    return {"params": state["params"], "accuracy": accuracy, "final": final}
+  finally:
+    ckpt.close()

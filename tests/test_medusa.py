@@ -1,0 +1,179 @@
+"""Medusa heads: the tree built from head accuracies, the drafter (exact,
+greedy == AR, a tree or a chain), and training with exact resume."""
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+import specjax
+from reference import chi_square_pvalue, processed_probs
+from specjax.drafters.medusa import Medusa, MedusaConfig, choose_tree, head_logits, init_heads
+from specjax.generation import SpeculativeDecoder
+from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.sampling import GREEDY, SamplingConfig
+from specjax.training.heads import DistillData, train_medusa
+from specjax.tree import TokenTree
+from specjax.verify import tree_verify
+from test_trees import broken_tree_verify
+from tiny import EOS, ragged_prompts, target
+
+
+def test_choose_tree_takes_the_best_expected_nodes():
+  acc = np.array([[0.6, 0.2, 0.1], [0.4, 0.2, 0.1]])
+  tree, values = choose_tree(acc, 4)
+  assert set(tree.paths()[1:]) == {(0,), (0, 0), (1,)}
+  np.testing.assert_allclose(values, [0.6, 0.24, 0.2])
+  tree, values = choose_tree(acc, 6)  # then (0, 1) 0.12 and (2,) 0.1
+  assert set(tree.paths()[1:]) == {(0,), (0, 0), (1,), (0, 1), (2,)}
+  assert tree.depth == 2
+  with pytest.raises(ValueError, match="num_nodes"):
+    choose_tree(acc, 1)
+  with pytest.raises(ValueError, match="accuracy_KR"):
+    choose_tree(np.zeros((3,)), 4)
+
+
+def _heads(lm, params, k=3, seed=0, scale=0.5):
+  config = MedusaConfig(num_heads=k, d_model=lm.config.d_model, vocab_size=lm.vocab_size)
+  heads = init_heads(config, lm, params)
+  keys = jax.random.split(jax.random.PRNGKey(seed), 2)
+  heads["w"] = scale * jax.random.normal(keys[0], heads["w"].shape)
+  heads["b"] = 0.1 * jax.random.normal(keys[1], heads["b"].shape)
+  return config, {"heads": heads, "target": None}
+
+
+TREE = TokenTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+
+
+@pytest.mark.parametrize("tree", [TokenTree.chain(3), TREE], ids=["chain", "tree"])
+def test_medusa_greedy_equals_autoregressive(tree):
+  lm, params = target()
+  prompts, lengths = ragged_prompts(batch=8)
+  ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=20, sampling=GREEDY,
+                         eos_id=EOS)
+  config, dp = _heads(lm, params)
+  out = specjax.speculative_generate(lm, params, Medusa(config, tree), dp, prompts, lengths,
+                                     max_new_tokens=20, sampling=GREEDY, eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+  assert np.asarray(out.stats.accepted_hist).shape == (8, tree.depth + 1)
+  # The first iteration after the prompt has no hidden state yet: it drafts nothing.
+  state = Medusa(config, tree).alloc(2, 4, 32, 3)
+  prop, _ = Medusa(config, tree).propose(dp, state, specjax.drafters.DraftInput(
+      seq_len=jnp.zeros(2, jnp.int32), pending=jnp.ones(2, jnp.int32),
+      prev=jnp.zeros(2, jnp.int32), done=jnp.zeros(2, bool), step=jnp.int32(0)), None, GREEDY, 3)
+  assert np.asarray(prop.node_valid_BT).sum() == 2  # the roots only
+
+
+def test_medusa_with_the_target_as_its_own_head_accepts():
+  """Heads that are the target's LM head (fresh init) guess t+1 for t+2:
+  wrong, but the shared-head path and state plumbing run; and heads
+  computed from the target's own next-token at depth 1 are exact."""
+  lm, params = target()
+  config = MedusaConfig(num_heads=2, d_model=lm.config.d_model, vocab_size=lm.vocab_size,
+                        share_lm_head=True)
+  heads = init_heads(config, lm, params)
+  assert "lm_head" not in heads
+  prompts, lengths = ragged_prompts(batch=4)
+  d = Medusa(config, TokenTree.chain(2), target=lm)
+  out = specjax.speculative_generate(lm, params, d, {"heads": heads, "target": params}, prompts,
+                                     lengths, max_new_tokens=12, sampling=GREEDY)
+  ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=12, sampling=GREEDY)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  h = jnp.ones((2, lm.config.d_model))
+  np.testing.assert_allclose(head_logits(config, heads, h, params["lm_head"]["kernel"])[:, 0],
+                             h @ params["lm_head"]["kernel"], rtol=1e-5)
+
+
+def test_medusa_misuse():
+  lm, params = target()
+  config = MedusaConfig(num_heads=2, d_model=lm.config.d_model, vocab_size=lm.vocab_size)
+  with pytest.raises(ValueError, match="3 deep but there are 2 heads"):
+    Medusa(config, TokenTree.chain(3))
+  with pytest.raises(ValueError, match="share_lm_head needs the target"):
+    Medusa(MedusaConfig(2, lm.config.d_model, lm.vocab_size, share_lm_head=True),
+           TokenTree.chain(2))
+  prompts, lengths = ragged_prompts(batch=2)
+  wrong = Medusa(MedusaConfig(2, lm.config.d_model, 32), TokenTree.chain(2))
+  with pytest.raises(ValueError, match="vocab_size"):
+    specjax.speculative_generate(lm, params, wrong, {}, prompts, lengths, max_new_tokens=4,
+                                 sampling=GREEDY)
+  narrow = Medusa(MedusaConfig(2, 8, lm.vocab_size), TokenTree.chain(2))
+  with pytest.raises(ValueError, match="width 8"):
+    specjax.speculative_generate(lm, params, narrow, {}, prompts, lengths, max_new_tokens=4,
+                                 sampling=GREEDY)
+  with pytest.raises(ValueError, match="num_heads must be an int >= 1"):
+    MedusaConfig(0, 8, 8)
+
+
+V_LM = 8
+PROMPT = [3, 1, 4]
+N_SAMPLES = 50_000
+
+
+def test_medusa_sampling_is_exact_and_the_control_is_caught():
+  lm = DecoderLM(decoder_config("tiny", vocab_size=V_LM, num_layers=2, d_model=16, num_heads=2,
+                                num_kv_heads=1, head_dim=8, mlp_dim=32))
+  params = lm.init(jax.random.PRNGKey(0))
+  cfg = SamplingConfig(1.0)
+  conts = np.array(list(itertools.product(range(V_LM), repeat=3)), np.int32)
+  seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
+  q = processed_probs(np.asarray(jax.jit(lm.forward)(params, jnp.asarray(seqs)))[:, 2:], 1.0)
+  idx = np.arange(len(conts))
+  t1, t2, t3 = conts.T
+  joint = ((q[idx, 0, t1] * q[idx, 1, t2] * q[idx, 2, t3])[:, None] * q[:, 3]).reshape(
+      (V_LM,) * 4).sum(axis=0)
+  config, dp = _heads(lm, params, k=2, scale=1.0)
+  tree = TokenTree.from_paths([(0,), (1,), (0, 0)])
+  drafter = Medusa(config, tree)
+  prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
+  lengths = jnp.full((N_SAMPLES,), 3, jnp.int32)
+  need = specjax.required_cache_len(lm, 3, 4, tree.size - 1)
+  keys = jax.random.split(jax.random.key(3), N_SAMPLES)
+  pvalues = {}
+  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
+    dec = SpeculativeDecoder(lm, drafter, tree.depth, cfg, 4, tree_fn=fn)
+    out = dec.run(params, dp, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
+                  drafter.alloc(N_SAMPLES, 3, need, 2))
+    tokens = np.asarray(out.tokens)
+    counts = np.zeros((V_LM,) * 3)
+    np.add.at(counts, (tokens[:, 1], tokens[:, 2], tokens[:, 3]), 1)
+    pvalues[name] = chi_square_pvalue(counts, joint)
+    if name == "exact":
+      accepted = int(np.asarray(out.stats.accepted).sum())
+      assert 0 < accepted < int(np.asarray(out.stats.drafted).sum())
+  assert pvalues["exact"] > 1e-3 and pvalues["broken"] < 1e-6, pvalues
+
+
+def _train_cfg(**kw):
+  c = ml_collections.ConfigDict(dict(steps=8, batch_size=4, learning_rate=3e-3, warmup_steps=1,
+                                     checkpoint_every=4, log_every=4, seed=0,
+                                     keep_checkpoints=3))
+  c.update(kw)
+  return c
+
+
+def test_heads_training_learns_and_resumes_exactly(tmp_path):
+  lm, params = target()
+  config = MedusaConfig(num_heads=2, d_model=lm.config.d_model, vocab_size=lm.vocab_size)
+  # A periodic stream: every head can learn its offset.
+  base = np.tile(np.arange(10, 20, dtype=np.int32), 4)[None, :24]
+  tokens = np.concatenate([np.roll(base, s, axis=1) for s in range(8)])
+  data = DistillData(tokens=tokens, generated=np.ones_like(tokens, bool))
+  full = train_medusa(lm, params, config, data, None, _train_cfg(steps=30), str(tmp_path / "a"))
+  assert full["final"] and full["accuracy"].shape == (2, 10)
+  assert full["accuracy"][:, 0].min() > 0.5, full["accuracy"]  # the pattern was learned
+  half = train_medusa(lm, params, config, data, None, _train_cfg(steps=30), str(tmp_path / "b"),
+                      stop_at_step=12)
+  assert half["final"] is None
+  resumed = train_medusa(lm, params, config, data, None, _train_cfg(steps=30),
+                         str(tmp_path / "b"))
+  for a, b in zip(jax.tree_util.tree_leaves(full["params"]),
+                  jax.tree_util.tree_leaves(resumed["params"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match="learning_rate"):
+    train_medusa(lm, params, config, data, None, _train_cfg(steps=30, learning_rate=1e-2),
+                 str(tmp_path / "b"), stop_at_step=29)
