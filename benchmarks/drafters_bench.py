@@ -63,7 +63,12 @@ _WINDOW = flags.DEFINE_integer("window", 64, "Windowed self-draft: recent positi
 _SINKS = flags.DEFINE_integer("sinks", 4, "Windowed self-draft: attention-sink positions.")
 _SKIP = flags.DEFINE_integer("skip_layers", 0, "Layer skip: layers kept (0: half the target's).")
 _LA = flags.DEFINE_list("lookahead", ["4", "4", "4"], "Lookahead window W, n-gram N, candidates G.")
-_TASKS = flags.DEFINE_list("tasks", ["code", "summarize", "code_repeat"], "Tasks.")
+_TASKS = flags.DEFINE_list("tasks", ["code", "summarize", "code_repeat"], "Tasks (also "
+                           "free_text: descriptions continued as plain text).")
+_MEDUSA = flags.DEFINE_string("medusa_dir", "", "Trained Medusa heads (experiments/"
+                              "train_drafter.py's workdir): adds Medusa rows.")
+_MEDUSA_TREES = flags.DEFINE_list("medusa_trees", ["chain", "8", "16", "32", "64"],
+                                  "Medusa trees: chain, or node counts (root included).")
 
 SPEC_BENCH = {"EAGLE-2": 2.25, "EAGLE": 2.16, "classic draft": 1.83, "prompt lookup": 1.55,
               "prompt lookup (summarisation)": 2.31, "Medusa": 1.44, "lookahead": 1.08}
@@ -104,6 +109,11 @@ def _task_prompts(task: str, tok, vocab: int, n: int, p: int, seed: int = 0):
     for r in load_task("summarize_debian", "test", _DATA.value):
       rows.append(tok.encode(f"{r['inputs']} Summary:", add_eos=False)[-p:])
     source = "summarize_debian test ('<description> Summary:')"
+  elif task == "free_text":
+    for r in load_task("summarize_debian", "test", _DATA.value):
+      ids = tok.encode(r["inputs"], add_eos=False)
+      rows.append(ids[:max(len(ids) // 2, 8)][-p:])
+    source = "summarize_debian test descriptions, first half (continued as free text)"
   else:
     block = (p * 2) // 3
     for r in load_task("code_python", "test", _DATA.value):
@@ -135,6 +145,24 @@ def _drafters(target, tp, draft, dp, prompts, lengths, smoke: bool):
                                   max_new_tokens=8 if smoke else 32, log=logging.info)
   w, n, c = (int(x) for x in _LA.value)
   window = min(_WINDOW.value, 8) if smoke else _WINDOW.value
+  medusa = {}
+  if _MEDUSA.value or smoke:
+    if smoke:  # random heads on the tiny target
+      from specjax.drafters.medusa import Medusa, MedusaConfig, init_heads  # pylint: disable=g-import-not-at-top
+      from specjax.tree import TokenTree  # pylint: disable=g-import-not-at-top
+      cfg = MedusaConfig(2, target.config.d_model, target.vocab_size)
+      heads = init_heads(cfg, target, tp)
+      heads["w"] = 0.3 * jax.random.normal(jax.random.PRNGKey(5), heads["w"].shape)
+      medusa = {"Medusa chain": (Medusa(cfg, TokenTree.chain(2)), {"heads": heads, "target": None},
+                                 None),
+                "Medusa tree 6": (Medusa(cfg, TokenTree.from_paths(
+                    [(0,), (1,), (0, 0), (0, 1), (1, 0)])), {"heads": heads, "target": None},
+                                  None)}
+    else:
+      for spec in _MEDUSA_TREES.value:
+        tree = "chain" if spec == "chain" else int(spec)
+        d, mp = drafters.load_medusa(_MEDUSA.value, target, tp, tree)
+        medusa["Medusa chain" if tree == "chain" else f"Medusa tree {tree}"] = (d, mp, None)
   return {
       "classic draft": (draft, dp, g),
       "prompt lookup": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None,
@@ -143,6 +171,7 @@ def _drafters(target, tp, draft, dp, prompts, lengths, smoke: bool):
       "windowed KV": (drafters.WindowedKV.of(target, window=window, sinks=_SINKS.value,
                                              gamma=g), None, g),
       "lookahead": (drafters.Lookahead(window=w, ngram=n, candidates=c), None, None),
+      **medusa,
   }, choice
 
 
@@ -208,6 +237,13 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
               jnp.asarray(lengths[i * batch:(i + 1) * batch]),
               jax.random.split(jax.random.key(1000 + i), batch)) for i in range(nb)]
   names = ["autoregressive"] + list(entries)
+  call_tokens = {"autoregressive": 1}
+  for name, (d, _, g) in entries.items():
+    lay = (d if drafters.is_drafter(d) else drafters.ModelDrafter(d)).layout(
+        g if g is not None else 4)
+    call_tokens[name] = lay.length
+  call_cost = _call_costs(target, tp, batch, prompts.shape[1], max_new,
+                          sorted(set(call_tokens.values())))
   compile_s = {}
   for name in names:  # compile each once, outside the timings
     t0 = now()
@@ -246,7 +282,8 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
     r = rec[name]
     row = {"drafter": name, "ms_per_token": 1e3 * r["seconds"] / r["tokens"],
            "speedup": (ar["seconds"] / ar["tokens"]) / (r["seconds"] / r["tokens"]),
-           "tokens_per_call": r["tokens"] / r["calls"], "compile_s": compile_s[name]}
+           "tokens_per_call": r["tokens"] / r["calls"], "compile_s": compile_s[name],
+           "call_tokens": call_tokens[name], "call_cost": call_cost[call_tokens[name]]}
     if name != "autoregressive":
       row["accepted_per_drafted"] = r["accepted"] / r["drafted"] if r["drafted"] else None
       row["identical"] = r["identical"] if temp == 0 else None
@@ -256,6 +293,20 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
     rows.append(row)
   return {"batch": batch, "temperature": temp, "prompts": n_rows, "rows": rows,
           "retraced_while_timing": retraced}
+
+
+def _call_costs(target, tp, batch, prompt_len, max_new, tokens) -> dict:
+  """{T: in-graph cost of a target call on T tokens / a one-token step}
+  (`StepTimer`, a causal block: a tree's mask does not change the work)."""
+  from specjax.bench.timing import StepTimer, floor_step_seconds  # pylint: disable=g-import-not-at-top
+  cache_len = prompt_len + max_new + max(tokens)
+  timer = StepTimer(target, tp, batch, cache_len, prompt_len, tokens, steps=8)
+  per = {t: [] for t in tokens}
+  for _ in range(3):
+    for t, v in timer.measure(1).items():
+      per[t].extend(v)
+  med = {t: floor_step_seconds(v) for t, v in per.items()}
+  return {t: med[t] / med[1] for t in tokens}
 
 
 def _f(x, fmt="{:.2f}"):
@@ -281,12 +332,13 @@ def render(results: dict) -> str:
     lines += ["", f"## {task}: {results['sources'][task]}", ""]
     for cell in cells:
       lines += [f"### T = {cell['temperature']}, batch {cell['batch']}", "",
-                "| drafter | α | accepted / drafted | τ | ms / token | speedup | greedy = AR |",
-                "|---|---|---|---|---|---|---|"]
+                "| drafter | α | accepted / drafted | τ | call tokens | call cost | ms / token "
+                "| speedup | greedy = AR |", "|---|---|---|---|---|---|---|---|---|"]
       for r in cell["rows"]:
         same = r.get("identical")
         lines.append(f"| {r['drafter']} | {_f(r.get('alpha'), '{:.3f}')} | "
                      f"{_f(r.get('accepted_per_drafted'), '{:.3f}')} | {r['tokens_per_call']:.2f} | "
+                     f"{r['call_tokens']} | {r['call_cost']:.2f}× | "
                      f"{r['ms_per_token']:.2f} | {r['speedup']:.2f}× | "
                      f"{'—' if same is None else ('yes' if same else 'NO')} |")
       lines.append("")
@@ -314,6 +366,13 @@ def goals(results: dict) -> list:
           out.append({"goal": f"windowed self-draft α ≥ 0.8 at T=0, W = {results['meta']['window']}"
                               f", {task} (prompts up to {results['meta']['prompt_len']} tokens)",
                       "measured": f"{r['alpha']:.3f}", "status": "PASS" if ok else "FAIL"})
+  for c in results["tasks"].get("code", []):
+    med = [r for r in c["rows"] if r["drafter"].startswith("Medusa")]
+    if c["temperature"] == 0 and c["batch"] == 1 and med:
+      best = max(med, key=lambda r: r["tokens_per_call"])
+      out.append({"goal": "Medusa τ ≥ 2.0 at T=0 on code (best of chain and trees)",
+                  "measured": f"{best['tokens_per_call']:.2f} ({best['drafter']})",
+                  "status": "PASS" if best["tokens_per_call"] >= 2.0 else "FAIL"})
   retraced = [(t, c["batch"], c["temperature"], c["retraced_while_timing"])
               for t, cells in results["tasks"].items() for c in cells
               if c["retraced_while_timing"]]

@@ -640,13 +640,14 @@ def test_drafters_bench_smoke(tmp_path):
   results = json.loads((tmp_path / "drafters_smoke.json").read_text())
   md = (tmp_path / "drafters_smoke.md").read_text()
   names = {"autoregressive", "classic draft", "prompt lookup", "layer skip", "windowed KV",
-           "lookahead"}
+           "lookahead", "Medusa chain", "Medusa tree 6"}
   for cells in results["tasks"].values():
     assert {(c["temperature"], c["batch"]) for c in cells} == {(0.0, 2), (1.0, 2)}
     for c in cells:
       assert {r["drafter"] for r in c["rows"]} == names
       for r in c["rows"]:
         assert r["tokens_per_call"] >= 1.0 and np.isfinite(r["speedup"])
+        assert r["call_cost"] > 0 and r["call_tokens"] >= 1
         if c["temperature"] == 0 and r["drafter"] != "autoregressive":
           assert r["identical"] is True, (r["drafter"], c["batch"])
   goals = {g["goal"]: g["status"] for g in results["goals"]}
