@@ -43,6 +43,7 @@ import specjax  # noqa: E402
 from specjax import drafters, generation  # noqa: E402
 from specjax.atomic_io import atomic_write_text  # noqa: E402
 from specjax.bench.timing import now  # noqa: E402
+from specjax.experiments.common import pad_batch  # noqa: E402
 from specjax.models.decoder import DecoderLM, decoder_config  # noqa: E402
 from specjax.sampling import GREEDY, SamplingConfig, process_logits  # noqa: E402
 
@@ -129,11 +130,7 @@ def _task_prompts(task: str, tok, vocab: int, n: int, p: int, seed: int = 0):
   rows = [r for r in rows if len(r) >= 8][:n]
   if len(rows) < n:
     raise ValueError(f"task {task}: only {len(rows)} prompts, need {n}")
-  prompts = np.zeros((n, p), np.int32)
-  lengths = np.zeros((n,), np.int32)
-  for i, ids in enumerate(rows):
-    prompts[i, :len(ids)] = ids
-    lengths[i] = len(ids)
+  prompts, lengths = pad_batch(rows, p)
   return prompts, lengths, source
 
 

@@ -58,6 +58,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from specjax.atomic_io import atomic_write_text  # noqa: E402
+from specjax.bench.hlo import computations, while_bodies  # noqa: E402
 from specjax.bench.timing import StepTimer, floor_step_seconds, now  # noqa: E402
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config  # noqa: E402
 from specjax.models.t5 import T5  # noqa: E402
@@ -238,15 +239,7 @@ def _categorize(op_name: str, is_product: bool, dims: tuple, model_dims: dict) -
 def _loop_body_instructions(hlo: str) -> dict:
   """{instruction name: (op_name, holds a product, output dims)} of the
   instructions of the program's while bodies (what runs once per call)."""
-  comps, name = {}, None
-  for line in hlo.splitlines():
-    head = re.match(r"^(?:ENTRY )?%([\w.-]+) ", line)
-    if head:
-      name = head.group(1)
-      comps[name] = []
-    elif name is not None:
-      comps[name].append(line)
-  bodies = set(re.findall(r"body=%([\w.-]+)", hlo))
+  comps, bodies = computations(hlo), while_bodies(hlo)
   out = {}
   for body in bodies:
     for line in comps.get(body, []):

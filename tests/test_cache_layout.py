@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax.bench.hlo import computations, while_bodies
 from specjax.generation import (AutoregressiveDecoder, SpeculativeDecoder, _run_autoregressive,
                                 _run_speculative)
 from specjax.models.decoder import DecoderLM, decoder_config
@@ -30,24 +31,10 @@ _PLUMBING = {"parameter", "get-tuple-element", "tuple", "bitcast", "scatter",
 _INSTR = re.compile(r"^\s+(?:ROOT )?%(\S+) = [a-z0-9]+\[([0-9,]*)\]\S* ([\w-]+)\(")
 
 
-def _computations(hlo: str):
-  """{name: [instruction lines]} of an HLO module's text."""
-  comps, name = {}, None
-  for line in hlo.splitlines():
-    head = re.match(r"^(?:ENTRY )?%([\w.-]+) ", line)
-    if head:
-      name = head.group(1)
-      comps[name] = []
-    elif name is not None:
-      comps[name].append(line)
-  return comps
-
-
 def cache_sized_ops(hlo: str, buffer_elems: int):
   """Top-level ops of while bodies whose output has `buffer_elems` elements,
   a dimension of SLOTS, and that are not in-place writes or plumbing."""
-  comps = _computations(hlo)
-  bodies = set(re.findall(r"body=%([\w.-]+)", hlo))
+  comps, bodies = computations(hlo), while_bodies(hlo)
   assert bodies, "no while loop in the compiled program"
   bad = []
   for body in bodies:

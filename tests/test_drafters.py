@@ -9,18 +9,16 @@ token depends on its whole cached prefix, with a broken verifier that must
 be caught); one compilation per prompt bucket; misuse is a named error.
 """
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specjax
-from reference import chi_square_pvalue, processed_probs
+from exact_helpers import N_SAMPLES, counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
+from reference import chi_square_pvalue
 from specjax import drafters, generation
 from specjax.drafters import Lookahead, PromptLookup, WindowedKV, LayerSkip
-from specjax.generation import SpeculativeDecoder
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.sampling import GREEDY, SamplingConfig, sample_from_uniform, row_uniforms
 from specjax.verify import candidates_verify
@@ -228,30 +226,8 @@ def test_misuse_is_named():
 
 # ------------------------------------------------------------------ exactness
 
-N_SAMPLES = 50_000
-V_LM = 8
 PROMPT = [3, 1, 4, 3, 1]
 CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)]
-
-
-@pytest.fixture(scope="module")
-def exact_target():
-  lm = DecoderLM(decoder_config("tiny", vocab_size=V_LM, num_layers=2, d_model=16, num_heads=2,
-                                num_kv_heads=1, head_dim=8, mlp_dim=32))
-  return lm, lm.init(jax.random.PRNGKey(0))
-
-
-def _joint(lm, params, cfg):
-  """Exact P(t2, t3, t4) of the target: run on all V^3 continuations."""
-  conts = np.array(list(itertools.product(range(V_LM), repeat=3)), np.int32)
-  seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
-  logits = np.asarray(jax.jit(lm.forward)(params, jnp.asarray(seqs)))
-  p = len(PROMPT)
-  q = processed_probs(logits[:, p - 1:], cfg.temperature, cfg.top_k, cfg.top_p)
-  idx = np.arange(len(conts))
-  t1, t2, t3 = conts.T
-  full = (q[idx, 0, t1] * q[idx, 1, t2] * q[idx, 2, t3])[:, None] * q[:, 3]
-  return full.reshape(V_LM, V_LM, V_LM, V_LM).sum(axis=0)
 
 
 def _broken_candidates(keys, cands, valid, q_root, q_nodes):
@@ -268,33 +244,26 @@ def _broken_candidates(keys, cands, valid, q_root, q_nodes):
 
 
 def _sample(lm, params, drafter, gamma, cfg, broken=False):
-  prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
-  lengths = jnp.full((N_SAMPLES,), len(PROMPT), jnp.int32)
   if not broken or not drafter.deterministic:
     from test_exactness import residual_from_q_verify
+    prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
+    lengths = jnp.full((N_SAMPLES,), len(PROMPT), jnp.int32)
     out = specjax.speculative_generate(lm, params, drafter, None, prompts, lengths,
                                        max_new_tokens=4, gamma=gamma, sampling=cfg,
                                        key=jax.random.key(5),
                                        verify_fn=residual_from_q_verify if broken else
                                        specjax.rejection_verify)
   else:
-    g = gamma if gamma is not None else drafter.fixed_gamma
-    need = specjax.required_cache_len(lm, len(PROMPT), 4, drafter.layout(g).length - 1)
-    dec = SpeculativeDecoder(lm, drafter, g, cfg, 4, candidates_fn=_broken_candidates)
-    keys = jax.random.split(jax.random.key(5), N_SAMPLES)
-    out = dec.run(params, params, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
-                  drafter.alloc(N_SAMPLES, len(PROMPT), need, g))
-  tokens = np.asarray(out.tokens)
-  counts = np.zeros((V_LM,) * 3)
-  np.add.at(counts, (tokens[:, 1], tokens[:, 2], tokens[:, 3]), 1)
-  return counts, out
+    out = decode_copies(lm, params, drafter, params, PROMPT, cfg, 5, gamma=gamma,
+                        candidates_fn=_broken_candidates)
+  return counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), out
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("name", NAMES)
-def test_sampling_is_exact_and_the_control_is_caught(exact_target, name, cfg):
-  lm, params = exact_target
-  joint = _joint(lm, params, cfg)
+def test_sampling_is_exact_and_the_control_is_caught(name, cfg):
+  lm, params = exact_lm()
+  joint = joint_t2_t4(lm, params, PROMPT, cfg)
   drafter, gamma = _drafter(name, lm)
   if name == "layer_skip":
     drafter = LayerSkip(lm, (1,))

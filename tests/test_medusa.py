@@ -1,8 +1,6 @@
 """Medusa heads: the tree built from head accuracies, the drafter (exact,
 greedy == AR, a tree or a chain), and training with exact resume."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -10,10 +8,9 @@ import numpy as np
 import pytest
 
 import specjax
-from reference import chi_square_pvalue, processed_probs
+from exact_helpers import counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
+from reference import chi_square_pvalue
 from specjax.drafters.medusa import Medusa, MedusaConfig, choose_tree, head_logits, init_heads
-from specjax.generation import SpeculativeDecoder
-from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.training.heads import DistillData, train_medusa
 from specjax.tree import TokenTree
@@ -109,39 +106,16 @@ def test_medusa_misuse():
     MedusaConfig(0, 8, 8)
 
 
-V_LM = 8
-PROMPT = [3, 1, 4]
-N_SAMPLES = 50_000
-
-
 def test_medusa_sampling_is_exact_and_the_control_is_caught():
-  lm = DecoderLM(decoder_config("tiny", vocab_size=V_LM, num_layers=2, d_model=16, num_heads=2,
-                                num_kv_heads=1, head_dim=8, mlp_dim=32))
-  params = lm.init(jax.random.PRNGKey(0))
-  cfg = SamplingConfig(1.0)
-  conts = np.array(list(itertools.product(range(V_LM), repeat=3)), np.int32)
-  seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
-  q = processed_probs(np.asarray(jax.jit(lm.forward)(params, jnp.asarray(seqs)))[:, 2:], 1.0)
-  idx = np.arange(len(conts))
-  t1, t2, t3 = conts.T
-  joint = ((q[idx, 0, t1] * q[idx, 1, t2] * q[idx, 2, t3])[:, None] * q[:, 3]).reshape(
-      (V_LM,) * 4).sum(axis=0)
+  lm, params = exact_lm()
+  prompt, cfg = [3, 1, 4], SamplingConfig(1.0)
+  joint = joint_t2_t4(lm, params, prompt, cfg)
   config, dp = _heads(lm, params, k=2, scale=1.0)
-  tree = TokenTree.from_paths([(0,), (1,), (0, 0)])
-  drafter = Medusa(config, tree)
-  prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
-  lengths = jnp.full((N_SAMPLES,), 3, jnp.int32)
-  need = specjax.required_cache_len(lm, 3, 4, tree.size - 1)
-  keys = jax.random.split(jax.random.key(3), N_SAMPLES)
+  drafter = Medusa(config, TokenTree.from_paths([(0,), (1,), (0, 0)]))
   pvalues = {}
   for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
-    dec = SpeculativeDecoder(lm, drafter, tree.depth, cfg, 4, tree_fn=fn)
-    out = dec.run(params, dp, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
-                  drafter.alloc(N_SAMPLES, 3, need, 2))
-    tokens = np.asarray(out.tokens)
-    counts = np.zeros((V_LM,) * 3)
-    np.add.at(counts, (tokens[:, 1], tokens[:, 2], tokens[:, 3]), 1)
-    pvalues[name] = chi_square_pvalue(counts, joint)
+    out = decode_copies(lm, params, drafter, dp, prompt, cfg, 3, tree_fn=fn)
+    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
     if name == "exact":
       accepted = int(np.asarray(out.stats.accepted).sum())
       assert 0 < accepted < int(np.asarray(out.stats.drafted).sum())

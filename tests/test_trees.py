@@ -2,18 +2,16 @@
 rejection sampling with i.i.d., without-replacement and deterministic
 children), compaction of the accepted path, single-chain equivalence."""
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import specjax
-from reference import chi_square_pvalue, processed_probs
+from exact_helpers import counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
+from reference import chi_square_pvalue
 from specjax import generation
 from specjax.generation import SpeculativeDecoder
-from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.sampling import GREEDY, SamplingConfig, row_uniforms, sample_from_uniform
 from specjax.tree import TokenTree
 from specjax.verify import rejection_verify, tree_verify
@@ -178,29 +176,9 @@ def test_no_retrace_and_misuse():
 
 # ------------------------------------------------------------------ exactness
 
-N_SAMPLES = 50_000
-V_LM = 8
 PROMPT = [3, 1, 4]
 SMALL_TREE = TokenTree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
 CONFIGS = [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)]
-
-
-@pytest.fixture(scope="module")
-def exact_target():
-  lm = DecoderLM(decoder_config("tiny", vocab_size=V_LM, num_layers=2, d_model=16, num_heads=2,
-                                num_kv_heads=1, head_dim=8, mlp_dim=32))
-  return lm, lm.init(jax.random.PRNGKey(0))
-
-
-def _joint(lm, params, cfg):
-  conts = np.array(list(itertools.product(range(V_LM), repeat=3)), np.int32)
-  seqs = np.concatenate([np.tile(PROMPT, (len(conts), 1)), conts], axis=1)
-  logits = np.asarray(jax.jit(lm.forward)(params, jnp.asarray(seqs)))
-  q = processed_probs(logits[:, len(PROMPT) - 1:], cfg.temperature, cfg.top_k, cfg.top_p)
-  idx = np.arange(len(conts))
-  t1, t2, t3 = conts.T
-  full = (q[idx, 0, t1] * q[idx, 1, t2] * q[idx, 2, t3])[:, None] * q[:, 3]
-  return full.reshape(V_LM, V_LM, V_LM, V_LM).sum(axis=0)
 
 
 def broken_tree_verify(keys, tokens, valid, q, children, depth, p=None, greedy=False):
@@ -217,24 +195,15 @@ def broken_tree_verify(keys, tokens, valid, q, children, depth, p=None, greedy=F
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=str)
 @pytest.mark.parametrize("mode", MODES)
-def test_tree_sampling_is_exact_and_the_control_is_caught(exact_target, mode, cfg):
-  lm, params = exact_target
-  joint = _joint(lm, params, cfg)
+def test_tree_sampling_is_exact_and_the_control_is_caught(mode, cfg):
+  lm, params = exact_lm()
+  joint = joint_t2_t4(lm, params, PROMPT, cfg)
   drafter = TableTree(SMALL_TREE, mode)
-  table = _table(V_LM, seed=11, scale=1.0)
-  prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
-  lengths = jnp.full((N_SAMPLES,), len(PROMPT), jnp.int32)
-  need = specjax.required_cache_len(lm, len(PROMPT), 4, SMALL_TREE.size - 1)
-  keys = jax.random.split(jax.random.key(5), N_SAMPLES)
+  table = _table(lm.vocab_size, seed=11, scale=1.0)
   pvalues = {}
   for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
-    dec = SpeculativeDecoder(lm, drafter, SMALL_TREE.depth, cfg, 4, tree_fn=fn)
-    out = dec.run(params, table, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
-                  drafter.alloc(N_SAMPLES, 3, need, 3))
-    tokens = np.asarray(out.tokens)
-    counts = np.zeros((V_LM,) * 3)
-    np.add.at(counts, (tokens[:, 1], tokens[:, 2], tokens[:, 3]), 1)
-    pvalues[name] = chi_square_pvalue(counts, joint)
+    out = decode_copies(lm, params, drafter, table, PROMPT, cfg, 5, tree_fn=fn)
+    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
     if name == "exact":
       hist = np.asarray(out.stats.accepted_hist).sum(0)
       assert hist[0] > 0 and hist[1:].sum() > 0, hist  # rejections and acceptances

@@ -17,12 +17,12 @@ import json
 import os
 from typing import Any, Dict, List
 
-import jax
 import numpy as np
 from absl import logging
 
 from specjax import atomic_io
 from specjax.drafters.medusa import MedusaConfig, choose_tree
+from specjax.experiments.common import pad_batch
 from specjax.experiments.stages import fingerprint
 from specjax.training.heads import DistillData, distillation_data, train_medusa
 
@@ -56,12 +56,7 @@ def training_prompts(tok, data_cache: str, split: str, n: int, prompt_len: int, 
     rows.append(ids[start:start + prompt_len])
     if len(rows) >= n:
       break
-  prompts = np.zeros((len(rows), prompt_len), np.int32)
-  lengths = np.zeros((len(rows),), np.int32)
-  for i, ids in enumerate(rows):
-    prompts[i, :len(ids)] = ids
-    lengths[i] = len(ids)
-  return prompts, lengths
+  return pad_batch([r for r in rows if r], prompt_len)
 
 
 def expected_tokens_per_call(values: List[float]) -> float:

@@ -151,10 +151,12 @@ class Checkpointer:
 TRAIN_META = "train_meta.json"
 
 
-def save_final_params(workdir: str, params, model_config, meta: Optional[dict] = None) -> str:
+def save_final_params(workdir: str, params, model_config, meta: Optional[dict] = None,
+                      extra: Optional[dict] = None) -> str:
   """Atomically (tmp dir + rename) writes `<workdir>/final`; returns its path.
   `meta` (the run's `training_meta`) goes to `final/train_meta.json`, so a
-  later run can tell whether the artifact matches its settings."""
+  later run can tell whether the artifact matches its settings; `extra`:
+  more JSON files, {file name: object}."""
   workdir = os.path.abspath(workdir)
   final = os.path.join(workdir, "final")
   tmp = f"{final}.tmp-{os.getpid()}"
@@ -162,6 +164,8 @@ def save_final_params(workdir: str, params, model_config, meta: Optional[dict] =
   save_params(tmp, params, model_config)
   if meta is not None:
     atomic_write_json(meta, os.path.join(tmp, TRAIN_META))
+  for name, obj in (extra or {}).items():
+    atomic_write_json(obj, os.path.join(tmp, name))
   old = f"{final}.old-{os.getpid()}"
   if os.path.exists(final):
     os.rename(final, old)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import os
 import time
 from typing import Any, Callable, Dict, Optional
@@ -37,7 +36,7 @@ from absl import logging
 
 from specjax import atomic_io
 from specjax.drafters.medusa import MedusaConfig, head_logits, init_heads, target_lm_head
-from specjax.training.checkpoint import Checkpointer
+from specjax.training.checkpoint import Checkpointer, save_final_params
 from specjax.training.loop import meta_difference, quiet_orbax_info_logs
 from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
 
@@ -170,23 +169,11 @@ def topk_accuracy(config: MedusaConfig, params, shared, states: np.ndarray, data
 
 def save_heads(directory: str, config: MedusaConfig, params, accuracy: Optional[np.ndarray],
                meta: dict) -> str:
-  """Atomically writes `<directory>/final`: params (orbax), config, accuracy, meta."""
-  from specjax.checkpoints.orbax_io import save_params  # pylint: disable=g-import-not-at-top
-  import shutil  # pylint: disable=g-import-not-at-top
-  final = os.path.join(os.path.abspath(directory), "final")
-  tmp = f"{final}.tmp-{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
-  save_params(tmp, params, config)
-  atomic_io.atomic_write_json(os.path.join(tmp, "train_meta.json"), meta)
-  if accuracy is not None:
-    atomic_io.atomic_write_json(os.path.join(tmp, "accuracy.json"),
-                                {"topk_accuracy": np.asarray(accuracy).tolist()})
-  old = f"{final}.old-{os.getpid()}"
-  if os.path.exists(final):
-    os.rename(final, old)
-  os.rename(tmp, final)
-  shutil.rmtree(old, ignore_errors=True)
-  return final
+  """Atomically writes `<directory>/final`: params (orbax), config, meta and
+  the validation top-k accuracy (`accuracy.json`)."""
+  extra = None if accuracy is None else {
+      "accuracy.json": {"topk_accuracy": np.asarray(accuracy).tolist()}}
+  return save_final_params(directory, params, config, meta, extra)
 
 
 def load_heads(directory: str):
