@@ -68,7 +68,7 @@ _TASKS = flags.DEFINE_list("tasks", ["code", "summarize", "code_repeat"], "Tasks
                            "free_text: descriptions continued as plain text).")
 _MEDUSA = flags.DEFINE_string("medusa_dir", "", "Trained Medusa heads (experiments/"
                               "train_drafter.py's workdir): adds Medusa rows.")
-_MEDUSA_TREES = flags.DEFINE_list("medusa_trees", ["chain", "8", "16", "32", "64"],
+_MEDUSA_TREES = flags.DEFINE_list("medusa_trees", ["chain", "4", "8", "16", "32", "64"],
                                   "Medusa trees: chain, or node counts (root included).")
 
 SPEC_BENCH = {"EAGLE-2": 2.25, "EAGLE": 2.16, "classic draft": 1.83, "prompt lookup": 1.55,
