@@ -16,14 +16,25 @@ Decoding state, per row b (see `protocol` for the decoder stream):
 The first token comes from the target's prefill logits. A speculative
 iteration then, for all rows at once:
 
-  1. draft: sets the draft's length to seq_len - 1 and feeds [prev, pending]
-     (one T=2 call: the draft sees the corrected / bonus token of the last
-     iteration and re-writes `prev`, which it may not hold yet), then G - 1
-     single-token calls in a `lax.scan`; G drafts and their distributions;
-  2. target: sets its length to seq_len and feeds [pending, d_1..d_G] once;
-  3. `verify_fn` keeps n ≤ G drafts and gives the next token;
-  4. commits n + 1 tokens per row (fewer at EOS / max_new_tokens), rolls both
-     caches back per row by lengths alone — nothing is copied.
+  1. the drafter proposes (`specjax.drafters`): a draft model (wrapped in
+     `ModelDrafter`) sets its length to seq_len - 1 and feeds [prev,
+     pending] (one T=2 call: it sees the corrected / bonus token of the last
+     iteration), then G - 1 single-token calls in a `lax.scan`; other
+     drafters copy n-grams, run the target's own weights, or build a token
+     tree. The proposal is the target call's tokens plus, for drafts with
+     distributions, those distributions;
+  2. target: sets its length to seq_len and runs the call once (the drafter's
+     `CallLayout`: [pending, d_1..d_G] causally, or a tree / lookahead block
+     with positions and a mask among the new tokens);
+  3. the drafts are verified (`verify_fn` for a chain with distributions,
+     `candidates_verify` for deterministic chains and candidate sets,
+     `tree_verify` for trees): n accepted tokens and the next one;
+  4. commits n + 1 tokens per row (fewer at EOS / max_new_tokens) and rolls
+     the caches back per row by lengths alone; accepted tokens that did not
+     sit right after the pending token (candidates, tree branches) have
+     their keys and values moved there (`copy_slots`, ≤ N slots per layer);
+  5. the drafter's `update` sees the commit (and, if it asks, the target's
+     hidden state at the last accepted token).
 
 Randomness: row b draws everything from its own key: the prefill token from
 fold_in(key_b, 0), iteration i from fold_in(key_b, i + 1) (split in two: the

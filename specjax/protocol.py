@@ -43,9 +43,22 @@ Protocol (all functions pure and jit-traceable):
       cache with lengths = filled positions.
   extend(params, tokens_BT, cache) -> (logits_BTV, cache)
       Writes T tokens for every row at that row's own length (row b's token t
-      goes to position lengths[b] + t), attending to every valid slot and
+      goes to slot lengths[b] + t), attending to every valid slot and
       causally among the T new ones; returns the logits of the T positions and
       the cache with lengths + T.
+
+Optional, for drafters whose target call is not a plain chain (token trees,
+lookahead decoding; `DecoderLM` and `T5` implement them):
+
+  extend(params, tokens_BT, cache, positions_BT=None, mask_TT=None)
+      `positions_BT`: the tokens' positions in their sequences (rotary / relative
+      position encodings; default: their slots); `mask_TT` (bool `[T, T]` or
+      `[B, T, T]`): which new tokens each new token attends to (default causal).
+  copy_slots(cache, src_BN, dst_B) -> cache
+      Row b's slots src_BN[b, i] copied to dst_B[b] + i (the accepted path of a
+      tree moved into contiguous slots).
+  extend_with_hidden(params, tokens_BT, cache, ...) -> (logits_BTV, hidden_BTE, cache)
+      Also the final hidden states (draft heads such as Medusa read them).
 """
 
 from __future__ import annotations
