@@ -24,6 +24,10 @@ while timing (must be 0: one compilation per drafter, γ and prompt bucket).
 Spec-Bench's numbers (Vicuna-7B, greedy, batch 1, GPU) are printed beside.
 
 Writes drafters.json and drafters.md (drafters_smoke.*) into --out_dir.
+Each finished (task, temperature, batch) cell is kept under --work_dir,
+keyed by the models' parameter digests, the prompts and the settings: a
+killed run resumes at the first unfinished cell, and a cell whose file is
+unreadable is named in the log and measured again.
 """
 
 import json
@@ -68,6 +72,7 @@ _TASKS = flags.DEFINE_list("tasks", ["code", "summarize", "code_repeat"], "Tasks
                            "free_text: descriptions continued as plain text).")
 _MEDUSA = flags.DEFINE_string("medusa_dir", "", "Trained Medusa heads (experiments/"
                               "train_drafter.py's workdir): adds Medusa rows.")
+_WORK = flags.DEFINE_string("work_dir", "runs/drafters_bench", "Finished cells (resume).")
 _MEDUSA_TREES = flags.DEFINE_list("medusa_trees", ["chain", "4", "8", "16", "32", "64"],
                                   "Medusa trees: chain, or node counts (root included).")
 
@@ -409,19 +414,31 @@ def main(argv):
       "layer_skip": {"layers": list(choice["layers"]), "alpha": choice["alpha"]},
       "load_average_at_start": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M")},
       "tasks": {}, "sources": {t: v[2] for t, v in prompts.items()}}
-  for task in tasks:
+  from specjax.checkpoints import params_digest  # pylint: disable=g-import-not-at-top
+  from specjax.experiments.stages import Stages, array_digest  # pylint: disable=g-import-not-at-top
+  stages = Stages(os.path.join(_WORK.value, "smoke" if smoke else "cells"))
+  models = {"target": params_digest(tp), **{
+      name: [repr(e[0]) if drafters.is_drafter(e[0]) else repr(e[0].config),
+             None if e[1] is None else params_digest(e[1]), e[2]] for name, e in entries.items()}}
+  todo = [(task, temp, b) for task in tasks for temp in temps for b in batches if b <= n]
+  t_cells, done = now(), 0
+  for i, (task, temp, b) in enumerate(todo):
     x, lens, _ = prompts[task]
-    results["tasks"][task] = []
-    for temp in temps:
-      for b in batches:
-        if b > n:
-          continue
-        cell = measure_cell(target, tp, entries, x, lens, b, temp, max_new)
-        results["tasks"][task].append(cell)
-        logging.info("%s T=%g B=%d: %s", task, temp, b, ", ".join(
-            f"{r['drafter']} τ {r['tokens_per_call']:.2f} {r['speedup']:.2f}x"
-            for r in cell["rows"]))
-        jax.clear_caches()
+    deps = {"models": models, "prompts": array_digest(x, lens), "max_new": max_new,
+            "temperature": temp, "batch": b}
+    key = f"{task}/T{temp:g}_B{b}"
+    measured = stages.get(key, deps) is None
+    cell = stages.run(key, lambda: measure_cell(target, tp, entries, x, lens, b, temp, max_new),
+                      deps)
+    results["tasks"].setdefault(task, []).append(cell)
+    done += measured
+    rate = (now() - t_cells) / max(done, 1)
+    logging.info("cell %d/%d %s T=%g B=%d (%s; ETA %.0f min): %s", i + 1, len(todo), task, temp,
+                 b, "measured" if measured else "reused", rate * (len(todo) - i - 1) / 60,
+                 ", ".join(f"{r['drafter']} τ {r['tokens_per_call']:.2f} {r['speedup']:.2f}x"
+                           for r in cell["rows"]))
+    if measured:
+      jax.clear_caches()
   results["goals"] = goals(results)
   results["meta"]["seconds"] = time.time() - t_start
   name = "drafters_smoke" if smoke else "drafters"

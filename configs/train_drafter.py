@@ -4,7 +4,8 @@ Run (after the Chen experiment trained its target):
   python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_quick \
       --config.target_dir=runs/chen_full/target      # ≤ 15 min on 2 CPU cores
   python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_full \
-      --config.target_dir=runs/chen_full/target      # ≤ 2 h, resumable
+      --config.target_dir=runs/chen_full/target \
+      --config.results_dir=results/medusa            # ≤ 2 h, resumable
   python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_micro \
       --config.target_dir=/tmp/chen_micro/target --config.workdir=/tmp/medusa_micro   # seconds
 
@@ -23,6 +24,7 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   c.preset = preset
   c.target_dir = "runs/chen_full/target"   # a trained Chen target (its final/)
   c.workdir = f"runs/{preset}"
+  c.results_dir = ""                 # also write trees.json / report.md here (e.g. results/medusa)
   c.seed = 0
 
   c.data = ml_collections.ConfigDict()

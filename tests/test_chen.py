@@ -230,5 +230,10 @@ def test_medusa_heads_train_on_the_micro_target(micro_run, tmp_path):
     sp = specjax.speculative_generate(target, tp, d, dp, prompts, max_new_tokens=8,
                                       sampling=specjax.GREEDY)
     np.testing.assert_array_equal(sp.tokens, ref.tokens)
+  td.results_dir = str(tmp_path / "results")
   again = drafter_training.run(td)  # a rerun reuses the data and the finished heads
   assert again["topk_accuracy"] == out["topk_accuracy"]
+  assert json.loads((tmp_path / "results" / "trees.json").read_text())["trees"] == \
+      json.loads(json.dumps(out["trees"]))
+  assert (tmp_path / "results" / "report.md").read_text() == \
+      (tmp_path / "medusa" / "report.md").read_text()

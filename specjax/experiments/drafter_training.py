@@ -118,7 +118,10 @@ def run(cfg) -> Dict[str, Any]:
                       "expected_tokens_per_call": expected_tokens_per_call(chain_values)}
     out["topk_accuracy"] = np.asarray(acc).tolist()
     out["trees"] = trees
-    atomic_io.atomic_write_json(os.path.join(workdir, "trees.json"), out)
+    dirs = [workdir] + ([os.path.abspath(cfg.results_dir)] if cfg.get("results_dir") else [])
+    for d in dirs:
+      os.makedirs(d, exist_ok=True)
+      atomic_io.atomic_write_json(os.path.join(d, "trees.json"), out)
     lines = ["# Medusa heads on the Chen target", "",
              f"{config.num_heads} heads over d_model {config.d_model}; {len(train_data.tokens)} "
              f"self-distilled sequences ({cfg.data.max_new} target tokens each); "
@@ -135,6 +138,7 @@ def run(cfg) -> Dict[str, Any]:
     for size in cfg.medusa.tree_sizes:
       t = trees[str(size)]
       lines.append(f"| tree | {size} | {t['depth']} | {t['expected_tokens_per_call']:.2f} |")
-    atomic_io.atomic_write_text(os.path.join(workdir, "report.md"), "\n".join(lines) + "\n")
+    for d in dirs:
+      atomic_io.atomic_write_text(os.path.join(d, "report.md"), "\n".join(lines) + "\n")
     logging.info("\n".join(lines))
   return out
