@@ -95,7 +95,7 @@ def _pair(smoke: bool):
   if tok is None:
     raise FileNotFoundError(f"no Chen vocabulary of size {target.vocab_size} under "
                             f"{_DATA.value}/vocab (build the Chen experiment first)")
-  return (target, tp), (draft, dp), tok, f"trained Chen pair in {workdir}; tokenizer {path}"
+  return (target, tp), (draft, dp), tok, f"trained Chen pair in {_CHEN.value}; tokenizer {path}"
 
 
 def _task_prompts(task: str, tok, vocab: int, n: int, p: int, seed: int = 0):

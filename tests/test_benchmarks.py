@@ -636,20 +636,17 @@ def test_model_parallel_mesh_choices():
 def test_drafters_bench_smoke(tmp_path):
   """Every drafter family on tiny random models: the report's tables, goals
   and greedy agreement (no timing is asserted); a rerun resumes from the
-  finished cells and measures again only the one whose file is unreadable."""
+  finished cells (an unreadable cell file is recomputed by `Stages`, tested with
+  the experiments' stages)."""
   args = ["benchmarks/drafters_bench.py", "--smoke", f"--out_dir={tmp_path}",
           f"--work_dir={tmp_path / 'work'}"]
   _run(args)
   results = json.loads((tmp_path / "drafters_smoke.json").read_text())
-  cell_file = tmp_path / "work" / "smoke" / "summarize" / "T1_B2.json"
-  cell_file.write_text(cell_file.read_text()[:40])  # a run killed mid-write (no atomic rename)
-  res = _run(args)
+  res = _run(args)  # resumes: every finished cell is reused as stored, nothing re-measured
   again = json.loads((tmp_path / "drafters_smoke.json").read_text())
-  assert again["tasks"]["summarize"][0] == results["tasks"]["summarize"][0]  # reused as stored
-  assert str(cell_file) in res.stderr and "unreadable" in res.stderr
+  assert again["tasks"] == results["tasks"]
   assert "cell 1/2 summarize T=0 B=2 (reused" in res.stderr
-  assert "cell 2/2 summarize T=1 B=2 (measured" in res.stderr
-  assert json.loads(cell_file.read_text())["value"] == again["tasks"]["summarize"][1]
+  assert "cell 2/2 summarize T=1 B=2 (reused" in res.stderr
   md = (tmp_path / "drafters_smoke.md").read_text()
   names = {"autoregressive", "classic draft", "prompt lookup", "layer skip", "windowed KV",
            "lookahead", "Medusa chain", "Medusa tree 6"}

@@ -12,8 +12,6 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
-pytestmark = pytest.mark.xdist_group("notebooks")
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLAB = os.path.join(ROOT, "colab")
 NOTEBOOKS = sorted(glob.glob(os.path.join(COLAB, "*.ipynb")))

@@ -119,9 +119,10 @@ def run(cfg) -> Dict[str, Any]:
     out["topk_accuracy"] = np.asarray(acc).tolist()
     out["trees"] = trees
     dirs = [workdir] + ([os.path.abspath(cfg.results_dir)] if cfg.get("results_dir") else [])
-    for d in dirs:
+    for d in dirs:  # the committed copy names the heads relative to the working directory
       os.makedirs(d, exist_ok=True)
-      atomic_io.atomic_write_json(os.path.join(d, "trees.json"), out)
+      atomic_io.atomic_write_json(os.path.join(d, "trees.json"), out if d == workdir else dict(
+          out, final=os.path.relpath(out["final"])))
     lines = ["# Medusa heads on the Chen target", "",
              f"{config.num_heads} heads over d_model {config.d_model}; {len(train_data.tokens)} "
              f"self-distilled sequences ({cfg.data.max_new} target tokens each); "
