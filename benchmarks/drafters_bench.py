@@ -427,9 +427,10 @@ def main(argv):
     deps = {"models": models, "prompts": array_digest(x, lens), "max_new": max_new,
             "temperature": temp, "batch": b}
     key = f"{task}/T{temp:g}_B{b}"
-    measured = stages.get(key, deps) is None
+    before = len(stages.computed)
     cell = stages.run(key, lambda: measure_cell(target, tp, entries, x, lens, b, temp, max_new),
                       deps)
+    measured = len(stages.computed) > before
     results["tasks"].setdefault(task, []).append(cell)
     done += measured
     rate = (now() - t_cells) / max(done, 1)
