@@ -23,6 +23,8 @@ setuptools.setup(
         "ml-collections>=0.1.1",
         "sentencepiece>=0.2",
         "safetensors>=0.4",
+        "ml_dtypes>=0.2",
+        "tokenizers>=0.15",
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "rouge-score>=0.1.2",

@@ -10,6 +10,9 @@ Models follow `specjax.protocol.LanguageModel`: `DecoderLM` (Chinchilla /
 Llama style), `T5` (v1.0 / v1.1), `UnigramLM` / `BigramLM`. Sampling choices
 are `SamplingConfig`s; `specjax.theory` has the analytic results;
 `specjax.sharding` places everything on a `jax.sharding` mesh;
+`import_hf_decoder` / `import_hf_t5` stream transformers-format checkpoints
+(Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, T5) straight into their shardings;
+`load_tokenizer` reads a `tokenizer.json` or a SentencePiece model;
 `tune_matvec_rows` picks a decoder's CPU product path for this machine.
 
 Shape names: B batch, P prompt, T tokens per call, S cache slots, V vocab,
@@ -27,6 +30,10 @@ from specjax.models.t5 import T5, T5_CONFIGS, T5Config, t5_config
 from specjax.protocol import LanguageModel
 from specjax.sampling import GREEDY, SamplingConfig, process_logits
 from specjax.bench.tuning import MatvecChoice, tune_matvec_rows
+from specjax.checkpoints.hf_llama import export_hf_decoder, import_hf_decoder
+from specjax.checkpoints.hf_t5 import export_hf_t5, import_hf_t5
+from specjax.hf_tokenizer import HFTokenizer, check_tokenizers_compatible, load_tokenizer
+from specjax.tokenizer import SentencePieceTokenizer
 from specjax.verify import rejection_verify
 
 __version__ = "0.1.0"
@@ -37,4 +44,6 @@ __all__ = [
     "process_logits", "rejection_verify", "measure_beta", "LanguageModel", "DecoderLM",
     "DecoderConfig", "decoder_config", "DECODER_CONFIGS", "T5", "T5Config", "t5_config",
     "T5_CONFIGS", "UnigramLM", "BigramLM", "theory", "tune_matvec_rows", "MatvecChoice",
+    "import_hf_decoder", "export_hf_decoder", "import_hf_t5", "export_hf_t5", "HFTokenizer",
+    "SentencePieceTokenizer", "load_tokenizer", "check_tokenizers_compatible",
 ]

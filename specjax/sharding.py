@@ -41,7 +41,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch",
-           "replicate"]
+           "replicate", "fsdp_spec"]
 
 DATA, MODEL = "data", "model"
 
@@ -85,9 +85,33 @@ def param_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
       spec[0] = MODEL
     elif (owner, len(shape)) in _PACKED_KERNELS:
       spec[_PACKED_KERNELS[owner, len(shape)]] = MODEL
+  elif names[-1] == "bias" and owner in _HEAD_KERNELS | {"qkv"} and len(shape) in (2, 3):
+    spec[0] = MODEL  # q/k/v biases [H | K, D], packed [K, G + 2, D]: heads first
   for axis, name in enumerate(spec):
     if name is not None and not _divisible(shape, axis, mesh, name):
       spec[axis] = None
+  return P(*spec)
+
+
+def fsdp_spec(shape: Sequence[int], mesh: Mesh, axis: str = MODEL) -> P:
+  """PartitionSpec that splits an array over the mesh axis `axis` along its
+  largest dimension that `axis` divides (the first such one on a tie); an
+  array with no such dimension (scalars, odd sizes) or a mesh axis of size 1
+  gives a replicated spec.
+
+  The rule of fully sharded data parallelism (ZeRO-3 style) used by the
+  sharded training step (`specjax.training.mesh`): it looks at shapes only,
+  so it applies to any parameter tree and to every leaf of an optimizer
+  state, where Adam's moments, having their parameter's shape, get its layout.
+  """
+  if axis not in mesh.shape:
+    raise ValueError(f"axis must be one of the mesh axes {tuple(mesh.shape)}, got {axis!r}")
+  size = mesh.shape[axis]
+  spec = [None] * len(shape)
+  if size > 1:
+    candidates = [d for d in range(len(shape)) if shape[d] >= size and shape[d] % size == 0]
+    if candidates:
+      spec[max(candidates, key=lambda d: (shape[d], -d))] = axis
   return P(*spec)
 
 

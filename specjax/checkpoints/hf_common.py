@@ -3,7 +3,8 @@
 * `load_state_dict(path)`: a `.safetensors` file, a sharded safetensors
   index (`model.safetensors.index.json`), a directory holding either, or a
   PyTorch `.bin` / `.pt` state dict loaded with `torch.load(weights_only=True)`
-  — never plain unpickling. Returns numpy float32 arrays by name.
+  — never plain unpickling. Returns numpy float32 arrays by name, whole
+  (`streaming.open_tensors` is the lazy, memory-mapped reader beneath it).
 * `save_safetensors(tensors, path)`: writes one safetensors file atomically.
 * `check_state_dict(expected_shapes, tensors)`: missing, unexpected or
   mis-shaped tensors become a ValueError that names them.
@@ -12,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Dict, Iterable, Mapping, Tuple
 
 import numpy as np
@@ -22,51 +22,13 @@ from specjax.atomic_io import atomic_path, atomic_write_json
 __all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json", "write_json"]
 
 
-def _load_safetensors(path: str) -> Dict[str, np.ndarray]:
-  from safetensors.numpy import load_file
-  try:
-    return dict(load_file(path))
-  except Exception:  # bfloat16 tensors cannot be read by the numpy backend.
-    import torch
-    from safetensors.torch import load_file as torch_load_file
-    return {k: v.to(torch.float32).numpy() for k, v in torch_load_file(path).items()}
-
-
-def _load_torch(path: str) -> Dict[str, np.ndarray]:
-  import torch
-  state = torch.load(path, map_location="cpu", weights_only=True)
-  if not isinstance(state, Mapping):
-    raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__})")
-  return {k: v.detach().to(torch.float32).numpy() for k, v in state.items()}
-
-
 def load_state_dict(path: str) -> Dict[str, np.ndarray]:
-  """Loads transformers-format weights from a file or a checkpoint directory."""
-  path = os.fspath(path)
-  if os.path.isdir(path):
-    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-      candidate = os.path.join(path, name)
-      if os.path.exists(candidate):
-        return load_state_dict(candidate)
-    raise FileNotFoundError(
-        f"{path} holds no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"checkpoint file {path} does not exist")
-  if path.endswith(".index.json"):
-    index = read_json(path)
-    folder = os.path.dirname(path)
-    out: Dict[str, np.ndarray] = {}
-    for shard in sorted(set(index["weight_map"].values())):
-      out.update(load_state_dict(os.path.join(folder, shard)))
-    return out
-  if path.endswith(".safetensors"):
-    tensors = _load_safetensors(path)
-  elif path.endswith((".bin", ".pt", ".pth")):
-    tensors = _load_torch(path)
-  else:
-    raise ValueError(f"unknown checkpoint format for {path}: expected .safetensors, "
-                     ".safetensors.index.json, .bin, .pt or .pth")
-  return {k: np.asarray(v, np.float32) if v.dtype != np.float32 else v for k, v in tensors.items()}
+  """Loads transformers-format weights from a file or a checkpoint directory
+  as float32 numpy arrays, whole (`specjax.checkpoints.streaming.open_tensors`
+  reads them lazily instead; the importers use that)."""
+  from specjax.checkpoints import streaming
+  tensors = streaming.open_tensors(path)
+  return {name: np.array(tensors.read(name), np.float32) for name in tensors}
 
 
 def save_safetensors(tensors: Mapping[str, np.ndarray], path: str,

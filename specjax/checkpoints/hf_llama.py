@@ -1,22 +1,38 @@
-"""transformers Llama-format checkpoints ↔ specjax `DecoderLM` params.
+"""transformers Llama-family checkpoints ↔ specjax `DecoderLM` params.
 
-The specjax decoder (`specjax.models.decoder`) is architecturally a Llama:
-pre-norm RMSNorm, rotary positions in the "rotate half" layout with the
-frequencies duplicated over both halves (as `transformers`'
-`LlamaRotaryEmbedding` / `rotate_half`), SwiGLU MLP, MHA or GQA where query
-head h reads kv head h // (H // K) (as `repeat_kv`), no biases, scaling
-head_dim ** -0.5. The q/k projections therefore need NO permutation (that
-permutation exists only between Meta's original interleaved-rotary weights and
-the transformers layout); tests/test_llama_hf.py checks logit parity.
+Reads (and writes) the decoder families that share Llama's block — pre-norm
+RMSNorm, rotary positions in the "rotate half" layout, SwiGLU MLP, MHA or
+GQA where query head h reads kv head h // (H // K), scaling head_dim ** -0.5:
+
+  model_type   what differs                                      DecoderConfig
+  llama        Llama 2 / 3.x; rope_type "llama3" (3.1+), tied   rope_scaling,
+               embeddings (3.2-1B / 3B)                          tie_embeddings
+  mistral      sliding-window attention                          sliding_window
+  qwen2        q / k / v biases (Qwen2, Qwen2.5), tied or not    qkv_bias
+  qwen3        RMSNorm of every q / k head (q_norm, k_norm),     qk_norm, head_dim
+               head_dim independent of hidden / heads
+
+Rotary scaling: "default", "linear", "llama3" and "yarn" are supported
+(`specjax.models.rope`); "dynamic" and "longrope" change with the sequence
+length and are refused by name. Per-layer sliding windows (Qwen's
+`max_window_layers` with a mix of layer types), output-projection or MLP
+biases and activations other than SiLU are refused naming the config key.
+The q/k projections need NO permutation (that exists only between Meta's
+original interleaved-rotary weights and the transformers layout);
+tests/test_llama_hf.py and tests/test_hf_families.py check logit parity.
 
 Tensor mapping (torch `nn.Linear` weights are `[out, in]`; flax kernels are
-`[in..., out...]`):
+`[in..., out...]`); every conversion is a reshape / transpose view, so a
+memory-mapped tensor is read only where a device's slice needs it
+(`specjax.checkpoints.streaming`):
 
   model.embed_tokens.weight [V, E]                  → embed/embedding [V, E]
   model.layers.{i}.input_layernorm.weight [E]       → layer_{i}/attn_norm/scale
   model.layers.{i}.self_attn.q_proj.weight [H*D, E] → layer_{i}/q/kernel [E, H, D]
   model.layers.{i}.self_attn.k_proj.weight [K*D, E] → layer_{i}/k/kernel [E, K, D]
   model.layers.{i}.self_attn.v_proj.weight [K*D, E] → layer_{i}/v/kernel [E, K, D]
+  model.layers.{i}.self_attn.{q,k,v}_proj.bias      → layer_{i}/{q,k,v}/bias [H | K, D]
+  model.layers.{i}.self_attn.{q,k}_norm.weight [D]  → layer_{i}/{q,k}_norm/scale
   model.layers.{i}.self_attn.o_proj.weight [E, H*D] → layer_{i}/o/kernel [H, D, E]
   model.layers.{i}.post_attention_layernorm.weight  → layer_{i}/mlp_norm/scale
   model.layers.{i}.mlp.gate_proj.weight [F, E]      → layer_{i}/gate/kernel [E, F]
@@ -31,27 +47,34 @@ Known non-parameter buffers that some checkpoints carry (`IGNORED_BUFFERS`,
 e.g. rotary `inv_freq`) are dropped; any other unknown tensor is an error.
 
 Public API: `decoder_config_from_hf`, `hf_config_from_decoder`,
-`import_hf_llama`, `export_hf_llama`, `hf_llama_shapes`, `IGNORED_BUFFERS`.
+`import_hf_decoder` (alias `import_hf_llama`), `export_hf_decoder` (alias
+`export_hf_llama`), `hf_llama_shapes`, `IGNORED_BUFFERS`, `HF_DECODER_TYPES`.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
-from specjax.checkpoints.hf_common import (check_state_dict, load_state_dict, read_json,
-                                           save_safetensors, write_json)
-from specjax.models import decoder_layout
+from specjax.checkpoints import streaming
+from specjax.checkpoints.hf_common import (check_state_dict, read_json, save_safetensors,
+                                           write_json)
+from specjax.models import decoder_layout, rope
 from specjax.models.decoder import DecoderConfig
 
 __all__ = [
-    "decoder_config_from_hf", "hf_config_from_decoder", "import_hf_llama", "export_hf_llama",
-    "hf_llama_shapes", "IGNORED_BUFFERS",
+    "decoder_config_from_hf", "hf_config_from_decoder", "import_hf_decoder", "import_hf_llama",
+    "export_hf_decoder", "export_hf_llama", "hf_llama_shapes", "IGNORED_BUFFERS",
+    "HF_DECODER_TYPES",
 ]
+
+HF_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 # Non-parameter buffers found in some transformers Llama state dicts (older
 # versions saved the rotary inverse frequencies, per layer or once). They are
@@ -62,53 +85,90 @@ IGNORED_BUFFERS: Tuple[str, ...] = (
 )
 _IGNORED_RE = re.compile("|".join(f"(?:{p})" for p in IGNORED_BUFFERS))
 
-_SUPPORTED_ROPE_TYPES = (None, "default")
 _SUPPORTED_ACTS = ("silu", "swish")  # transformers maps both to SiLU.
 
 
 # --------------------------------------------------------------------------- config
 
 
-def _rope_theta_from_hf(hf: Mapping[str, Any]) -> float:
-  """rope_theta from a config dict of any transformers version; rejects scaling."""
+def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Any]:
+  """(rope_theta, canonical scaling rule) from a config dict of any
+  transformers version (`rope_parameters` in 5.x, `rope_scaling` +
+  `rope_theta` before); unsupported rules raise naming the key."""
   theta = hf.get("rope_theta")
+  scaling = None
   for key in ("rope_parameters", "rope_scaling"):
-    rope = hf.get(key)
-    if rope is None:
+    params = hf.get(key)
+    if params is None:
       continue
-    if not isinstance(rope, Mapping):
-      raise ValueError(f"config {key} must be a dict or null, got {rope!r}")
-    rope_type = rope.get("rope_type", rope.get("type"))
-    if rope_type not in _SUPPORTED_ROPE_TYPES:
-      raise ValueError(
-          f"unsupported rotary scaling in config {key}: rope_type {rope_type!r}; specjax "
-          f"supports only plain rotary positions (rope_type 'default' or none)")
-    partial = rope.get("partial_rotary_factor", 1.0)
-    if partial not in (None, 1, 1.0):
-      raise ValueError(f"unsupported config {key}.partial_rotary_factor={partial!r}; "
-                       "specjax rotates the full head dimension")
-    if rope.get("rope_theta") is not None:
-      theta = rope["rope_theta"]
-  return float(10000.0 if theta is None else theta)
+    if not isinstance(params, Mapping):
+      raise ValueError(f"config {key} must be a dict or null, got {params!r}")
+    params = dict(params)
+    if params.get("rope_theta") is not None:
+      theta = params["rope_theta"]
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind in ("llama3", "yarn") and params.get("original_max_position_embeddings") is None:
+      params["original_max_position_embeddings"] = hf.get(
+          "original_max_position_embeddings", hf.get("max_position_embeddings"))
+    if kind == "yarn" and params.get("factor") is None and params.get(
+        "original_max_position_embeddings"):
+      params["factor"] = hf["max_position_embeddings"] / params["original_max_position_embeddings"]
+    try:
+      rule = rope.canonical_scaling(params)
+    except ValueError as err:
+      raise ValueError(f"config {key}: {err}") from None
+    if rule is not None:
+      scaling = rule
+  return float(10000.0 if theta is None else theta), scaling
+
+
+def _sliding_window_from_hf(hf: Mapping[str, Any], model_type: str) -> Optional[int]:
+  window = hf.get("sliding_window")
+  if model_type == "mistral":
+    return None if window is None else int(window)
+  if model_type in ("qwen2", "qwen3"):
+    if not hf.get("use_sliding_window") or window is None:
+      return None
+    n = hf["num_hidden_layers"]
+    types = hf.get("layer_types") or [
+        "sliding_attention" if i >= hf.get("max_window_layers", n) else "full_attention"
+        for i in range(n)]
+    if all(t == "full_attention" for t in types):
+      return None
+    if all(t == "sliding_attention" for t in types):
+      return int(window)
+    raise ValueError(
+        "unsupported config use_sliding_window=true with a mix of sliding and full layers "
+        f"(max_window_layers={hf.get('max_window_layers')!r} / layer_types): specjax applies "
+        "one window to every layer")
+  if window is not None and hf.get("use_sliding_window", True):
+    raise ValueError(f"unsupported config sliding_window={window!r} for model_type "
+                     f"{model_type!r}")
+  return None
 
 
 def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> DecoderConfig:
-  """A `DecoderConfig` from a transformers `LlamaConfig` dict (its config.json).
+  """A `DecoderConfig` from a transformers config dict (its config.json) of a
+  Llama, Mistral, Qwen2 / Qwen2.5 or Qwen3 model.
 
-  `overrides` replace fields of the result (e.g. `dtype="bfloat16"`). Llama
-  features that specjax does not implement (biases, activations other than
-  SiLU, rotary scaling) raise a ValueError naming the config key.
+  `overrides` replace fields of the result (e.g. `dtype="bfloat16"`).
+  Features that specjax does not implement (output or MLP biases,
+  activations other than SiLU, sequence-dependent rotary scaling, per-layer
+  sliding windows) raise a ValueError naming the config key.
   """
   if not isinstance(hf_config, Mapping):
     raise TypeError(f"hf_config must be a dict (a config.json), got {type(hf_config).__name__}")
   hf = dict(hf_config)
   model_type = hf.get("model_type", "llama")
-  if model_type != "llama":
-    raise ValueError(f"config model_type is {model_type!r}; import_hf_llama reads only "
-                     "'llama' checkpoints")
+  if model_type not in HF_DECODER_TYPES:
+    raise ValueError(f"config model_type is {model_type!r}; the decoder importer reads "
+                     f"{', '.join(repr(t) for t in HF_DECODER_TYPES)} checkpoints")
+  # Llama's and Qwen3's attention_bias also puts a bias on o_proj; Qwen2 always
+  # has q/k/v biases and never an o_proj one.
   for key in ("attention_bias", "mlp_bias"):
     if hf.get(key):
-      raise ValueError(f"unsupported config {key}=true: the specjax decoder has no biases")
+      raise ValueError(f"unsupported config {key}=true: the specjax decoder has biases only "
+                       "on the q / k / v projections (Qwen2's layout)")
   act = hf.get("hidden_act", "silu")
   if act not in _SUPPORTED_ACTS:
     raise ValueError(f"unsupported config hidden_act={act!r}: the specjax decoder's MLP "
@@ -127,6 +187,8 @@ def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Decoder
       raise ValueError(f"config has no head_dim and hidden_size ({hidden}) is not a multiple "
                        f"of num_attention_heads ({heads})")
     head_dim = hidden // heads
+  theta, scaling = _rope_from_hf(hf)
+  default_eps = 1e-5 if model_type == "mistral" else 1e-6
   fields = dict(
       vocab_size=hf["vocab_size"],
       d_model=hidden,
@@ -136,32 +198,61 @@ def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Decoder
       head_dim=head_dim,
       mlp_dim=hf["intermediate_size"],
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      rope_theta=_rope_theta_from_hf(hf),
-      norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+      rope_theta=theta,
+      rope_scaling=scaling,
+      norm_eps=float(hf.get("rms_norm_eps", default_eps)),
+      qkv_bias=model_type == "qwen2",
+      qk_norm=model_type == "qwen3",
+      sliding_window=_sliding_window_from_hf(hf, model_type),
   )
   fields.update(overrides)
   return DecoderConfig(**fields)
 
 
+def _model_type_for(config: DecoderConfig) -> str:
+  if config.qk_norm:
+    if config.qkv_bias:
+      raise ValueError("no transformers family has both q/k/v biases and q/k norms")
+    return "qwen3"
+  if config.qkv_bias:
+    return "qwen2"
+  if config.sliding_window is not None:
+    return "mistral"
+  return "llama"
+
+
 def hf_config_from_decoder(config: DecoderConfig, *, max_position_embeddings: int = 4096,
                            bos_token_id: Optional[int] = None,
                            eos_token_id: Optional[int] = None,
-                           pad_token_id: Optional[int] = None) -> Dict[str, Any]:
-  """A transformers `LlamaConfig` dict (config.json) describing `config`.
+                           pad_token_id: Optional[int] = None,
+                           model_type: Optional[str] = None) -> Dict[str, Any]:
+  """A transformers config dict (config.json) describing `config`.
 
-  The weights are exported in float32. specjax has no maximum length and no
-  tokenizer, so `max_position_embeddings` and the special token ids are
-  arguments (the ids default to null: generation stops only at max length).
+  `model_type` (default: the family the config's features need — qwen3 for
+  q/k norms, qwen2 for q/k/v biases, mistral for a sliding window, else
+  llama) picks the transformers class. The weights are exported in float32.
+  specjax has no maximum length and no tokenizer, so
+  `max_position_embeddings` and the special token ids are arguments (the ids
+  default to null: generation stops only at max length).
   """
   if not isinstance(config, DecoderConfig):
     raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
-  if config.d_model % config.num_heads:
+  needed = _model_type_for(config)
+  model_type = needed if model_type is None else model_type
+  if model_type not in HF_DECODER_TYPES:
+    raise ValueError(f"model_type must be one of {HF_DECODER_TYPES}, got {model_type!r}")
+  if model_type != needed and not (needed == "llama" and model_type == "mistral"):
+    raise ValueError(f"model_type {model_type!r} cannot hold this config: it needs {needed!r}")
+  if model_type != "qwen3" and config.d_model % config.num_heads:
     raise ValueError(
-        f"transformers' LlamaConfig requires d_model ({config.d_model}) to be a multiple of "
-        f"num_heads ({config.num_heads}); this config cannot be exported")
-  return {
-      "architectures": ["LlamaForCausalLM"],
-      "model_type": "llama",
+        f"transformers' {model_type} config requires d_model ({config.d_model}) to be a multiple "
+        f"of num_heads ({config.num_heads}); this config cannot be exported")
+  rope_parameters = {"rope_type": "default", "rope_theta": float(config.rope_theta)}
+  if config.rope_scaling is not None:
+    rope_parameters.update(rope.scaling_dict(config.rope_scaling))
+  out = {
+      "architectures": [_ARCHITECTURES[model_type]],
+      "model_type": model_type,
       "vocab_size": config.vocab_size,
       "hidden_size": config.d_model,
       "intermediate_size": config.mlp_dim,
@@ -173,96 +264,78 @@ def hf_config_from_decoder(config: DecoderConfig, *, max_position_embeddings: in
       "max_position_embeddings": int(max_position_embeddings),
       "rms_norm_eps": float(config.norm_eps),
       "rope_theta": float(config.rope_theta),  # read by transformers < 5
-      "rope_parameters": {"rope_type": "default", "rope_theta": float(config.rope_theta)},
+      "rope_parameters": rope_parameters,
       "tie_word_embeddings": bool(config.tie_embeddings),
-      "attention_bias": False,
       "attention_dropout": 0.0,
-      "mlp_bias": False,
-      "pretraining_tp": 1,
       "use_cache": True,
       "bos_token_id": bos_token_id,
       "eos_token_id": eos_token_id,
       "pad_token_id": pad_token_id,
       "dtype": "float32",
   }
+  if config.rope_scaling is not None:  # transformers < 5 reads rope_scaling
+    out["rope_scaling"] = rope.scaling_dict(config.rope_scaling)
+  if model_type in ("llama", "qwen3"):
+    out["attention_bias"] = False
+  if model_type == "llama":
+    out.update(mlp_bias=False, pretraining_tp=1)
+  if model_type == "mistral":
+    out["sliding_window"] = config.sliding_window
+  if model_type in ("qwen2", "qwen3"):  # one window for every layer, or none
+    w = config.sliding_window
+    out.update(use_sliding_window=w is not None, sliding_window=w,
+               max_window_layers=0 if w is not None else config.num_layers)
+  return out
 
 
 # --------------------------------------------------------------------------- tensors
 
 
+def _entries(c: DecoderConfig) -> List[Tuple[streaming.Entry, Tuple[int, ...]]]:
+  """(entry, transformers shape) of every stored tensor, lm_head included
+  only when untied. Each entry's view maps the `[out, in]` tensor to the
+  params layout by reshapes and transposes only."""
+  e, f, v = c.d_model, c.mlp_dim, c.vocab_size
+  h, k, d = c.num_heads, c.num_kv_heads, c.head_dim
+  ident = lambda x: x
+  dense = lambda x: x.T                                        # [out, in] → [in, out]
+  heads = lambda n: (lambda x: x.reshape(n, d, e).transpose(2, 0, 1))  # [n*D, E] → [E, n, D]
+  out_proj = lambda x: x.reshape(e, h, d).transpose(1, 2, 0)   # [E, H*D] → [H, D, E]
+  bias = lambda n: (lambda x: x.reshape(n, d))                 # [n*D] → [n, D]
+  E = streaming.Entry
+  out = [(E("model.embed_tokens.weight", ("embed", "embedding"), ident), (v, e))]
+  for i in range(c.num_layers):
+    p, l = f"model.layers.{i}.", f"layer_{i}"
+    out += [
+        (E(p + "input_layernorm.weight", (l, "attn_norm", "scale"), ident), (e,)),
+        (E(p + "self_attn.q_proj.weight", (l, "q", "kernel"), heads(h)), (h * d, e)),
+        (E(p + "self_attn.k_proj.weight", (l, "k", "kernel"), heads(k)), (k * d, e)),
+        (E(p + "self_attn.v_proj.weight", (l, "v", "kernel"), heads(k)), (k * d, e)),
+    ]
+    if c.qkv_bias:
+      out += [(E(p + f"self_attn.{n}_proj.bias", (l, n, "bias"), bias(m)), (m * d,))
+              for n, m in (("q", h), ("k", k), ("v", k))]
+    if c.qk_norm:
+      out += [(E(p + f"self_attn.{n}_norm.weight", (l, f"{n}_norm", "scale"), ident), (d,))
+              for n in ("q", "k")]
+    out += [
+        (E(p + "self_attn.o_proj.weight", (l, "o", "kernel"), out_proj), (e, h * d)),
+        (E(p + "post_attention_layernorm.weight", (l, "mlp_norm", "scale"), ident), (e,)),
+        (E(p + "mlp.gate_proj.weight", (l, "gate", "kernel"), dense), (f, e)),
+        (E(p + "mlp.up_proj.weight", (l, "up", "kernel"), dense), (f, e)),
+        (E(p + "mlp.down_proj.weight", (l, "down", "kernel"), dense), (e, f)),
+    ]
+  out.append((E("model.norm.weight", ("final_norm", "scale"), ident), (e,)))
+  if not c.tie_embeddings:
+    out.append((E("lm_head.weight", ("lm_head", "kernel"), dense), (v, e)))
+  return out
+
+
 def hf_llama_shapes(config: DecoderConfig) -> Dict[str, Tuple[int, ...]]:
   """The transformers tensor names and shapes of a model with this config
   (lm_head.weight included even when tied; it is then optional)."""
-  c = config
-  e, f, v = c.d_model, c.mlp_dim, c.vocab_size
-  hd, kd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-  shapes: Dict[str, Tuple[int, ...]] = {"model.embed_tokens.weight": (v, e)}
-  for i in range(c.num_layers):
-    p = f"model.layers.{i}."
-    shapes.update({
-        p + "input_layernorm.weight": (e,),
-        p + "self_attn.q_proj.weight": (hd, e),
-        p + "self_attn.k_proj.weight": (kd, e),
-        p + "self_attn.v_proj.weight": (kd, e),
-        p + "self_attn.o_proj.weight": (e, hd),
-        p + "post_attention_layernorm.weight": (e,),
-        p + "mlp.gate_proj.weight": (f, e),
-        p + "mlp.up_proj.weight": (f, e),
-        p + "mlp.down_proj.weight": (e, f),
-    })
-  shapes["model.norm.weight"] = (e,)
-  shapes["lm_head.weight"] = (v, e)
-  return shapes
-
-
-def _to_numpy_f32(x: Any) -> np.ndarray:
-  if hasattr(x, "detach"):  # a torch tensor
-    import torch
-    return x.detach().to("cpu", torch.float32).numpy()
-  return np.asarray(x, np.float32)
-
-
-def _hf_to_params(t: Mapping[str, np.ndarray], c: DecoderConfig) -> Dict[str, Any]:
-  e, h, k, d = c.d_model, c.num_heads, c.num_kv_heads, c.head_dim
-  dtype = jnp.dtype(c.param_dtype)
-  arr = lambda x: jnp.asarray(np.ascontiguousarray(x), dtype)
-  params: Dict[str, Any] = {"embed": {"embedding": arr(t["model.embed_tokens.weight"])}}
-  for i in range(c.num_layers):
-    p = f"model.layers.{i}."
-    params[f"layer_{i}"] = {
-        "attn_norm": {"scale": arr(t[p + "input_layernorm.weight"])},
-        "q": {"kernel": arr(t[p + "self_attn.q_proj.weight"].T.reshape(e, h, d))},
-        "k": {"kernel": arr(t[p + "self_attn.k_proj.weight"].T.reshape(e, k, d))},
-        "v": {"kernel": arr(t[p + "self_attn.v_proj.weight"].T.reshape(e, k, d))},
-        "o": {"kernel": arr(t[p + "self_attn.o_proj.weight"].T.reshape(h, d, e))},
-        "mlp_norm": {"scale": arr(t[p + "post_attention_layernorm.weight"])},
-        "gate": {"kernel": arr(t[p + "mlp.gate_proj.weight"].T)},
-        "up": {"kernel": arr(t[p + "mlp.up_proj.weight"].T)},
-        "down": {"kernel": arr(t[p + "mlp.down_proj.weight"].T)},
-    }
-  params["final_norm"] = {"scale": arr(t["model.norm.weight"])}
-  if not c.tie_embeddings:
-    params["lm_head"] = {"kernel": arr(t["lm_head.weight"].T)}
-  return params
-
-
-def _param_shapes(c: DecoderConfig) -> Dict[Tuple[str, ...], Tuple[int, ...]]:
-  """Path → shape of every leaf of the `DecoderLM` params tree."""
-  e, f, v = c.d_model, c.mlp_dim, c.vocab_size
-  h, k, d = c.num_heads, c.num_kv_heads, c.head_dim
-  shapes: Dict[Tuple[str, ...], Tuple[int, ...]] = {("embed", "embedding"): (v, e)}
-  for i in range(c.num_layers):
-    l = f"layer_{i}"
-    shapes.update({
-        (l, "attn_norm", "scale"): (e,), (l, "q", "kernel"): (e, h, d),
-        (l, "k", "kernel"): (e, k, d), (l, "v", "kernel"): (e, k, d),
-        (l, "o", "kernel"): (h, d, e), (l, "mlp_norm", "scale"): (e,),
-        (l, "gate", "kernel"): (e, f), (l, "up", "kernel"): (e, f),
-        (l, "down", "kernel"): (f, e),
-    })
-  shapes[("final_norm", "scale")] = (e,)
-  if not c.tie_embeddings:
-    shapes[("lm_head", "kernel")] = (e, v)
+  shapes = {entry.name: shape for entry, shape in _entries(config)}
+  shapes["lm_head.weight"] = (config.vocab_size, config.d_model)
   return shapes
 
 
@@ -275,36 +348,33 @@ def _flatten(tree: Any, prefix: Tuple[str, ...] = ()) -> Dict[Tuple[str, ...], A
   return {prefix: tree}
 
 
+def _to_hf(x: np.ndarray, view, shape: Tuple[int, ...]) -> np.ndarray:
+  """The inverse of an entry's view: params-layout `x` → the `[out, in]` tensor."""
+  probe = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
+  order = view(probe).reshape(-1)          # params element j holds stored element order[j]
+  flat = np.empty(int(np.prod(shape)), x.dtype)
+  flat[order] = np.asarray(x).reshape(-1)
+  return flat.reshape(shape)
+
+
 def _params_to_hf(params: Mapping[str, Any], c: DecoderConfig) -> Dict[str, np.ndarray]:
   if decoder_layout.is_packed(params):  # the packed decode layout: same weights
     params = decoder_layout.unpack_params(params, c)
   flat = {"/".join(k): v for k, v in _flatten(params).items()}
-  expected = {"/".join(k): s for k, s in _param_shapes(c).items()}
+  entries = _entries(c)
+  expected = {"/".join(entry.path): tuple(entry.view(np.empty(shape, np.int8)).shape)
+              for entry, shape in entries}
   try:
     check_state_dict(expected, {k: v if hasattr(v, "shape") else np.asarray(v)
                                 for k, v in flat.items()})
   except ValueError as err:
     detail = str(err).split(" — ", 1)[-1]
     raise ValueError(f"params do not match the config — {detail}") from None
-  p32 = {k: np.asarray(v, np.float32) for k, v in flat.items()}
-  e, hd = c.d_model, c.num_heads * c.head_dim
-  t_ = lambda name, rows: p32[name].reshape(rows, -1).T  # flax [in..., out...] → torch [out, in]
-  t: Dict[str, np.ndarray] = {"model.embed_tokens.weight": p32["embed/embedding"]}
-  for i in range(c.num_layers):
-    p, l = f"model.layers.{i}.", f"layer_{i}/"
-    t[p + "input_layernorm.weight"] = p32[l + "attn_norm/scale"]
-    t[p + "self_attn.q_proj.weight"] = t_(l + "q/kernel", e)
-    t[p + "self_attn.k_proj.weight"] = t_(l + "k/kernel", e)
-    t[p + "self_attn.v_proj.weight"] = t_(l + "v/kernel", e)
-    t[p + "self_attn.o_proj.weight"] = t_(l + "o/kernel", hd)
-    t[p + "post_attention_layernorm.weight"] = p32[l + "mlp_norm/scale"]
-    t[p + "mlp.gate_proj.weight"] = t_(l + "gate/kernel", e)
-    t[p + "mlp.up_proj.weight"] = t_(l + "up/kernel", e)
-    t[p + "mlp.down_proj.weight"] = t_(l + "down/kernel", c.mlp_dim)
-  t["model.norm.weight"] = p32["final_norm/scale"]
-  if not c.tie_embeddings:
-    t["lm_head.weight"] = p32["lm_head/kernel"].T
-  return {k: np.ascontiguousarray(v, np.float32) for k, v in t.items()}
+  out = {}
+  for entry, shape in entries:
+    value = np.asarray(jax.device_get(flat["/".join(entry.path)]), np.float32)
+    out[entry.name] = np.ascontiguousarray(_to_hf(value, entry.view, shape), np.float32)
+  return out
 
 
 def _config_path_for(path: str) -> str:
@@ -312,27 +382,41 @@ def _config_path_for(path: str) -> str:
   return os.path.join(folder, "config.json")
 
 
-def import_hf_llama(path_or_state_dict: Any, config: Optional[DecoderConfig] = None
-                    ) -> Tuple[Dict[str, Any], DecoderConfig]:
-  """transformers Llama-format weights → `(params, config)` for `DecoderLM`.
+def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] = None, *,
+                      mesh: Optional[jax.sharding.Mesh] = None,
+                      dtype: Optional[str] = None) -> Tuple[Dict[str, Any], DecoderConfig]:
+  """transformers Llama / Mistral / Qwen2 / Qwen3 weights → `(params, config)`
+  for `DecoderLM`.
+
+  Tensors are read one at a time from memory-mapped files and converted to
+  the parameter dtype slice by slice (`specjax.checkpoints.streaming`):
+  loading never holds a float32 copy of the whole model on the host.
 
   Args:
     path_or_state_dict: a checkpoint directory, a `.safetensors` file, a
       sharded `model.safetensors.index.json`, a PyTorch `.bin`/`.pt` state
-      dict (read with `torch.load(weights_only=True)`), or an in-memory
-      mapping name → tensor (torch tensors or arrays, e.g. `model.state_dict()`).
+      dict (read with `torch.load(weights_only=True, mmap=True)`), or an
+      in-memory mapping name → tensor (torch tensors or arrays).
     config: the `DecoderConfig`; None reads the `config.json` beside the
       weights (required for an in-memory state dict).
+    mesh: place every parameter directly into its `NamedSharding` on this
+      mesh (`specjax.sharding.param_spec`: heads / hidden units over
+      `model`); each device's slice is read and converted on its own, and
+      with several processes each reads only its addressable slices. None:
+      arrays on the default device.
+    dtype: the parameter dtype ("float32", "bfloat16", "float16"); None
+      keeps `config.param_dtype`. Given, it replaces `param_dtype` in the
+      returned config (the compute dtype is `config.dtype`).
 
   Returns:
-    params in `config.param_dtype`, and the config.
+    params in the parameter dtype, and the config.
 
   Raises:
     ValueError naming every missing, unexpected or mis-shaped tensor, or the
     unsupported config feature.
   """
   if isinstance(path_or_state_dict, Mapping):
-    tensors = {str(k): _to_numpy_f32(v) for k, v in path_or_state_dict.items()}
+    tensors = streaming.lazy_from_mapping(path_or_state_dict)
     if config is None:
       raise ValueError("config is required when importing an in-memory state dict "
                        "(there is no config.json to read)")
@@ -343,27 +427,40 @@ def import_hf_llama(path_or_state_dict: Any, config: Optional[DecoderConfig] = N
       if not os.path.exists(config_path):
         raise FileNotFoundError(f"no config.json beside {path}; pass config= explicitly")
       config = decoder_config_from_hf(read_json(config_path))
-    tensors = load_state_dict(path)
+    tensors = streaming.open_tensors(path)
   if not isinstance(config, DecoderConfig):
     raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
-  tensors = {k: v for k, v in tensors.items() if not _IGNORED_RE.fullmatch(k)}
+  if dtype is not None:
+    config = config.replace(param_dtype=str(dtype))
+  tensors = tensors.without([k for k in tensors if _IGNORED_RE.fullmatch(k)])
   optional = ("lm_head.weight",) if config.tie_embeddings else ()
-  check_state_dict(hf_llama_shapes(config), tensors, optional=optional)
+  check_state_dict(hf_llama_shapes(config), {k: tensors[k] for k in tensors}, optional=optional)
   if config.tie_embeddings and "lm_head.weight" in tensors:
-    if not np.array_equal(tensors["lm_head.weight"], tensors["model.embed_tokens.weight"]):
+    if not streaming.tensors_equal(tensors, "lm_head.weight", "model.embed_tokens.weight"):
       raise ValueError("config ties the embeddings (tie_word_embeddings) but the checkpoint's "
                        "lm_head.weight differs from model.embed_tokens.weight")
-  return _hf_to_params(tensors, config), config
+  sharding_for = None
+  if mesh is not None:
+    from specjax import sharding as sharding_lib
+    sharding_for = lambda path, shape: jax.sharding.NamedSharding(
+        mesh, sharding_lib.param_spec(path, shape, mesh))
+  params = streaming.place([entry for entry, _ in _entries(config)], tensors,
+                           config.param_dtype, sharding_for)
+  return params, config
 
 
-def export_hf_llama(params: Mapping[str, Any], config: DecoderConfig, directory: str,
-                    **hf_config_kwargs) -> None:
+import_hf_llama = import_hf_decoder
+
+
+def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, directory: str,
+                      **hf_config_kwargs) -> None:
   """Writes `directory/model.safetensors` (float32) and `directory/config.json`
-  so that `transformers.LlamaForCausalLM.from_pretrained(directory)` loads
-  the model offline. `hf_config_kwargs` go to `hf_config_from_decoder`
-  (max_position_embeddings, bos/eos/pad_token_id). With tied embeddings
-  lm_head.weight is not written (transformers ties it on load). `params`
-  may be in either layout (standard or packed, `DecoderLM.pack_params`)."""
+  so that transformers' `AutoModelForCausalLM.from_pretrained(directory)`
+  loads the model offline (Llama, Mistral, Qwen2 or Qwen3, as the config's
+  features need). `hf_config_kwargs` go to `hf_config_from_decoder`
+  (max_position_embeddings, bos/eos/pad_token_id, model_type). With tied
+  embeddings lm_head.weight is not written (transformers ties it on load).
+  `params` may be in either layout (standard or packed, `DecoderLM.pack_params`)."""
   hf_config = hf_config_from_decoder(config, **hf_config_kwargs)
   tensors = _params_to_hf(params, config)
   optional = ("lm_head.weight",) if config.tie_embeddings else ()
@@ -373,3 +470,6 @@ def export_hf_llama(params: Mapping[str, Any], config: DecoderConfig, directory:
   save_safetensors(tensors, os.path.join(directory, "model.safetensors"),
                    metadata={"format": "pt"})
   write_json(hf_config, os.path.join(directory, "config.json"))
+
+
+export_hf_llama = export_hf_decoder

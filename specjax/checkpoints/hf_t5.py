@@ -36,11 +36,11 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from specjax.checkpoints import streaming
 from specjax.checkpoints.hf_common import (
-    check_state_dict, load_state_dict, read_json, save_safetensors, write_json)
+    check_state_dict, read_json, save_safetensors, write_json)
 from specjax.models.t5_config import T5Config
 
 __all__ = ["import_hf_t5", "export_hf_t5", "t5_config_from_hf", "hf_config_from_t5",
@@ -190,22 +190,6 @@ def _optional_shapes(c: T5Config) -> Dict[str, Tuple[int, ...]]:
   return shapes
 
 
-def _to_numpy(tensors: Mapping[str, Any]) -> Dict[str, np.ndarray]:
-  out = {}
-  for k, t in tensors.items():
-    if hasattr(t, "detach"):  # A torch tensor.
-      import torch
-      t = t.detach().to(torch.float32).cpu().numpy()
-    out[k] = np.asarray(t, np.float32)
-  return out
-
-
-def _set(tree: Dict[str, Any], path: Tuple[str, ...], value) -> None:
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
-
-
 def _get(tree: Mapping[str, Any], path: Tuple[str, ...]):
   for key in path:
     if key not in tree:
@@ -220,18 +204,27 @@ def _find_hf_config(path: str) -> Optional[Dict[str, Any]]:
   return read_json(candidate) if os.path.exists(candidate) else None
 
 
-def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None) -> Tuple[Any, T5Config]:
+def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
+                 mesh: Optional[jax.sharding.Mesh] = None,
+                 dtype: Optional[str] = None) -> Tuple[Any, T5Config]:
   """transformers-format T5 weights → `(params, config)` for `T5(config)`.
+
+  Streamed like `import_hf_decoder`: tensors are memory-mapped and read one
+  at a time, each converted to the parameter dtype (`dtype`, default
+  `config.param_dtype`; given, it replaces `param_dtype` in the returned
+  config) slice by slice; with `mesh`, every leaf is placed directly into
+  its `NamedSharding` (`specjax.sharding.param_spec`), each device's slice
+  read on its own (`specjax.checkpoints.streaming`).
 
   Raises ValueError naming every missing, unexpected or mis-shaped tensor,
   and when a copy that must equal `shared.weight` differs from it.
   """
   hf_config = None
   if isinstance(path_or_state_dict, Mapping):
-    tensors = _to_numpy(path_or_state_dict)
+    tensors = streaming.lazy_from_mapping(path_or_state_dict)
   else:
     path = os.fspath(path_or_state_dict)
-    tensors = load_state_dict(path)
+    tensors = streaming.open_tensors(path)
     hf_config = _find_hf_config(path)
   if config is None:
     if hf_config is None:
@@ -240,6 +233,8 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None) -> Tuple
     config = t5_config_from_hf(hf_config)
   if not isinstance(config, T5Config):
     raise TypeError(f"config must be a T5Config, got {type(config).__name__}")
+  if dtype is not None:
+    config = config.replace(param_dtype=str(dtype))
 
   expected = hf_t5_shapes(config)
   optional = _optional_shapes(config)
@@ -248,19 +243,20 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None) -> Tuple
   head_from_shared = (not config.tie_word_embeddings and "lm_head.weight" not in tensors
                       and hf_config is not None and hf_config.get("tie_word_embeddings") is True)
   if head_from_shared and "shared.weight" in tensors:
-    tensors = dict(tensors, **{"lm_head.weight": tensors["shared.weight"]})
-  check_state_dict({**expected, **optional}, tensors, optional=optional)
+    tensors = tensors.with_alias("lm_head.weight", "shared.weight")
+  check_state_dict({**expected, **optional}, {k: tensors[k] for k in tensors}, optional=optional)
   for copy in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
-    if copy in optional and copy in tensors and not np.array_equal(tensors[copy],
-                                                                   tensors["shared.weight"]):
+    if copy in optional and copy in tensors and not streaming.tensors_equal(tensors, copy,
+                                                                            "shared.weight"):
       raise ValueError(f"{copy} differs from shared.weight; this T5 layout ties them "
                        f"(tie_word_embeddings={config.tie_word_embeddings})")
-
-  dtype = jnp.dtype(config.param_dtype)
-  params: Dict[str, Any] = {}
-  for name, path, _, from_hf in _entries(config):
-    _set(params, path, jnp.asarray(np.ascontiguousarray(from_hf(tensors[name])), dtype))
-  return params, config
+  sharding_for = None
+  if mesh is not None:
+    from specjax import sharding as sharding_lib
+    sharding_for = lambda p, shape: jax.sharding.NamedSharding(
+        mesh, sharding_lib.param_spec(p, shape, mesh))
+  entries = [streaming.Entry(name, path, from_hf) for name, path, _, from_hf in _entries(config)]
+  return streaming.place(entries, tensors, config.param_dtype, sharding_for), config
 
 
 def export_hf_t5(params, config: T5Config, directory: str) -> None:

@@ -9,6 +9,8 @@ Parameter tree (all kernels `[in..., out...]`):
   embed/embedding [V, E]
   layer_{i}/attn_norm/scale [E]
   layer_{i}/{q [E, H, D], k [E, K, D], v [E, K, D], o [H, D, E]}/kernel
+  layer_{i}/{q [H, D], k [K, D], v [K, D]}/bias            (qkv_bias: Qwen2)
+  layer_{i}/{q_norm, k_norm}/scale [D]                      (qk_norm: Qwen3)
   layer_{i}/mlp_norm/scale [E]
   layer_{i}/{gate [E, F], up [E, F], down [F, E]}/kernel
   final_norm/scale [E]
@@ -30,7 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from specjax.models import decoder_layout, matvec_cache
+from specjax.models import decoder_layout, matvec_cache, rope
 from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, contract,
                                    copy_slots, replace_layer)
 
@@ -61,6 +63,14 @@ class DecoderConfig:
     mlp_dim: F, the SwiGLU hidden width.
     tie_embeddings: output projection = embedding transposed.
     rope_theta: rotary base.
+    rope_scaling: a context-extension rule of the rotary frequencies
+      (`specjax.models.rope`: linear, llama3, yarn), as a dict or the
+      canonical (key, value) pairs it is stored as; None: plain rotary.
+    qkv_bias: q, k and v projections carry biases (Qwen2 / Qwen2.5).
+    qk_norm: RMSNorm over the head dimension of every query and key head
+      before the rotary embedding (Qwen3), one scale `[D]` each for q and k.
+    sliding_window: a token attends only to the last `sliding_window`
+      positions, itself included (Mistral); None: the whole context.
     norm_eps: RMSNorm epsilon.
     dtype: compute dtype name; param_dtype: parameter dtype name.
     matvec_max_rows: how a call on N = B * T tokens computes each projection
@@ -94,6 +104,10 @@ class DecoderConfig:
   tie_embeddings: bool = False
   rope_theta: float = 10000.0
   norm_eps: float = 1e-6
+  rope_scaling: Optional[Tuple[Tuple[str, Any], ...]] = None
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  sliding_window: Optional[int] = None
   dtype: str = "float32"
   param_dtype: str = "float32"
   # How calls compute, not what the weights are: checkpoints restore across values.
@@ -111,6 +125,13 @@ class DecoderConfig:
           f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for rotary positions, got {self.head_dim}")
+    object.__setattr__(self, "rope_scaling", rope.canonical_scaling(self.rope_scaling))
+    w = self.sliding_window
+    if w is not None:
+      _check_positive_int("sliding_window", w)
+    for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+      if not isinstance(getattr(self, name), bool):
+        raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
     m = self.matvec_max_rows
     if m is not None and (isinstance(m, bool) or not isinstance(m, int)):
       raise TypeError(f"matvec_max_rows must be an int or None, got {m!r}")
@@ -124,6 +145,10 @@ class DecoderConfig:
     """Exact parameter count."""
     e, f, v = self.d_model, self.mlp_dim, self.vocab_size
     attn = e * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+    if self.qkv_bias:
+      attn += self.head_dim * (self.num_heads + 2 * self.num_kv_heads)
+    if self.qk_norm:
+      attn += 2 * self.head_dim
     per_layer = attn + 3 * e * f + 2 * e
     head = 0 if self.tie_embeddings else e * v
     return v * e + self.num_layers * per_layer + e + head
@@ -169,9 +194,9 @@ def decoder_config(name: str, **overrides) -> DecoderConfig:
   return DECODER_CONFIGS[name].replace(**overrides)
 
 
-def _dense(features, name, config, axis=-1):
+def _dense(features, name, config, axis=-1, use_bias=False):
   return nn.DenseGeneral(
-      features, axis=axis, use_bias=False, name=name, dtype=jnp.dtype(config.dtype),
+      features, axis=axis, use_bias=use_bias, name=name, dtype=jnp.dtype(config.dtype),
       param_dtype=jnp.dtype(config.param_dtype),
       kernel_init=nn.initializers.variance_scaling(1.0, "fan_in", "normal"))
 
@@ -193,9 +218,10 @@ def _declare_block_params(c: DecoderConfig, dtype) -> None:
   """Creates the standard kernels of a block (init only), named as in the tree."""
   e = jnp.zeros((1, c.d_model), dtype)
   for name, shape in (("q", (c.num_heads, c.head_dim)), ("k", (c.num_kv_heads, c.head_dim)),
-                      ("v", (c.num_kv_heads, c.head_dim)), ("gate", (c.mlp_dim,)),
-                      ("up", (c.mlp_dim,))):
-    _dense(shape, name, c)(e)
+                      ("v", (c.num_kv_heads, c.head_dim))):
+    _dense(shape, name, c, use_bias=c.qkv_bias)(e)
+  for name in ("gate", "up"):
+    _dense((c.mlp_dim,), name, c)(e)
   _dense(c.d_model, "o", c, axis=(-2, -1))(jnp.zeros((1, c.num_heads, c.head_dim), dtype))
   _dense(c.d_model, "down", c)(jnp.zeros((1, c.mlp_dim), dtype))
 
@@ -211,23 +237,28 @@ class _Block(nn.Module):
     norm = lambda name: RMSNorm(c.norm_eps, dtype, jnp.dtype(c.param_dtype), name=name)
     if self.is_initializing():
       _declare_block_params(c, dtype)
-    p = {k: v["kernel"] for k, v in self.variables["params"].items() if "kernel" in v}
+    variables = self.variables["params"]
+    p = {k: v["kernel"] for k, v in variables.items() if "kernel" in v}
+    bias = lambda n: variables[n]["bias"].astype(dtype) if "bias" in variables[n] else 0
     mm = functools.partial(contract, max_matvec_rows=matvec_rows(c, "qkv" in p), dtype=dtype)
     b, t = x_BTE.shape[:2]
     h_BTE = norm("attn_norm")(x_BTE)
     if "qkv" in p:  # packed: [E, K, G + 2, D], each kv head after its query group
       g = c.num_heads // c.num_kv_heads
-      qkv = mm(h_BTE, p["qkv"], (0,))
+      qkv = mm(h_BTE, p["qkv"], (0,)) + bias("qkv")
       q_BTHD = qkv[:, :, :, :g].reshape(b, t, c.num_heads, c.head_dim)
       k_BTKD, v_BTKD = qkv[:, :, :, g], qkv[:, :, :, g + 1]
     else:
-      q_BTHD, k_BTKD, v_BTKD = (mm(h_BTE, p[n], (0,)) for n in ("q", "k", "v"))
-    q_BTHD = apply_rope(q_BTHD, positions_BT, c.rope_theta)
-    k_BTKD = apply_rope(k_BTKD, positions_BT, c.rope_theta)
+      q_BTHD, k_BTKD, v_BTKD = (mm(h_BTE, p[n], (0,)) + bias(n) for n in ("q", "k", "v"))
+    if c.qk_norm:
+      q_BTHD, k_BTKD = norm("q_norm")(q_BTHD), norm("k_norm")(k_BTKD)
+    q_BTHD = apply_rope(q_BTHD, positions_BT, c.rope_theta, c.rope_scaling)
+    k_BTKD = apply_rope(k_BTKD, positions_BT, c.rope_theta, c.rope_scaling)
     att_BTHD, new_k, new_v = attend_cached(q_BTHD, k_BTKD, v_BTKD, cache.k[layer], cache.v[layer],
                                            cache.lengths, scale=c.head_dim ** -0.5, empty=empty,
                                            mask_TT=mask_TT, valid_BS=valid_BS,
-                                           write_slots_BT=write_slots_BT)
+                                           write_slots_BT=write_slots_BT,
+                                           positions_BT=positions_BT, window=c.sliding_window)
     x_BTE = x_BTE + mm(att_BTHD, p["o"], (0, 1))
     h_BTE = norm("mlp_norm")(x_BTE)
     if "gate_up" in p:  # packed: [E, F, 2]

@@ -9,6 +9,8 @@ weights in fewer, wider kernels, per layer:
 
   qkv/kernel     [E, K, G + 2, D]  q heads of kv head j (G = H / K of them),
                                    then k, then v of head j
+  qkv/bias       [K, G + 2, D]     the q / k / v biases in the same order
+                                   (only with `qkv_bias`)
   gate_up/kernel [E, F, 2]         gate and up of each hidden unit side by side
   down_t/kernel  [E, F]            down, transposed (rows of F, not of E)
 
@@ -80,21 +82,30 @@ def _convert(params: Mapping[str, Any], config, to_packed: bool, convert_layer) 
 
 
 def _pack_layer(layer, e, h, k, d, g) -> None:
-  q = layer.pop("q")["kernel"]
+  q = layer["q"]["kernel"]
   xp = _xp(q)
   q = q.reshape(e, k, g, d)
-  kk, v = layer.pop("k")["kernel"], layer.pop("v")["kernel"]
+  qd, kd, vd = layer.pop("q"), layer.pop("k"), layer.pop("v")
+  kk, v = kd["kernel"], vd["kernel"]
   layer["qkv"] = {"kernel": xp.concatenate([q, kk[:, :, None], v[:, :, None]], axis=2)}
+  if "bias" in qd:
+    layer["qkv"]["bias"] = xp.concatenate(
+        [qd["bias"].reshape(k, g, d), kd["bias"][:, None], vd["bias"][:, None]], axis=1)
   layer["gate_up"] = {"kernel": xp.stack([layer.pop("gate")["kernel"],
                                           layer.pop("up")["kernel"]], axis=-1)}
   layer["down_t"] = {"kernel": _transpose(layer.pop("down")["kernel"])}
 
 
 def _unpack_layer(layer, e, h, k, d, g) -> None:
-  qkv = layer.pop("qkv")["kernel"]
+  packed = layer.pop("qkv")
+  qkv = packed["kernel"]
   layer["q"] = {"kernel": qkv[:, :, :g].reshape(e, h, d)}
   layer["k"] = {"kernel": qkv[:, :, g]}
   layer["v"] = {"kernel": qkv[:, :, g + 1]}
+  if "bias" in packed:
+    b = packed["bias"]
+    layer["q"]["bias"] = b[:, :g].reshape(h, d)
+    layer["k"]["bias"], layer["v"]["bias"] = b[:, g], b[:, g + 1]
   gu = layer.pop("gate_up")["kernel"]
   layer["gate"], layer["up"] = {"kernel": gu[..., 0]}, {"kernel": gu[..., 1]}
   layer["down"] = {"kernel": _transpose(layer.pop("down_t")["kernel"])}

@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.models.rope import rope_frequencies
+
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "kv_specs", "zero_arrays",
            "replace_layer", "to_cache_layout", "write_kv", "copy_slots", "attend",
            "attend_cached"]
@@ -140,13 +142,20 @@ def contract(x: jax.Array, kernel: jax.Array, kernel_in_axes: Sequence[int],
   return y.reshape(tuple(lead) + y.shape[1:])
 
 
-def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float) -> jax.Array:
-  """Rotary position embedding, "rotate half" layout (as Llama/transformers)."""
+def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float,
+               scaling=None) -> jax.Array:
+  """Rotary position embedding, "rotate half" layout (as Llama/transformers).
+
+  `scaling`: a context-extension rule (`specjax.models.rope`: linear, llama3,
+  yarn; None: plain rotary positions). Its frequencies are constants of the
+  trace, computed once on the host."""
   d = x_BTHD.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  angles_BTd = positions_BT.astype(jnp.float32)[..., None] * inv_freq
+  inv_freq, attention_factor = rope_frequencies(d, theta, scaling)
+  angles_BTd = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
   angles_BTD = jnp.concatenate([angles_BTd, angles_BTd], axis=-1)[:, :, None, :]
   cos, sin = jnp.cos(angles_BTD), jnp.sin(angles_BTD)
+  if attention_factor != 1.0:
+    cos, sin = cos * attention_factor, sin * attention_factor
   x32 = x_BTHD.astype(jnp.float32)
   x1, x2 = x32[..., : d // 2], x32[..., d // 2:]
   rotated = jnp.concatenate([-x2, x1], axis=-1)
@@ -242,7 +251,8 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
                   bias_BHTS: Optional[jax.Array] = None, bias_new_BHTT: Optional[jax.Array] = None,
                   scale: float = 1.0, empty: bool = False,
                   mask_TT: Optional[jax.Array] = None, valid_BS: Optional[jax.Array] = None,
-                  write_slots_BT: Optional[jax.Array] = None
+                  write_slots_BT: Optional[jax.Array] = None,
+                  positions_BT: Optional[jax.Array] = None, window: Optional[int] = None
                   ) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Attention of T new tokens (row b's at slots `lengths_B[b] + 0..T-1`)
   over the row's cached slots `< lengths_B[b]` and over each other —
@@ -273,6 +283,12 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
   of slots (a ring buffer: `specjax.drafters.windowed`) passes which slots
   are valid (`valid_BS`, bool `[B, S]`) and where the new tokens go
   (`write_slots_BT`, int32 `[B, T]`).
+
+  `window` (Mistral's sliding window): a token at position p attends only
+  to positions > p - window. The new tokens' positions are `positions_BT`
+  (default: their slots); a cached slot's position is its index (the
+  committed prefix). Ignored for a ring buffer (`write_slots_BT`), which is
+  a draft's approximation anyway.
   """
   b, t, h, d = q_BTHD.shape
   kv, s = k_BKDS.shape[1], k_BKDS.shape[3]
@@ -290,6 +306,13 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
     allowed = mask_TT[:, None, :]
   else:
     allowed = mask_TT[:, None, :, None, :]                         # [B, 1, T, 1, U]
+  use_window = window is not None and write_slots_BT is None
+  if use_window:
+    if positions_BT is None:
+      positions_BT = lengths_B[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    pos_BT = positions_BT.astype(jnp.int32)
+    near_BTU = pos_BT[:, None, :] > pos_BT[:, :, None] - window
+    allowed = allowed & near_BTU[:, None, :, None, :]              # [B, 1, T, 1, U]
   new = jnp.where(allowed, new, neg)
   if empty:
     weights = jax.nn.softmax(new, axis=-1).astype(v_BKSD.dtype)
@@ -301,7 +324,11 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
       old = old + _bias_BKTGX(bias_BHTS, kv)
     if valid_BS is None:
       valid_BS = jnp.arange(s)[None, :] < lengths_B[:, None]
-    old = jnp.where(valid_BS[:, None, None, None, :], old, neg)
+    if use_window:  # [B, 1, T, 1, S]
+      valid_BTS = valid_BS[:, None, :] & (jnp.arange(s)[None, None, :] > pos_BT[:, :, None] - window)
+      old = jnp.where(valid_BTS[:, None, :, None, :], old, neg)
+    else:
+      old = jnp.where(valid_BS[:, None, None, None, :], old, neg)
     weights = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(v_BKSD.dtype)
     cached = jnp.einsum("bkqs,bksd->bkqd", weights[..., :s].reshape(b, kv, t * g, s), v_BKSD)
     out_BKTGD = (cached.reshape(b, kv, t, g, d)

@@ -1,0 +1,286 @@
+"""Streamed loading of transformers-format weights: tensor by tensor, slice by slice.
+
+`open_tensors(path)` gives a `LazyTensors` mapping: each name's shape and
+dtype come from the file headers, and `tensors.read(name)` returns a
+read-only numpy view of the bytes on disk (a memory map; bfloat16 through
+`ml_dtypes`), so nothing is read until a slice of it is used. safetensors
+files and sharded `model.safetensors.index.json` checkpoints are parsed here
+(the format is an 8-byte header length, a JSON header of name → dtype,
+shape and byte range, then the raw little-endian data); PyTorch `.bin`
+files are memory-mapped by `torch.load(mmap=True, weights_only=True)`.
+
+`place(entries, tensors, dtype, sharding_for)` builds a params tree from a
+list of `Entry`s (transformers name, params path, a view that turns the
+stored `[out, in]` tensor into the params layout by reshapes and
+transposes only). Each leaf is made by `jax.make_array_from_callback`: every
+device asks for its own slice, which is read from the map, converted to the
+target dtype and handed over; the map is released before the next tensor.
+Host memory beyond the placed arrays therefore stays near one tensor's slices
+(on an accelerator the placed arrays live on the devices; on a CPU "device"
+they are host memory too) — never a float32 copy of the whole model. With
+several processes (`jax.distributed`), each reads only the slices of its
+addressable devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+__all__ = ["Entry", "LazyTensors", "open_tensors", "lazy_from_mapping", "place",
+           "tensors_equal", "stored_bytes"]
+
+_ST_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One stored tensor: its transformers name, where it goes in the params
+  tree, and `view`, a function of the stored array that returns the params
+  layout using only reshapes and transposes (numpy views: no copy)."""
+
+  name: str
+  path: Tuple[str, ...]
+  view: Callable[[np.ndarray], np.ndarray]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Stored:
+  file: str
+  dtype: Any
+  shape: Tuple[int, ...]
+  offset: int  # absolute byte offset in the file
+
+
+class LazyTensors(Mapping):
+  """Name → (shape, dtype) of stored tensors; `read(name)` maps one.
+
+  As a Mapping, values are `jax.ShapeDtypeStruct`s (cheap: nothing is read).
+  """
+
+  def __init__(self, reader: Callable[[str], np.ndarray],
+               meta: Mapping[str, Tuple[Tuple[int, ...], Any]], source: str):
+    self._reader = reader
+    self._meta = dict(meta)
+    self.source = source
+
+  def __getitem__(self, name: str) -> jax.ShapeDtypeStruct:
+    shape, dtype = self._meta[name]
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._meta)
+
+  def __len__(self) -> int:
+    return len(self._meta)
+
+  def read(self, name: str) -> np.ndarray:
+    """A read-only numpy array of the stored tensor (memory-mapped where the
+    format allows: only the bytes a slice touches are read)."""
+    if name not in self._meta:
+      raise KeyError(f"{self.source} holds no tensor {name!r}")
+    return self._reader(name)
+
+  def without(self, names: Sequence[str]) -> "LazyTensors":
+    """The same tensors minus `names` (e.g. ignored buffers)."""
+    drop = set(names)
+    return LazyTensors(self._reader, {k: v for k, v in self._meta.items() if k not in drop},
+                       self.source)
+
+  def with_alias(self, name: str, existing: str) -> "LazyTensors":
+    """The same tensors plus `name`, reading `existing` (a tied copy)."""
+    meta = dict(self._meta)
+    meta[name] = self._meta[existing]
+    reader = self._reader
+    return LazyTensors(lambda n: reader(existing if n == name else n), meta, self.source)
+
+
+def _safetensors_header(path: str) -> Dict[str, _Stored]:
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    raw = f.read(8)
+    if len(raw) < 8:
+      raise ValueError(f"{path} is not a safetensors file: {size} bytes, no header length")
+    (n,) = struct.unpack("<Q", raw)
+    if n > size - 8:
+      raise ValueError(f"{path} is truncated or not a safetensors file: its header claims "
+                       f"{n} bytes, the file has {size}")
+    try:
+      header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+      raise ValueError(f"{path} is not a safetensors file: unreadable header ({err})") from None
+  out: Dict[str, _Stored] = {}
+  for name, info in header.items():
+    if name == "__metadata__":
+      continue
+    dtype = _ST_DTYPES.get(info.get("dtype"))
+    if dtype is None:
+      raise ValueError(f"{path}: tensor {name} has dtype {info.get('dtype')!r}; readable: "
+                       f"{sorted(_ST_DTYPES)}")
+    begin, end = info["data_offsets"]
+    shape = tuple(int(s) for s in info["shape"])
+    if end - begin != int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize:
+      raise ValueError(f"{path}: tensor {name}'s byte range does not match its shape {shape}")
+    if 8 + n + end > size:
+      raise ValueError(f"{path} is truncated: tensor {name} ends at byte {8 + n + end}, "
+                       f"the file has {size}")
+    out[name] = _Stored(path, np.dtype(dtype), shape, 8 + n + begin)
+  return out
+
+
+def _map(stored: _Stored) -> np.ndarray:
+  if int(np.prod(stored.shape, dtype=np.int64)) == 0:
+    return np.zeros(stored.shape, stored.dtype)
+  return np.memmap(stored.file, dtype=stored.dtype, mode="r", offset=stored.offset,
+                   shape=stored.shape)
+
+
+def _open_safetensors(files: Sequence[str], source: str) -> LazyTensors:
+  stored: Dict[str, _Stored] = {}
+  for file in files:
+    for name, s in _safetensors_header(file).items():
+      if name in stored:
+        raise ValueError(f"tensor {name} is stored twice ({stored[name].file}, {file})")
+      stored[name] = s
+  return LazyTensors(lambda n: _map(stored[n]), {k: (s.shape, s.dtype) for k, s in stored.items()},
+                     source)
+
+
+def _torch_to_numpy(t) -> np.ndarray:
+  import torch
+  t = t.detach().cpu()
+  if t.dtype == torch.bfloat16:
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+  return t.numpy()
+
+
+def lazy_from_mapping(tensors: Mapping[str, Any], source: str = "state dict") -> LazyTensors:
+  """An in-memory state dict (torch tensors or arrays) as `LazyTensors`."""
+  arrays = {str(k): _torch_to_numpy(v) if hasattr(v, "detach") else np.asarray(v)
+            for k, v in tensors.items()}
+  return LazyTensors(arrays.__getitem__, {k: (a.shape, a.dtype) for k, a in arrays.items()},
+                     source)
+
+
+def open_tensors(path: str) -> LazyTensors:
+  """The tensors of a checkpoint file or directory, lazily.
+
+  Accepts a `.safetensors` file, a sharded `*.safetensors.index.json`, a
+  PyTorch `.bin` / `.pt` / `.pth` state dict (memory-mapped by torch, never
+  unpickled beyond tensors), or a directory holding `model.safetensors`,
+  `model.safetensors.index.json` or `pytorch_model.bin`.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+      candidate = os.path.join(path, name)
+      if os.path.exists(candidate):
+        return open_tensors(candidate)
+    raise FileNotFoundError(
+        f"{path} holds no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"checkpoint file {path} does not exist")
+  if path.endswith(".index.json"):
+    with open(path, encoding="utf-8") as f:
+      try:
+        index = json.load(f)
+      except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not a valid index file: {err}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+      raise ValueError(f"{path} has no weight_map")
+    folder = os.path.dirname(path)
+    files = [os.path.join(folder, f) for f in sorted(set(weight_map.values()))]
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+      raise FileNotFoundError(f"{path} names shards that do not exist: {missing}")
+    lazy = _open_safetensors(files, path)
+    absent = sorted(set(weight_map) - set(lazy))
+    if absent:
+      raise ValueError(f"{path} maps tensors that its shards do not hold: {absent[:5]}")
+    return lazy
+  if path.endswith(".safetensors"):
+    return _open_safetensors([path], path)
+  if path.endswith((".bin", ".pt", ".pth")):
+    import torch
+    try:
+      state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+      state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, Mapping):
+      raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__})")
+    return lazy_from_mapping(state, path)
+  raise ValueError(f"unknown checkpoint format for {path}: expected .safetensors, "
+                   ".safetensors.index.json, .bin, .pt or .pth")
+
+
+def tensors_equal(tensors: LazyTensors, a: str, b: str, rows: int = 4096) -> bool:
+  """Whether two stored tensors hold the same values (compared in blocks of
+  rows, so a tied embedding check never holds two whole copies)."""
+  x, y = tensors.read(a), tensors.read(b)
+  if x.shape != y.shape:
+    return False
+  if x.ndim == 0:
+    return bool(np.array_equal(x, y))
+  for start in range(0, x.shape[0], rows):
+    if not np.array_equal(np.asarray(x[start:start + rows], np.float32),
+                          np.asarray(y[start:start + rows], np.float32)):
+      return False
+  return True
+
+
+def _set(tree: Dict[str, Any], path: Tuple[str, ...], value) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def _owned(x: np.ndarray, dtype) -> np.ndarray:
+  """A C-contiguous copy in `dtype` that owns its memory (never a view of a
+  map: jax may keep a host buffer it is given without copying)."""
+  return np.array(x, dtype=dtype, copy=True, order="C")
+
+
+def place(entries: Sequence[Entry], tensors: LazyTensors, dtype: Any,
+          sharding_for: Optional[Callable[[Tuple[str, ...], Tuple[int, ...]], Any]] = None
+          ) -> Dict[str, Any]:
+  """The params tree of `entries`, read from `tensors` and cast to `dtype`.
+
+  `sharding_for(path, shape)` → a `jax.sharding.Sharding` places each leaf
+  slice by slice with `jax.make_array_from_callback` (every device's slice
+  read from the map and converted on its own); None places every leaf on
+  the default device the same way.
+  """
+  np_dtype = np.dtype(jnp.dtype(dtype))
+  params: Dict[str, Any] = {}
+  if sharding_for is None:
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding_for = lambda path, shape: one
+  for entry in entries:
+    stored = tensors.read(entry.name)
+    view = entry.view(stored)
+    sharding = sharding_for(entry.path, tuple(view.shape))
+    value = jax.make_array_from_callback(
+        tuple(view.shape), sharding, lambda index, v=view: _owned(v[index], np_dtype))
+    _set(params, entry.path, value)
+    del stored, view  # release the map before the next tensor
+  return params
+
+
+def stored_bytes(tensors: LazyTensors) -> Tuple[int, int]:
+  """(total, largest) bytes of the stored tensors."""
+  sizes = [int(np.prod(s.shape, dtype=np.int64)) * np.dtype(s.dtype).itemsize
+           for s in tensors.values()]
+  return sum(sizes), max(sizes, default=0)

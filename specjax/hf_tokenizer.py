@@ -1,0 +1,584 @@
+"""Hugging Face ``tokenizer.json`` tokenizers, a loader for either kind, and a
+draft/target compatibility check.
+
+Llama 3 and Qwen ship no SentencePiece model, only a ``tokenizer.json`` for
+the `tokenizers` library. `HFTokenizer` reads one (never downloading anything)
+and offers the batch interface of `specjax.tokenizer.SentencePieceTokenizer`:
+right-padded ``np.int32`` batches ``tokens [B, P]`` with ``lengths [B]``, EOS
+appended by default, rows longer than ``max_len`` an error unless
+``truncate=True``.
+
+Special tokens (BOS / EOS / PAD) come from the files next to
+``tokenizer.json``, first match wins: ``tokenizer_config.json``
+(``"eos_token": "<|eot_id|>"`` or ``{"content": ...}``), then
+``special_tokens_map.json`` (same keys), then ``config.json``
+(``"eos_token_id": 128001`` or a list, whose first entry is used). A key that
+is present with ``null`` means "no such token" (Qwen2: ``"bos_token": null``).
+When there is no side file at all (a bare ``tokenizer.json``), a few
+well-known names are looked up among the tokenizer's special tokens
+(``<|begin_of_text|>``, ``<s>``, ``<bos>`` for BOS; ``<|end_of_text|>``,
+``<|endoftext|>``, ``</s>``, ``<eos>`` for EOS; ``<pad>``, ``<|pad|>`` for
+PAD). Keyword arguments of `HFTokenizer` override all of it.
+
+Padding: when the tokenizer has no pad token (Llama 3, many others), batches
+are padded with the EOS id, or with 0 when there is no EOS either; padding is
+never a real token, so read ``lengths`` to know where each row ends.
+
+  tok = load_tokenizer("/models/Llama-3.2-1B")  # the folder or tokenizer.json
+  tokens_bp, lengths_b = tok.encode_batch(["Hello world."], max_len=16,
+                                          add_eos=False)
+  tok.decode_batch(tokens_bp, lengths_b)  # ["Hello world."]
+  check_tokenizers_compatible("/models/Llama-3.2-1B", "/models/Llama-3.1-8B")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
+
+import numpy as np
+
+from specjax.tokenizer import SentencePieceTokenizer
+
+if TYPE_CHECKING:
+  import tokenizers
+
+__all__ = ["HFTokenizer", "load_tokenizer", "check_tokenizers_compatible"]
+
+TOKENIZER_JSON = "tokenizer.json"
+SENTENCEPIECE_NAMES = ("spiece.model", "tokenizer.model")
+# Files next to tokenizer.json that name special tokens, in priority order.
+_TOKEN_CONFIGS = ("tokenizer_config.json", "special_tokens_map.json")
+_MODEL_CONFIG = "config.json"
+_SPECIAL_NAMES = ("bos", "eos", "pad")
+_WELL_KNOWN = {
+    "bos": ("<|begin_of_text|>", "<s>", "<bos>"),
+    "eos": ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>"),
+    "pad": ("<pad>", "<|pad|>"),
+}
+
+AnyTokenizer = Union["HFTokenizer", SentencePieceTokenizer]
+
+
+def _read_json_object(path: str) -> dict[str, Any] | None:
+  """The JSON object in `path`, or None when the file does not exist.
+
+  Raises:
+    ValueError: the file is not valid JSON or not a JSON object.
+  """
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON: {e}") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} must hold a JSON object, got "
+                     f"{type(value).__name__}")
+  return value
+
+
+def _token_content(value: Any, where: str) -> str | None:
+  """A token entry of tokenizer_config.json: a string, {"content": ...} or
+  null."""
+  if value is None or isinstance(value, str):
+    return value
+  if isinstance(value, dict) and isinstance(value.get("content"), str):
+    return value["content"]
+  raise ValueError(f"{where} must be a token string, an object with a "
+                   f"\"content\" string, or null; got {value!r}")
+
+
+class HFTokenizer:
+  """Encodes and decodes text with a Hugging Face ``tokenizer.json``.
+
+  Ids come from the file unchanged (no T5 conventions). ``encode`` does not
+  run the file's post-processor: BOS is added when `add_bos` is true (by
+  default when the tokenizer files ask for it, see `add_bos_by_default`) and
+  EOS when `add_eos` is true (by default, as in `SentencePieceTokenizer`;
+  pass ``add_eos=False`` for language-model prompts).
+
+  Attributes:
+    path: the ``tokenizer.json`` file it was loaded from.
+    bos_token, eos_token, pad_token: the special tokens as strings, or None
+      when the tokenizer has none (`pad_id` is still an int then).
+    add_bos_by_default: whether ``encode`` adds BOS when `add_bos` is None:
+      ``tokenizer_config.json``'s ``add_bos_token`` when present, otherwise
+      whether the file's post-processor prepends BOS.
+  """
+
+  def __init__(self, path: str | os.PathLike, *, bos_token: str | None = None,
+               eos_token: str | None = None, pad_token: str | None = None):
+    """Loads a ``tokenizer.json`` file, or the one in directory `path`.
+
+    Args:
+      path: a ``tokenizer.json`` file, or a directory that holds one. The
+        side files (``tokenizer_config.json``, ``special_tokens_map.json``,
+        ``config.json``) are read from the same directory when present.
+      bos_token, eos_token, pad_token: override the special tokens found in
+        the side files (each must be a token of the vocabulary).
+
+    Raises:
+      FileNotFoundError: no ``tokenizer.json`` at `path`.
+      ValueError: a file is not valid JSON / not a tokenizer, or a special
+        token it names is not in the vocabulary. Messages name the file.
+      ImportError: the `tokenizers` package is not installed.
+    """
+    try:
+      import tokenizers  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+      raise ImportError("HFTokenizer needs the `tokenizers` package "
+                        "(pip install tokenizers)") from e
+    path = os.fspath(path)
+    if os.path.isdir(path):
+      path = os.path.join(path, TOKENIZER_JSON)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"tokenizer file not found: {path}")
+    self.path = path
+    try:
+      self._tok = tokenizers.Tokenizer.from_file(path)
+    except Exception as e:  # tokenizers raises a bare Exception.
+      raise ValueError(f"{path} is not a valid tokenizer.json: {e}") from None
+    vocab = self._tok.get_vocab(with_added_tokens=True)
+    if not vocab:
+      raise ValueError(f"{path} is not a valid tokenizer.json: it has no "
+                       f"tokens")
+    self._vocab_size = max(vocab.values()) + 1
+    self._resolve_special_tokens(
+        {"bos": bos_token, "eos": eos_token, "pad": pad_token})
+
+  # ---------------------------------------------------------------------------
+  # Loading.
+  # ---------------------------------------------------------------------------
+
+  def _resolve_special_tokens(self, overrides: dict[str, str | None]) -> None:
+    """Sets bos/eos/pad tokens and `add_bos_by_default` from the side files."""
+    directory = os.path.dirname(os.path.abspath(self.path))
+    configs = [(os.path.join(directory, name),
+                _read_json_object(os.path.join(directory, name)))
+               for name in _TOKEN_CONFIGS]
+    model_path = os.path.join(directory, _MODEL_CONFIG)
+    model_config = _read_json_object(model_path)
+    for name in _SPECIAL_NAMES:
+      token = self._find_special(name, overrides[name], configs, model_path,
+                                 model_config)
+      setattr(self, f"{name}_token", token)
+    tokenizer_config = configs[0][1] or {}
+    add_bos = tokenizer_config.get("add_bos_token")
+    if add_bos is not None and not isinstance(add_bos, bool):
+      raise ValueError(f"{configs[0][0]}: add_bos_token must be true, false or"
+                       f" null, got {add_bos!r}")
+    if self.bos_token is None:
+      self.add_bos_by_default = False
+    elif add_bos is not None:
+      self.add_bos_by_default = add_bos
+    else:
+      ids = self._tok.encode("", add_special_tokens=True).ids
+      self.add_bos_by_default = bool(ids) and ids[0] == self.bos_id
+
+  def _find_special(self, name: str, override: str | None,
+                    configs: list[tuple[str, dict[str, Any] | None]],
+                    model_path: str, model_config: dict[str, Any] | None
+                    ) -> str | None:
+    """The `name` ("bos", "eos" or "pad") token, or None; see the module
+    docstring for the order of the sources."""
+    if override is not None:
+      if not isinstance(override, str):
+        raise TypeError(f"{name}_token must be a str, got "
+                        f"{type(override).__name__}")
+      return self._checked_token(override, f"{name}_token argument")
+    key = f"{name}_token"
+    for config_path, config in configs:
+      if config is not None and key in config:
+        where = f"{config_path}: {key}"
+        token = _token_content(config[key], where)
+        return None if token is None else self._checked_token(token, where)
+    id_key = f"{name}_token_id"
+    if model_config is not None and id_key in model_config:
+      where = f"{model_path}: {id_key}"
+      value = model_config[id_key]
+      if isinstance(value, list):
+        value = value[0] if value else None
+      if value is None:
+        return None
+      if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{where} must be an int, a list of ints or null, "
+                         f"got {model_config[id_key]!r}")
+      token = self._tok.id_to_token(value)
+      if token is None:
+        raise ValueError(f"{where} is {value}, which is not an id of the "
+                         f"vocabulary of {self.path} (size "
+                         f"{self._vocab_size})")
+      return token
+    if model_config is not None or any(c is not None for _, c in configs):
+      return None  # The side files are authoritative: no such token.
+    specials = {t.content for t in self._tok.get_added_tokens_decoder().values()
+                if t.special}
+    for token in _WELL_KNOWN[name]:
+      if token in specials:
+        return token
+    return None
+
+  def _checked_token(self, token: str, where: str) -> str:
+    if self._tok.token_to_id(token) is None:
+      raise ValueError(f"{where} is {token!r}, which is not a token of "
+                       f"{self.path}")
+    return token
+
+  def __repr__(self) -> str:
+    return (f"HFTokenizer(path={self.path!r}, vocab_size={self.vocab_size}, "
+            f"bos={self.bos_token!r}, eos={self.eos_token!r}, "
+            f"pad={self.pad_token!r})")
+
+  # ---------------------------------------------------------------------------
+  # Properties.
+  # ---------------------------------------------------------------------------
+
+  @property
+  def backend(self) -> "tokenizers.Tokenizer":
+    """The underlying ``tokenizers.Tokenizer``."""
+    return self._tok
+
+  @property
+  def vocab_size(self) -> int:
+    """One more than the largest id (added tokens included); valid ids are
+    ``0 .. vocab_size - 1``. A model's embedding table may be larger."""
+    return self._vocab_size
+
+  @property
+  def bos_id(self) -> int | None:
+    """The beginning-of-sequence id, or None when there is no BOS token."""
+    return None if self.bos_token is None else self._tok.token_to_id(
+        self.bos_token)
+
+  @property
+  def eos_id(self) -> int | None:
+    """The end-of-sequence id, or None when there is no EOS token."""
+    return None if self.eos_token is None else self._tok.token_to_id(
+        self.eos_token)
+
+  @property
+  def pad_id(self) -> int:
+    """The id batches are padded with: the pad token's, else the EOS id,
+    else 0. Only a real pad token (`pad_token` not None) is dropped by
+    ``decode``; otherwise rely on ``lengths``."""
+    if self.pad_token is not None:
+      return self._tok.token_to_id(self.pad_token)
+    eos = self.eos_id
+    return 0 if eos is None else eos
+
+  @property
+  def unk_id(self) -> int | None:
+    """The unknown-token id of the model, or None (byte-level BPE has
+    none)."""
+    unk = getattr(self._tok.model, "unk_token", None)
+    return None if unk is None else self._tok.token_to_id(unk)
+
+  def id_to_token(self, token_id: int) -> str | None:
+    """The token string of `token_id`, or None for an unused id."""
+    return self._tok.id_to_token(int(token_id))
+
+  def token_to_id(self, token: str) -> int | None:
+    """The id of `token`, or None when it is not in the vocabulary."""
+    return self._tok.token_to_id(token)
+
+  def tokens(self) -> list[str | None]:
+    """All token strings by id (``vocab_size`` entries, None for unused
+    ids)."""
+    out: list[str | None] = [None] * self._vocab_size
+    for token, i in self._tok.get_vocab(with_added_tokens=True).items():
+      out[i] = token
+    return out
+
+  # ---------------------------------------------------------------------------
+  # Single sequences.
+  # ---------------------------------------------------------------------------
+
+  def _specials_for(self, add_bos: bool | None, add_eos: bool
+                    ) -> tuple[list[int], list[int]]:
+    """(prefix, suffix) ids for the `add_bos` / `add_eos` options."""
+    if add_bos is None:
+      add_bos = self.add_bos_by_default
+    prefix, suffix = [], []
+    if add_bos:
+      if self.bos_id is None:
+        raise ValueError(f"add_bos=True but {self.path} has no BOS token (none"
+                         f" in {', '.join(_TOKEN_CONFIGS)} or {_MODEL_CONFIG});"
+                         f" pass bos_token=... to HFTokenizer or add_bos=False")
+      prefix = [self.bos_id]
+    if add_eos:
+      if self.eos_id is None:
+        raise ValueError(f"add_eos=True but {self.path} has no EOS token (none"
+                         f" in {', '.join(_TOKEN_CONFIGS)} or {_MODEL_CONFIG});"
+                         f" pass eos_token=... to HFTokenizer or add_eos=False")
+      suffix = [self.eos_id]
+    return prefix, suffix
+
+  def encode(self, text: str, add_eos: bool = True,
+             add_bos: bool | None = None) -> list[int]:
+    """Token ids of `text`.
+
+    Args:
+      text: the string to encode. Special tokens written in it (e.g.
+        ``<|eot_id|>``) become their ids, as with ``transformers``.
+      add_eos: append EOS.
+      add_bos: prepend BOS; None: `add_bos_by_default`.
+
+    Raises:
+      TypeError: `text` is not a str.
+      ValueError: BOS / EOS asked for but the tokenizer has none.
+    """
+    if not isinstance(text, str):
+      raise TypeError(f"text must be a str, got {type(text).__name__}")
+    prefix, suffix = self._specials_for(add_bos, add_eos)
+    ids = self._tok.encode(text, add_special_tokens=False).ids
+    return prefix + ids + suffix
+
+  def _check_ids(self, ids: Sequence[int]) -> None:
+    bad = [i for i in ids if not 0 <= i < self._vocab_size]
+    if bad:
+      raise ValueError(
+          f"token id {bad[0]} is outside the vocabulary [0, {self._vocab_size})"
+          f" of {self.path}")
+
+  def decode(self, ids: Iterable[int], skip_special_tokens: bool = True
+             ) -> str:
+    """Text of `ids`: stops at the first EOS and drops the pad token's ids.
+
+    Args:
+      ids: token ids (any integer iterable or array).
+      skip_special_tokens: leave special tokens (BOS, chat markers...) out of
+        the text.
+
+    Raises:
+      ValueError: an id before the first EOS is outside the vocabulary.
+    """
+    eos = self.eos_id
+    pad = None if self.pad_token is None else self.pad_id
+    kept = []
+    for i in np.asarray(list(ids), dtype=np.int64).reshape(-1).tolist():
+      if i == eos:
+        break
+      if i == pad:
+        continue
+      kept.append(int(i))
+    self._check_ids(kept)
+    return self._tok.decode(kept, skip_special_tokens=skip_special_tokens)
+
+  # ---------------------------------------------------------------------------
+  # Batches.
+  # ---------------------------------------------------------------------------
+
+  def encode_batch(self, texts: Sequence[str], max_len: int, *,
+                   add_eos: bool = True, add_bos: bool | None = None,
+                   truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Encodes `texts` into a right-padded batch.
+
+    Args:
+      texts: B strings.
+      max_len: P, the padded length.
+      add_eos: append EOS to every row.
+      add_bos: prepend BOS to every row; None: `add_bos_by_default`.
+      truncate: cut rows longer than `max_len` to `max_len` tokens (BOS
+        kept); with `add_eos` the last kept token is replaced by EOS, so every
+        row still ends with EOS.
+
+    Returns:
+      ``tokens [B, P]`` (np.int32, `pad_id` after the last token) and
+      ``lengths [B]`` (np.int32, real tokens per row, BOS / EOS included).
+
+    Raises:
+      TypeError: `texts` is one string or holds a non-string, or `max_len` is
+        not an int.
+      ValueError: `max_len` < 1, or a row is longer than `max_len` and
+        `truncate` is False (the message names the row and its length).
+    """
+    if isinstance(texts, str):
+      raise TypeError("texts must be a sequence of strings, not one string")
+    texts = list(texts)
+    for row, text in enumerate(texts):
+      if not isinstance(text, str):
+        raise TypeError(f"texts[{row}] must be a str, got "
+                        f"{type(text).__name__}")
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)):
+      raise TypeError(f"max_len must be an int, got {max_len!r}")
+    if max_len < 1:
+      raise ValueError(f"max_len must be >= 1, got {max_len}")
+    prefix, suffix = self._specials_for(add_bos, add_eos)
+    encodings = self._tok.encode_batch(texts, add_special_tokens=False)
+    tokens_bp = np.full((len(texts), max_len), self.pad_id, dtype=np.int32)
+    lengths_b = np.zeros((len(texts),), dtype=np.int32)
+    for row, enc in enumerate(encodings):
+      ids = prefix + enc.ids + suffix
+      if len(ids) > max_len:
+        if not truncate:
+          raise ValueError(
+              f"row {row} has {len(ids)} tokens (BOS included: {bool(prefix)}"
+              f", EOS included: {bool(suffix)}), more than max_len={max_len};"
+              f" raise max_len or pass truncate=True (text starts "
+              f"{texts[row][:60]!r})")
+        ids = ids[:max_len]
+        if suffix:
+          ids[-1] = suffix[0]
+      tokens_bp[row, :len(ids)] = ids
+      lengths_b[row] = len(ids)
+    return tokens_bp, lengths_b
+
+  def decode_batch(self, tokens_bn: np.ndarray,
+                   lengths_b: np.ndarray | Sequence[int] | None = None, *,
+                   skip_special_tokens: bool = True) -> list[str]:
+    """Decodes each row of `tokens_bn`.
+
+    Args:
+      tokens_bn: ``[B, N]`` token ids (any integer array-like).
+      lengths_b: ``[B]`` tokens to read per row (default: the whole row);
+        decoding of a row also stops at its first EOS.
+      skip_special_tokens: as in `decode`.
+
+    Returns:
+      B strings.
+    """
+    tokens_bn = np.asarray(tokens_bn)
+    if tokens_bn.ndim != 2:
+      raise ValueError(f"tokens must have shape [B, N], got {tokens_bn.shape}")
+    if lengths_b is None:
+      lengths_b = np.full((tokens_bn.shape[0],), tokens_bn.shape[1])
+    lengths_b = np.asarray(lengths_b)
+    if lengths_b.shape != (tokens_bn.shape[0],):
+      raise ValueError(f"lengths must have shape [{tokens_bn.shape[0]}], got "
+                       f"{lengths_b.shape}")
+    if (lengths_b < 0).any() or (lengths_b > tokens_bn.shape[1]).any():
+      raise ValueError(f"lengths must lie in [0, {tokens_bn.shape[1]}], got "
+                       f"{lengths_b.tolist()}")
+    return [self.decode(tokens_bn[b, :int(lengths_b[b])],
+                        skip_special_tokens=skip_special_tokens)
+            for b in range(tokens_bn.shape[0])]
+
+
+# -----------------------------------------------------------------------------
+# Loading either kind.
+# -----------------------------------------------------------------------------
+
+
+def load_tokenizer(path: str | os.PathLike, *, require_t5_ids: bool = True
+                   ) -> AnyTokenizer:
+  """The tokenizer stored at `path`, SentencePiece or Hugging Face.
+
+  Args:
+    path: a ``tokenizer.json`` (any ``*.json`` file) → `HFTokenizer`; a
+      ``*.model`` SentencePiece file → `SentencePieceTokenizer`; or a
+      directory holding ``tokenizer.json`` (preferred when both kinds are
+      there), ``spiece.model`` or ``tokenizer.model``.
+    require_t5_ids: passed to `SentencePieceTokenizer` (pad 0 / EOS 1).
+
+  Raises:
+    FileNotFoundError: `path` does not exist, or the directory holds none of
+      the files above (the message lists them).
+    ValueError: `path` is a file of another kind, or a broken tokenizer file.
+  """
+  path = os.fspath(path)
+  if os.path.isdir(path):
+    if os.path.isfile(os.path.join(path, TOKENIZER_JSON)):
+      return HFTokenizer(path)
+    for name in SENTENCEPIECE_NAMES:
+      candidate = os.path.join(path, name)
+      if os.path.isfile(candidate):
+        return SentencePieceTokenizer(candidate, require_t5_ids=require_t5_ids)
+    raise FileNotFoundError(
+        f"no tokenizer in directory {path}: looked for {TOKENIZER_JSON} "
+        f"(Hugging Face tokenizers) and {' / '.join(SENTENCEPIECE_NAMES)} "
+        f"(SentencePiece)")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"tokenizer not found: {path}")
+  if path.endswith(".json"):
+    return HFTokenizer(path)
+  if path.endswith(".model"):
+    return SentencePieceTokenizer(path, require_t5_ids=require_t5_ids)
+  raise ValueError(
+      f"cannot tell the tokenizer kind of {path}: expected a *.json "
+      f"Hugging Face tokenizer file, a *.model SentencePiece file, or a "
+      f"directory holding {TOKENIZER_JSON}, {' or '.join(SENTENCEPIECE_NAMES)}")
+
+
+# -----------------------------------------------------------------------------
+# Draft / target compatibility.
+# -----------------------------------------------------------------------------
+
+
+def _as_tokenizer(value: Any, name: str) -> AnyTokenizer:
+  if isinstance(value, (HFTokenizer, SentencePieceTokenizer)):
+    return value
+  if isinstance(value, (str, os.PathLike)):
+    return load_tokenizer(value, require_t5_ids=False)
+  raise TypeError(f"{name} must be an HFTokenizer, a SentencePieceTokenizer or"
+                  f" a path to one, got {type(value).__name__}")
+
+
+def _token_list(tok: AnyTokenizer) -> list[str | None]:
+  if isinstance(tok, HFTokenizer):
+    return tok.tokens()
+  sp = tok.processor
+  return [sp.id_to_piece(i) for i in range(tok.vocab_size)]
+
+
+def _special_ids(tok: AnyTokenizer) -> dict[str, int | None]:
+  # SentencePieceTokenizer (T5 conventions) has no BOS.
+  return {name: getattr(tok, name, None)
+          for name in ("bos_id", "eos_id", "pad_id")}
+
+
+def _show(token: str | None) -> str:
+  return "(no token)" if token is None else repr(token)
+
+
+def check_tokenizers_compatible(draft: AnyTokenizer | str | os.PathLike,
+                                target: AnyTokenizer | str | os.PathLike
+                                ) -> None:
+  """Checks that `draft` and `target` map ids to the same tokens.
+
+  Speculative decoding feeds the target the draft's token ids, so both must
+  agree on every id: the vocabularies are compared id by id (token strings,
+  added tokens included), then their sizes, then the BOS / EOS / pad ids.
+  Tokenizers are compared, not models: a model's embedding table may be
+  padded past the tokenizer's vocabulary (Qwen2.5-0.5B and -32B share one
+  tokenizer but not one embedding size). Normalizers and merges are not
+  compared.
+
+  Args:
+    draft, target: `HFTokenizer` / `SentencePieceTokenizer` objects, or paths
+      that `load_tokenizer` accepts (SentencePiece files load without the T5
+      id requirement).
+
+  Returns:
+    None when they are compatible.
+
+  Raises:
+    ValueError: the first id whose tokens differ (naming both tokens), ids
+      that exist in one vocabulary only, or a special id that differs.
+    TypeError: an argument is neither a tokenizer nor a path.
+  """
+  draft = _as_tokenizer(draft, "draft")
+  target = _as_tokenizer(target, "target")
+  where = f" (draft: {draft.path}, target: {target.path})"
+  draft_tokens, target_tokens = _token_list(draft), _token_list(target)
+  if draft_tokens != target_tokens:
+    for i, (a, b) in enumerate(zip(draft_tokens, target_tokens)):
+      if a != b:
+        raise ValueError(f"draft and target vocabularies differ at id {i}: "
+                         f"draft {_show(a)}, target {_show(b)}{where}")
+    n_draft, n_target = len(draft_tokens), len(target_tokens)
+    n, longer, tokens = ((n_target, "draft", draft_tokens)
+                         if n_draft > n_target
+                         else (n_draft, "target", target_tokens))
+    raise ValueError(
+        f"draft and target vocabularies differ in size: draft has "
+        f"{n_draft} ids, target {n_target}; ids {n}..{len(tokens) - 1} exist "
+        f"only in the {longer} (first: id {n} {_show(tokens[n])}){where}")
+  draft_ids, target_ids = _special_ids(draft), _special_ids(target)
+  for name in draft_ids:
+    if draft_ids[name] != target_ids[name]:
+      raise ValueError(f"draft and target special ids differ: {name} is "
+                       f"{draft_ids[name]} in the draft, {target_ids[name]} "
+                       f"in the target{where}")
