@@ -50,6 +50,8 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   c.train.log_every = 50
   c.train.seed = 0
   c.train.keep_checkpoints = 2
+  c.train.mesh_data = 1              # a data x model device mesh (specjax.training.mesh)
+  c.train.mesh_model = 1
 
   if preset == "medusa_quick":
     c.data.train_sequences = 512

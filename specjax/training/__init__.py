@@ -8,8 +8,9 @@
 Modules: `batching` (examples → fixed-shape batches, a pure function of
 (seed, step)), `optim` (schedules, AdamW / Adafactor), `steps` (losses, jitted
 train / eval steps), `checkpoint` (orbax train-state checkpoints, atomic final
-params), `loop` (`train_model`), `quality` (BLEU / ROUGE from greedy decodes),
-`runner` (the standalone job behind `experiments/train.py`).
+params), `loop` (`train_model`), `mesh` (the step over a data x model device
+mesh: `config.mesh_data`, `config.mesh_model`), `quality` (BLEU / ROUGE from
+greedy decodes), `runner` (the standalone job behind `experiments/train.py`).
 """
 
 from specjax.training.batching import (EOS_ID, Example, LMSource, Mixture, PAD_ID, Seq2SeqSource,

@@ -42,6 +42,7 @@ from typing import Any, Callable, Optional, Tuple
 import jax
 import numpy as np
 from absl import logging
+from jax.sharding import NamedSharding
 
 from specjax import atomic_io
 from specjax.checkpoints.integrity import first_line, quiet_asyncio_errors
@@ -104,10 +105,19 @@ class Checkpointer:
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
 
   def restore(self, step: int, like_state_dict: dict) -> dict:
-    """The state at `step`, with the tree structure of `like_state_dict`."""
+    """The state at `step`, with the tree structure of `like_state_dict`.
+
+    Leaves of `like_state_dict` placed with a `NamedSharding` (a train state
+    on a mesh, `specjax.training.mesh`) come back as jax.Arrays in that
+    layout, each device reading its own slice; the others as numpy arrays."""
     ocp = self._ocp
-    target = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype),
-                                    like_state_dict)
+
+    def like(x):
+      sharding = getattr(x, "sharding", None)
+      if not isinstance(sharding, NamedSharding):
+        sharding = None
+      return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+    target = jax.tree_util.tree_map(like, like_state_dict)
     return self.manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(target))).state
 

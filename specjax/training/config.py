@@ -24,8 +24,10 @@ from specjax.training.optim import OPTIMIZERS, SCHEDULES
 __all__ = ["default_config", "validate_config", "RUN_ONLY_FIELDS", "trajectory_fields"]
 
 # Fields that may differ between a run and its resumption.
+# The mesh is among them: a run may resume on another mesh (or one device); it
+# continues within float rounding (`specjax.training.mesh`).
 RUN_ONLY_FIELDS = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
-                   "keep_checkpoints", "async_checkpointing")
+                   "keep_checkpoints", "async_checkpointing", "mesh_data", "mesh_model")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -52,6 +54,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.log_every = 50             # steps between progress lines
   c.eval_every = 500           # steps between validation losses (0: only at the end)
   c.eval_batches = 8           # fixed validation batches (0: no validation)
+  # A (data, model) device mesh for the train step (`specjax.training.mesh`):
+  # batch rows over `data`, params and optimizer state split over `model`
+  # (fsdp-style). 1 x 1: the single-device step.
+  c.mesh_data = 1              # data-parallel ways; must divide batch_size
+  c.mesh_model = 1             # ways each parameter / optimizer-state leaf is split
   return c
 
 
@@ -141,6 +148,12 @@ def validate_config(config: Any) -> ml_collections.ConfigDict:
   _int(config, "log_every", 1)
   _int(config, "eval_every", 0)
   _int(config, "eval_batches", 0)
+  _int(config, "mesh_data", 1)
+  _int(config, "mesh_model", 1)
+  if config["batch_size"] % config["mesh_data"]:
+    raise ValueError(f"config.batch_size ({config['batch_size']}) must be divisible by "
+                     f"config.mesh_data ({config['mesh_data']}): each data shard takes "
+                     "batch_size / mesh_data rows")
   if isinstance(config, dict):
     config = ml_collections.ConfigDict(config)
   return config

@@ -17,6 +17,12 @@ checkpoint is set aside and the one before used), so a killed run resumes
 exactly; progress lines give the loss, the heads' top-1 accuracies, rows/s
 and the ETA; the final heads go to `<workdir>/final` (atomic), with their
 validation top-k accuracies (`accuracy.json`), which `choose_tree` reads.
+
+Sharded: `train.mesh_data` x `train.mesh_model` > 1 (optional fields,
+default 1) runs the step over that device mesh as `train_model` does
+(`specjax.training.mesh`): rows over `data`, the heads' params, their
+optimizer state and a shared LM head split over `model`, fsdp-style. The
+mesh is not part of the stored settings: a run may resume on another one.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from absl import logging
 
 from specjax import atomic_io
 from specjax.drafters.medusa import MedusaConfig, head_logits, init_heads, target_lm_head
+from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import Checkpointer, save_final_params
 from specjax.training.loop import meta_difference, quiet_orbax_info_logs
 from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
@@ -131,8 +138,8 @@ def _loss(config: MedusaConfig, params, shared, h_BLE, tokens_BL, generated_BL):
   return sum(losses) / k_heads, metrics
 
 
-@functools.lru_cache(maxsize=8)
-def _train_step(config: MedusaConfig, spec: OptimizerSpec):
+def _step_fn(config: MedusaConfig, spec: OptimizerSpec):
+  """`(state, shared, h, tokens, generated) -> (state, metrics)`, not jitted."""
   tx = make_optimizer(spec)
 
   def step(state, shared, h, tokens, generated):
@@ -142,7 +149,19 @@ def _train_step(config: MedusaConfig, spec: OptimizerSpec):
     params = optax.apply_updates(state["params"], updates)
     metrics = dict(metrics, loss=loss, lr=make_schedule(spec)(state["step"]))
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
-  return jax.jit(step, donate_argnums=0)
+  return step
+
+
+@functools.lru_cache(maxsize=8)
+def _train_step(config: MedusaConfig, spec: OptimizerSpec):
+  return jax.jit(_step_fn(config, spec), donate_argnums=0)
+
+
+def _state_shardings(state: dict, mesh) -> dict:
+  """Heads params and optimizer state fsdp over `model`, the step replicated."""
+  return {"step": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+          "params": mesh_lib.fsdp_shardings(state["params"], mesh),
+          "opt_state": mesh_lib.fsdp_shardings(state["opt_state"], mesh)}
 
 
 def topk_accuracy(config: MedusaConfig, params, shared, states: np.ndarray, data: DistillData,
@@ -196,9 +215,16 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
   """Trains the heads (see the module doc); returns {"params", "accuracy", "final"}.
 
   `train`: steps, batch_size, learning_rate, warmup_steps, checkpoint_every,
-  log_every, seed, keep_checkpoints (an ml_collections / attribute object).
-  Resuming with other settings is an error naming the field."""
+  log_every, seed, keep_checkpoints and optionally mesh_data / mesh_model
+  (default 1: one device; see the module doc) — an ml_collections /
+  attribute object. Resuming with other settings is an error naming the
+  field."""
   quiet_orbax_info_logs()
+  mesh_data, mesh_model = getattr(train, "mesh_data", 1), getattr(train, "mesh_model", 1)
+  mesh = mesh_lib.training_mesh(mesh_data, mesh_model, owner="train")
+  if int(train.batch_size) % mesh_data:
+    raise ValueError(f"train.batch_size ({train.batch_size}) must be divisible by "
+                     f"train.mesh_data ({mesh_data})")
   os.makedirs(workdir, exist_ok=True)
   shared = target_lm_head(target, target_params) if config.share_lm_head else None
   spec = OptimizerSpec(optimizer="adamw", learning_rate=float(train.learning_rate),
@@ -211,10 +237,19 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
   log_t = time.time()
   states = target_states(target, target_params, data.tokens)
   logging.info("target states of %d sequences: %.1fs", len(states), time.time() - log_t)
-  step_fn = _train_step(config, spec)
   init = init_heads(config, target, target_params)
   state = {"step": jnp.zeros((), jnp.int32), "params": init,
            "opt_state": make_optimizer(spec).init(init)}
+  if mesh is None:
+    step_fn = _train_step(config, spec)
+  else:
+    layout = _state_shardings(state, mesh)
+    state = jax.device_put(state, layout)
+    if shared is not None:
+      shared = mesh_lib.shard_tree(shared, mesh)
+    step_fn = mesh_lib.sharded_jit(
+        _step_fn, (config, spec),
+        (layout, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())))
   ckpt = Checkpointer(workdir, int(train.keep_checkpoints))
 
   def check(m, step):
@@ -225,7 +260,7 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
   try:
     found = ckpt.restore_newest_intact(state, check)
     if found is not None:
-      state = found[1]
+      state = found[1] if mesh is None else jax.device_put(found[1], layout)
       logging.info("resumed the heads at step %d in %s", found[0], ckpt.directory)
     start = int(state["step"])
     end = int(train.steps) if stop_at_step is None else min(int(train.steps), stop_at_step)
@@ -233,8 +268,10 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
     t0, done0, metrics_path = time.time(), start, os.path.join(workdir, "metrics.jsonl")
     for s in range(start, end):
       idx = np.random.default_rng((int(train.seed), s)).integers(0, rows, int(train.batch_size))
-      state, metrics = step_fn(state, shared, jnp.asarray(states[idx]),
-                               jnp.asarray(data.tokens[idx]), jnp.asarray(data.generated[idx]))
+      rows_s = (states[idx], data.tokens[idx], data.generated[idx])
+      rows_s = (tuple(jnp.asarray(x) for x in rows_s) if mesh is None
+                else mesh_lib.shard_rows(rows_s, mesh))
+      state, metrics = step_fn(state, shared, *rows_s)
       done = s + 1
       if done % int(train.log_every) == 0 or done == end:
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}

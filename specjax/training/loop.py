@@ -16,6 +16,11 @@ Host syncs: none per step. Metrics stay on the device until a log step
 (`log_every`), when they are fetched together; progress lines give the loss,
 tokens/s (real target tokens, and all decoder positions), steps/s and ETA.
 The first step (compilation) is timed separately.
+
+Sharded: with `config.mesh_data` x `config.mesh_model` > 1 the step runs
+jitted over that device mesh — batch rows over `data`, params and optimizer
+state split over `model`, fsdp-style (`specjax.training.mesh`); checkpoints
+keep the single-device format and restore straight onto the mesh.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from specjax.checkpoints.orbax_io import config_to_dict
 from specjax.training import batching
 from specjax.training.checkpoint import Checkpointer, atomic_write_json, save_final_params
 from specjax.training.config import trajectory_fields, validate_config
+from specjax.training import mesh as mesh_lib
 from specjax.training.optim import OptimizerSpec
 from specjax.training import steps as steps_lib
 from specjax.training.steps import StepSpec, TrainState, eval_step, init_state, train_step
@@ -247,7 +253,9 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
     init_params: starting parameters, or None for `model.init(PRNGKey(seed))`.
       Ignored when the workdir holds a checkpoint (the run resumes).
     dataset: a `batching.Source`, `Mixture` or `[(Source, weight), ...]`.
-    config: a training ConfigDict (`default_config()`), validated here.
+    config: a training ConfigDict (`default_config()`), validated here;
+      `mesh_data` x `mesh_model` > 1 trains on that many devices (see the
+      module doc).
     workdir: checkpoints, metrics.jsonl, summary.json and final/ go here.
     teacher: `(teacher_model, teacher_params)` for distillation (needs
       config.distill_weight > 0; same vocabulary and batch layout).
@@ -257,9 +265,11 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
       preempted run would; calling again continues to config.steps.
 
   Returns:
-    The parameters after `min(config.steps, stop_at_step)` steps.
+    The parameters after `min(config.steps, stop_at_step)` steps (on a
+    mesh: jax.Arrays split over it, `np.asarray` gathers one).
   """
   config = validate_config(config)
+  mesh = mesh_lib.training_mesh(config.mesh_data, config.mesh_model)
   quiet_orbax_info_logs()
   mixture = batching.as_mixture(dataset)
   fmt = _model_format(model)
@@ -298,13 +308,23 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
   try:
     if init_params is None:
       init_params = steps_lib.init_params(model, config.seed)
+    if mesh is not None:
+      logging.info("training on a %d x %d (data x model) mesh", config.mesh_data,
+                   config.mesh_model)
+      init_params = mesh_lib.shard_tree(init_params, mesh)
+      if teacher_params is not None:
+        teacher_params = mesh_lib.shard_tree(teacher_params, mesh)
     state = init_state(spec, init_params, config.seed)
+    if mesh is not None:
+      state = mesh_lib.shard_state(state, mesh)
     had_checkpoints = ckpt.latest_step() is not None
     found = ckpt.restore_newest_intact(
         state.to_dict(), lambda m, step: _check_resume(m, meta, ckpt.directory, step))
     if found is not None:
       latest, restored = found
       state = TrainState.from_dict(restored)
+      if mesh is not None:
+        state = mesh_lib.shard_state(state, mesh)
       logging.info("resumed from the checkpoint at step %d in %s", latest, ckpt.directory)
     elif had_checkpoints:
       logging.warning("no intact checkpoint left in %s: training from step 0", ckpt.directory)
@@ -315,7 +335,8 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
     eval_sets = {}
     if eval_dataset is not None and config.eval_batches:
       named = eval_dataset if isinstance(eval_dataset, Mapping) else {"validation": eval_dataset}
-      eval_sets = {name: batching.eval_batches(src, config.batch_size, config.eval_batches)
+      eval_sets = {name: mesh_lib.shard_eval_batches(
+          batching.eval_batches(src, config.batch_size, config.eval_batches), mesh)
                    for name, src in named.items()}
     progress = _Progress(workdir, config.log_every, end,
                          _positions_per_step(mixture, config.batch_size))
@@ -334,11 +355,14 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
 
     if start == 0 and eval_sets:
       run_eval(0, state.params)  # The starting point (e.g. the KL to the teacher before).
-    step_fn = train_step(spec)
+    step_fn = (train_step(spec) if mesh is None
+               else mesh_lib.sharded_train_step(spec, mesh, state))
     compile_s = None
     t_run = time.perf_counter()
     for step in range(start, end):
       batch = mixture.batch(config.seed, step, config.batch_size)
+      if mesh is not None:
+        batch = mesh_lib.shard_rows(batch, mesh)
       first = compile_s is None
       if first:
         t0 = time.perf_counter()
