@@ -25,6 +25,7 @@ setuptools.setup(
         "safetensors>=0.4",
         "ml_dtypes>=0.2",
         "tokenizers>=0.15",
+        "tensorboardX>=2.6",
         "tqdm>=4.60",
         "matplotlib>=3.7",
         "rouge-score>=0.1.2",

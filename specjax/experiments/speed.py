@@ -55,7 +55,7 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: int, stages: Stages,
           prefix: str, fingerprints: Mapping[str, str], batch_size: int = 1, chunk: int = 25,
           seed: int = 0, keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = (),
-          cache_gamma: int = 0) -> List[dict]:
+          cache_gamma: int = 0, place=None) -> List[dict]:
   """Measures AR and every (draft, γ) on all prompts; returns chunk records.
 
   Each record: {"ar": {...}, "cells": {cell_name: {...}}} with per-batch
@@ -64,6 +64,9 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   list per prompt, as the AR record does with `keep_ar_tokens`). The caches
   are sized for max(gammas, cache_gamma): a sweep over fewer γ with the same
   `cache_gamma` reuses another sweep's executables (same shapes).
+  `place(prompts, lengths, keys)` → the same arrays placed where the
+  decoding runs (e.g. `specjax.sharding.shard_batch` over a mesh's data
+  axis); None leaves them on the default device.
 
   Every chunk stores AR and each cell as separate stages
   (`<prefix>/chunk<k>/ar`, `<prefix>/chunk<k>/<draft>/g<γ>`) keyed by the
@@ -88,11 +91,15 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   def keys_for(start):
     return jnp.stack([jax.random.key(seed * 1_000_003 + start + r) for r in range(batch_size)])
 
+  place = place or (lambda *arrays: arrays)  # e.g. rows over a mesh's data axis
+
   def run_ar(x, l, k):
+    x, l, k = place(x, l, k)
     return specjax.generate(target, target_params, x, l, key=k, **common)
 
   def run_sp(name, g, x, l, k):
     model, params = drafts[name]
+    x, l, k = place(x, l, k)
     return specjax.speculative_generate(target, target_params, model, params, x, l, gamma=g,
                                         key=k, **common)
 

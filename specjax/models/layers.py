@@ -16,8 +16,8 @@ from flax import struct
 
 from specjax.models.rope import rope_frequencies
 
-__all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "kv_specs", "zero_arrays",
-           "replace_layer", "to_cache_layout", "write_kv", "copy_slots", "attend",
+__all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "accumulate_f32_dot", "kv_specs",
+           "zero_arrays", "replace_layer", "to_cache_layout", "write_kv", "copy_slots", "attend",
            "attend_cached"]
 
 
@@ -134,12 +134,28 @@ def contract(x: jax.Array, kernel: jax.Array, kernel_in_axes: Sequence[int],
     x_NI, kernel = x_NI.astype(dtype), kernel.astype(dtype)
   dims = ((tuple(range(1, k + 1)), tuple(kernel_in_axes)), ((), ()))
   n = x_NI.shape[0]
+  dot = functools.partial(accumulate_f32_dot, out_dtype=jnp.result_type(x_NI, kernel))
   if 1 < n <= max_matvec_rows:
-    y = jnp.concatenate([jax.lax.dot_general(x_NI[i:i + 1], kernel, dims) for i in range(n)],
-                        axis=0)
+    y = jnp.concatenate([dot(x_NI[i:i + 1], kernel, dims) for i in range(n)], axis=0)
   else:
-    y = jax.lax.dot_general(x_NI, kernel, dims)
+    y = dot(x_NI, kernel, dims)
   return y.reshape(tuple(lead) + y.shape[1:])
+
+
+def accumulate_f32_dot(lhs, rhs, dimension_numbers, precision=None, out_dtype=None, **kw):
+  """`lax.dot_general` that accumulates in float32 and rounds once to the
+  operands' dtype. For bf16 / f16 operands this is what keeps a product whose
+  contraction is split over a mesh (`o`, `down`: heads / hidden units over
+  `model`) equal to the unsplit one: the partial sums and their all-reduce
+  stay in float32 instead of being rounded to bf16 per device. float32
+  operands: unchanged."""
+  out_dtype = jnp.result_type(lhs, rhs) if out_dtype is None else out_dtype
+  if out_dtype == jnp.float32:
+    return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kw)
+  kw.pop("preferred_element_type", None)
+  y = jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                          preferred_element_type=jnp.float32, **kw)
+  return y.astype(out_dtype)
 
 
 def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float,

@@ -50,8 +50,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.layers import (RMSNorm, attend, attend_cached, copy_slots, kv_specs,
-                                   replace_layer, to_cache_layout, zero_arrays)
+from specjax.models.layers import (RMSNorm, accumulate_f32_dot, attend, attend_cached,
+                                   copy_slots, kv_specs, replace_layer, to_cache_layout,
+                                   zero_arrays)
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 
 __all__ = [
@@ -145,7 +146,7 @@ def _dtype(name: str):
 def _dense(features, config: T5Config, stddev_fan_in_scale: float = 1.0, axis=-1):
   return nn.DenseGeneral(
       features, axis=axis, use_bias=False, dtype=_dtype(config.dtype),
-      param_dtype=_dtype(config.param_dtype),
+      param_dtype=_dtype(config.param_dtype), dot_general=accumulate_f32_dot,
       kernel_init=nn.initializers.variance_scaling(stddev_fan_in_scale, "fan_in", "normal"))
 
 

@@ -1,0 +1,544 @@
+"""Running on accelerators, one host or many: the memory plan, the mesh, processes, logs.
+
+* `memory_plan` counts, before any weight is loaded, the bytes each device of
+  a (`data`, `model`) mesh holds: the target's params, its KV cache, the
+  draft's (replicated on every device unless split like the target), and an
+  estimate of one call's activations. The parameter and cache layouts are
+  exactly those `specjax.sharding` gives them (`param_spec`, `cache_spec`):
+  the shapes come from `jax.eval_shape` of the model's `init` / `init_cache`,
+  nothing is allocated.
+* `device_memory_bytes` reads a device's capacity where the backend reports
+  it (`memory_stats()["bytes_limit"]`: GPU, TPU; not the CPU backend);
+  `check_fits` refuses a plan that exceeds it, naming the mesh and the
+  shortfall; `choose_mesh` picks the fewest model-axis devices that fit.
+* `initialize_distributed` / `is_main_process`: one process per host
+  (`jax.distributed`); only process 0 writes results and logs progress.
+* `ScalarWriter`: TensorBoard scalars (events files written by tensorboardX),
+  on process 0 only. `profile_decode` / `maybe_profile`: a `jax.profiler`
+  trace of a few decode iterations.
+
+Example (before loading a 70B target on 8 accelerators):
+
+  capacity = device_memory_bytes()
+  data, model = choose_mesh(target_cfg, draft_cfg, num_devices=jax.device_count(),
+                            batch_size=8, cache_len=2048, capacity_bytes=capacity)
+  print(memory_plan(target_cfg, draft_cfg, mesh_shape=(data, model), batch_size=8,
+                    cache_len=2048).describe(capacity))
+  mesh = specjax.sharding.make_mesh(data, model)
+
+Bytes are reported in decimal units (1 GB = 10**9 bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import numbers
+import os
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+
+import jax
+import numpy as np
+from jax.sharding import AbstractMesh
+
+from specjax.models.decoder import DecoderConfig, DecoderLM
+from specjax.models.t5 import T5
+from specjax.models.t5_config import T5Config
+from specjax.sharding import DATA, MODEL, cache_spec, param_spec
+
+__all__ = ["MemoryPlan", "memory_plan", "device_memory_bytes", "check_fits", "choose_mesh",
+           "initialize_distributed", "is_main_process", "ScalarWriter", "profile_decode",
+           "maybe_profile", "format_bytes"]
+
+ModelConfig = Union[DecoderConfig, T5Config]
+MeshChoice = Union[str, Tuple[int, int]]
+
+# Activation estimate: buffers of one call alive at once (see `memory_plan`).
+_HIDDEN_BUFFERS = 4   # residual stream, its normed copy, attention output, the call's input
+_MLP_BUFFERS = 3      # gate, up and their product (relu MLPs: fewer, counted the same)
+_SCORE_BUFFERS = 2    # float32 attention scores and their softmax, one layer at a time
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> int:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+    raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+  return int(value)
+
+
+def format_bytes(n: float) -> str:
+  """`n` bytes in decimal units: "512 B", "3.1 KB", "34.2 GB"."""
+  for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    if abs(n) >= size:
+      return f"{n / size:.1f} {unit}"
+  return f"{int(n)} B"
+
+
+def _as_config(config: Any, name: str) -> ModelConfig:
+  """A DecoderConfig / T5Config, or the `.config` of a DecoderLM / T5."""
+  if isinstance(config, (DecoderLM, T5)):
+    config = config.config
+  if not isinstance(config, (DecoderConfig, T5Config)):
+    raise TypeError(f"{name} must be a DecoderConfig or a T5Config (or a DecoderLM / T5), "
+                    f"got {type(config).__name__}")
+  return config
+
+
+def _model(config: ModelConfig):
+  return DecoderLM(config) if isinstance(config, DecoderConfig) else T5(config)
+
+
+def _abstract_mesh(data: int, model: int) -> AbstractMesh:
+  """A mesh of shapes only: plans for devices that need not be attached."""
+  return AbstractMesh((data, model), (DATA, MODEL))
+
+
+@functools.lru_cache(maxsize=32)
+def _param_shapes(config: ModelConfig) -> Tuple[Tuple[Tuple[str, ...], Tuple[int, ...], int], ...]:
+  """(path, shape, itemsize) of every parameter, from `jax.eval_shape(init)`."""
+  tree = jax.eval_shape(_model(config).init, jax.random.PRNGKey(0))
+  leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return tuple((tuple(str(getattr(k, "key", k)) for k in path), tuple(x.shape),
+                np.dtype(x.dtype).itemsize) for path, x in leaves)
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_shapes(config: ModelConfig, batch_size: int, cache_len: int,
+                  prompt_len: int) -> Tuple[jax.ShapeDtypeStruct, ...]:
+  """Every buffer of `init_cache(batch_size, cache_len, prompt_len)`, abstractly."""
+  model = _model(config)
+  tree = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len, prompt_len))
+  return tuple(jax.tree_util.tree_leaves(tree))
+
+
+def _shard_bytes(shape: Sequence[int], itemsize: int, spec, mesh: AbstractMesh) -> int:
+  """Bytes of one device's shard of an array of `shape` laid out by `spec`."""
+  n = itemsize
+  for axis, size in enumerate(shape):
+    name = spec[axis] if axis < len(spec) else None
+    n *= size // mesh.shape[name] if name is not None else size
+  return n
+
+
+def _params_bytes(config: ModelConfig, mesh: AbstractMesh) -> int:
+  return sum(_shard_bytes(shape, itemsize, param_spec(path, shape, mesh), mesh)
+             for path, shape, itemsize in _param_shapes(config))
+
+
+def _cache_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, cache_len: int,
+                 prompt_len: int) -> int:
+  return sum(_shard_bytes(x.shape, np.dtype(x.dtype).itemsize, cache_spec(x, mesh), mesh)
+             for x in _cache_shapes(config, batch_size, cache_len, prompt_len))
+
+
+def _split(n: int, mesh: AbstractMesh, axis: str) -> int:
+  """`n` over the mesh axis `axis` where it divides, else whole (replicated)."""
+  size = mesh.shape[axis]
+  return n // size if n % size == 0 else n
+
+
+def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, tokens: int,
+                      context: int) -> int:
+  """The activation estimate of one call (see `memory_plan`)."""
+  if isinstance(config, DecoderConfig):
+    width, hidden, heads = config.d_model, config.mlp_dim, config.num_heads
+  else:
+    width, hidden, heads = config.d_model, config.d_ff, config.num_heads
+  itemsize = np.dtype(config.dtype).itemsize
+  rows = _split(batch_size, mesh, DATA) * tokens
+  logits = rows * config.vocab_size * 4
+  states = _HIDDEN_BUFFERS * rows * width * itemsize
+  mlp = _MLP_BUFFERS * rows * _split(hidden, mesh, MODEL) * itemsize
+  scores = _SCORE_BUFFERS * rows * _split(heads, mesh, MODEL) * context * 4
+  return logits + states + mlp + scores
+
+
+_COMPONENTS = ("target params", "target KV cache", "draft params", "draft KV cache",
+               "activations (estimate)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+  """Bytes per device of a speculative-decoding run on a (`data`, `model`) mesh.
+
+  Attributes:
+    mesh_shape: (data, model) axis sizes.
+    batch_size, cache_len: B and the cache's S slots the plan is for.
+    prompt_len: encoder positions held for cross-attention (T5), else unused.
+    activation_tokens: T, the tokens of the call the activation estimate is for.
+    has_draft: whether a draft is part of the plan.
+    draft_sharded: the draft is split like the target (False: replicated).
+    target_params, target_cache, draft_params, draft_cache, activations:
+      bytes on one device (the largest shard; activations: an estimate, see
+      `memory_plan`).
+    unsharded: the same five components on a single device (a 1 x 1 mesh),
+      in that order.
+  """
+
+  mesh_shape: Tuple[int, int]
+  batch_size: int
+  cache_len: int
+  prompt_len: int
+  activation_tokens: int
+  has_draft: bool
+  draft_sharded: bool
+  target_params: int
+  target_cache: int
+  draft_params: int
+  draft_cache: int
+  activations: int
+  unsharded: Tuple[int, int, int, int, int]
+
+  @property
+  def per_device_bytes(self) -> int:
+    """Everything one device holds: params, caches and the activation estimate."""
+    return (self.target_params + self.target_cache + self.draft_params + self.draft_cache
+            + self.activations)
+
+  @property
+  def unsharded_bytes(self) -> int:
+    """The same total on a single device."""
+    return sum(self.unsharded)
+
+  @property
+  def mesh_name(self) -> str:
+    """"data=D x model=M"."""
+    return f"data={self.mesh_shape[0]} x model={self.mesh_shape[1]}"
+
+  def components(self) -> Tuple[Tuple[str, int, int], ...]:
+    """(name, bytes per device, bytes on a single device) of each component."""
+    per_device = (self.target_params, self.target_cache, self.draft_params, self.draft_cache,
+                  self.activations)
+    rows = tuple(zip(_COMPONENTS, per_device, self.unsharded))
+    return rows if self.has_draft else tuple(r for r in rows if not r[0].startswith("draft"))
+
+  def describe(self, capacity_bytes: Optional[int] = None) -> str:
+    """A readable table: each component per device and on a single device,
+    the totals, and the device capacity with the headroom or shortfall when
+    `capacity_bytes` is given."""
+    draft = ("" if not self.has_draft
+             else ", draft split" if self.draft_sharded else ", draft replicated")
+    lines = [f"memory plan: mesh {self.mesh_name}, batch {self.batch_size}, "
+             f"{self.cache_len} cache slots, activations of a {self.activation_tokens}-token "
+             f"call{draft}",
+             f"  {'component':<24}{'per device':>14}{'single device':>16}"]
+    for name, per_device, whole in self.components():
+      lines.append(f"  {name:<24}{format_bytes(per_device):>14}{format_bytes(whole):>16}")
+    lines.append(f"  {'total':<24}{format_bytes(self.per_device_bytes):>14}"
+                 f"{format_bytes(self.unsharded_bytes):>16}")
+    if capacity_bytes is None:
+      lines.append("  device capacity: unknown (the backend reports none)")
+    else:
+      spare = capacity_bytes - self.per_device_bytes
+      verdict = (f"fits, {format_bytes(spare)} spare" if spare >= 0
+                 else f"does not fit, short by {format_bytes(-spare)}")
+      lines.append(f"  {'device capacity':<24}{format_bytes(capacity_bytes):>14}  ({verdict})")
+    return "\n".join(lines)
+
+
+def _mesh_pair(mesh_shape: Any, name: str = "mesh_shape") -> Tuple[int, int]:
+  if not isinstance(mesh_shape, (tuple, list)) or len(mesh_shape) != 2:
+    raise ValueError(f"{name} must be a (data, model) pair of ints >= 1, got {mesh_shape!r}")
+  if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1
+         for n in mesh_shape):
+    raise ValueError(f"{name} must be a (data, model) pair of ints >= 1, got {mesh_shape!r}")
+  return int(mesh_shape[0]), int(mesh_shape[1])
+
+
+def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tuple[int, int],
+                batch_size: int, cache_len: int, draft_sharded: bool = False,
+                activation_tokens: Optional[int] = None,
+                prompt_len: Optional[int] = None) -> MemoryPlan:
+  """Per-device bytes of params, caches and activations on a (data, model) mesh.
+
+  Args:
+    target_config, draft_config: `DecoderConfig`s or `T5Config`s (or the
+      models); no draft: None.
+    mesh_shape: (data, model) axis sizes (the devices need not be attached).
+    batch_size: B rows, split over `data` where it divides.
+    cache_len: S, the slots of each cache.
+    draft_sharded: the draft is split like the target (False: replicated,
+      `specjax.sharding.replicate`).
+    activation_tokens: T, the tokens of the largest call (default: the
+      context, `max(cache_len, prompt_len)`, an upper bound: a prefill of a
+      prompt that fills the cache; a verification call is gamma + 1).
+    prompt_len: encoder positions a T5 cache holds for cross-attention
+      (default: cache_len); unused by decoders.
+
+  Params: every leaf's shape from `jax.eval_shape(model.init)` in
+  `param_dtype`, split as `specjax.sharding.param_spec` splits it over
+  `model` (q/k/v/o over heads, MLP hidden units, the lm_head over the
+  vocabulary; embeddings and norms, and any axis the model axis does not
+  divide, replicated). Caches: `init_cache`'s buffers in `dtype` laid out by
+  `cache_spec` (batch over `data`, heads over `model`, where they divide;
+  T5: self-attention plus cross-attention keys and values).
+
+  Activations, an estimate of one call of T tokens on B' = B / data rows
+  (B when data does not divide B), with F' / H' the MLP hidden units / heads
+  over `model` where it divides, s the itemsize of `dtype`:
+
+    logits           B' T V * 4            (float32, the vocabulary whole)
+    hidden states    4 B' T E * s          (residual, normed, attention out, input)
+    MLP              3 B' T F' * s         (gate, up, their product)
+    attention        2 B' H' T C * 4       (float32 scores and softmax of one
+                                            layer over the C = max(S, P) context)
+
+  Layers run one after another, so one layer's buffers count once; the
+  target's and the draft's calls alternate, so the larger of their estimates
+  counts. Workspace XLA adds (fusion temporaries, collectives' buffers) is
+  not included: leave headroom.
+  """
+  target = _as_config(target_config, "target_config")
+  draft = None if draft_config is None else _as_config(draft_config, "draft_config")
+  data, model = _mesh_pair(mesh_shape)
+  batch_size = _check_int("batch_size", batch_size)
+  cache_len = _check_int("cache_len", cache_len)
+  prompt_len = cache_len if prompt_len is None else _check_int("prompt_len", prompt_len)
+  if not isinstance(draft_sharded, bool):
+    raise ValueError(f"draft_sharded must be a bool, got {draft_sharded!r}")
+  context = max(cache_len, prompt_len)
+  tokens = context if activation_tokens is None else _check_int("activation_tokens",
+                                                                 activation_tokens)
+
+  def components(mesh: AbstractMesh, draft_mesh: AbstractMesh) -> Tuple[int, ...]:
+    acts = [_activation_bytes(target, mesh, batch_size, tokens, context)]
+    row = [_params_bytes(target, mesh),
+           _cache_bytes(target, mesh, batch_size, cache_len, prompt_len), 0, 0]
+    if draft is not None:
+      row[2] = _params_bytes(draft, draft_mesh)
+      row[3] = _cache_bytes(draft, draft_mesh, batch_size, cache_len, prompt_len)
+      acts.append(_activation_bytes(draft, draft_mesh, batch_size, tokens, context))
+    return tuple(row) + (max(acts),)
+
+  mesh = _abstract_mesh(data, model)
+  # A replicated draft is whole on every device: the same bytes as on a single device.
+  per_device = components(mesh, mesh if draft_sharded else _abstract_mesh(1, 1))
+  single = _abstract_mesh(1, 1)
+  unsharded = components(single, single)
+  return MemoryPlan(mesh_shape=(data, model), batch_size=batch_size, cache_len=cache_len,
+                    prompt_len=prompt_len, activation_tokens=tokens,
+                    has_draft=draft is not None, draft_sharded=draft_sharded,
+                    target_params=per_device[0], target_cache=per_device[1],
+                    draft_params=per_device[2], draft_cache=per_device[3],
+                    activations=per_device[4], unsharded=unsharded)
+
+
+def device_memory_bytes(device: Optional[jax.Device] = None) -> Optional[int]:
+  """The memory of `device` (default: this process's first device) in bytes,
+  `memory_stats()["bytes_limit"]`; None where the backend reports none (the
+  CPU backend returns None or raises)."""
+  if device is None:
+    device = jax.local_devices()[0]
+  try:
+    stats = device.memory_stats()
+  except Exception:  # noqa: BLE001 - backends without stats raise various errors
+    return None
+  if not stats or not stats.get("bytes_limit"):
+    return None
+  return int(stats["bytes_limit"])
+
+
+def check_fits(plan: MemoryPlan, capacity_bytes: Optional[int]) -> Optional[int]:
+  """Raises a ValueError naming the mesh and the shortfall when `plan` needs
+  more than `capacity_bytes` per device; returns the spare bytes (None when
+  the capacity is unknown: nothing to check)."""
+  if not isinstance(plan, MemoryPlan):
+    raise TypeError(f"plan must be a MemoryPlan, got {type(plan).__name__}")
+  if capacity_bytes is None:
+    return None
+  capacity_bytes = _check_int("capacity_bytes", capacity_bytes)
+  spare = capacity_bytes - plan.per_device_bytes
+  if spare < 0:
+    what = "the target and draft do not" if plan.has_draft else "the target does not"
+    raise ValueError(
+        f"{what} fit a {plan.mesh_name} mesh: {format_bytes(plan.per_device_bytes)} per device "
+        f"needed, {format_bytes(capacity_bytes)} available (short by {format_bytes(-spare)}); "
+        "use more model-axis devices (config.mesh) or a smaller batch / cache")
+  return spare
+
+
+def _divisors(n: int) -> Tuple[int, ...]:
+  return tuple(d for d in range(1, n + 1) if n % d == 0)
+
+
+def _data_axis(batch_size: int, devices: int) -> int:
+  """The largest divisor of `batch_size` that is <= `devices`: every data
+  shard gets whole rows (a data axis that does not divide the batch
+  replicates it, and with it the caches, gaining no memory)."""
+  return max(d for d in _divisors(batch_size) if d <= devices)
+
+
+def choose_mesh(target_config: Any, draft_config: Any = None, *, num_devices: int,
+                batch_size: int, cache_len: int, capacity_bytes: Optional[int],
+                mesh: MeshChoice = "auto", draft_sharded: bool = False,
+                activation_tokens: Optional[int] = None,
+                prompt_len: Optional[int] = None) -> Tuple[int, int]:
+  """The (data, model) axis sizes to run on.
+
+  mesh="auto": the fewest model-axis devices that fit. Model axis sizes are
+  the divisors of `num_devices`, smallest first (one the heads do not divide
+  still counts: those kernels are then replicated, as the plan accounts);
+  for each, data is the largest divisor of `batch_size` that is at most
+  `num_devices // model` (so rows split evenly; devices left over are not
+  used), and the first whose `memory_plan` fits `capacity_bytes` wins. With
+  the capacity unknown (CPU), model = 1 and data as above. When even the
+  largest model axis does not fit, a ValueError names that mesh and the
+  shortfall.
+
+  mesh=(data, model): validated (ints >= 1, data * model <= num_devices)
+  and, when the capacity is known, checked with `check_fits`.
+  """
+  num_devices = _check_int("num_devices", num_devices)
+  batch_size = _check_int("batch_size", batch_size)
+  if capacity_bytes is not None:
+    capacity_bytes = _check_int("capacity_bytes", capacity_bytes)
+  plan = functools.partial(memory_plan, target_config, draft_config, batch_size=batch_size,
+                           cache_len=cache_len, draft_sharded=draft_sharded,
+                           activation_tokens=activation_tokens, prompt_len=prompt_len)
+  if isinstance(mesh, str):
+    if mesh != "auto":
+      raise ValueError(f"mesh must be 'auto' or a (data, model) pair of ints >= 1, got {mesh!r}")
+    if capacity_bytes is None:
+      plan(mesh_shape=(1, 1))  # validates the configs and sizes
+      return _data_axis(batch_size, num_devices), 1
+    last = None
+    for model in _divisors(num_devices):
+      last = plan(mesh_shape=(_data_axis(batch_size, num_devices // model), model))
+      if last.per_device_bytes <= capacity_bytes:
+        return last.mesh_shape
+    try:
+      check_fits(last, capacity_bytes)
+    except ValueError as e:
+      raise ValueError(f"no mesh of {num_devices} device(s) fits; with the largest model "
+                       f"axis, {e}") from None
+    raise AssertionError("unreachable: the last plan did not fit")
+  data, model = _mesh_pair(mesh, "mesh")
+  if data * model > num_devices:
+    raise ValueError(f"mesh data={data} x model={model} needs {data * model} devices, "
+                     f"{num_devices} are available")
+  check_fits(plan(mesh_shape=(data, model)), capacity_bytes)
+  return data, model
+
+
+# Processes.
+
+
+def _distributed_initialized() -> bool:
+  is_initialized = getattr(jax.distributed, "is_initialized", None)
+  if is_initialized is not None:
+    return bool(is_initialized())
+  from jax._src import distributed  # older jax: no public query
+  return distributed.global_state.client is not None
+
+
+def initialize_distributed(enabled: bool, **kwargs: Any) -> bool:
+  """`jax.distributed.initialize(**kwargs)` when `enabled` (one process per
+  host; on managed clusters — TPU pods, SLURM — the arguments are found by
+  jax itself). Idempotent: a second call, or one after jax was initialised
+  elsewhere, does nothing. Returns whether this call initialised it."""
+  if not isinstance(enabled, bool):
+    raise ValueError(f"enabled (config.distributed) must be a bool, got {enabled!r}")
+  if not enabled or _distributed_initialized():
+    return False
+  jax.distributed.initialize(**kwargs)
+  return True
+
+
+def is_main_process() -> bool:
+  """Whether this process writes results and logs progress (process 0)."""
+  return jax.process_index() == 0
+
+
+# TensorBoard scalars.
+
+
+class ScalarWriter:
+  """TensorBoard scalars in `logdir` (an `events.out.tfevents.*` file written
+  by tensorboardX), beside an experiment's JSONL logs. Only the main process
+  writes; on the others (or with `enabled=False`) every method is a no-op.
+
+  Example:
+    with ScalarWriter(os.path.join(workdir, "tb")) as tb:
+      tb.write(step, {"tokens_per_s": 812.5, "acceptance": 0.71})
+  """
+
+  def __init__(self, logdir: str, *, enabled: Optional[bool] = None, flush_secs: float = 30.0):
+    if not isinstance(logdir, (str, os.PathLike)) or not str(logdir):
+      raise ValueError(f"logdir must be a non-empty path, got {logdir!r}")
+    self.logdir = os.fspath(logdir)
+    self.enabled = is_main_process() if enabled is None else bool(enabled)
+    self._writer = None
+    self._closed = False
+    if self.enabled:
+      try:
+        from tensorboardX import SummaryWriter
+      except ImportError as e:
+        raise ImportError("ScalarWriter needs tensorboardX: pip install tensorboardX") from e
+      self._writer = SummaryWriter(self.logdir, flush_secs=flush_secs)
+
+  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
+    """Adds each `{name: value}` (a number or a scalar array) at `step`."""
+    if self._closed:
+      raise ValueError(f"ScalarWriter({self.logdir!r}) is closed")
+    step = _check_int("step", step, minimum=0)
+    if not isinstance(scalars, Mapping):
+      raise ValueError(f"scalars must be a mapping of name to number, got {scalars!r}")
+    values = {}
+    for name, value in scalars.items():
+      if not isinstance(name, str) or not name:
+        raise ValueError(f"scalar names must be non-empty strings, got {name!r}")
+      try:
+        values[name] = float(np.asarray(value).item())
+      except (TypeError, ValueError):
+        raise ValueError(f"scalar {name!r} must be a number or a one-element array, "
+                         f"got {value!r}") from None
+    if self._writer is not None:
+      for name, value in values.items():
+        self._writer.add_scalar(name, value, global_step=step)
+
+  def flush(self) -> None:
+    if self._writer is not None:
+      self._writer.flush()
+
+  def close(self) -> None:
+    """Flushes and closes the events file (idempotent)."""
+    if self._writer is not None and not self._closed:
+      self._writer.close()
+    self._closed = True
+
+  def __enter__(self) -> "ScalarWriter":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+# Profiling.
+
+
+@contextlib.contextmanager
+def maybe_profile(logdir: Optional[str], enabled: bool = True) -> Iterator[None]:
+  """`jax.profiler.trace(logdir)` around the block when `enabled` (and a
+  logdir is given); otherwise nothing. The trace lands in
+  `<logdir>/plugins/profile/<run>/` (TensorBoard's profile plugin, or
+  Perfetto, reads it)."""
+  if not enabled or logdir is None:
+    yield
+    return
+  with jax.profiler.trace(os.fspath(logdir)):
+    yield
+
+
+def profile_decode(fn: Callable[[], Any], logdir: str, steps: int = 3) -> Any:
+  """Calls `fn()` `steps` times under a `jax.profiler` trace written to
+  `logdir`, waiting for each result (so the trace holds the device work);
+  returns the last result. Call `fn` once before to keep compilation out
+  of the trace."""
+  if not callable(fn):
+    raise ValueError(f"fn must be callable, got {fn!r}")
+  steps = _check_int("steps (config.profile_steps)", steps)
+  out = None
+  with maybe_profile(logdir, True):
+    for _ in range(steps):
+      out = jax.block_until_ready(fn())
+  return out
