@@ -81,6 +81,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   # fewest model-axis devices whose memory plan fits); the CPU presets fit one device.
   c.mesh = "1x1"
   c.distributed = False               # True: jax.distributed.initialize() (pods, multi-host)
+  c.profile_steps = 0                 # > 0: a jax.profiler trace of that many decode
+                                      # iterations in <workdir>/profile (TensorBoard / Perfetto)
   c.dtype = "float32"                 # params + compute of imported checkpoints (paper: bf16)
 
   c.data = ml_collections.ConfigDict()

@@ -142,7 +142,9 @@ def _outputs(workdir, prefix):
 
 
 def test_chen_paper_preset_on_a_mesh_equals_one_device(assets, tmp_path):
-  on_mesh = chen.run(_chen_config(assets, tmp_path / "mesh", "2x4"))
+  cfg = _chen_config(assets, tmp_path / "mesh", "2x4")
+  cfg.profile_steps = 2
+  on_mesh = chen.run(cfg)
   one = chen.run(_chen_config(assets, tmp_path / "one", "1x1"))
   assert on_mesh["mesh"] == {"data": 2, "model": 4, "dtype": "bfloat16", "source": "hf"}
   assert one["mesh"]["data"] == one["mesh"]["model"] == 1
@@ -154,6 +156,11 @@ def test_chen_paper_preset_on_a_mesh_equals_one_device(assets, tmp_path):
   # Greedy speculative == greedy AR within the run (bf16 on the mesh).
   assert on_mesh["settings"]["xsum_greedy"]["cells"]["draft/g2"]["identical_fraction"] == 1.0
   assert os.path.exists(tmp_path / "mesh" / "results" / "results.md")
+  # The profile of a few decode iterations and the TensorBoard scalars.
+  traces = [f for _, _, fs in os.walk(tmp_path / "mesh" / "profile") for f in fs]
+  assert any(f.endswith(".xplane.pb") for f in traces)
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "mesh" / "tb"))
+  assert not os.path.exists(tmp_path / "one" / "profile")
 
 
 def _leviathan_config(root, workdir, mesh):

@@ -233,6 +233,16 @@ def test_loss_decreases_on_reverse(tmp_path):
   lines = [json.loads(l) for l in open(tmp_path / "metrics.jsonl")]
   assert [l["step"] for l in lines] == list(range(4, 25, 4))
   assert all(l["tokens_per_s"] > 0 and "eta_s" in l for l in lines[1:])
+  # The same numbers as TensorBoard scalars beside the JSONL log.
+  from tensorboardX.proto import event_pb2
+  (events,) = [f for f in os.listdir(tmp_path / "tb") if f.startswith("events.out.tfevents")]
+  data, tags = (tmp_path / "tb" / events).read_bytes(), set()
+  while data:  # TFRecord framing: u64 length, u32 crc, payload, u32 crc
+    n = int.from_bytes(data[:8], "little")
+    event = event_pb2.Event.FromString(data[12:12 + n])
+    tags |= {(event.step, v.tag) for v in event.summary.value}
+    data = data[16 + n:]
+  assert (24, "train/loss") in tags and (4, "train/learning_rate") in tags
 
 
 class _RecordingSource(batching.LMSource):

@@ -552,8 +552,12 @@ def run(cfg) -> dict:
       tp, dp = placement.place_models(mesh, target[1], draft[1], draft_sharded)
       target, draft = (target[0], tp), (draft[0], dp)
   fingerprints = placement.mesh_fingerprints(fingerprints, mesh)
-  results = measure(cfg, tok, target, draft, stages, fingerprints,
-                    place=placement.batch_placer(mesh))
+  place = placement.batch_placer(mesh)
+  if cfg.get("profile_steps", 0):
+    x, l, _, _ = task_prompts(cfg, tok, "humaneval")
+    placement.profile_decode(cfg, workdir, target, draft, jnp.asarray(x), jnp.asarray(l),
+                             int(cfg.eval.headline_k), place)
+  results = measure(cfg, tok, target, draft, stages, fingerprints, place=place)
   results["models"] = model_info(cfg, target, draft, workdir)
   results["vocab"] = vocab
   results["mesh"] = {"data": int(mesh.devices.shape[0]), "model": int(mesh.devices.shape[1]),
@@ -570,6 +574,10 @@ def run(cfg) -> dict:
   results["_out_dir"] = out_dir
   if not placement.is_main_process():  # Only process 0 writes.
     return results
+  head = cell_name(DRAFT, int(cfg.eval.headline_k))
+  placement.write_scalars(workdir, {
+      f"{name}/{key}": r["cells"][head][key] for name, r in results["settings"].items()
+      for key in ("speedup", "acceptance_rate", "tokens_per_iteration", "ms_per_token")})
   write_json({k: v for k, v in results.items() if k != "_out_dir"},
              os.path.join(out_dir, "results.json"))
   chen_report.write_chen(results, out_dir, PAPER_TABLE1, PAPER_K_SWEEP)

@@ -377,8 +377,13 @@ def run(cfg) -> dict:
       drafts = {n: (m, shard_params(dp, mesh) if draft_sharded else replicate(dp, mesh))
                 for n, (m, dp) in drafts.items()}
   fingerprints = placement.mesh_fingerprints(fingerprints, mesh)
-  results = measure(cfg, tok, target, tp, drafts, stages, fingerprints,
-                    place=placement.batch_placer(mesh))
+  place = placement.batch_placer(mesh)
+  if cfg.get("profile_steps", 0) and drafts:
+    task = next(iter(TASKS))
+    x, l, _ = test_prompts(cfg, tok, task, cfg.eval[f"{task}_prompt_len"])
+    placement.profile_decode(cfg, workdir, (target, tp), next(iter(drafts.values())),
+                             jnp.asarray(x), jnp.asarray(l), max(cfg.eval.gammas), place)
+  results = measure(cfg, tok, target, tp, drafts, stages, fingerprints, place=place)
   results["stages"] = stages.summary()
   logging.info("stages: %d computed, %d reused%s", results["stages"]["computed"],
                results["stages"]["reused"],
@@ -393,6 +398,11 @@ def run(cfg) -> dict:
   results["_out_dir"] = out_dir
   if not placement.is_main_process():  # Only process 0 writes.
     return results
+  placement.write_scalars(workdir, {
+      f"{task}/t{temp}/{d}/{key}": best[key]
+      for task, te in results["tasks"].items() for temp, tr in te["temperatures"].items()
+      for d, best in tr.get("best", {}).items() for key in ("speedup", "alpha", "gamma")
+      if isinstance(best.get(key), (int, float))})
   write_json({k: v for k, v in results.items() if k != "_out_dir"},
              os.path.join(out_dir, "results.json"))
   report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)

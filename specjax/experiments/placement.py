@@ -21,8 +21,9 @@ ValueError naming the mesh and the shortfall. `place_models` and
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 import jax
 from absl import logging
@@ -31,7 +32,7 @@ from jax.sharding import Mesh
 from specjax import accelerator, sharding
 
 __all__ = ["parse_mesh", "experiment_mesh", "place_models", "batch_placer", "is_main_process",
-           "mesh_fingerprints"]
+           "mesh_fingerprints", "profile_decode", "write_scalars"]
 
 MeshSpec = Union[str, Tuple[int, int]]
 
@@ -105,3 +106,36 @@ def mesh_fingerprints(fingerprints, mesh: Mesh):
     return dict(fingerprints)
   shape = "|mesh%dx%d" % tuple(mesh.devices.shape)
   return {k: v + shape for k, v in fingerprints.items()}
+
+
+def profile_decode(cfg, workdir: str, target, draft, prompts, lengths, gamma: int,
+                   place=None) -> Optional[str]:
+  """With `cfg.profile_steps` > 0: a `jax.profiler` trace of one greedy
+  speculative call of about that many decode iterations (γ + 1 tokens each)
+  on the first prompt, compiled beforehand, in `<workdir>/profile`; returns
+  the directory (None when off)."""
+  import specjax  # late: specjax imports this package's siblings
+  steps = int(cfg.get("profile_steps", 0))
+  if steps <= 0:
+    return None
+  (tm, tp), (dm, dp) = target, draft
+  x, l, k = prompts[:1], lengths[:1], jax.random.PRNGKey(0)[None]
+  if place is not None:
+    x, l, k = place(x, l, k)
+  fn = lambda: specjax.speculative_generate(
+      tm, tp, dm, dp, x, l, max_new_tokens=steps * (gamma + 1), gamma=gamma,
+      sampling=specjax.GREEDY, key=k)
+  jax.block_until_ready(fn())  # compile outside the trace
+  logdir = os.path.join(workdir, "profile")
+  accelerator.profile_decode(fn, logdir, steps=1)
+  logging.info("profile of %d decode iterations in %s", steps, logdir)
+  return logdir
+
+
+def write_scalars(workdir: str, scalars: Mapping[str, float], step: int = 0) -> None:
+  """An experiment's headline numbers as TensorBoard scalars in
+  `<workdir>/tb` (process 0 only), beside its JSON results."""
+  if not is_main_process() or not scalars:
+    return
+  with accelerator.ScalarWriter(os.path.join(workdir, "tb")) as tb:
+    tb.write(step, dict(scalars))

@@ -183,10 +183,29 @@ class _Progress:
     self.excluded = 0.0
     self.last_eval = None
     self.last: dict = {}
+    self.tb = None
 
   def write(self, record: dict) -> None:
+    """Appends `record` to metrics.jsonl and its numbers to TensorBoard
+    (`<workdir>/tb`, `specjax.accelerator.ScalarWriter`); process 0 only."""
+    from specjax import accelerator
+    if not accelerator.is_main_process():
+      return
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
+    if self.tb is None:
+      self.tb = accelerator.ScalarWriter(os.path.join(os.path.dirname(self.path), "tb"))
+    prefix = f"eval/{record['eval']}/" if "eval" in record else "train/"
+    self.tb.write(int(record["step"]), {
+        prefix + k: v for k, v in record.items()
+        if k not in ("step", "eval") and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    self.tb.flush()
+
+  def close(self) -> None:
+    """Flushes and closes the TensorBoard events file (idempotent)."""
+    if self.tb is not None:
+      self.tb.close()
+      self.tb = None
 
   def start_clock(self):
     self.t0 = time.perf_counter()
@@ -305,6 +324,7 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
                  s.stats)
 
   ckpt = Checkpointer(workdir, config.keep_checkpoints, config.async_checkpointing)
+  progress = None
   try:
     if init_params is None:
       init_params = steps_lib.init_params(model, config.seed)
@@ -395,3 +415,5 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
     return state.params
   finally:
     ckpt.close()
+    if progress is not None:
+      progress.close()
