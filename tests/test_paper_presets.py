@@ -1,6 +1,6 @@
 """Both paper presets end to end on tiny random-init checkpoints in transformers
 format (8 CPU devices): local JSONL data, bf16, a data=2 x model=4 mesh, and
-greedy outputs equal to the same run on one device.
+greedy outputs equal to greedy decoding of the same bf16 weights on one device.
 
 Chen: a Llama-format target + draft with a byte-level BPE `tokenizer.json`
 (as Llama 3 ships); Leviathan: a T5 v1.1 target + one draft with the
@@ -21,7 +21,15 @@ import transformers
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import chen_chinchilla as chen_config  # noqa: E402
 from configs import leviathan_t5 as leviathan_config  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import specjax  # noqa: E402
+from specjax.checkpoints.hf_llama import import_hf_decoder  # noqa: E402
+from specjax.checkpoints.hf_t5 import import_hf_t5  # noqa: E402
 from specjax.experiments import chen, leviathan  # noqa: E402
+from specjax.experiments.speed import sweep_cache_len  # noqa: E402
 from specjax.experiments.stages import Stages  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("paper_presets")
@@ -127,17 +135,25 @@ def _chen_config(root, workdir, mesh):
   return c
 
 
-def _outputs(workdir, prefix):
-  """Every stored output token list of a sweep (AR and the headline cell), by stage."""
-  stages = Stages(os.path.join(workdir, "stages"))
-  out = {}
-  for dirpath, _, files in os.walk(stages.directory):
-    for f in files:
-      name = os.path.relpath(os.path.join(dirpath, f), stages.directory)[:-len(".json")]
-      if name.startswith(prefix):
-        value = stages._load(name)["value"]
-        if isinstance(value, dict) and "outputs" in value:
-          out[name] = value["outputs"]
+def _ar_outputs(workdir, prefix):
+  """The stored greedy AR outputs of a sweep, in prompt order."""
+  stages, out, k = Stages(os.path.join(workdir, "stages")), [], 0
+  while True:
+    entry = stages._load(f"{prefix}/chunk{k}/ar")
+    if entry is None:
+      return out
+    out += entry["value"]["outputs"]
+    k += 1
+
+
+def _one_device_greedy(model, params, prompts, lengths, max_new, cache_len, eos_id):
+  """Greedy AR on one device, prompt by prompt (batch 1, as the sweeps)."""
+  out = []
+  for x, n in zip(prompts, lengths):
+    res = specjax.generate(model, params, jnp.asarray(x[None]), jnp.asarray([n]),
+                           max_new_tokens=max_new, sampling=specjax.GREEDY, eos_id=eos_id,
+                           pad_id=0, cache_len=cache_len, key=jax.random.PRNGKey(0)[None])
+    out.append(np.asarray(res.tokens)[0, :int(res.lengths[0])].tolist())
   return out
 
 
@@ -145,14 +161,14 @@ def test_chen_paper_preset_on_a_mesh_equals_one_device(assets, tmp_path):
   cfg = _chen_config(assets, tmp_path / "mesh", "2x4")
   cfg.profile_steps = 2
   on_mesh = chen.run(cfg)
-  one = chen.run(_chen_config(assets, tmp_path / "one", "1x1"))
   assert on_mesh["mesh"] == {"data": 2, "model": 4, "dtype": "bfloat16", "source": "hf"}
-  assert one["mesh"]["data"] == one["mesh"]["model"] == 1
-  for setting in ("xsum_greedy",):
-    a, b = _outputs(tmp_path / "mesh", setting), _outputs(tmp_path / "one", setting)
-    assert a and sorted(a) == sorted(b)
-    for name in a:
-      assert a[name] == b[name], name
+  # The same greedy outputs as one device, from the same bf16 weights.
+  tok, target, draft, dirs = chen.load_pretrained_configs(cfg)
+  tp, _ = import_hf_decoder(dirs["target"], target.config)
+  prompts, lengths, _, _ = chen.task_prompts(cfg, tok, "xsum")
+  cache_len = sweep_cache_len(target, [draft], prompts.shape[1], 8, 2)
+  want = _one_device_greedy(target, tp, prompts, lengths, 8, cache_len, None)
+  assert _ar_outputs(tmp_path / "mesh", "xsum_greedy/k") == want
   # Greedy speculative == greedy AR within the run (bf16 on the mesh).
   assert on_mesh["settings"]["xsum_greedy"]["cells"]["draft/g2"]["identical_fraction"] == 1.0
   assert os.path.exists(tmp_path / "mesh" / "results" / "results.md")
@@ -160,7 +176,6 @@ def test_chen_paper_preset_on_a_mesh_equals_one_device(assets, tmp_path):
   traces = [f for _, _, fs in os.walk(tmp_path / "mesh" / "profile") for f in fs]
   assert any(f.endswith(".xplane.pb") for f in traces)
   assert any(f.startswith("events.out.tfevents") for f in os.listdir(tmp_path / "mesh" / "tb"))
-  assert not os.path.exists(tmp_path / "one" / "profile")
 
 
 def _leviathan_config(root, workdir, mesh):
@@ -185,14 +200,17 @@ def _leviathan_config(root, workdir, mesh):
 
 
 def test_leviathan_paper_preset_on_a_mesh_equals_one_device(assets, tmp_path):
-  on_mesh = leviathan.run(_leviathan_config(assets, tmp_path / "mesh", "2x4"))
-  leviathan.run(_leviathan_config(assets, tmp_path / "one", "1x1"))
+  cfg = _leviathan_config(assets, tmp_path / "mesh", "2x4")
+  on_mesh = leviathan.run(cfg)
   assert on_mesh["mesh"] == {"data": 2, "model": 4, "dtype": "bfloat16", "source": "hf"}
+  tok, target, drafts, dirs = leviathan.load_pretrained_configs(cfg)
+  tp, _ = import_hf_t5(dirs["target"], target.config)
   for task in ("translate", "summarize"):
-    a, b = _outputs(tmp_path / "mesh", f"{task}/t0"), _outputs(tmp_path / "one", f"{task}/t0")
-    assert a and sorted(a) == sorted(b)
-    for name in a:
-      assert a[name] == b[name], name
+    p_len = cfg.eval[f"{task}_prompt_len"]
+    prompts, lengths, _ = leviathan.test_prompts(cfg, tok, task, p_len)
+    cache_len = sweep_cache_len(target, list(drafts.values()), p_len, 8, 2)
+    want = _one_device_greedy(target, tp, prompts, lengths, 8, cache_len, tok.eos_id)
+    assert _ar_outputs(tmp_path / "mesh", f"{task}/t0") == want, task
     cell = on_mesh["tasks"][task]["temperatures"]["0"]["cells"]["small/g2"]
     assert cell["identical_fraction"] == 1.0
 
