@@ -31,7 +31,11 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
 
 
 def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
+  """Whether `x`'s values can be read on this host for a check: not a tracer,
+  and not a global array spanning other processes' devices (multi-host:
+  those checks are skipped; the jitted loop is the same)."""
+  return (not isinstance(x, jax.core.Tracer)
+          and getattr(x, "is_fully_addressable", True))
 
 
 def _check_prompts(prompts, prompt_lengths):

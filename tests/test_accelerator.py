@@ -322,11 +322,26 @@ _WORKER = textwrap.dedent("""
     gram = jax.jit(lambda a: a @ a.T, out_shardings=whole)(x)
     with accelerator.ScalarWriter(logdir) as tb:
       tb.write(0, {"process": float(pid)})
+    # A sharded generate: both checkpoints streamed onto the global mesh (each process
+    # reads its own devices' slices), rows over data, heads over model.
+    import specjax
+    from specjax.checkpoints.hf_llama import import_hf_decoder
+    from jax.experimental import multihost_utils
+    ckpt = os.path.join(os.path.dirname(logdir), "ckpt")
+    tp, tc = import_hf_decoder(os.path.join(ckpt, "target"), mesh=mesh)
+    dp, dc = import_hf_decoder(os.path.join(ckpt, "draft"), mesh=mesh)
+    prompts = np.array([[3, 4, 5, 6], [7, 8, 9, 0]], np.int32)
+    rows = NamedSharding(mesh, P("data"))
+    put = lambda a: jax.make_array_from_callback(a.shape, rows, lambda i: a[i])
+    out = specjax.speculative_generate(
+        specjax.DecoderLM(tc), tp, specjax.DecoderLM(dc), dp, put(prompts),
+        put(np.array([4, 3], np.int32)), max_new_tokens=12, gamma=3, sampling=specjax.GREEDY)
+    tokens = multihost_utils.process_allgather(out.tokens, tiled=True)
     print("RESULT " + json.dumps(dict(
         first=first, again=again, main=accelerator.is_main_process(),
         processes=jax.process_count(), devices=jax.device_count(),
         local=jax.local_device_count(), total=float(total),
-        gram=np.asarray(gram).tolist())), flush=True)
+        gram=np.asarray(gram).tolist(), tokens=np.asarray(tokens).tolist())), flush=True)
     jax.distributed.shutdown()
     """)
 
@@ -339,9 +354,25 @@ def _free_port() -> int:
 
 def test_two_processes_share_one_mesh(tmp_path):
   """Two local CPU processes of 4 devices each: one 2 x 4 mesh over all 8
-  devices, a jitted computation over an array split across both processes."""
+  devices, a jitted computation over an array split across both processes,
+  and a greedy speculative generate from checkpoints streamed onto that mesh
+  (each process reading its own slices) equal to one process's."""
   script = tmp_path / "worker.py"
   script.write_text(_WORKER)
+  import jax
+  import specjax
+  from specjax.checkpoints.hf_llama import export_hf_decoder
+  models = {}
+  for name, layers, seed in (("target", 2, 0), ("draft", 1, 1)):
+    lm = specjax.DecoderLM(specjax.decoder_config("tiny", num_layers=layers))
+    params = lm.init(jax.random.PRNGKey(seed))
+    export_hf_decoder(params, lm.config, str(tmp_path / "ckpt" / name))
+    models[name] = (lm, params)
+  (target, tp), (draft, dp) = models["target"], models["draft"]
+  import jax.numpy as jnp
+  want = specjax.speculative_generate(
+      target, tp, draft, dp, jnp.array([[3, 4, 5, 6], [7, 8, 9, 0]]), jnp.array([4, 3]),
+      max_new_tokens=12, gamma=3, sampling=specjax.GREEDY).tokens
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   port, logdir = _free_port(), str(tmp_path / "tb")
@@ -367,4 +398,5 @@ def test_two_processes_share_one_mesh(tmp_path):
     assert (r["processes"], r["devices"], r["local"]) == (2, 8, 4)
     assert r["total"] == float((full * full).sum())
     np.testing.assert_allclose(np.asarray(r["gram"]), full @ full.T)
+    np.testing.assert_array_equal(np.asarray(r["tokens"]), np.asarray(want))
   assert len(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))) == 1  # process 0 only
