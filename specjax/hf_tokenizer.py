@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 import numpy as np
 
-from specjax.tokenizer import SentencePieceTokenizer
+from specjax.tokenizer import SentencePieceTokenizer, token_rows
 
 if TYPE_CHECKING:
   import tokenizers
@@ -440,18 +440,7 @@ class HFTokenizer:
     Returns:
       B strings.
     """
-    tokens_bn = np.asarray(tokens_bn)
-    if tokens_bn.ndim != 2:
-      raise ValueError(f"tokens must have shape [B, N], got {tokens_bn.shape}")
-    if lengths_b is None:
-      lengths_b = np.full((tokens_bn.shape[0],), tokens_bn.shape[1])
-    lengths_b = np.asarray(lengths_b)
-    if lengths_b.shape != (tokens_bn.shape[0],):
-      raise ValueError(f"lengths must have shape [{tokens_bn.shape[0]}], got "
-                       f"{lengths_b.shape}")
-    if (lengths_b < 0).any() or (lengths_b > tokens_bn.shape[1]).any():
-      raise ValueError(f"lengths must lie in [0, {tokens_bn.shape[1]}], got "
-                       f"{lengths_b.tolist()}")
+    tokens_bn, lengths_b = token_rows(tokens_bn, lengths_b)
     return [self.decode(tokens_bn[b, :int(lengths_b[b])],
                         skip_special_tokens=skip_special_tokens)
             for b in range(tokens_bn.shape[0])]

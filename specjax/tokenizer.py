@@ -208,17 +208,24 @@ class SentencePieceTokenizer:
     Returns:
       B strings.
     """
-    tokens_bn = np.asarray(tokens_bn)
-    if tokens_bn.ndim != 2:
-      raise ValueError(f"tokens must have shape [B, N], got {tokens_bn.shape}")
-    if lengths_b is None:
-      lengths_b = np.full((tokens_bn.shape[0],), tokens_bn.shape[1])
-    lengths_b = np.asarray(lengths_b)
-    if lengths_b.shape != (tokens_bn.shape[0],):
-      raise ValueError(f"lengths must have shape [{tokens_bn.shape[0]}], got "
-                       f"{lengths_b.shape}")
-    if (lengths_b < 0).any() or (lengths_b > tokens_bn.shape[1]).any():
-      raise ValueError(f"lengths must lie in [0, {tokens_bn.shape[1]}], got "
-                       f"{lengths_b.tolist()}")
+    tokens_bn, lengths_b = token_rows(tokens_bn, lengths_b)
     return [self.decode(tokens_bn[b, :int(lengths_b[b])])
             for b in range(tokens_bn.shape[0])]
+
+
+def token_rows(tokens_bn, lengths_b=None) -> tuple[np.ndarray, np.ndarray]:
+  """`tokens [B, N]` and `lengths [B]` (default: N per row) as numpy arrays,
+  checked (shapes, 0 <= length <= N) for the tokenizers' `decode_batch`."""
+  tokens_bn = np.asarray(tokens_bn)
+  if tokens_bn.ndim != 2:
+    raise ValueError(f"tokens must have shape [B, N], got {tokens_bn.shape}")
+  if lengths_b is None:
+    lengths_b = np.full((tokens_bn.shape[0],), tokens_bn.shape[1])
+  lengths_b = np.asarray(lengths_b)
+  if lengths_b.shape != (tokens_bn.shape[0],):
+    raise ValueError(f"lengths must have shape [{tokens_bn.shape[0]}], got "
+                     f"{lengths_b.shape}")
+  if (lengths_b < 0).any() or (lengths_b > tokens_bn.shape[1]).any():
+    raise ValueError(f"lengths must lie in [0, {tokens_bn.shape[1]}], got "
+                     f"{lengths_b.tolist()}")
+  return tokens_bn, lengths_b
