@@ -32,7 +32,7 @@ the argument, the bad value and what is allowed.
 from __future__ import annotations
 
 import numbers
-from typing import Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -49,6 +49,11 @@ __all__ = [
     "breakeven_alpha",
     "improvement_lower_bound",
     "expected_accepted_histogram",
+    "tokens_per_call_curve",
+    "alpha_for_speedup",
+    "traffic_mix",
+    "classic_draft_memory",
+    "eagle3_head_memory",
 ]
 
 Number = float | np.ndarray
@@ -540,3 +545,398 @@ def expected_accepted_histogram(alpha: ArrayLike, gamma: int) -> np.ndarray:
   probs = np.power(a_, k) * (1.0 - a_)
   probs[..., g] = np.power(a, g)
   return probs
+
+
+# -----------------------------------------------------------------------------
+# The seeds' exercises: draft length, the α a speedup needs, traffic mixes and
+# the memory of a draft (specjax BRIEF, "the seeds' analysis exercises").
+# -----------------------------------------------------------------------------
+
+
+def _scalar_non_negative(name: str, value: Any) -> float:
+  """Validates a scalar real >= 0 (a cost, not a broadcast operand)."""
+  arr = _non_negative(name, value)
+  if arr.ndim != 0:
+    raise ValueError(f"{name} must be a scalar, got an array of shape {arr.shape}")
+  return float(arr)
+
+
+def _vector(name: str, value: ArrayLike, arr: np.ndarray) -> np.ndarray:
+  """`arr` (validated from `value`) as a non-empty 1-D array."""
+  arr = np.atleast_1d(arr)
+  if arr.ndim != 1 or arr.size == 0:
+    raise ValueError(f"{name} must be a scalar or a non-empty 1-D sequence, got {value!r} "
+                     f"(shape {arr.shape})")
+  return arr
+
+
+def _iteration_cost(gamma: ArrayLike, cost_ratio: ArrayLike,
+                    overhead: ArrayLike) -> np.ndarray:
+  """1 + ε + γ·c: one speculative iteration in target decode steps."""
+  return 1.0 + overhead + gamma * cost_ratio
+
+
+def tokens_per_call_curve(alphas: ArrayLike, n_max: int = 16,
+                          cost_ratio: float = 0.05,
+                          verify_overhead: float = 0.0) -> Dict[str, np.ndarray]:
+  """Tokens per target call against the draft length N, and the best N per α.
+
+  The tokens per call (1 − α^{N+1}) / (1 − α) (`expected_tokens_per_call`)
+  grow with N towards 1 / (1 − α), so they alone have no optimum: longer
+  drafts always emit more tokens per call. The optimum comes from the cost
+  of an iteration. The cost model (in target decode steps, the one
+  `alpha_for_speedup` and `traffic_mix` use):
+
+    cost(N) = 1 + ε + N·c,
+
+  one verify call (a target step plus a fixed relative overhead ε =
+  `verify_overhead`: sampling, bookkeeping, the verify of N + 1 tokens
+  costing a little more than one step) and N draft steps of c =
+  `cost_ratio` target steps each. (A verify cost growing per verified
+  token can be folded into c.) The walltime speedup over plain decoding is
+  tokens(α, N) / cost(N); N* is its argmax over 1..n_max (the smallest N on
+  ties). With c = ε = 0 this is Leviathan et al.'s improvement at c = 0,
+  which grows with N, so N* = n_max; with ε = 0 it is
+  `walltime_improvement(α, N, c)` and N* = `optimal_gamma(α, c, n_max)`.
+
+  Args:
+    alphas: acceptance rate(s) in [0, 1]: a scalar or a 1-D sequence.
+    n_max: the longest draft length considered, a scalar integer >= 1.
+    cost_ratio: c = t_draft_step / t_target_step, a scalar >= 0.
+    verify_overhead: ε, the relative extra cost of one iteration's verify,
+      a scalar >= 0.
+
+  Returns:
+    A dict of arrays (A = number of alphas):
+      "n": [N] the draft lengths 1..n_max;
+      "alpha": [A] the acceptance rates;
+      "tokens": [A, N] expected tokens per target call;
+      "cost": [N] iteration cost in target steps;
+      "speedup": [A, N] tokens / cost;
+      "optimal_n": [A] int, the N maximising the speedup;
+      "optimal_speedup", "optimal_tokens": [A] the speedup and tokens there;
+      "tokens_limit": [A] 1 / (1 − α), the N → ∞ limit (inf at α = 1).
+  """
+  a = _vector("alphas", alphas, _in_unit_interval("alphas", alphas))
+  m = _scalar_int("n_max", n_max, 1)
+  c = _scalar_non_negative("cost_ratio", cost_ratio)
+  eps = _scalar_non_negative("verify_overhead", verify_overhead)
+  n = np.arange(1, m + 1, dtype=np.int64)
+  tokens = _tokens(a[:, None], n[None, :])
+  cost = _iteration_cost(n.astype(np.float64), c, eps)
+  speedup = tokens / cost[None, :]
+  best = np.argmax(speedup, axis=1)  # First maximum: the smallest N on ties.
+  rows = np.arange(a.size)
+  with np.errstate(divide="ignore"):
+    limit = np.where(a < 1.0, 1.0 / (1.0 - a), np.inf)
+  return {"n": n, "alpha": a, "tokens": tokens, "cost": cost, "speedup": speedup,
+          "optimal_n": n[best], "optimal_speedup": speedup[rows, best],
+          "optimal_tokens": tokens[rows, best], "tokens_limit": limit}
+
+
+_SPEEDUP_MODELS = ("geometric", "linear")
+
+
+def alpha_for_speedup(speedup: ArrayLike, k: ArrayLike, overhead: ArrayLike = 0.15,
+                      cost_ratio: ArrayLike = 0.0, model: str = "geometric") -> Number:
+  """The acceptance rate α a walltime speedup needs at draft length K.
+
+  A speedup S needs S·cost tokens per target call, with the iteration cost
+  1 + ε + K·c of `tokens_per_call_curve` (ε = `overhead`, c =
+  `cost_ratio`). Two models of the tokens per call:
+
+    "geometric"  (1 − α^{K+1}) / (1 − α), Leviathan et al.'s Equation (1):
+                 α = `alpha_for_tokens(S·cost, K)`;
+    "linear"     1 + K·α, the rule of thumb S = (1 + Kα)/(1 + ε) of the
+                 seeds: α = (S·cost − 1) / K.
+
+  The linear form overestimates the tokens (every draft is counted as if
+  the earlier ones had all been accepted), so it asks for a lower α than the
+  geometric one. Speedups at or below what α = 0 gives return 0 (no α is
+  needed); speedups no α ∈ [0, 1] reaches (S·cost above K + 1 in the
+  geometric model, α above 1 in the linear one) return NaN. Sensitivity to
+  the overhead: at fixed S and K, dα/dε = S / (dtokens/dα) — S / K in the
+  linear model; in the geometric one the slope Σ_i i·α^{i−1} is below K at
+  small α and above it near 1, so high speedups are less sensitive to ε
+  there than the linear rule says (2× at K = 5, ε = 0.15: 0.44 vs 0.40;
+  3×: 0.38 vs 0.60).
+
+  Args:
+    speedup: the walltime speedup(s) wanted, > 0 (2.0 for 2×).
+    k: draft length(s) K, integer(s) >= 1.
+    overhead: ε, the relative extra cost per iteration, >= 0 (the seeds use
+      0.1–0.15 at batch 1; it grows with concurrency).
+    cost_ratio: c = t_draft_step / t_target_step, >= 0 (0: drafting counted
+      inside ε, as in the seeds' formula).
+    model: "geometric" (default) or "linear".
+
+  Returns:
+    α in [0, 1], or NaN where unreachable; broadcast over the arguments.
+  """
+  if not isinstance(model, str) or model not in _SPEEDUP_MODELS:
+    raise ValueError(f"model must be one of {_SPEEDUP_MODELS}, got {model!r}")
+  s = _positive("speedup", speedup)
+  g = _integer("k", k, 1)
+  eps = _non_negative("overhead", overhead)
+  c = _non_negative("cost_ratio", cost_ratio)
+  s, g, eps, c = _broadcast(speedup=s, k=g, overhead=eps, cost_ratio=c)
+  need = s * _iteration_cost(g, c, eps)
+  if model == "linear":
+    alpha = np.maximum((need - 1.0) / g, 0.0)
+    return _out(np.where(alpha > 1.0, np.nan, alpha))
+  reachable = need <= g + 1.0
+  clipped = np.clip(need, 1.0, g + 1.0)
+  alpha = np.asarray(alpha_for_tokens(clipped, g), np.float64)
+  return _out(np.where(reachable, alpha, np.nan))
+
+
+_MIX_SHARES = ("tokens", "calls")
+
+
+def traffic_mix(shares: Sequence[float], alphas: Sequence[float], k: int,
+                overhead: float = 0.15, cost_ratio: float = 0.0, gate_alpha: float = 0.55,
+                share_of: str = "tokens") -> Dict[str, Any]:
+  """Expected tokens per call and speedup of a mix of traffic classes.
+
+  Class i carries a share s_i of the traffic and drafts are accepted at α_i
+  (i.i.d. within a class), so its target calls emit T_i = (1 − α_i^{K+1}) /
+  (1 − α_i) tokens on average. How the classes combine depends on what the
+  shares count:
+
+    share_of="tokens"  s_i is the class's share of the generated tokens
+                       (the usual traffic split). Class i needs s_i / T_i
+                       calls per token, so the mix emits 1 / Σ s_i / T_i
+                       tokens per call (a harmonic mean);
+    share_of="calls"   s_i is its share of target calls (iterations): the
+                       mix emits Σ s_i T_i tokens per call (the plain
+                       weighted expectation).
+
+  The speedup is the mix's tokens per call over the iteration cost
+  1 + ε + K·c (see `tokens_per_call_curve`); speculation pays when it
+  exceeds 1. Two averages of α are reported: the share-weighted mean
+  Σ s_i α_i (the seeds' "average α"), and the call-weighted one, which is
+  what an aggregate accepted / drafted counter over the whole traffic would
+  read (every call drafts K tokens, so classes weigh by their calls). The
+  tokens per call at the mean α are not the mix's: T is convex in α (a
+  polynomial with positive coefficients), so a call-weighted mix emits at
+  least T(mean α), while with token shares the low class costs more calls
+  per token than the high one saves and the mix can fall below it (it does
+  for 70 % at α 0.7 and 30 % at α 0.4).
+
+  Args:
+    shares: each class's share, >= 0, summing to 1 (tolerance 1e-6).
+    alphas: each class's acceptance rate, in [0, 1], one per share.
+    k: the draft length K, a scalar integer >= 1.
+    overhead: ε, the relative extra cost per iteration, a scalar >= 0.
+    cost_ratio: c = t_draft_step / t_target_step, a scalar >= 0.
+    gate_alpha: the rollout gate on α, in [0, 1] (the seeds' 0.55: the
+      practical break-even at high concurrency).
+    share_of: "tokens" (default) or "calls", what the shares count.
+
+  Returns:
+    A dict of Python values:
+      "share_of", "k", "overhead", "cost_ratio", "gate_alpha": the inputs;
+      "class_tokens_per_call", "class_speedup": per class;
+      "call_shares": each class's share of target calls;
+      "mean_alpha": Σ s_i α_i; "call_weighted_alpha": α by call share;
+      "tokens_per_call": the mix's expected tokens per target call;
+      "tokens_at_mean_alpha": T at the mean α (for comparison);
+      "iteration_cost": 1 + ε + K·c;
+      "speedup": the mix's walltime speedup; "pays": speedup > 1;
+      "breakeven_alpha": the α with speedup 1 in the geometric model (NaN if
+        none); "meets_gate": mean α >= gate_alpha;
+      "classes_below_gate": indices of the classes with α_i < gate_alpha.
+  """
+  if not isinstance(share_of, str) or share_of not in _MIX_SHARES:
+    raise ValueError(f"share_of must be one of {_MIX_SHARES}, got {share_of!r}")
+  s = _vector("shares", shares, _non_negative("shares", shares))
+  a = _vector("alphas", alphas, _in_unit_interval("alphas", alphas))
+  if s.shape != a.shape:
+    raise ValueError(f"shares and alphas must have one entry per class, got {s.size} shares "
+                     f"and {a.size} alphas")
+  if abs(float(s.sum()) - 1.0) > 1e-6:
+    raise ValueError(f"shares must sum to 1 (tolerance 1e-6), got {s.tolist()!r} summing "
+                     f"to {float(s.sum())!r}")
+  g = _scalar_int("k", k, 1)
+  eps = _scalar_non_negative("overhead", overhead)
+  c = _scalar_non_negative("cost_ratio", cost_ratio)
+  gate = _in_unit_interval("gate_alpha", gate_alpha)
+  if gate.ndim != 0:
+    raise ValueError(f"gate_alpha must be a scalar, got an array of shape {gate.shape}")
+  tokens = _tokens(a, np.full(a.shape, g))
+  if share_of == "tokens":
+    calls = s / tokens
+    mix_tokens = 1.0 / calls.sum()
+    call_shares = calls / calls.sum()
+  else:
+    mix_tokens = float(np.sum(s * tokens))
+    call_shares = s
+  mean_alpha = float(np.sum(s * a))
+  cost = float(_iteration_cost(g, c, eps))
+  speedup = float(mix_tokens) / cost
+  return {
+      "share_of": share_of, "k": g, "overhead": eps, "cost_ratio": c,
+      "gate_alpha": float(gate), "shares": s.tolist(), "alphas": a.tolist(),
+      "class_tokens_per_call": tokens.tolist(), "class_speedup": (tokens / cost).tolist(),
+      "call_shares": call_shares.tolist(), "mean_alpha": mean_alpha,
+      "call_weighted_alpha": float(np.sum(call_shares * a)),
+      "tokens_per_call": float(mix_tokens),
+      "tokens_at_mean_alpha": float(_tokens(np.asarray(mean_alpha), np.asarray(g))),
+      "iteration_cost": cost, "speedup": speedup, "pays": bool(speedup > 1.0),
+      "breakeven_alpha": float(alpha_for_speedup(1.0, g, eps, c)),
+      "meets_gate": bool(mean_alpha >= float(gate)),
+      "classes_below_gate": [int(i) for i in np.nonzero(a < float(gate))[0]],
+  }
+
+
+def _bytes_per_param(value: Any) -> float:
+  arr = _positive("bytes_per_param", value)
+  if arr.ndim != 0:
+    raise ValueError(f"bytes_per_param must be a scalar, got an array of shape {arr.shape}")
+  return float(arr)
+
+
+def _memory(breakdown: Dict[str, int], kv_layers: int, num_kv_heads: int, head_dim: int,
+            bytes_per_param: float, notes: str) -> Dict[str, Any]:
+  params = int(sum(breakdown.values()))
+  kv_per_token = 2 * kv_layers * num_kv_heads * head_dim * bytes_per_param
+  return {"params": params, "weight_bytes": params * bytes_per_param,
+          "kv_bytes_per_token": kv_per_token, "kv_layers": kv_layers,
+          "bytes_per_param": bytes_per_param, "breakdown": dict(breakdown), "notes": notes}
+
+
+def _attention_mlp(width_in: int, hidden: int, num_heads: int, num_kv_heads: int,
+                   head_dim: int, intermediate: int) -> Dict[str, int]:
+  """Parameters of one Llama decoder layer's projections (no biases), its
+  q / k / v projections reading a `width_in`-wide input."""
+  return {
+      "q_proj": width_in * num_heads * head_dim,
+      "k_proj": width_in * num_kv_heads * head_dim,
+      "v_proj": width_in * num_kv_heads * head_dim,
+      "o_proj": num_heads * head_dim * hidden,
+      "mlp": 3 * hidden * intermediate,  # gate, up (hidden → I) and down (I → hidden)
+  }
+
+
+def _shape_args(**named: Any) -> Dict[str, int]:
+  out = {name: _scalar_int(name, value, 1) for name, value in named.items()}
+  if out["num_heads"] % out["num_kv_heads"]:
+    raise ValueError(f"num_heads must be a multiple of num_kv_heads (grouped-query attention), "
+                     f"got num_heads={out['num_heads']} and num_kv_heads={out['num_kv_heads']}")
+  return out
+
+
+def classic_draft_memory(hidden: int, num_layers: int, num_heads: int, num_kv_heads: int,
+                         head_dim: int, intermediate: int, vocab: int,
+                         tied_embeddings: bool = True,
+                         bytes_per_param: float = 2.0) -> Dict[str, Any]:
+  """Parameters, weight bytes and KV bytes per token of a Llama-style decoder.
+
+  A classic draft (Leviathan / Chen) is a whole small model of the target's
+  family, e.g. Llama-3.2-1B for Llama-3.3-70B, loaded beside the target with
+  its own KV cache. Counted (Llama 3 architecture, no biases): the token
+  embedding V·E; per layer the q/k/v/o projections (E·H·D, 2·E·K·D, H·D·E),
+  the gated MLP 3·E·I and two RMSNorm scales; the final norm; an output head
+  V·E unless tied to the embedding. Rotary embeddings have no parameters.
+  The KV cache holds a key and a value per layer: 2·L·K·D values per token.
+  (Applied to the Llama-3.3-70B shape it gives the target's 70.55 B.)
+
+  Args:
+    hidden: the width E, an integer >= 1 (same for the other shape sizes).
+    num_layers: L.
+    num_heads: H query heads.
+    num_kv_heads: K key/value heads (H must be a multiple of K).
+    head_dim: D.
+    intermediate: the MLP width I.
+    vocab: the vocabulary size V.
+    tied_embeddings: whether the output head reuses the embedding (as
+      Llama-3.2-1B does).
+    bytes_per_param: bytes per weight and per cached value, > 0 (2 for bf16).
+
+  Returns:
+    A dict: "params" (int), "weight_bytes", "kv_bytes_per_token",
+    "kv_layers", "bytes_per_param", "breakdown" {part: params} and "notes".
+  """
+  d = _shape_args(hidden=hidden, num_layers=num_layers, num_heads=num_heads,
+                  num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate=intermediate,
+                  vocab=vocab)
+  if not isinstance(tied_embeddings, (bool, np.bool_)):
+    raise TypeError(f"tied_embeddings must be a bool, got {tied_embeddings!r}")
+  b = _bytes_per_param(bytes_per_param)
+  e, n = d["hidden"], d["num_layers"]
+  layer = _attention_mlp(e, e, d["num_heads"], d["num_kv_heads"], d["head_dim"],
+                         d["intermediate"])
+  breakdown = {"embedding": d["vocab"] * e}
+  breakdown.update({f"layers.{k}": n * v for k, v in layer.items()})
+  breakdown["norms"] = (2 * n + 1) * e
+  breakdown["lm_head"] = 0 if tied_embeddings else d["vocab"] * e
+  return _memory(breakdown, n, d["num_kv_heads"], d["head_dim"], b,
+                 "whole model; lm_head tied to the embedding" if tied_embeddings
+                 else "whole model; own lm_head")
+
+
+def eagle3_head_memory(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                       intermediate: int, vocab: int, draft_vocab: Optional[int] = None,
+                       fused_layers: int = 3, attention_input_factor: int = 2,
+                       bytes_per_param: float = 2.0) -> Dict[str, Any]:
+  """Parameters, weight bytes and KV bytes per token of an EAGLE-3 draft head.
+
+  The head (Li et al. 2025, the released Llama EAGLE-3 heads) is one decoder
+  layer at the target's width E on top of the target:
+
+    * fc: the hidden states of `fused_layers` target layers (low, mid and
+      high: 3·E features) through one linear map to E (no bias);
+    * one Llama decoder layer whose q / k / v projections read
+      `attention_input_factor`·E inputs — EAGLE-3 concatenates the token's
+      embedding with the fused feature (2·E); 1 for a plain layer — with
+      the target's heads, head dimension and MLP width;
+    * RMSNorm scales: the input, the feature ("hidden_norm"), the
+      post-attention and the final norm (4·E);
+    * the token embedding: the target's, shared (no extra parameters);
+    * the output head: the target's, shared, when `draft_vocab` is None;
+      otherwise its own E·draft_vocab head over a reduced draft vocabulary
+      (EAGLE-3's releases use 32 000 tokens and map them back to the
+      target's with lookup tables, a few hundred KB of integers not counted
+      here). draft_vocab = vocab counts a full-vocabulary head of its own.
+
+  The head's KV cache has one layer: 2·K·D values per token. Not counted:
+  the target's hidden states the head reads (fused_layers·E values per token
+  in flight, transient) and the target's own weights and cache.
+
+  Args:
+    hidden: the target's width E, an integer >= 1 (same for the others).
+    num_heads: H query heads.
+    num_kv_heads: K key/value heads (H must be a multiple of K).
+    head_dim: D.
+    intermediate: the MLP width I.
+    vocab: the target's vocabulary (only checked against draft_vocab).
+    draft_vocab: None (share the target's head) or the size of the head's
+      own vocabulary, 1..vocab.
+    fused_layers: target layers whose features are fused, an integer >= 1.
+    attention_input_factor: the attention's input width in units of E, an
+      integer >= 1.
+    bytes_per_param: bytes per weight and per cached value, > 0 (2 for bf16).
+
+  Returns:
+    The dict of `classic_draft_memory`.
+  """
+  d = _shape_args(hidden=hidden, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                  head_dim=head_dim, intermediate=intermediate, vocab=vocab,
+                  fused_layers=fused_layers, attention_input_factor=attention_input_factor)
+  if draft_vocab is not None:
+    dv = _scalar_int("draft_vocab", draft_vocab, 1)
+    if dv > d["vocab"]:
+      raise ValueError(f"draft_vocab must lie in [1, vocab={d['vocab']}] (a subset of the "
+                       f"target's vocabulary), got {dv}")
+  b = _bytes_per_param(bytes_per_param)
+  e = d["hidden"]
+  breakdown = {"fc": d["fused_layers"] * e * e}
+  breakdown.update(_attention_mlp(d["attention_input_factor"] * e, e, d["num_heads"],
+                                  d["num_kv_heads"], d["head_dim"], d["intermediate"]))
+  breakdown["norms"] = 4 * e
+  breakdown["embedding"] = 0
+  breakdown["lm_head"] = 0 if draft_vocab is None else dv * e
+  notes = ("one layer; embedding shared with the target; "
+           + ("lm_head shared with the target" if draft_vocab is None
+              else f"own lm_head over {dv} draft tokens"))
+  return _memory(breakdown, 1, d["num_kv_heads"], d["head_dim"], b, notes)

@@ -1,0 +1,32 @@
+"""The seeds' analysis exercises: tokens per call vs N, the α a speedup needs,
+a traffic mix, an EAGLE-3 head's memory, α against KL (specjax BRIEF).
+
+  python experiments/seeds_exercises.py                  # full: results/seeds/
+  python experiments/seeds_exercises.py --quick --out_dir=/tmp/seeds
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from specjax.experiments import seeds  # noqa: E402
+
+_OUT_DIR = flags.DEFINE_string(
+    "out_dir", os.path.join(os.path.dirname(__file__), "..", "results", "seeds"),
+    "Where exercises.json, exercises.md and the plots go.")
+_QUICK = flags.DEFINE_bool("quick", False, "200 kB of text and 4 temperatures (seconds).")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  seeds.run(_OUT_DIR.value, quick=_QUICK.value)
+  with open(os.path.join(_OUT_DIR.value, "exercises.md"), encoding="utf-8") as f:
+    print(f.read())
+
+
+if __name__ == "__main__":
+  app.run(main)
