@@ -171,7 +171,8 @@ def test_chen_paper_preset_on_a_mesh_equals_one_device(assets, tmp_path):
   assert _ar_outputs(tmp_path / "mesh", "xsum_greedy/k") == want
   # Greedy speculative == greedy AR within the run (bf16 on the mesh).
   assert on_mesh["settings"]["xsum_greedy"]["cells"]["draft/g2"]["identical_fraction"] == 1.0
-  assert os.path.exists(tmp_path / "mesh" / "results" / "results.md")
+  md = (tmp_path / "mesh" / "results" / "results.md").read_text()
+  assert "8 x cpu (mesh data=2 x model=4, bfloat16)" in md  # the hardware is named
   # The profile of a few decode iterations and the TensorBoard scalars.
   traces = [f for _, _, fs in os.walk(tmp_path / "mesh" / "profile") for f in fs]
   assert any(f.endswith(".xplane.pb") for f in traces)
@@ -213,6 +214,8 @@ def test_leviathan_paper_preset_on_a_mesh_equals_one_device(assets, tmp_path):
     assert _ar_outputs(tmp_path / "mesh", f"{task}/t0") == want, task
     cell = on_mesh["tasks"][task]["temperatures"]["0"]["cells"]["small/g2"]
     assert cell["identical_fraction"] == 1.0
+  md = (tmp_path / "mesh" / "results" / "results.md").read_text()
+  assert "8 x cpu (mesh data=2 x model=4, bfloat16)" in md  # the hardware is named
 
 
 def test_paper_presets_need_their_checkpoint_dirs(tmp_path):

@@ -6,7 +6,7 @@ import os
 from typing import Dict, List, Optional
 
 from specjax.experiments.common import atomic_write_text
-from specjax.experiments.report import plot_lines
+from specjax.experiments.report import hardware_line, plot_lines
 
 __all__ = ["write_chen", "findings", "best_k"]
 
@@ -166,7 +166,8 @@ def write_chen(results: dict, out_dir: str, paper: Dict[str, dict],
   head = int(ev["headline_k"])
   lines = [
       "# Chen et al. 2023 on this machine: Chinchilla-style target, latency-optimised draft", "",
-      f"Preset `{cfg['preset']}` · {m['machine']} · JAX {m['jax']} ({m['backend']}) · "
+      f"Preset `{cfg['preset']}` · {m['machine']} · {hardware_line(results)}"
+      f"JAX {m['jax']} ({m['backend']}) · "
       f"{m['date']} "
       f"· batch 1 unless stated · {ev['max_new_tokens']} tokens per sample"
       f"{' (EOS ignored, as in the K sweep of the paper)' if ev['ignore_eos'] else ''}.", "",

@@ -12,14 +12,27 @@ import jax
 from specjax.atomic_io import atomic_path
 from specjax.experiments.common import atomic_write_text
 
-__all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars"]
+__all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line"]
 
 
 def machine_info() -> dict:
   return {"machine": f"{platform.machine()} {os.cpu_count()} cores", "python": platform.python_version(),
           "jax": jax.__version__, "backend": jax.default_backend(),
+          "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}"
+                     + (f" over {jax.process_count()} processes" if jax.process_count() > 1 else ""),
           "date": time.strftime("%Y-%m-%d %H:%M"),
           "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def hardware_line(results: dict) -> str:
+  """"8 x TPU v4 (mesh data=1 x model=8, bfloat16) · " when the run names
+  its devices and mesh (the paper presets), else ""."""
+  m, mesh = results.get("machine", {}), results.get("mesh")
+  if not m.get("devices"):
+    return ""
+  where = (f" (mesh data={mesh['data']} x model={mesh['model']}, {mesh['dtype']})"
+           if mesh else "")
+  return f"{m['devices']}{where} · "
 
 
 def _mpl():
@@ -131,7 +144,8 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
   m = results["machine"]
   lines = [
       "# Leviathan et al. 2023 on this machine: T5 v1.1 target, three drafts", "",
-      f"Preset `{cfg['preset']}` · {m['machine']} · JAX {m['jax']} ({m['backend']}) · {m['date']} · "
+      f"Preset `{cfg['preset']}` · {m['machine']} · {hardware_line(results)}JAX {m['jax']} "
+      f"({m['backend']}) · {m['date']} · "
       f"batch 1 · {next(iter(results['tasks'].values()))['num_prompts']} test prompts per task.", "",
       "Models (parameters; ratio to the target): target "
       f"{params['target'] / 1e6:.2f}M · " + " · ".join(
