@@ -161,6 +161,29 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
   return dec.run(params, prompts, prompt_lengths, keys, cache)
 
 
+def resolve_drafter(target, target_params, draft, draft_params, gamma):
+  """`(drafter, draft_params, gamma)` for a draft model or a drafter: a model
+  is wrapped in `ModelDrafter`; a drafter that fixes its own γ (lookahead)
+  overrides `gamma`; γ is checked (int >= 1) and the drafter checked against
+  the target; self-drafters get the target's params when `draft_params` is
+  None."""
+  from specjax.drafters import ModelDrafter, is_drafter  # pylint: disable=g-import-not-at-top
+  if is_drafter(draft):
+    drafter = draft
+  elif hasattr(draft, "extend") and hasattr(draft, "prefill"):
+    drafter = ModelDrafter(draft)
+  else:
+    raise TypeError(f"draft must be a draft model (a specjax LanguageModel) or a drafter "
+                    f"(specjax.drafters), got {type(draft).__name__}")
+  if getattr(drafter, "fixed_gamma", None) is not None:
+    gamma = drafter.fixed_gamma
+  gamma = _check_int("gamma", gamma, 1)
+  drafter.check(target, gamma)
+  if drafter.uses_target_params and draft_params is None:
+    draft_params = target_params
+  return drafter, draft_params, gamma
+
+
 def speculative_generate(target, target_params, draft, draft_params, prompts,
                          prompt_lengths=None, *, max_new_tokens: int, gamma: int = 4,
                          sampling: SamplingConfig = SamplingConfig(), key=None,
@@ -193,21 +216,10 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     `GenerationOutput` with acceptance statistics; its `draft_cache` is the
     drafter's final state (a draft model's cache).
   """
-  from specjax.drafters import ModelDrafter, is_drafter  # pylint: disable=g-import-not-at-top
+  from specjax.drafters import ModelDrafter  # pylint: disable=g-import-not-at-top
   check_model(target, "target")
-  if is_drafter(draft):
-    drafter = draft
-  elif hasattr(draft, "extend") and hasattr(draft, "prefill"):
-    drafter = ModelDrafter(draft)
-  else:
-    raise TypeError(f"draft must be a draft model (a specjax LanguageModel) or a drafter "
-                    f"(specjax.drafters), got {type(draft).__name__}")
-  if getattr(drafter, "fixed_gamma", None) is not None:
-    gamma = drafter.fixed_gamma
-  gamma = _check_int("gamma", gamma, 1)
-  drafter.check(target, gamma)
-  if drafter.uses_target_params and draft_params is None:
-    draft_params = target_params
+  drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
+                                                 gamma)
   if not callable(verify_fn):
     raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,

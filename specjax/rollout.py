@@ -66,10 +66,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api import required_cache_len
+from specjax.api import required_cache_len, resolve_drafter
 from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.bench.timing import now
-from specjax.drafters import ModelDrafter, is_drafter
+from specjax.drafters import ModelDrafter
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
 from specjax.protocol import check_model
 from specjax.sampling import GREEDY, SamplingConfig
@@ -370,18 +370,8 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
   if batch_size > n:
     raise ValueError(f"batch_size must be at most the number of prompts ({n}), got "
                      f"{batch_size}: pass at least batch_size prompts")
-  if is_drafter(draft):
-    drafter = draft
-  elif hasattr(draft, "extend") and hasattr(draft, "prefill"):
-    drafter = ModelDrafter(draft)
-  else:
-    raise TypeError(f"draft must be a draft model (a specjax LanguageModel) or a drafter "
-                    f"(specjax.drafters), got {type(draft).__name__}")
-  if getattr(drafter, "fixed_gamma", None) is not None:
-    gamma = drafter.fixed_gamma
-  drafter.check(target, gamma)
-  if drafter.uses_target_params and draft_params is None:
-    draft_params = target_params
+  drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
+                                                 gamma)
   ar = AutoregressiveDecoder(target, sampling, max_new, eos_id, pad_id)
   sp = SpeculativeDecoder(target, drafter, gamma, sampling, max_new, eos_id, pad_id)
   call_len = drafter.layout(gamma).length
