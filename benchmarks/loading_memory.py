@@ -109,7 +109,7 @@ def _child(mode: str, directory: str) -> None:
     config = decoder_config_from_hf(read_json(os.path.join(directory, "config.json")))
     host = load_state_dict(directory)      # the whole model as float32 host arrays
     params = {}
-    for entry, _ in _entries(config):
+    for entry, _, _ in _entries(config):
       node = params
       for key in entry.path[:-1]:
         node = node.setdefault(key, {})

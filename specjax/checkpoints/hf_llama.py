@@ -291,50 +291,55 @@ def hf_config_from_decoder(config: DecoderConfig, *, max_position_embeddings: in
 # --------------------------------------------------------------------------- tensors
 
 
-def _entries(c: DecoderConfig) -> List[Tuple[streaming.Entry, Tuple[int, ...]]]:
-  """(entry, transformers shape) of every stored tensor, lm_head included
-  only when untied. Each entry's view maps the `[out, in]` tensor to the
-  params layout by reshapes and transposes only."""
+def _entries(c: DecoderConfig) -> List[Tuple[streaming.Entry, Tuple[int, ...], Any]]:
+  """(entry, transformers shape, to_hf) of every stored tensor, lm_head
+  included only when untied. Each entry's view maps the `[out, in]` tensor to
+  the params layout by reshapes and transposes only; `to_hf` is its inverse
+  (params layout → `[out, in]`, for the export)."""
   e, f, v = c.d_model, c.mlp_dim, c.vocab_size
   h, k, d = c.num_heads, c.num_kv_heads, c.head_dim
-  ident = lambda x: x
-  dense = lambda x: x.T                                        # [out, in] → [in, out]
-  heads = lambda n: (lambda x: x.reshape(n, d, e).transpose(2, 0, 1))  # [n*D, E] → [E, n, D]
-  out_proj = lambda x: x.reshape(e, h, d).transpose(1, 2, 0)   # [E, H*D] → [H, D, E]
-  bias = lambda n: (lambda x: x.reshape(n, d))                 # [n*D] → [n, D]
-  E = streaming.Entry
-  out = [(E("model.embed_tokens.weight", ("embed", "embedding"), ident), (v, e))]
+  ident = (lambda x: x, lambda x: x)
+  dense = (lambda x: x.T, lambda x: x.T)                       # [out, in] ↔ [in, out]
+  heads = lambda n: (lambda x: x.reshape(n, d, e).transpose(2, 0, 1),   # [n*D, E] → [E, n, D]
+                     lambda x: x.transpose(1, 2, 0).reshape(n * d, e))
+  out_proj = (lambda x: x.reshape(e, h, d).transpose(1, 2, 0),           # [E, H*D] → [H, D, E]
+              lambda x: x.transpose(2, 0, 1).reshape(e, h * d))
+  bias = lambda n: (lambda x: x.reshape(n, d), lambda x: x.reshape(n * d))  # [n*D] ↔ [n, D]
+
+  def E(name, path, conv, shape):
+    return streaming.Entry(name, path, conv[0]), shape, conv[1]
+  out = [E("model.embed_tokens.weight", ("embed", "embedding"), ident, (v, e))]
   for i in range(c.num_layers):
     p, l = f"model.layers.{i}.", f"layer_{i}"
     out += [
-        (E(p + "input_layernorm.weight", (l, "attn_norm", "scale"), ident), (e,)),
-        (E(p + "self_attn.q_proj.weight", (l, "q", "kernel"), heads(h)), (h * d, e)),
-        (E(p + "self_attn.k_proj.weight", (l, "k", "kernel"), heads(k)), (k * d, e)),
-        (E(p + "self_attn.v_proj.weight", (l, "v", "kernel"), heads(k)), (k * d, e)),
+        E(p + "input_layernorm.weight", (l, "attn_norm", "scale"), ident, (e,)),
+        E(p + "self_attn.q_proj.weight", (l, "q", "kernel"), heads(h), (h * d, e)),
+        E(p + "self_attn.k_proj.weight", (l, "k", "kernel"), heads(k), (k * d, e)),
+        E(p + "self_attn.v_proj.weight", (l, "v", "kernel"), heads(k), (k * d, e)),
     ]
     if c.qkv_bias:
-      out += [(E(p + f"self_attn.{n}_proj.bias", (l, n, "bias"), bias(m)), (m * d,))
+      out += [E(p + f"self_attn.{n}_proj.bias", (l, n, "bias"), bias(m), (m * d,))
               for n, m in (("q", h), ("k", k), ("v", k))]
     if c.qk_norm:
-      out += [(E(p + f"self_attn.{n}_norm.weight", (l, f"{n}_norm", "scale"), ident), (d,))
+      out += [E(p + f"self_attn.{n}_norm.weight", (l, f"{n}_norm", "scale"), ident, (d,))
               for n in ("q", "k")]
     out += [
-        (E(p + "self_attn.o_proj.weight", (l, "o", "kernel"), out_proj), (e, h * d)),
-        (E(p + "post_attention_layernorm.weight", (l, "mlp_norm", "scale"), ident), (e,)),
-        (E(p + "mlp.gate_proj.weight", (l, "gate", "kernel"), dense), (f, e)),
-        (E(p + "mlp.up_proj.weight", (l, "up", "kernel"), dense), (f, e)),
-        (E(p + "mlp.down_proj.weight", (l, "down", "kernel"), dense), (e, f)),
+        E(p + "self_attn.o_proj.weight", (l, "o", "kernel"), out_proj, (e, h * d)),
+        E(p + "post_attention_layernorm.weight", (l, "mlp_norm", "scale"), ident, (e,)),
+        E(p + "mlp.gate_proj.weight", (l, "gate", "kernel"), dense, (f, e)),
+        E(p + "mlp.up_proj.weight", (l, "up", "kernel"), dense, (f, e)),
+        E(p + "mlp.down_proj.weight", (l, "down", "kernel"), dense, (e, f)),
     ]
-  out.append((E("model.norm.weight", ("final_norm", "scale"), ident), (e,)))
+  out.append(E("model.norm.weight", ("final_norm", "scale"), ident, (e,)))
   if not c.tie_embeddings:
-    out.append((E("lm_head.weight", ("lm_head", "kernel"), dense), (v, e)))
+    out.append(E("lm_head.weight", ("lm_head", "kernel"), dense, (v, e)))
   return out
 
 
 def hf_llama_shapes(config: DecoderConfig) -> Dict[str, Tuple[int, ...]]:
   """The transformers tensor names and shapes of a model with this config
   (lm_head.weight included even when tied; it is then optional)."""
-  shapes = {entry.name: shape for entry, shape in _entries(config)}
+  shapes = {entry.name: shape for entry, shape, _ in _entries(config)}
   shapes["lm_head.weight"] = (config.vocab_size, config.d_model)
   return shapes
 
@@ -348,22 +353,13 @@ def _flatten(tree: Any, prefix: Tuple[str, ...] = ()) -> Dict[Tuple[str, ...], A
   return {prefix: tree}
 
 
-def _to_hf(x: np.ndarray, view, shape: Tuple[int, ...]) -> np.ndarray:
-  """The inverse of an entry's view: params-layout `x` → the `[out, in]` tensor."""
-  probe = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape)
-  order = view(probe).reshape(-1)          # params element j holds stored element order[j]
-  flat = np.empty(int(np.prod(shape)), x.dtype)
-  flat[order] = np.asarray(x).reshape(-1)
-  return flat.reshape(shape)
-
-
 def _params_to_hf(params: Mapping[str, Any], c: DecoderConfig) -> Dict[str, np.ndarray]:
   if decoder_layout.is_packed(params):  # the packed decode layout: same weights
     params = decoder_layout.unpack_params(params, c)
   flat = {"/".join(k): v for k, v in _flatten(params).items()}
   entries = _entries(c)
   expected = {"/".join(entry.path): tuple(entry.view(np.empty(shape, np.int8)).shape)
-              for entry, shape in entries}
+              for entry, shape, _ in entries}
   try:
     check_state_dict(expected, {k: v if hasattr(v, "shape") else np.asarray(v)
                                 for k, v in flat.items()})
@@ -371,9 +367,9 @@ def _params_to_hf(params: Mapping[str, Any], c: DecoderConfig) -> Dict[str, np.n
     detail = str(err).split(" — ", 1)[-1]
     raise ValueError(f"params do not match the config — {detail}") from None
   out = {}
-  for entry, shape in entries:
+  for entry, _, to_hf in entries:
     value = np.asarray(jax.device_get(flat["/".join(entry.path)]), np.float32)
-    out[entry.name] = np.ascontiguousarray(_to_hf(value, entry.view, shape), np.float32)
+    out[entry.name] = np.ascontiguousarray(to_hf(value), np.float32)
   return out
 
 
@@ -444,7 +440,7 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
     from specjax import sharding as sharding_lib
     sharding_for = lambda path, shape: jax.sharding.NamedSharding(
         mesh, sharding_lib.param_spec(path, shape, mesh))
-  params = streaming.place([entry for entry, _ in _entries(config)], tensors,
+  params = streaming.place([entry for entry, _, _ in _entries(config)], tensors,
                            config.param_dtype, sharding_for)
   return params, config
 
