@@ -21,9 +21,9 @@ L layers, H heads, K kv heads, D head dim, E width, G = gamma.
 
 from specjax import theory
 from specjax.analysis import measure_beta
-from specjax.api import generate, required_cache_len, speculative_generate
+from specjax.api import generate, prefill, required_cache_len, speculative_generate
 from specjax.generation import (AutoregressiveDecoder, DecodeState, DecodeStats,
-                                GenerationOutput, SpeculativeDecoder)
+                                GenerationOutput, Prefill, SpeculativeDecoder)
 from specjax.models.decoder import DECODER_CONFIGS, DecoderConfig, DecoderLM, decoder_config
 from specjax.models.ngram import BigramLM, UnigramLM
 from specjax.models.t5 import T5, T5_CONFIGS, T5Config, t5_config
@@ -39,8 +39,9 @@ from specjax.verify import rejection_verify
 __version__ = "0.1.0"
 
 __all__ = [
-    "generate", "speculative_generate", "required_cache_len", "GenerationOutput", "DecodeStats",
-    "DecodeState", "AutoregressiveDecoder", "SpeculativeDecoder", "SamplingConfig", "GREEDY",
+    "generate", "speculative_generate", "prefill", "Prefill", "required_cache_len",
+    "GenerationOutput", "DecodeStats", "DecodeState", "AutoregressiveDecoder",
+    "SpeculativeDecoder", "SamplingConfig", "GREEDY",
     "process_logits", "rejection_verify", "measure_beta", "LanguageModel", "DecoderLM",
     "DecoderConfig", "decoder_config", "DECODER_CONFIGS", "T5", "T5Config", "t5_config",
     "T5_CONFIGS", "UnigramLM", "BigramLM", "theory", "tune_matvec_rows", "MatvecChoice",

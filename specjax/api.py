@@ -14,12 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.generation import AutoregressiveDecoder, GenerationOutput, SpeculativeDecoder
+from specjax.generation import (AutoregressiveDecoder, GenerationOutput, Prefill,
+                                SpeculativeDecoder, run_prefill)
 from specjax.protocol import check_model
 from specjax.sampling import SamplingConfig
 from specjax.verify import rejection_verify
 
-__all__ = ["generate", "speculative_generate", "required_cache_len"]
+__all__ = ["generate", "speculative_generate", "prefill", "required_cache_len"]
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -130,7 +131,8 @@ def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size):
 
 def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), key=None, eos_id: Optional[int] = None,
-             pad_id: int = 0, cache=None, cache_len: Optional[int] = None) -> GenerationOutput:
+             pad_id: int = 0, cache=None, cache_len: Optional[int] = None,
+             prefilled: Optional[Prefill] = None) -> GenerationOutput:
   """Autoregressive decoding, one jitted `lax.while_loop`.
 
   Args:
@@ -146,6 +148,9 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
     pad_id: fills output slots past each row's length.
     cache: a cache from `model.init_cache` to reuse (donated); or
     cache_len: slots of the cache to allocate (default: the minimum).
+    prefilled: a `Prefill` of these prompts (`specjax.prefill`, donated):
+      decoding starts from it instead of prefilling (`cache` must be None);
+      the tokens are those `generate` would give with the same key.
 
   Returns:
     `GenerationOutput` (tokens `[B, N]`, lengths `[B]`, stats, final cache).
@@ -155,10 +160,51 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
                                                  model.vocab_size)
   prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape
-  cache = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len)
+  if prefilled is None:
+    cache = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len)
+  else:
+    _check_prefilled(prefilled, cache, model, b, p, max_new_tokens, 0)
   keys = _row_keys(key, b, sampling)
   dec = AutoregressiveDecoder(model, sampling, max_new_tokens, eos_id, pad_id)
-  return dec.run(params, prompts, prompt_lengths, keys, cache)
+  return dec.run(params, prompts, prompt_lengths, keys, cache, prefilled)
+
+
+def _check_prefilled(prefilled, cache, model, batch, prompt_len, max_new, gamma) -> None:
+  if not isinstance(prefilled, Prefill):
+    raise TypeError(f"prefilled must be a specjax.Prefill (from specjax.prefill), got "
+                    f"{type(prefilled).__name__}")
+  if cache is not None:
+    raise ValueError("pass either a cache to prefill into or prefilled (already prefilled), "
+                     "not both")
+  _check_cache("prefilled.cache", model, prefilled.cache, batch, prompt_len, max_new, gamma,
+               None)
+
+
+def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
+            gamma: int = 0, sampling: SamplingConfig = SamplingConfig(), key=None,
+            cache_len: Optional[int] = None) -> Prefill:
+  """Prefills `model` with the prompts once, to decode from it several times.
+
+  `generate(..., prefilled=p)` and `speculative_generate(..., prefilled=p)`
+  then skip their prefill and give the tokens they would give on their own
+  with the same `key` and `sampling` (the first token is drawn here). A
+  decoder donates the `Prefill` it is given: decode from a copy
+  (`jax.tree.map(jnp.copy, p)`) to use it again. The cache is sized for
+  `max_new_tokens` and `gamma` (the largest γ, or the drafter's call length
+  − 1, it will serve; default: autoregressive), or `cache_len` slots. For
+  long prompts set the model's `prefill_chunk` (`DecoderConfig`).
+
+  Returns:
+    `Prefill` (first token `[B]`, last prompt token `[B]`, the cache).
+  """
+  check_model(model, "model")
+  max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
+  gamma = _check_int("gamma", gamma, 0)
+  prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
+  b, p = prompts.shape
+  cache = _check_cache("cache", model, None, b, p, max_new_tokens, gamma, cache_len)
+  return run_prefill(model, params, sampling, prompts, prompt_lengths,
+                     _row_keys(key, b, sampling), cache)
 
 
 def resolve_drafter(target, target_params, draft, draft_params, gamma):
@@ -189,7 +235,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                          sampling: SamplingConfig = SamplingConfig(), key=None,
                          eos_id: Optional[int] = None, pad_id: int = 0, target_cache=None,
                          draft_cache=None, cache_len: Optional[int] = None,
-                         verify_fn: Callable = rejection_verify) -> GenerationOutput:
+                         verify_fn: Callable = rejection_verify,
+                         prefilled: Optional[Prefill] = None) -> GenerationOutput:
   """Exact speculative decoding (draft, verify once per iteration), one jitted while_loop.
 
   The output has exactly the distribution of `generate(target, ...)` with the
@@ -211,6 +258,9 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       for a draft model), or `cache_len` for both (default: the minimum).
     verify_fn: the accept/reject rule for drafts with distributions
       (`specjax.verify`); the default is exact.
+    prefilled: a `Prefill` of the target on these prompts (`specjax.prefill`
+      with `gamma`, donated): decoding starts from it (`target_cache` must be
+      None); a draft model still prefills its own cache.
 
   Returns:
     `GenerationOutput` with acceptance statistics; its `draft_cache` is the
@@ -228,8 +278,11 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   b, p = prompts.shape
   call_len = drafter.layout(gamma).length
   try:
-    target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens,
-                                call_len - 1, cache_len)
+    if prefilled is not None:
+      _check_prefilled(prefilled, target_cache, target, b, p, max_new_tokens, call_len - 1)
+    else:
+      target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens,
+                                  call_len - 1, cache_len)
   except ValueError as e:
     if call_len == gamma + 1:
       raise
@@ -244,10 +297,11 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       raise ValueError(f"draft_cache is for a draft model; {type(drafter).__name__} allocates "
                        "its own state (pass draft_cache=None)")
     if draft_cache is None:
-      draft_cache = drafter.alloc(b, p, target_cache.max_len, gamma)
+      slots = (prefilled.cache if prefilled is not None else target_cache).max_len
+      draft_cache = drafter.alloc(b, p, slots, gamma)
   keys = _row_keys(key, b, sampling)
   dec = SpeculativeDecoder(target, drafter if not isinstance(drafter, ModelDrafter) or
                            drafter.shares_target_params else draft, gamma, sampling,
                            max_new_tokens, eos_id, pad_id, verify_fn)
   return dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
-                 draft_cache)
+                 draft_cache, prefilled)

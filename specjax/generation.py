@@ -66,7 +66,7 @@ from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_
 
 __all__ = [
     "DecodeStats", "GenerationOutput", "DecodeState", "AutoregressiveDecoder",
-    "SpeculativeDecoder", "trace_counts",
+    "SpeculativeDecoder", "Prefill", "run_prefill", "trace_counts",
 ]
 
 # How often each decoder's run was traced (a test asserts no retrace).
@@ -193,11 +193,34 @@ def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: 
   return state, count_B
 
 
-def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B):
+@struct.dataclass
+class Prefill:
+  """A target's prefill, done once and decoded from by any decoder.
+
+  first `[B]` int32: the first generated token (drawn from the prefill
+  logits with the rows' keys, as a decoder's own prefill draws it); last
+  `[B]` int32: each prompt's last token; cache: the target's cache holding
+  the prompts (lengths = the prompt lengths)."""
+
+  first: jax.Array
+  last: jax.Array
+  cache: Any
+
+
+def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B, prefilled=None):
+  if prefilled is not None:
+    return prefilled.first, prefilled.last, prefilled.cache
   logits_BV, last_B, cache = model.prefill(params, prompts_BP, lengths_B, cache)
   u_B = row_uniforms(_fold_keys(keys_B, 0), 1)[:, 0]
   first_B = draw(u_B, process_logits(logits_BV, sampling), sampling)
   return first_B, last_B, cache
+
+
+@jax.jit(static_argnums=(0, 2), donate_argnames=("cache",))
+def run_prefill(model, params, sampling: SamplingConfig, prompts_BP, lengths_B, keys_B,
+                cache) -> Prefill:
+  """The target's prefill and first token as a decoder computes them (jitted)."""
+  return Prefill(*_prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B))
 
 
 def _initial_state(first_B, last_B, target_cache, draft_cache, keys_B, max_new, width,
@@ -238,9 +261,10 @@ class AutoregressiveDecoder:
   eos_id: Optional[int] = None
   pad_id: int = 0
 
-  def init_state(self, params, prompts_BP, lengths_B, keys_B, cache) -> DecodeState:
+  def init_state(self, params, prompts_BP, lengths_B, keys_B, cache,
+                 prefilled: Optional[Prefill] = None) -> DecodeState:
     first_B, last_B, cache = _prefill(self.model, params, self.sampling, prompts_BP,
-                                      lengths_B, cache, keys_B)
+                                      lengths_B, cache, keys_B, prefilled)
     return _initial_state(first_B, last_B, cache, None, keys_B, self.max_new_tokens, 1, 0,
                           self.pad_id, self.eos_id)
 
@@ -256,8 +280,10 @@ class AutoregressiveDecoder:
     stats = state.stats.replace(target_calls=state.stats.target_calls + a)
     return state.replace(step=state.step + 1, target_cache=cache, stats=stats)
 
-  def run(self, params, prompts_BP, lengths_B, keys_B, cache) -> GenerationOutput:
-    return _run_autoregressive(self, params, prompts_BP, lengths_B, keys_B, cache)
+  def run(self, params, prompts_BP, lengths_B, keys_B, cache,
+          prefilled: Optional[Prefill] = None) -> GenerationOutput:
+    """`prefilled` (donated): decode from it; `cache` is then None."""
+    return _run_autoregressive(self, params, prompts_BP, lengths_B, keys_B, cache, prefilled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -298,9 +324,10 @@ class SpeculativeDecoder:
     return self.drafter.layout(self.gamma)
 
   def init_state(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                 target_cache, draft_cache) -> DecodeState:
+                 target_cache, draft_cache, prefilled: Optional[Prefill] = None) -> DecodeState:
     first_B, last_B, target_cache = _prefill(self.target, target_params, self.sampling,
-                                             prompts_BP, lengths_B, target_cache, keys_B)
+                                             prompts_BP, lengths_B, target_cache, keys_B,
+                                             prefilled)
     draft_state = self.drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
                                      target_cache)
     n = self.layout.chain_len
@@ -419,25 +446,26 @@ class SpeculativeDecoder:
                          draft_cache=draft_state, stats=stats)
 
   def run(self, target_params, draft_params, prompts_BP, lengths_B, keys_B, target_cache,
-          draft_cache) -> GenerationOutput:
+          draft_cache, prefilled: Optional[Prefill] = None) -> GenerationOutput:
+    """`prefilled` (donated): decode from it; `target_cache` is then None."""
     return _run_speculative(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                            target_cache, draft_cache)
+                            target_cache, draft_cache, prefilled)
 
 
-@jax.jit(static_argnums=0, donate_argnames=("cache",))
+@jax.jit(static_argnums=0, donate_argnames=("cache", "prefilled"))
 def _run_autoregressive(dec: AutoregressiveDecoder, params, prompts_BP, lengths_B, keys_B,
-                        cache) -> GenerationOutput:
+                        cache, prefilled) -> GenerationOutput:
   trace_counts["generate"] += 1
-  state = dec.init_state(params, prompts_BP, lengths_B, keys_B, cache)
+  state = dec.init_state(params, prompts_BP, lengths_B, keys_B, cache, prefilled)
   state = _loop(lambda s: dec.step(params, s), state, dec.max_new_tokens)
   return _finalize(state, dec.max_new_tokens, dec.pad_id)
 
 
-@jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache"))
+@jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache", "prefilled"))
 def _run_speculative(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP,
-                     lengths_B, keys_B, target_cache, draft_cache) -> GenerationOutput:
+                     lengths_B, keys_B, target_cache, draft_cache, prefilled) -> GenerationOutput:
   trace_counts["speculative_generate"] += 1
   state = dec.init_state(target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                         target_cache, draft_cache)
+                         target_cache, draft_cache, prefilled)
   state = _loop(lambda s: dec.step(target_params, draft_params, s), state, dec.max_new_tokens)
   return _finalize(state, dec.max_new_tokens, dec.pad_id)

@@ -1,0 +1,299 @@
+"""The long-context grid: AR and each draft decoding from one shared
+prefill, per (context, batch, sampling setting); the components; the report.
+
+Each cell is one stage (`<workdir>/stages/cells/...`), keyed by the models'
+digests and the settings: a killed run resumes at the next cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import warnings
+from typing import Dict, List
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+import specjax
+from specjax.bench.timing import now
+from specjax.checkpoints import params_digest
+from specjax.drafters import PromptLookup, WindowedKV
+from specjax.drafters.windowed import WindowedLM
+from specjax.experiments import long_context as lc
+from specjax.experiments.common import Progress, atomic_write_text
+from specjax.experiments.stages import array_digest
+
+__all__ = ["SETTINGS", "DRAFTS", "measure_cell", "measure_and_report", "crossovers",
+           "render"]
+
+SETTINGS = {"greedy": specjax.GREEDY, "t1": specjax.SamplingConfig(temperature=1.0)}
+DRAFTS = {"lookup": "prompt lookup", "window": "windowed-KV self-draft",
+          "small": "classic small draft"}
+# MagicDec (arXiv 2408.11049), 8 x A100, self-speculation with a StreamingLLM draft.
+MAGICDEC = [("LLaMA-2-7B-32K", "8k-32k", "32-256", "up to 2.0x"),
+            ("LLaMA-3.1-8B", "32k-100k", "32-128", "up to 1.84x")]
+
+
+def _copy(tree):
+  out = jax.tree_util.tree_map(jnp.copy, tree)
+  jax.block_until_ready(out)
+  return out
+
+
+def _drafters(cfg, target, tp, draft, dp):
+  g = int(cfg.eval.gamma)
+  out = {"lookup": (PromptLookup(max_ngram=int(cfg.eval.lookup_max_ngram), min_ngram=1), None),
+         "window": (WindowedKV.of(target, window=int(cfg.eval.window),
+                                  sinks=int(cfg.eval.sinks), gamma=g), None),
+         "small": (draft, dp)}
+  return {k: out[k] for k in cfg.eval.drafts}
+
+
+def measure_cell(cfg, target, tp, drafts, prompts_RC: np.ndarray, batch: int,
+                 setting: str, seed: int = 0) -> dict:
+  """AR and every draft on `prompts_RC` in batches of `batch` rows, each
+  batch prefilled once (timed, compilation excluded) and decoded by each
+  decoder from a copy of that prefill (the first batch also once untimed,
+  to compile). Returns seconds, tokens, target calls, accepted histograms
+  and whether each draft's tokens equal AR's (greedy: must)."""
+  sampling = SETTINGS[setting]
+  gamma, new = int(cfg.eval.gamma), int(cfg.eval.max_new_tokens)
+  r, c = prompts_RC.shape
+  lengths = np.full((batch,), c, np.int32)
+  rec = {"prefill_s": [], "ar": {"seconds": [], "tokens": []},
+         **{d: {"seconds": [], "tokens": [], "target_calls": [], "hist": [], "identical": []}
+            for d in drafts}}
+  pre_fn = None
+  for start in range(0, r - batch + 1, batch):
+    x = jnp.asarray(prompts_RC[start:start + batch])
+    keys = jnp.stack([jax.random.key(seed * 1_000_003 + start + i) for i in range(batch)])
+    if pre_fn is None:  # compile the prefill without running it
+      pre_fn = specjax.generation.run_prefill.lower(
+          target, tp, sampling, x, jnp.asarray(lengths), keys,
+          target.init_cache(batch, c + new + gamma)).compile()
+    cache = target.init_cache(batch, c + new + gamma)
+    t0 = now()
+    pre = pre_fn(tp, x, jnp.asarray(lengths), keys, cache)
+    jax.block_until_ready(pre)
+    rec["prefill_s"].append(now() - t0)
+
+    def run(name):
+      kw = dict(max_new_tokens=new, sampling=sampling, key=keys, prefilled=_copy(pre))
+      t_start = now()
+      if name == "ar":
+        out = specjax.generate(target, tp, x, jnp.asarray(lengths), **kw)
+      else:
+        d, dp = drafts[name]
+        out = specjax.speculative_generate(target, tp, d, dp, x, jnp.asarray(lengths),
+                                           gamma=gamma, **kw)
+      jax.block_until_ready(out.tokens)
+      sec = now() - t_start
+      res = (sec, np.asarray(out.tokens), np.asarray(out.lengths),
+             jax.device_get(out.stats))
+      del out
+      return res
+
+    for name in ["ar", *drafts]:
+      if start == 0:
+        run(name)  # compile (untimed)
+      sec, toks, lens, stats = run(name)
+      if name == "ar":
+        ar_toks = toks
+        rec["ar"]["seconds"].append(sec)
+        rec["ar"]["tokens"].append(int(lens.sum()))
+        continue
+      e = rec[name]
+      e["seconds"].append(sec)
+      e["tokens"].append(int(lens.sum()))
+      e["target_calls"].append(int(np.sum(stats.target_calls)))
+      e["hist"].append(np.sum(stats.accepted_hist, axis=0).tolist())
+      e["identical"].append(bool(np.array_equal(toks, ar_toks)))
+    del pre
+  return rec
+
+
+def summarize_cell(rec: dict, gamma: int) -> dict:
+  """Speedups (decode only, and with the prefill), α, tokens per iteration
+  and per target call, per draft."""
+  ar_s, pre_s = sum(rec["ar"]["seconds"]), sum(rec["prefill_s"])
+  out = {"ar_ms_per_token": 1e3 * ar_s / sum(rec["ar"]["tokens"]), "prefill_s": pre_s}
+  for name in DRAFTS:
+    if name not in rec:
+      continue
+    e = rec[name]
+    s, hist = sum(e["seconds"]), np.sum(e["hist"], axis=0)
+    iters = hist.sum()
+    accepted = float((hist * np.arange(len(hist))).sum())
+    out[name] = {
+        "speedup": ar_s / s, "speedup_end_to_end": (ar_s + pre_s) / (s + pre_s),
+        "alpha": accepted / (gamma * iters) if iters else 0.0,
+        "tokens_per_iteration": float((hist * (np.arange(len(hist)) + 1)).sum() / iters)
+        if iters else 1.0,
+        "tokens_per_call": sum(e["tokens"]) / sum(e["target_calls"]),
+        "identical": float(np.mean(e["identical"]))}
+  return out
+
+
+def crossovers(cells: List[dict], draft: str, setting: str) -> Dict[int, object]:
+  """Per batch: the smallest context from which `draft`'s decode speedup
+  stays above 1 (None: never in the grid)."""
+  out = {}
+  for b in sorted({c["batch"] for c in cells}):
+    row = sorted((c for c in cells if c["batch"] == b and c["setting"] == setting
+                  and draft in c["summary"]), key=lambda c: c["context"])
+    found = None
+    for i, c in enumerate(row):
+      if all(r["summary"][draft]["speedup"] > 1.0 for r in row[i:]):
+        found = c["context"]
+        break
+    out[b] = found
+  return out
+
+
+def _predicted(cell: dict, name: str, gamma: int) -> float:
+  comp, s = cell["components"], cell["summary"][name]
+  c = {"lookup": 0.0, "window": comp["window_s"] / comp["step_s"],
+       "small": comp["small_s"] / comp["step_s"]}[name]
+  return s["tokens_per_iteration"] / (gamma * c + comp["verify_s"] / comp["step_s"])
+
+
+def render(res: dict) -> str:
+  g = res["gamma"]
+  drafts = [d for d in DRAFTS if d in res["drafts"]]
+  lines = ["# Long contexts × batch: where speculative decoding pays on this CPU", "",
+           f"{res['hardware']}. Command: `{res['command']}`", "",
+           f"Target {res['target_params'] / 1e6:.1f}M params ({res['weights_mb']:.0f} MB); "
+           f"KV {res['kv_bytes_per_position'] / 1e3:.1f} KB per position and row. "
+           f"γ = {g}; {res['max_new_tokens']} new tokens per row; self-draft window "
+           f"{res['window']} + {res['sinks']} sinks. Speedup = AR decode time / speculative "
+           "decode time from the same prefill (a draft model's own prefill counted); "
+           "'e2e' adds the target's prefill to both; 'pred' = the speedup the components "
+           "predict: measured tokens per iteration / (γ·c + verify/step), prompt lookup "
+           "taken as free (c = 0).", ""]
+  for setting in res["settings"]:
+    cells = [c for c in res["cells"] if c["setting"] == setting]
+    if not cells:
+      continue
+    lines += [f"## {setting}", "",
+              "| context | B | MB/step | step ms | verify/step | "
+              + " | ".join(f"{DRAFTS[d]}: α · tok/call · speedup (pred, e2e)" for d in drafts)
+              + " |", "|---|---|---|---|---|" + "---|" * len(drafts)]
+    for c in sorted(cells, key=lambda c: (c["context"], c["batch"])):
+      comp = c["components"]
+      parts = []
+      for d in drafts:
+        s = c["summary"][d]
+        parts.append(f"{s['alpha']:.2f} · {s['tokens_per_call']:.2f} · **{s['speedup']:.2f}x** "
+                     f"({_predicted(c, d, g):.2f}, {s['speedup_end_to_end']:.2f})"
+                     + ("" if setting != "greedy" or s["identical"] == 1.0 else " NOT IDENTICAL"))
+      lines.append(f"| {c['context']} | {c['batch']} | {c['step_mb']:.0f} | "
+                   f"{1e3 * comp['step_s']:.2f} | {comp['verify_s'] / comp['step_s']:.2f} | "
+                   + " | ".join(parts) + " |")
+    lines += ["", "Crossover (smallest context from which the speedup stays > 1), per batch:", ""]
+    for d in drafts:
+      cx = crossovers(cells, d, setting)
+      lines.append(f"- {DRAFTS[d]}: " + ", ".join(
+          f"B={b}: {v if v is not None else 'none'}" for b, v in cx.items()))
+    lines.append("")
+  lines += ["## Beside MagicDec", "",
+            "| model | context | batch | speedup (8 x A100) |", "|---|---|---|---|"]
+  lines += [f"| {m} | {c} | {b} | {s} |" for m, c, b, s in MAGICDEC]
+  best = res.get("best")
+  if best:
+    lines += ["", f"Here: best {best['speedup']:.2f}x ({DRAFTS[best['draft']]}, context "
+                  f"{best['context']}, batch {best['batch']}, {best['setting']}), the components "
+                  f"predicted {best['predicted']:.2f}x."]
+  return "\n".join(lines) + "\n"
+
+
+def plot(res: dict, path: str) -> None:
+  """Speedup surface (decode, greedy): one heat map per draft, context × batch."""
+  from specjax.experiments.report import _mpl, _save  # pylint: disable=g-import-not-at-top
+  plt = _mpl()
+  setting = "greedy" if "greedy" in res["settings"] else res["settings"][0]
+  cells = [c for c in res["cells"] if c["setting"] == setting]
+  ctx = sorted({c["context"] for c in cells})
+  bs = sorted({c["batch"] for c in cells})
+  drafts = [d for d in DRAFTS if d in res["drafts"]]
+  fig, axes = plt.subplots(1, len(drafts), figsize=(4.0 * len(drafts), 3.4), squeeze=False)
+  for ax, d in zip(axes[0], drafts):
+    grid = np.full((len(bs), len(ctx)), np.nan)
+    for c in cells:
+      grid[bs.index(c["batch"]), ctx.index(c["context"])] = c["summary"][d]["speedup"]
+    im = ax.imshow(grid, cmap="RdYlGn", vmin=0.5, vmax=1.5, origin="lower", aspect="auto")
+    for i in range(len(bs)):
+      for j in range(len(ctx)):
+        if not math.isnan(grid[i, j]):
+          ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(ctx)), [str(x) for x in ctx])
+    ax.set_yticks(range(len(bs)), [str(x) for x in bs])
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("batch")
+    ax.set_title(f"{DRAFTS[d]} ({setting})", fontsize=9)
+  fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="speedup over AR")
+  with warnings.catch_warnings():  # tight_layout does not place colorbars: harmless
+    warnings.simplefilter("ignore", UserWarning)
+    _save(fig, plt, path)
+
+
+def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, stages) -> dict:
+  from specjax.experiments.report import machine_info  # pylint: disable=g-import-not-at-top
+  gamma = int(cfg.eval.gamma)
+  drafts = _drafters(cfg, target, tp, draft, dp)
+  window = WindowedLM(target, int(cfg.eval.window), int(cfg.eval.sinks), gamma + 1)
+  fps = {"target": params_digest(tp), "draft": params_digest(dp)}
+  base = dict(fps, gamma=gamma, max_new_tokens=int(cfg.eval.max_new_tokens),
+              window=int(cfg.eval.window), sinks=int(cfg.eval.sinks),
+              lookup=int(cfg.eval.lookup_max_ngram), drafts=list(drafts))
+  todo = [(s, b, st) for s in cfg.eval.contexts for b in cfg.eval.batches
+          for st in cfg.eval.settings]
+  progress = Progress("long-context cells", len(todo))
+  cells = []
+  for context, batch, setting in todo:
+    rows = int(math.ceil(max(batch, int(cfg.eval.min_rows)) / batch)) * batch
+    prompts = lc.repo_prompts(streams, int(context), rows, int(cfg.eval.max_new_tokens))
+    deps = dict(base, prompts=array_digest(prompts), batch=int(batch), setting=setting)
+    name = f"cells/c{context}_b{batch}_{setting}"
+    rec = stages.run(name, lambda: measure_cell(cfg, target, tp, drafts, prompts, int(batch),
+                                                setting, cfg.seed), deps)
+    comp = stages.run(f"components/c{context}_b{batch}", lambda: lc.component_times(
+        target, tp, draft if "small" in drafts else None, dp,
+        window if "window" in drafts else None, int(batch), int(context), gamma,
+        int(cfg.eval.component_repeats)), dict(fps, gamma=gamma, window=int(cfg.eval.window)))
+    cells.append({"context": int(context), "batch": int(batch), "setting": setting,
+                  "step_mb": lc.step_bytes(target.config, int(batch), int(context)) / 1e6,
+                  "components": comp, "summary": summarize_cell(rec, gamma)})
+    s = cells[-1]["summary"]
+    progress.update(1, " ".join(f"{d} {s[d]['speedup']:.2f}x" for d in drafts))
+  best = max(((c, d) for c in cells for d in drafts), key=lambda cd: cd[0]["summary"][cd[1]]
+             ["speedup"], default=None)
+  m = machine_info()
+  res = {"hardware": f"{m['machine']}, {m['devices']}, jax {m['jax']}", "machine": m,
+         "command": f"python experiments/long_context.py --config=configs/long_context.py:"
+                    f"{cfg.preset} --config.workdir=<workdir>",
+         "gamma": gamma, "max_new_tokens": int(cfg.eval.max_new_tokens),
+         "window": int(cfg.eval.window), "sinks": int(cfg.eval.sinks),
+         "settings": list(cfg.eval.settings), "drafts": list(drafts),
+         "target_params": target.config.num_params(),
+         "weights_mb": 4 * target.config.num_params() / 1e6,
+         "kv_bytes_per_position": lc.kv_bytes_per_position(target.config), "cells": cells,
+         "train_s": {k: stages.get(f"timing/{k}") for k in ("train_target", "train_draft")}}
+  if best:
+    c, d = best
+    res["best"] = {"draft": d, "context": c["context"], "batch": c["batch"],
+                   "setting": c["setting"], "speedup": c["summary"][d]["speedup"],
+                   "predicted": _predicted(c, d, gamma)}
+  out_dir = os.path.join(workdir, "results")
+  dirs = [out_dir] + ([cfg.results_dir] if cfg.results_dir else [])
+  for d in dirs:
+    os.makedirs(d, exist_ok=True)
+    atomic_write_text(json.dumps(res, indent=1, default=float), os.path.join(d, "results.json"))
+    atomic_write_text(render(res), os.path.join(d, "results.md"))
+    plot(res, os.path.join(d, "speedup_surface.png"))
+  res["_out_dir"] = out_dir
+  return res

@@ -1,0 +1,231 @@
+"""Long contexts: chunked prefill, decoding from one prefill, the cost model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax.bench import timing
+from specjax.drafters import PromptLookup, WindowedKV
+from specjax.experiments import long_context as lc
+from specjax.models.decoder import DecoderLM, decoder_config
+
+GREEDY = specjax.GREEDY
+T1 = specjax.SamplingConfig(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def lm():
+  model = DecoderLM(decoder_config("tiny", matvec_max_rows=0))
+  return model, model.init(jax.random.PRNGKey(3))
+
+
+def _prompts(b=3, p=37, vocab=64, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.integers(1, vocab, size=(b, p)).astype(np.int32)
+  x[:, 20:30] = x[:, 5:15]  # a repeat, so that prompt lookup finds drafts
+  lengths = np.array([p, p - 9, 21][:b], np.int32)
+  for r, n in enumerate(lengths):
+    x[r, n:] = 0
+  return jnp.asarray(x), jnp.asarray(lengths)
+
+
+@pytest.mark.parametrize("chunk", [8, 16, 36])
+def test_chunked_prefill_equals_one_call(lm, chunk):
+  model, params = lm
+  chunked = DecoderLM(model.config.replace(prefill_chunk=chunk))
+  x, n = _prompts()
+  ref = model.prefill(params, x, n, model.init_cache(3, 48))
+  got = chunked.prefill(params, x, n, chunked.init_cache(3, 48))
+  np.testing.assert_allclose(got[0], ref[0], atol=1e-5, rtol=1e-5)
+  np.testing.assert_array_equal(got[1], ref[1])
+  np.testing.assert_array_equal(got[2].lengths, n)
+  for a, b in zip(got[2].k, ref[2].k):  # [B, K, D, S]: every written slot (< P)
+    np.testing.assert_allclose(a[..., :37], b[..., :37], atol=1e-5, rtol=1e-5)
+  for a, b in zip(got[2].v, ref[2].v):  # [B, K, S, D]
+    np.testing.assert_allclose(a[:, :, :37], b[:, :, :37], atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_chunk_is_checked():
+  with pytest.raises(ValueError, match="prefill_chunk must be > 0"):
+    decoder_config("tiny", prefill_chunk=0)
+  with pytest.raises(TypeError, match="prefill_chunk must be an int"):
+    decoder_config("tiny", prefill_chunk=2.5)
+
+
+def _copy(tree):
+  return jax.tree_util.tree_map(jnp.copy, tree)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, T1], ids=["greedy", "t1"])
+def test_generate_from_a_prefill_equals_generate(lm, sampling):
+  model, params = lm
+  model = DecoderLM(model.config.replace(prefill_chunk=16))
+  x, n = _prompts()
+  key = jax.random.key(7)
+  ref = specjax.generate(model, params, x, n, max_new_tokens=12, sampling=sampling, key=key)
+  pre = specjax.prefill(model, params, x, n, max_new_tokens=12, sampling=sampling, key=key)
+  assert isinstance(pre, specjax.Prefill)
+  for _ in range(2):  # a copy each time: the decoder donates what it is given
+    got = specjax.generate(model, params, x, n, max_new_tokens=12, sampling=sampling, key=key,
+                           prefilled=_copy(pre))
+    np.testing.assert_array_equal(got.tokens, ref.tokens)
+
+
+def test_speculative_from_one_prefill_equals_greedy(lm):
+  model, params = lm
+  x, n = _prompts()
+  draft = DecoderLM(decoder_config("tiny", num_layers=1, matvec_max_rows=0))
+  dp = draft.init(jax.random.PRNGKey(9))
+  ref = specjax.generate(model, params, x, n, max_new_tokens=14, sampling=GREEDY)
+  pre = specjax.prefill(model, params, x, n, max_new_tokens=14, gamma=3, sampling=GREEDY)
+  drafts = {"lookup": (PromptLookup(max_ngram=3, min_ngram=1), None),
+            "window": (WindowedKV.of(model, window=6, sinks=2, gamma=3), None),
+            "small": (draft, dp)}
+  for name, (d, p) in drafts.items():
+    out = specjax.speculative_generate(model, params, d, p, x, n, max_new_tokens=14, gamma=3,
+                                       sampling=GREEDY, prefilled=_copy(pre))
+    np.testing.assert_array_equal(out.tokens, ref.tokens, err_msg=name)
+
+
+def test_prefilled_errors(lm):
+  model, params = lm
+  x, n = _prompts()
+  pre = specjax.prefill(model, params, x, n, max_new_tokens=4, sampling=GREEDY)
+  with pytest.raises(TypeError, match="prefilled must be a specjax.Prefill"):
+    specjax.generate(model, params, x, n, max_new_tokens=4, sampling=GREEDY, prefilled=pre.cache)
+  with pytest.raises(ValueError, match="not both"):
+    specjax.generate(model, params, x, n, max_new_tokens=4, sampling=GREEDY,
+                     prefilled=_copy(pre), cache=model.init_cache(3, 64))
+  with pytest.raises(ValueError, match="prefilled.cache has"):
+    specjax.generate(model, params, x, n, max_new_tokens=9, sampling=GREEDY,
+                     prefilled=_copy(pre))
+  with pytest.raises(ValueError, match="prefilled.cache has"):  # γ needs more slots
+    specjax.speculative_generate(model, params, PromptLookup(max_ngram=2), None, x, n,
+                                 max_new_tokens=4, gamma=3, sampling=GREEDY,
+                                 prefilled=_copy(pre))
+
+
+def test_cache_step_times_checks_room_and_returns_every_t(lm):
+  model, params = lm
+  with pytest.raises(ValueError, match="exceeds cache_len"):
+    timing.cache_step_times(model, params, 2, 20, 18, (1, 5))
+  out = timing.cache_step_times(model, params, 2, 24, 18, (1, 5), steps=2, repeats=1)
+  assert set(out) == {1, 5} and all(v >= 1e-7 for v in out.values())
+
+
+def test_cache_step_times_reads_the_injected_clock(lm):
+  model, params = lm
+
+  class Clock:  # every reading advances 1 s: each timed call lasts 1 s, whatever its n
+    t = 0.0
+
+    def __call__(self):
+      self.t += 1.0
+      return self.t
+
+  with timing.use_clock(Clock()):
+    out = timing.cache_step_times(model, params, 1, 12, 4, (1, 2), steps=2, repeats=1)
+  assert out == {1: 1e-7, 2: 1e-7}  # equal time at n and 2n: no cost per call, floored
+
+
+def test_cost_model_by_hand():
+  c = decoder_config("tiny")  # 2 layers, 2 kv heads x 8
+  assert lc.kv_bytes_per_position(c) == 2 * 2 * 2 * 8 * 4
+  assert lc.step_bytes(c, batch=3, context=10) == 4 * c.num_params() + 3 * 10 * 256
+  # α = 0.5, γ = 2: 1 + 0.5 + 0.25 = 1.75 tokens per iteration; cost 2 · 0.1 + 1.2 = 1.4.
+  assert lc.predicted_speedup(0.5, 2, 0.1, 1.2) == pytest.approx(1.75 / 1.4)
+  with pytest.raises(ValueError, match="verify_ratio"):
+    lc.predicted_speedup(0.5, 2, 0.1, 0.0)
+
+
+def test_package_streams_concatenate_sorted_files_under_headers():
+  records = [{"path": "pkg/b.py", "inputs": "B\n"}, {"path": "pkg/a.py", "inputs": "A\n\n"},
+             {"path": "other/c.py", "inputs": "C"}, {"path": "top.py", "inputs": "T"}]
+  out = lc.package_streams(records, ["pkg", "missing"])
+  assert out == {"pkg": "# file: pkg/a.py\nA\n\n# file: pkg/b.py\nB\n\n"}
+
+
+def test_repo_prompts_are_windows_followed_by_a_continuation():
+  streams = {"a": np.arange(0, 60), "b": np.arange(1000, 1030), "short": np.arange(5)}
+  out = lc.repo_prompts(streams, context=10, n=5, continuation=5)
+  assert out.shape == (5, 10) and out.dtype == np.int32
+  # Round-robin over the long-enough packages (a, b), each row a contiguous window.
+  assert [int(r[0]) // 1000 for r in out] == [0, 1, 0, 1, 0]
+  for r in out:
+    assert np.all(np.diff(r) == 1)
+    src = streams["a"] if r[0] < 1000 else streams["b"]
+    assert r[-1] + 5 <= src[-1]  # a continuation of >= 5 tokens follows
+  assert len({tuple(r) for r in out}) == 5  # distinct windows
+  with pytest.raises(ValueError, match="no held-out package has context"):
+    lc.repo_prompts(streams, context=70, n=2, continuation=5)
+
+
+TRAIN_FILES = ("colorsys.py", "bisect.py", "keyword.py", "fnmatch.py", "stat.py", "glob.py",
+               "shlex.py", "textwrap.py")
+
+
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory):
+  """The micro preset end to end on a small copy of the standard library
+  (a few modules to train on, the `json` package held out)."""
+  import os
+  import shutil
+  from configs import long_context as lc_config
+  from specjax.data import code as code_lib
+  root = tmp_path_factory.mktemp("long_context")
+  code_dir = root / "code"
+  shutil.copytree(os.path.join(code_lib.stdlib_dir(), "json"), code_dir / "json",
+                  ignore=shutil.ignore_patterns("__pycache__"))
+  for name in TRAIN_FILES:
+    shutil.copy(os.path.join(code_lib.stdlib_dir(), name), code_dir / name)
+  cfg = lc_config.get_config("micro")
+  cfg.workdir = str(root / "run")
+  cfg.data.cache_dir = str(root / "data")
+  cfg.data.code_source = f"dir:{code_dir}"
+  cfg.results_dir = str(root / "results")
+  return cfg, lc.run(cfg)
+
+
+def test_micro_run_measures_every_cell_exactly(micro_run):
+  cfg, res = micro_run
+  cells = res["cells"]
+  assert {(c["context"], c["batch"], c["setting"]) for c in cells} == {
+      (s, b, st) for s in cfg.eval.contexts for b in cfg.eval.batches for st in cfg.eval.settings}
+  for c in cells:
+    for d in cfg.eval.drafts:
+      s = c["summary"][d]
+      assert 0.0 <= s["alpha"] <= 1.0
+      assert 1.0 <= s["tokens_per_iteration"] <= cfg.eval.gamma + 1
+      assert s["speedup"] > 0 and s["tokens_per_call"] >= 1.0 - 1e-9
+      if c["setting"] == "greedy":
+        assert s["identical"] == 1.0, (c["context"], c["batch"], d)
+    comp = c["components"]
+    assert {"step_s", "verify_s", "window_s", "small_s"} <= set(comp)
+  import os
+  for name in ("results.json", "results.md", "speedup_surface.png"):
+    assert os.path.exists(os.path.join(cfg.results_dir, name)), name
+  md = open(os.path.join(cfg.results_dir, "results.md")).read()
+  assert "Crossover" in md and "MagicDec" in md and "NOT IDENTICAL" not in md
+
+
+def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
+  cfg, first = micro_run
+  from specjax.experiments import long_context_measure as lcm
+
+  def fail(*a, **k):
+    raise AssertionError("a stored cell was measured again")
+  monkeypatch.setattr(lcm, "measure_cell", fail)
+  monkeypatch.setattr(lc, "component_times", fail)
+  again = lc.run(cfg)  # models, cells and components all come from the workdir
+  assert [c["summary"] for c in again["cells"]] == [c["summary"] for c in first["cells"]]
+
+
+def test_crossover_is_the_context_from_which_speculation_stays_ahead():
+  from specjax.experiments.long_context_measure import crossovers
+  cell = lambda ctx, b, s: {"context": ctx, "batch": b, "setting": "greedy",
+                            "summary": {"window": {"speedup": s}}}
+  cells = [cell(512, 1, 0.8), cell(1024, 1, 1.1), cell(2048, 1, 0.9), cell(4096, 1, 1.3),
+           cell(512, 16, 1.2), cell(1024, 16, 1.4), cell(512, 4, 0.7)]
+  assert crossovers(cells, "window", "greedy") == {1: 4096, 4: None, 16: 512}
