@@ -454,7 +454,7 @@ class SpeculativeDecoder:
 
 @jax.jit(static_argnums=0, donate_argnames=("cache", "prefilled"))
 def _run_autoregressive(dec: AutoregressiveDecoder, params, prompts_BP, lengths_B, keys_B,
-                        cache, prefilled) -> GenerationOutput:
+                        cache, prefilled=None) -> GenerationOutput:
   trace_counts["generate"] += 1
   state = dec.init_state(params, prompts_BP, lengths_B, keys_B, cache, prefilled)
   state = _loop(lambda s: dec.step(params, s), state, dec.max_new_tokens)
@@ -463,7 +463,8 @@ def _run_autoregressive(dec: AutoregressiveDecoder, params, prompts_BP, lengths_
 
 @jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache", "prefilled"))
 def _run_speculative(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP,
-                     lengths_B, keys_B, target_cache, draft_cache, prefilled) -> GenerationOutput:
+                     lengths_B, keys_B, target_cache, draft_cache,
+                     prefilled=None) -> GenerationOutput:
   trace_counts["speculative_generate"] += 1
   state = dec.init_state(target_params, draft_params, prompts_BP, lengths_B, keys_B,
                          target_cache, draft_cache, prefilled)

@@ -16,6 +16,7 @@ import pytest
 
 from specjax.bench.hlo import computations, while_bodies
 from specjax.generation import (AutoregressiveDecoder, SpeculativeDecoder, _run_autoregressive,
+                                run_prefill,
                                 _run_speculative)
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
@@ -87,6 +88,15 @@ def test_generation_loops_never_copy_a_cache_buffer(kind):
   hlo = _run_speculative.lower(sp, tp, dp, prompts, lengths, keys,
                                target.init_cache(BATCH, SLOTS, PROMPT),
                                draft.init_cache(BATCH, SLOTS, PROMPT)).compile().as_text()
+  assert cache_sized_ops(hlo, elems) == []
+
+  # Decoding from a shared prefill (specjax.prefill): the donated Prefill's cache too.
+  pre = run_prefill(target, tp, sampling, prompts, lengths, keys,
+                    target.init_cache(BATCH, SLOTS, PROMPT))
+  hlo = _run_autoregressive.lower(ar, tp, prompts, lengths, keys, None, pre).compile().as_text()
+  assert cache_sized_ops(hlo, elems) == []
+  hlo = _run_speculative.lower(sp, tp, dp, prompts, lengths, keys, None,
+                               draft.init_cache(BATCH, SLOTS, PROMPT), pre).compile().as_text()
   assert cache_sized_ops(hlo, elems) == []
 
 
