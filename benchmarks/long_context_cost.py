@@ -24,9 +24,17 @@ the Chen `full` target, 8 layers × 384, 6 heads × 64) and its drafts, per
 * the speedup the components predict at α ∈ {0.6, 0.8, 0.9} (Leviathan's
   formula with the measured verify cost: `specjax.theory`).
 
-One more section (`--waste`): a cache buffer of 4096 slots holding 512 /
-1024 / 2048 valid positions against a buffer of exactly that size — what
-the masked attention over the static buffer beyond the valid part costs.
+Two more sections:
+
+* `--waste`: a cache buffer of 4096 slots holding 512 / 1024 / 2048 valid
+  positions against a buffer of exactly that size — what the masked
+  attention over the static buffer beyond the valid part costs;
+* `--formulations`: one layer's attention over the cache alone (6 heads ×
+  64, batch 16, 4096 slots) at T = 1 and T = γ+1, in five formulations: the
+  library's (keys `[D, S]`, values `[S, D]`, queries on the left of both
+  products), queries on the right (`[S, D] @ [D, T]`), values slots-last,
+  a multiply-and-reduce without a matrix product, and T separate one-token
+  products; with the rates (GB/s of KV read, GFLOP/s) that explain them.
 
 Writes long_context_cost.json / .md into --out_dir.
 """
@@ -39,6 +47,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from specjax.atomic_io import atomic_write_text  # noqa: E402
@@ -59,6 +69,9 @@ _WINDOW = flags.DEFINE_integer("window", 256, "The self-draft's window (position
 _SINKS = flags.DEFINE_integer("sinks", 4, "The self-draft's attention sinks.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Interleaved rounds per cell (medians).")
 _WASTE = flags.DEFINE_bool("waste", True, "Add the static-buffer section.")
+_FORMS = flags.DEFINE_bool("formulations", True, "Add the attention-formulations section.")
+_ONLY_FORMS = flags.DEFINE_bool("formulations_only", False, "Measure only that section and "
+                                "merge it into an existing long_context_cost.json.")
 
 TARGET = DecoderConfig(vocab_size=4096, d_model=384, num_layers=8, num_heads=6, num_kv_heads=6,
                        head_dim=64, mlp_dim=1024, matvec_max_rows=0)
@@ -102,6 +115,72 @@ def measure_waste(target, tp, b: int, buffer: int, valid: int, gamma: int, repea
           "exact_ms": {str(t): 1e3 * v for t, v in exact.items()}}
 
 
+def _forms():
+  """{name: (fn(q [B, K, T, D], k, v) -> [B, K, T, D], key layout, value layout)}."""
+  soft = jax.nn.softmax
+
+  def library(q, k_DS, v_SD):
+    return jnp.einsum("bkts,bksd->bktd", soft(jnp.einsum("bktd,bkds->bkts", q, k_DS), -1), v_SD)
+
+  def queries_right(q, k_SD, v_SD):
+    w = soft(jnp.einsum("bksd,bktd->bkst", k_SD, q), -2)
+    return jnp.einsum("bkst,bksd->bktd", w, v_SD)
+
+  def values_slots_last(q, k_DS, v_DS):
+    return jnp.einsum("bkts,bkds->bktd", soft(jnp.einsum("bktd,bkds->bkts", q, k_DS), -1), v_DS)
+
+  def multiply_reduce(q, k_DS, v_SD):
+    w = soft(jnp.sum(q[..., :, None] * k_DS[:, :, None], axis=3), -1)
+    return jnp.sum(w[..., None] * v_SD[:, :, None], axis=3)
+
+  def per_token(q, k_DS, v_SD):
+    return jnp.stack([library(q[:, :, t:t + 1], k_DS, v_SD)[:, :, 0]
+                      for t in range(q.shape[2])], 2)
+
+  return {"library (q left, K [D,S], V [S,D])": (library, "DS", "SD"),
+          "queries on the right (K [S,D])": (queries_right, "SD", "SD"),
+          "values slots-last (V [D,S])": (values_slots_last, "DS", "DS"),
+          "multiply and reduce (no matmul)": (multiply_reduce, "DS", "SD"),
+          "T one-token products": (per_token, "DS", "SD")}
+
+
+def measure_formulations(b: int, s: int, gamma: int, repeats: int, steps: int = 8) -> list:
+  """One layer's attention over a cache of `s` slots, T = 1 and γ+1."""
+  k_, d = TARGET.num_kv_heads, TARGET.head_dim
+  key = jax.random.PRNGKey(0)
+  base = jax.random.normal(key, (b, k_, s, d))
+  layouts = {"SD": base, "DS": jnp.swapaxes(base, 2, 3)}
+  rows = []
+  for name, (fn, kl, vl) in _forms().items():
+    k_buf, v_buf = layouts[kl], layouts[vl]
+    ms = {}
+    for t in (1, gamma + 1):
+      q = jax.random.normal(key, (b, k_, t, d))
+
+      def loop(q, k_buf, v_buf, n, fn=fn):
+        body = lambda i, acc: acc + fn(q + acc * 0 + i * 1e-6, k_buf, v_buf).sum()
+        return jax.lax.fori_loop(0, n, body, jnp.zeros(()))
+
+      run = jax.jit(loop)
+      run(q, k_buf, v_buf, 1).block_until_ready()
+      per = []
+      for _ in range(repeats):
+        t0 = now()
+        run(q, k_buf, v_buf, steps).block_until_ready()
+        t1 = now()
+        run(q, k_buf, v_buf, 2 * steps).block_until_ready()
+        per.append(((now() - t1) - (t1 - t0)) / steps)
+      ms[t] = 1e3 * max(float(np.median(per)), 1e-7)
+    kv_bytes = 2 * b * k_ * s * d * 4
+    flops = 4 * b * k_ * s * d * (gamma + 1)
+    rows.append({"name": name, "t1_ms": ms[1], "tg_ms": ms[gamma + 1],
+                 "ratio": ms[gamma + 1] / ms[1], "gb_per_s_t1": kv_bytes / ms[1] / 1e6,
+                 "gflops_tg": flops / ms[gamma + 1] / 1e6})
+    logging.info("%s: T1 %.2f ms, T%d %.2f ms", name, ms[1], gamma + 1, ms[gamma + 1])
+  jax.clear_caches()
+  return rows
+
+
 def render(res: dict) -> str:
   g = res["gamma"]
   out = ["# Long contexts × batch: what a step, a verify and a draft step cost", "",
@@ -127,12 +206,32 @@ def render(res: dict) -> str:
       t = str(g + 1)
       out.append(f"| {w['batch']} | {w['valid']} | {w['buffer']} | {w['exact_ms']['1']:.2f} → "
                  f"{w['buffer_ms']['1']:.2f} | {w['exact_ms'][t]:.2f} → {w['buffer_ms'][t]:.2f} |")
+  if res.get("formulations"):
+    f = res["formulations"]
+    out += ["", "## One layer's attention over the cache, five ways", "",
+            f"Batch {f['batch']}, {f['slots']} slots, 6 heads × 64 (200 MB of KV per layer): "
+            "the attention products alone, no projections.", "",
+            f"| formulation | T=1 ms | T={g + 1} ms | ratio | GB/s at T=1 | GFLOP/s at T={g + 1} |",
+            "|---|---|---|---|---|---|"]
+    for r in f["rows"]:
+      out.append(f"| {r['name']} | {r['t1_ms']:.2f} | {r['tg_ms']:.2f} | {r['ratio']:.2f} | "
+                 f"{r['gb_per_s_t1']:.1f} | {r['gflops_tg']:.1f} |")
   return "\n".join(out) + "\n"
 
 
 def main(argv):
   del argv
   quick, gamma, repeats = _QUICK.value, _GAMMA.value, _REPEATS.value
+  path = os.path.join(_OUT.value, "long_context_cost.json")
+  if _ONLY_FORMS.value:
+    with open(path, encoding="utf-8") as f:
+      res = json.load(f)
+    res["formulations"] = {"batch": 16, "slots": 4096,
+                           "rows": measure_formulations(16, 4096, gamma, max(repeats, 5))}
+    atomic_write_text(path, json.dumps(res, indent=1))
+    atomic_write_text(os.path.join(_OUT.value, "long_context_cost.md"), render(res))
+    print(render(res))
+    return
   tcfg, dcfg = (TARGET, DRAFT) if not quick else (
       decoder_config("tiny").replace(matvec_max_rows=0),
       decoder_config("tiny").replace(num_layers=1, matvec_max_rows=0))
@@ -150,7 +249,11 @@ def main(argv):
   m = machine_info()
   hardware = (f"{m['machine']} ({platform.processor() or 'cpu'}), {m['devices']}; jax {m['jax']}; "
               f"load average at the end {m['load_average'][0]:.2f}")
-  res = {"hardware": hardware, "machine": m,
+  forms = None
+  if _FORMS.value:
+    fb, fs = (2, 64) if quick else (16, 4096)
+    forms = {"batch": fb, "slots": fs, "rows": measure_formulations(fb, fs, gamma, repeats)}
+  res = {"hardware": hardware, "machine": m, "formulations": forms,
          "gamma": gamma, "window": window.window, "sinks": window.sinks, "repeats": repeats,
          "cells": cells, "waste": waste}
   os.makedirs(_OUT.value, exist_ok=True)

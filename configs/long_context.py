@@ -95,6 +95,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eval.sinks = 4
   c.eval.lookup_max_ngram = 4
   c.eval.settings = ["greedy", "t1"]
+  c.eval.sampled_batches = [1, 4, 16, 32]  # T = 1 at these batch sizes (greedy: every batch)
   c.eval.component_repeats = 3
   c.eval.drafts = ["lookup", "window", "small"]
 
@@ -110,7 +111,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval.contexts = [512, 2048]
     c.eval.batches = [1, 16]
     c.eval.max_new_tokens = 64
-    c.eval.settings = ["greedy"]
+    c.eval.settings = ["greedy", "t1"]
+    c.eval.sampled_batches = [1]
     c.eval.component_repeats = 2
   elif preset == "micro":
     c.data.spm_sentences = 2_000
@@ -132,6 +134,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval.window = 16
     c.eval.sinks = 2
     c.eval.settings = ["greedy", "t1"]
+    c.eval.sampled_batches = [2]
     c.eval.component_repeats = 1
   elif preset != "full":
     raise ValueError(f"unknown long_context preset {preset!r}; known: quick, full, micro")

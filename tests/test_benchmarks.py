@@ -678,3 +678,18 @@ def test_verify_cost_quick(tmp_path):
   assert {p["model"] for p in results["products"]} == {"chen", "t5"}
   md = (tmp_path / "verify_cost.md").read_text()
   assert "## Where a call's time goes" in md and "## The matrix products alone" in md
+
+
+def test_long_context_cost_smoke(tmp_path):
+  _run(["benchmarks/long_context_cost.py", "--quick", "--repeats=1", f"--out_dir={tmp_path}"])
+  result = json.loads((tmp_path / "long_context_cost.json").read_text())
+  assert [(r["batch"], r["context"]) for r in result["cells"]] == [(1, 64), (2, 64)]
+  for r in result["cells"]:
+    assert r["kv_mb"] == pytest.approx(r["batch"] * 64 * 2 * 2 * 2 * 8 * 4 / 1e6)  # tiny: L2 K2 D8
+    for key in ("step_ms", "verify_ms", "window_step_ms", "draft_step_ms"):
+      assert r[key] > 0, key
+    assert set(r["window_predicted"]) == {"0.6", "0.8", "0.9"}
+  names = [r["name"] for r in result["formulations"]["rows"]]
+  assert len(names) == 5 and names[0].startswith("library")
+  md = (tmp_path / "long_context_cost.md").read_text()
+  assert "| 1 | 64 |" in md and "five ways" in md

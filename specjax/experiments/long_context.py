@@ -55,7 +55,7 @@ def component_times(target, tp, draft, dp, window, batch: int, context: int, gam
   windowed self-draft step and a small-draft step at `context` cached
   positions per row (`specjax.bench.timing.cache_step_times`)."""
   from specjax.bench.timing import cache_step_times  # pylint: disable=g-import-not-at-top
-  steps = max(4, min(32, 2 ** 17 // context))
+  steps = max(4, min(32, 2 ** 19 // (context * batch)))  # ~0.5 s per timed call at most
   slots = context + gamma + 1
   tgt = cache_step_times(target, tp, batch, slots, context, (1, gamma + 1), steps=steps,
                          repeats=repeats)

@@ -251,7 +251,8 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
               window=int(cfg.eval.window), sinks=int(cfg.eval.sinks),
               lookup=int(cfg.eval.lookup_max_ngram), drafts=list(drafts))
   todo = [(s, b, st) for s in cfg.eval.contexts for b in cfg.eval.batches
-          for st in cfg.eval.settings]
+          for st in cfg.eval.settings
+          if st == "greedy" or b in cfg.eval.get("sampled_batches", cfg.eval.batches)]
   progress = Progress("long-context cells", len(todo))
   cells = []
   for context, batch, setting in todo:
