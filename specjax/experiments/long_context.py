@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
@@ -143,26 +142,19 @@ def prepare(cfg):
 
 
 def _decoder(mcfg, vocab_size: int, prefill_chunk: int):
-  from specjax.models.decoder import DecoderConfig, DecoderLM  # pylint: disable=g-import-not-at-top
-  return DecoderLM(DecoderConfig(
-      vocab_size=vocab_size, d_model=mcfg.d_model, num_layers=mcfg.num_layers,
-      num_heads=mcfg.num_heads, num_kv_heads=mcfg.num_kv_heads, head_dim=mcfg.head_dim,
-      mlp_dim=mcfg.mlp_dim, tie_embeddings=bool(mcfg.tie_embeddings), matvec_max_rows=0,
-      prefill_chunk=prefill_chunk))
-
-
-def _train_config(c):
-  from specjax.train import default_config  # pylint: disable=g-import-not-at-top
-  tc = default_config()
-  for k, v in c.items():
-    tc[k] = v
-  return tc
+  """The Chen experiment's decoder from a config section, with the one-product
+  path and chunked prefill."""
+  from specjax.experiments.chen import decoder  # pylint: disable=g-import-not-at-top
+  from specjax.models.decoder import DecoderLM
+  return DecoderLM(decoder(mcfg, vocab_size).config.replace(matvec_max_rows=0,
+                                                            prefill_chunk=prefill_chunk))
 
 
 def train_models(cfg, tok, train_records, workdir: str, stages):
   """(target, params), (draft, params): the target trained on short rows then
   continued on long rows; the draft on long rows. Reused when trained."""
-  from specjax.experiments.common import train_or_restore  # pylint: disable=g-import-not-at-top
+  from specjax.experiments.chen import _train_config  # pylint: disable=g-import-not-at-top
+  from specjax.experiments.common import train_or_restore
   from specjax.train import LMSource, lm_examples
   examples = {}
 

@@ -7,7 +7,6 @@ digests and the settings: a killed run resumes at the next cell.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -17,7 +16,6 @@ from typing import Dict, List
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 import specjax
 from specjax.bench.timing import now
@@ -82,7 +80,7 @@ def measure_cell(cfg, target, tp, drafts, prompts_RC: np.ndarray, batch: int,
     jax.block_until_ready(pre)
     rec["prefill_s"].append(now() - t0)
 
-    def run(name):
+    def run(name, pre):
       kw = dict(max_new_tokens=new, sampling=sampling, key=keys, prefilled=_copy(pre))
       t_start = now()
       if name == "ar":
@@ -100,8 +98,8 @@ def measure_cell(cfg, target, tp, drafts, prompts_RC: np.ndarray, batch: int,
 
     for name in ["ar", *drafts]:
       if start == 0:
-        run(name)  # compile (untimed)
-      sec, toks, lens, stats = run(name)
+        run(name, pre)  # compile (untimed)
+      sec, toks, lens, stats = run(name, pre)
       if name == "ar":
         ar_toks = toks
         rec["ar"]["seconds"].append(sec)
