@@ -98,6 +98,12 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eval.sampled_batches = [1, 4, 16, 32]  # T = 1 at these batch sizes (greedy: every batch)
   c.eval.component_repeats = 3
   c.eval.drafts = ["lookup", "window", "small"]
+  # Drafts measured again at another γ ("<draft>@<γ>", in stages of their own, e.g.
+  # ["window@2"]: a verify over a long cache is compute-bound here, so its cost grows with
+  # γ+1), at these contexts and settings.
+  c.eval.variants = []
+  c.eval.variant_contexts = [2048, 4096]
+  c.eval.variant_settings = ["greedy"]
 
   if preset == "quick":
     c.data.spm_sentences = 10_000
@@ -135,6 +141,9 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval.sinks = 2
     c.eval.settings = ["greedy", "t1"]
     c.eval.sampled_batches = [2]
+    c.eval.variants = ["window@1"]
+    c.eval.variant_contexts = [96]
+    c.eval.variant_settings = ["greedy", "t1"]
     c.eval.component_repeats = 1
   elif preset != "full":
     raise ValueError(f"unknown long_context preset {preset!r}; known: quick, full, micro")

@@ -205,11 +205,16 @@ def test_micro_run_measures_every_cell_exactly(micro_run):
         assert s["identical"] == 1.0, (c["context"], c["batch"], d)
     comp = c["components"]
     assert {"step_s", "verify_s", "window_s", "small_s"} <= set(comp)
+    v = c["summary"]["window@1"]  # the variant: the self-draft again at γ = 1
+    assert 1.0 <= v["tokens_per_iteration"] <= 2.0 and v["predicted"] > 0
+    if c["setting"] == "greedy":
+      assert v["identical"] == 1.0
   import os
   for name in ("results.json", "results.md", "speedup_surface.png"):
     assert os.path.exists(os.path.join(cfg.results_dir, name)), name
   md = open(os.path.join(cfg.results_dir, "results.md")).read()
   assert "Crossover" in md and "MagicDec" in md and "NOT IDENTICAL" not in md
+  assert "windowed-KV self-draft γ=1" in md
 
 
 def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
@@ -222,6 +227,15 @@ def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
   monkeypatch.setattr(lc, "component_times", fail)
   again = lc.run(cfg)  # models, cells and components all come from the workdir
   assert [c["summary"] for c in again["cells"]] == [c["summary"] for c in first["cells"]]
+
+
+def test_variants_are_checked():
+  from specjax.experiments.long_context_measure import label, parse_variant
+  assert parse_variant("window@2") == ("window", 2)
+  assert label("window@2") == "windowed-KV self-draft γ=2" and label("small") == "classic small draft"
+  for bad in ("window", "window@0", "nope@2", "window@x"):
+    with pytest.raises(ValueError, match="<draft>@<gamma>"):
+      parse_variant(bad)
 
 
 def test_crossover_is_the_context_from_which_speculation_stays_ahead():

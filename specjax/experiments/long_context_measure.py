@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import warnings
 from typing import Dict, List
 
 import jax
@@ -43,24 +42,40 @@ def _copy(tree):
   return out
 
 
-def _drafters(cfg, target, tp, draft, dp):
-  g = int(cfg.eval.gamma)
+def _drafters(cfg, target, tp, draft, dp, names=None, gamma=None):
+  g = int(cfg.eval.gamma if gamma is None else gamma)
   out = {"lookup": (PromptLookup(max_ngram=int(cfg.eval.lookup_max_ngram), min_ngram=1), None),
          "window": (WindowedKV.of(target, window=int(cfg.eval.window),
                                   sinks=int(cfg.eval.sinks), gamma=g), None),
          "small": (draft, dp)}
-  return {k: out[k] for k in cfg.eval.drafts}
+  return {k: out[k] for k in (cfg.eval.drafts if names is None else names)}
+
+
+def label(name: str) -> str:
+  """"window" → "windowed-KV self-draft"; "window@2" → "... γ=2"."""
+  base, _, g = name.partition("@")
+  return DRAFTS[base] + (f" γ={g}" if g else "")
+
+
+def parse_variant(text: str):
+  """"window@2" → ("window", 2): a draft measured again at another γ."""
+  base, sep, g = str(text).partition("@")
+  if base not in DRAFTS or not sep or not g.isdigit() or int(g) < 1:
+    raise ValueError(f"eval.variants entries must be <draft>@<gamma> with a draft in "
+                     f"{sorted(DRAFTS)} and gamma >= 1, got {text!r}")
+  return base, int(g)
 
 
 def measure_cell(cfg, target, tp, drafts, prompts_RC: np.ndarray, batch: int,
-                 setting: str, seed: int = 0) -> dict:
+                 setting: str, seed: int = 0, gamma: int = None) -> dict:
   """AR and every draft on `prompts_RC` in batches of `batch` rows, each
   batch prefilled once (timed, compilation excluded) and decoded by each
   decoder from a copy of that prefill (the first batch also once untimed,
   to compile). Returns seconds, tokens, target calls, accepted histograms
   and whether each draft's tokens equal AR's (greedy: must)."""
   sampling = SETTINGS[setting]
-  gamma, new = int(cfg.eval.gamma), int(cfg.eval.max_new_tokens)
+  gamma = int(cfg.eval.gamma if gamma is None else gamma)
+  new = int(cfg.eval.max_new_tokens)
   r, c = prompts_RC.shape
   lengths = np.full((batch,), c, np.int32)
   rec = {"prefill_s": [], "ar": {"seconds": [], "tokens": []},
@@ -115,14 +130,15 @@ def measure_cell(cfg, target, tp, drafts, prompts_RC: np.ndarray, batch: int,
   return rec
 
 
-def summarize_cell(rec: dict, gamma: int) -> dict:
+def summarize_cell(rec: dict, gamma: int, batch: int) -> dict:
   """Speedups (decode only, and with the prefill), α, tokens per iteration
-  and per target call, per draft."""
+  and per target call, per draft; AR's seconds per decode step (its loop
+  runs new − 1 target calls per batch: the first token is the prefill's)."""
   ar_s, pre_s = sum(rec["ar"]["seconds"]), sum(rec["prefill_s"])
-  out = {"ar_ms_per_token": 1e3 * ar_s / sum(rec["ar"]["tokens"]), "prefill_s": pre_s}
-  for name in DRAFTS:
-    if name not in rec:
-      continue
+  new = rec["ar"]["tokens"][0] // batch
+  out = {"ar_ms_per_token": 1e3 * ar_s / sum(rec["ar"]["tokens"]), "prefill_s": pre_s,
+         "ar_step_s": ar_s / (len(rec["ar"]["seconds"]) * max(new - 1, 1))}
+  for name in [k for k in rec if k not in ("ar", "prefill_s")]:
     e = rec[name]
     s, hist = sum(e["seconds"]), np.sum(e["hist"], axis=0)
     iters = hist.sum()
@@ -153,16 +169,27 @@ def crossovers(cells: List[dict], draft: str, setting: str) -> Dict[int, object]
   return out
 
 
-def _predicted(cell: dict, name: str, gamma: int) -> float:
-  comp, s = cell["components"], cell["summary"][name]
-  c = {"lookup": 0.0, "window": comp["window_s"] / comp["step_s"],
-       "small": comp["small_s"] / comp["step_s"]}[name]
-  return s["tokens_per_iteration"] / (gamma * c + comp["verify_s"] / comp["step_s"])
+def predicted(summary: dict, ar_step_s: float, comp: dict, name: str, gamma: int) -> float:
+  """The speedup the components predict for one draft of a cell:
+
+    τ · t_AR / (γ · t_draft + t_verify + (t_AR − t_step))
+
+  τ the measured tokens per iteration; t_step, t_verify, t_draft the
+  in-graph component times (`component_times`; prompt lookup's draft taken
+  as free); t_AR the AR loop's measured seconds per step, so t_AR − t_step
+  is the loop's own work per iteration (sampling, commit, the while loop),
+  taken as the same for a speculative iteration."""
+  base = name.partition("@")[0]
+  t_draft = {"lookup": 0.0, "window": comp.get("window_s", 0.0),
+             "small": comp.get("small_s", 0.0)}[base]
+  overhead = max(ar_step_s - comp["step_s"], 0.0)
+  return (summary["tokens_per_iteration"] * ar_step_s
+          / (gamma * t_draft + comp["verify_s"] + overhead))
 
 
 def render(res: dict) -> str:
   g = res["gamma"]
-  drafts = [d for d in DRAFTS if d in res["drafts"]]
+  drafts = list(res["drafts"]) + list(res.get("variants", []))
   lines = ["# Long contexts × batch: where speculative decoding pays on this CPU", "",
            f"{res['hardware']}. Command: `{res['command']}`", "",
            f"Target {res['target_params'] / 1e6:.1f}M params ({res['weights_mb']:.0f} MB); "
@@ -171,23 +198,28 @@ def render(res: dict) -> str:
            f"{res['window']} + {res['sinks']} sinks. Speedup = AR decode time / speculative "
            "decode time from the same prefill (a draft model's own prefill counted); "
            "'e2e' adds the target's prefill to both; 'pred' = the speedup the components "
-           "predict: measured tokens per iteration / (γ·c + verify/step), prompt lookup "
-           "taken as free (c = 0).", ""]
+           "predict: τ · t_AR / (γ · t_draft + t_verify + t_AR − t_step), with τ the measured "
+           "tokens per iteration, t_step / t_verify / t_draft in-graph component times, t_AR "
+           "the AR loop's measured time per step (so t_AR − t_step is the loop's own work per "
+           "iteration), prompt lookup's draft taken as free.", ""]
   for setting in res["settings"]:
     cells = [c for c in res["cells"] if c["setting"] == setting]
     if not cells:
       continue
     lines += [f"## {setting}", "",
               "| context | B | MB/step | step ms | verify/step | "
-              + " | ".join(f"{DRAFTS[d]}: α · tok/call · speedup (pred, e2e)" for d in drafts)
+              + " | ".join(f"{label(d)}: α · tok/call · speedup (pred, e2e)" for d in drafts)
               + " |", "|---|---|---|---|---|" + "---|" * len(drafts)]
     for c in sorted(cells, key=lambda c: (c["context"], c["batch"])):
       comp = c["components"]
       parts = []
       for d in drafts:
-        s = c["summary"][d]
+        s = c["summary"].get(d)
+        if s is None:
+          parts.append("—")
+          continue
         parts.append(f"{s['alpha']:.2f} · {s['tokens_per_call']:.2f} · **{s['speedup']:.2f}x** "
-                     f"({_predicted(c, d, g):.2f}, {s['speedup_end_to_end']:.2f})"
+                     f"({s['predicted']:.2f}, {s['speedup_end_to_end']:.2f})"
                      + ("" if setting != "greedy" or s["identical"] == 1.0 else " NOT IDENTICAL"))
       lines.append(f"| {c['context']} | {c['batch']} | {c['step_mb']:.0f} | "
                    f"{1e3 * comp['step_s']:.2f} | {comp['verify_s'] / comp['step_s']:.2f} | "
@@ -195,15 +227,28 @@ def render(res: dict) -> str:
     lines += ["", "Crossover (smallest context from which the speedup stays > 1), per batch:", ""]
     for d in drafts:
       cx = crossovers(cells, d, setting)
-      lines.append(f"- {DRAFTS[d]}: " + ", ".join(
+      lines.append(f"- {label(d)}: " + ", ".join(
           f"B={b}: {v if v is not None else 'none'}" for b, v in cx.items()))
     lines.append("")
   lines += ["## Beside MagicDec", "",
             "| model | context | batch | speedup (8 x A100) |", "|---|---|---|---|"]
   lines += [f"| {m} | {c} | {b} | {s} |" for m, c, b, s in MAGICDEC]
+  pairs = [c["summary"][d] for c in res["cells"] for d in drafts if d in c["summary"]]
+  within = [p for p in pairs if abs(p["speedup"] / p["predicted"] - 1) <= 0.15]
+  hits = [(c, d) for c in res["cells"] for d in drafts if d in c["summary"]
+          and c["summary"][d]["speedup"] >= 1.5
+          and abs(c["summary"][d]["speedup"] / c["summary"][d]["predicted"] - 1) <= 0.15]
+  lines += ["", "## Goal", "",
+            f"Measured within 15% of the components' prediction: {len(within)} of {len(pairs)} "
+            "(cell, draft) pairs.", "",
+            "≥ 1.5× walltime over AR at some (context, batch), within 15% of the prediction: "
+            + ("**met** — " + "; ".join(
+                f"{label(d)} at context {c['context']}, batch {c['batch']}, {c['setting']}: "
+                f"{c['summary'][d]['speedup']:.2f}x (predicted {c['summary'][d]['predicted']:.2f}x)"
+                for c, d in hits) if hits else "**not met**")]
   best = res.get("best")
   if best:
-    lines += ["", f"Here: best {best['speedup']:.2f}x ({DRAFTS[best['draft']]}, context "
+    lines += ["", f"Here: best {best['speedup']:.2f}x ({label(best['draft'])}, context "
                   f"{best['context']}, batch {best['batch']}, {best['setting']}), the components "
                   f"predicted {best['predicted']:.2f}x."]
   return "\n".join(lines) + "\n"
@@ -211,18 +256,20 @@ def render(res: dict) -> str:
 
 def plot(res: dict, path: str) -> None:
   """Speedup surface (decode, greedy): one heat map per draft, context × batch."""
-  from specjax.experiments.report import _mpl, _save  # pylint: disable=g-import-not-at-top
+  from specjax.atomic_io import atomic_path  # pylint: disable=g-import-not-at-top
+  from specjax.experiments.report import _mpl
   plt = _mpl()
   setting = "greedy" if "greedy" in res["settings"] else res["settings"][0]
   cells = [c for c in res["cells"] if c["setting"] == setting]
   ctx = sorted({c["context"] for c in cells})
   bs = sorted({c["batch"] for c in cells})
-  drafts = [d for d in DRAFTS if d in res["drafts"]]
+  drafts = list(res["drafts"]) + list(res.get("variants", []))
   fig, axes = plt.subplots(1, len(drafts), figsize=(4.0 * len(drafts), 3.4), squeeze=False)
   for ax, d in zip(axes[0], drafts):
     grid = np.full((len(bs), len(ctx)), np.nan)
     for c in cells:
-      grid[bs.index(c["batch"]), ctx.index(c["context"])] = c["summary"][d]["speedup"]
+      if d in c["summary"]:
+        grid[bs.index(c["batch"]), ctx.index(c["context"])] = c["summary"][d]["speedup"]
     im = ax.imshow(grid, cmap="RdYlGn", vmin=0.5, vmax=1.5, origin="lower", aspect="auto")
     for i in range(len(bs)):
       for j in range(len(ctx)):
@@ -232,11 +279,12 @@ def plot(res: dict, path: str) -> None:
     ax.set_yticks(range(len(bs)), [str(x) for x in bs])
     ax.set_xlabel("context (tokens)")
     ax.set_ylabel("batch")
-    ax.set_title(f"{DRAFTS[d]} ({setting})", fontsize=9)
-  fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="speedup over AR")
-  with warnings.catch_warnings():  # tight_layout does not place colorbars: harmless
-    warnings.simplefilter("ignore", UserWarning)
-    _save(fig, plt, path)
+    ax.set_title(f"{label(d)} ({setting})", fontsize=9)
+  fig.subplots_adjust(left=0.05, right=0.9, bottom=0.16, top=0.9, wspace=0.3)
+  fig.colorbar(im, cax=fig.add_axes([0.92, 0.16, 0.012, 0.74]), label="speedup over AR")
+  with atomic_path(path) as tmp:  # no tight_layout: it would put the colorbar over a panel
+    fig.savefig(tmp, dpi=110)
+  plt.close(fig)
 
 
 def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, stages) -> dict:
@@ -251,6 +299,10 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
   todo = [(s, b, st) for s in cfg.eval.contexts for b in cfg.eval.batches
           for st in cfg.eval.settings
           if st == "greedy" or b in cfg.eval.get("sampled_batches", cfg.eval.batches)]
+  variants = list(cfg.eval.get("variants", []))
+  for v in variants:
+    parse_variant(v)
+  variant_contexts = set(int(x) for x in cfg.eval.get("variant_contexts", cfg.eval.contexts))
   progress = Progress("long-context cells", len(todo))
   cells = []
   for context, batch, setting in todo:
@@ -264,20 +316,40 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
         target, tp, draft if "small" in drafts else None, dp,
         window if "window" in drafts else None, int(batch), int(context), gamma,
         int(cfg.eval.component_repeats)), dict(fps, gamma=gamma, window=int(cfg.eval.window)))
+    summary = summarize_cell(rec, gamma, int(batch))
+    for d in drafts:
+      summary[d]["predicted"] = predicted(summary[d], summary["ar_step_s"], comp, d, gamma)
+    for v in (variants if int(context) in variant_contexts
+              and setting in cfg.eval.get("variant_settings", cfg.eval.settings) else ()):
+      v_name, v_gamma = parse_variant(v)
+      v_drafts = {v: _drafters(cfg, target, tp, draft, dp, [v_name], v_gamma)[v_name]}
+      v_rec = stages.run(f"{name}_{v_name}g{v_gamma}", lambda: measure_cell(
+          cfg, target, tp, v_drafts, prompts, int(batch), setting, cfg.seed, v_gamma),
+          dict(deps, drafts=[v], gamma=v_gamma))
+      v_comp = stages.run(f"components/c{context}_b{batch}_g{v_gamma}", lambda: lc.component_times(
+          target, tp, draft if v_name == "small" else None, dp,
+          WindowedLM(target, int(cfg.eval.window), int(cfg.eval.sinks), v_gamma + 1)
+          if v_name == "window" else None, int(batch), int(context), v_gamma,
+          int(cfg.eval.component_repeats)), dict(fps, gamma=v_gamma, window=int(cfg.eval.window)))
+      v_sum = summarize_cell(v_rec, v_gamma, int(batch))
+      summary[v] = v_sum[v]
+      summary[v]["predicted"] = predicted(summary[v], v_sum["ar_step_s"], v_comp, v, v_gamma)
+      summary[v]["verify_ratio"] = v_comp["verify_s"] / v_comp["step_s"]
     cells.append({"context": int(context), "batch": int(batch), "setting": setting,
                   "step_mb": lc.step_bytes(target.config, int(batch), int(context)) / 1e6,
-                  "components": comp, "summary": summarize_cell(rec, gamma)})
-    s = cells[-1]["summary"]
-    progress.update(1, " ".join(f"{d} {s[d]['speedup']:.2f}x" for d in drafts))
-  best = max(((c, d) for c in cells for d in drafts), key=lambda cd: cd[0]["summary"][cd[1]]
-             ["speedup"], default=None)
+                  "components": comp, "summary": summary})
+    progress.update(1, " ".join(f"{d} {summary[d]['speedup']:.2f}x" for d in summary
+                                if isinstance(summary[d], dict)))
+  names = list(drafts) + variants
+  best = max(((c, d) for c in cells for d in names if d in c["summary"]),
+             key=lambda cd: cd[0]["summary"][cd[1]]["speedup"], default=None)
   m = machine_info()
   res = {"hardware": f"{m['machine']}, {m['devices']}, jax {m['jax']}", "machine": m,
          "command": f"python experiments/long_context.py --config=configs/long_context.py:"
                     f"{cfg.preset} --config.workdir=<workdir>",
          "gamma": gamma, "max_new_tokens": int(cfg.eval.max_new_tokens),
          "window": int(cfg.eval.window), "sinks": int(cfg.eval.sinks),
-         "settings": list(cfg.eval.settings), "drafts": list(drafts),
+         "settings": list(cfg.eval.settings), "drafts": list(drafts), "variants": variants,
          "target_params": target.config.num_params(),
          "weights_mb": 4 * target.config.num_params() / 1e6,
          "kv_bytes_per_position": lc.kv_bytes_per_position(target.config), "cells": cells,
@@ -286,7 +358,7 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
     c, d = best
     res["best"] = {"draft": d, "context": c["context"], "batch": c["batch"],
                    "setting": c["setting"], "speedup": c["summary"][d]["speedup"],
-                   "predicted": _predicted(c, d, gamma)}
+                   "predicted": c["summary"][d]["predicted"]}
   out_dir = os.path.join(workdir, "results")
   dirs = [out_dir] + ([cfg.results_dir] if cfg.results_dir else [])
   for d in dirs:
