@@ -198,7 +198,7 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
     `Prefill` (first token `[B]`, last prompt token `[B]`, the cache).
   """
   check_model(model, "model")
-  max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
+  max_new_tokens, _, _ = _check_common(max_new_tokens, sampling, None, 0, model.vocab_size)
   gamma = _check_int("gamma", gamma, 0)
   prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape

@@ -288,6 +288,10 @@ def plot(res: dict, path: str) -> None:
 
 
 def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, stages) -> dict:
+  """Every (context, batch, setting) cell of the config's grid — measured, or
+  read back from its stage — with its components, predictions and variants;
+  writes results.json / results.md / speedup_surface.png into
+  `<workdir>/results` (and `cfg.results_dir`) and returns the results."""
   from specjax.experiments.report import machine_info  # pylint: disable=g-import-not-at-top
   gamma = int(cfg.eval.gamma)
   drafts = _drafters(cfg, target, tp, draft, dp)
