@@ -60,7 +60,7 @@ from flax import struct
 from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, is_drafter
 from specjax.drafters.model import ModelDrafter, draw
 from specjax.sampling import SamplingConfig, process_logits, row_uniforms
-from specjax.tree import TokenTree
+from specjax.tree import TokenTree, dynamic_tree_arrays
 from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_verify,
                             rejection_verify, tree_verify)
 
@@ -211,9 +211,13 @@ def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B, pref
   if prefilled is not None:
     return prefilled.first, prefilled.last, prefilled.cache
   logits_BV, last_B, cache = model.prefill(params, prompts_BP, lengths_B, cache)
+  return _first_token(logits_BV, sampling, keys_B), last_B, cache
+
+
+def _first_token(logits_BV, sampling, keys_B):
+  """The first generated token, drawn from the prefill's logits."""
   u_B = row_uniforms(_fold_keys(keys_B, 0), 1)[:, 0]
-  first_B = draw(u_B, process_logits(logits_BV, sampling), sampling)
-  return first_B, last_B, cache
+  return draw(u_B, process_logits(logits_BV, sampling), sampling)
 
 
 @jax.jit(static_argnums=(0, 2), donate_argnames=("cache",))
@@ -325,11 +329,25 @@ class SpeculativeDecoder:
 
   def init_state(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
                  target_cache, draft_cache, prefilled: Optional[Prefill] = None) -> DecodeState:
-    first_B, last_B, target_cache = _prefill(self.target, target_params, self.sampling,
-                                             prompts_BP, lengths_B, target_cache, keys_B,
-                                             prefilled)
-    draft_state = self.drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
-                                     target_cache)
+    drafter = self.drafter
+    if getattr(drafter, "needs_prompt_hidden", False):
+      # The drafter reads the target's hidden states over the prompt (EAGLE).
+      if prefilled is not None:
+        raise ValueError(f"{type(drafter).__name__} reads the target's hidden states over the "
+                         "prompt, which a shared prefill does not keep: decode it from its own "
+                         "prefill (prefilled=None)")
+      logits_BV, last_B, target_cache, hidden_BPX = self.target.prefill_with_hidden(
+          target_params, prompts_BP, lengths_B, target_cache,
+          layers=getattr(drafter, "hidden_layers", None))
+      first_B = _first_token(logits_BV, self.sampling, keys_B)
+      draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
+                                  target_cache, prompt_hidden_BPX=hidden_BPX)
+    else:
+      first_B, last_B, target_cache = _prefill(self.target, target_params, self.sampling,
+                                               prompts_BP, lengths_B, target_cache, keys_B,
+                                               prefilled)
+      draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
+                                  target_cache)
     n = self.layout.chain_len
     return _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
                           self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id)
@@ -341,18 +359,22 @@ class SpeculativeDecoder:
       return greedy_verify
     return self.verify_fn
 
-  def _verify_call(self, key_B, proposal: Proposal, q_BTV):
+  def _verify_call(self, key_B, proposal: Proposal, q_BTV, children_BTC=None):
     """(slots_BN, accepted_B, next_B, chain_B): the call positions of the
     accepted tokens (the first accepted_B of each row), the token after them
-    and the chain they came from (0 for trees)."""
+    and the chain they came from (0 for trees). `children_BTC`: a dynamic
+    tree's per-row children."""
     lay = self.layout
     chains = jnp.asarray(np.asarray(lay.chains_KN), jnp.int32)
     if lay.is_tree:
-      tree = TokenTree(tuple(int(p) for p in np.asarray(lay.parents_T)))
+      if lay.dynamic_tree is not None:
+        children, depth = children_BTC, lay.dynamic_tree[0]
+      else:
+        tree = TokenTree(tuple(int(p) for p in np.asarray(lay.parents_T)))
+        children, depth = jnp.asarray(tree.children), tree.depth
       path_BD, n_B, next_B = self.tree_fn(
-          key_B, proposal.tokens_BT, proposal.node_valid_BT, q_BTV,
-          jnp.asarray(tree.children), tree.depth, proposal.node_probs_BTV,
-          greedy=self.sampling.is_greedy)
+          key_B, proposal.tokens_BT, proposal.node_valid_BT, q_BTV, children, depth,
+          proposal.node_probs_BTV, greedy=self.sampling.is_greedy)
       return path_BD, n_B, next_B, jnp.zeros_like(n_B)
     chain_B, n_B, next_B = self._verify_chains(key_B, proposal, q_BTV)
     return chains[chain_B], n_B, next_B, chain_B
@@ -394,19 +416,28 @@ class SpeculativeDecoder:
                                             self.sampling, self.gamma)
     target_cache = state.target_cache.replace(lengths=state.seq_len)
     kw = {}
+    depths_BT = children_BTC = None
+    if lay.dynamic_tree is not None:  # each row's own tree
+      depths_BT, kw["mask_TT"], children_BTC = dynamic_tree_arrays(proposal.node_parents_BT,
+                                                                   lay.dynamic_tree[1])
+      kw["positions_BT"] = state.seq_len[:, None] + depths_BT
     if lay.offsets_T is not None:
       kw["positions_BT"] = state.seq_len[:, None] + jnp.asarray(lay.offsets_T, jnp.int32)[None]
     if lay.mask_TT is not None:
       kw["mask_TT"] = jnp.asarray(lay.mask_TT, bool)
     hidden_BTE = None
     if getattr(drafter, "needs_hidden", False):
+      layers = getattr(drafter, "hidden_layers", None)
+      if layers:
+        kw["layers"] = layers
       logits_BTV, hidden_BTE, target_cache = self.target.extend_with_hidden(
           target_params, proposal.tokens_BT, target_cache, **kw)
     else:
       logits_BTV, target_cache = self.target.extend(target_params, proposal.tokens_BT,
                                                     target_cache, **kw)
     q_BTV = process_logits(logits_BTV, self.sampling)
-    slots_BN, n_B, next_B, chain_B = self._verify_call(keys_B2[:, 1], proposal, q_BTV)
+    slots_BN, n_B, next_B, chain_B = self._verify_call(keys_B2[:, 1], proposal, q_BTV,
+                                                       children_BTC)
     chain_tokens_BN = jnp.take_along_axis(proposal.tokens_BT, slots_BN, axis=1)
     j_N1 = jnp.arange(n + 1)[None]
     new_BN1 = jnp.where(j_N1 < n_B[:, None], jnp.pad(chain_tokens_BN, ((0, 0), (0, 1))),
@@ -419,20 +450,21 @@ class SpeculativeDecoder:
       # slots onto themselves or past their length: harmless).
       target_cache = self.target.copy_slots(target_cache, seq_before_B[:, None] + slots_BN,
                                             seq_before_B + 1)
-    last_hidden = None
-    if hidden_BTE is not None:  # at the last accepted token (the root if none)
-      at_B = jnp.where(n_B > 0, jnp.take_along_axis(slots_BN, jnp.maximum(n_B - 1, 0)[:, None],
-                                                    axis=1)[:, 0], 0)
-      last_hidden = jnp.take_along_axis(hidden_BTE, at_B[:, None, None], axis=1)[:, 0]
+    last_hidden = path_hidden = None
+    if hidden_BTE is not None:  # at the root, then at each accepted token
+      at_BC = jnp.concatenate([jnp.zeros_like(slots_BN[:, :1]), slots_BN], axis=1)
+      path_hidden = jnp.take_along_axis(hidden_BTE, at_BC[:, :, None], axis=1)
+      last_hidden = jnp.take_along_axis(path_hidden, n_B[:, None, None], axis=1)[:, 0]
     feedback = DraftFeedback(
         committed_BC=new_BN1, count_B=count_B, seq_len_B=state.seq_len, pending_B=state.pending,
         target_argmax_BT=jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32), chain_B=chain_B,
-        accepted_B=n_B, target_hidden_BE=last_hidden)
+        accepted_B=n_B, target_hidden_BE=last_hidden, target_hidden_BCX=path_hidden)
     draft_state = drafter.update(draft_params, draft_state, feedback)
     a = active_B.astype(jnp.int32)
     if lay.is_tree:  # the deepest valid node
-      depths = jnp.asarray(np.asarray(lay.offsets_T), jnp.int32)
-      drafted_B = jnp.max(jnp.where(proposal.node_valid_BT, depths[None], 0), axis=1)
+      depths = (depths_BT if depths_BT is not None
+                else jnp.asarray(np.asarray(lay.offsets_T), jnp.int32)[None])
+      drafted_B = jnp.max(jnp.where(proposal.node_valid_BT, depths, 0), axis=1)
     else:
       drafted_B = jnp.max(jnp.sum(proposal.valid_BKN, axis=2), axis=1)
     drafted_B = drafted_B.astype(jnp.int32)

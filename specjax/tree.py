@@ -24,11 +24,13 @@ import dataclasses
 import numbers
 from typing import Iterable, Sequence, Tuple
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters.base import CallLayout
 
-__all__ = ["TokenTree"]
+__all__ = ["TokenTree", "dynamic_tree_arrays"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,3 +158,35 @@ class TokenTree:
       raise ValueError("a tree needs at least one node besides the root")
     return CallLayout(length=self.size, chains_KN=chains, offsets_T=self.depths,
                       mask_TT=self.ancestor_mask, parents_T=np.asarray(self.parents, np.int32))
+
+
+def dynamic_tree_arrays(parents_BN: jax.Array, max_children: int
+                        ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+  """In-graph `TokenTree` arrays for per-row trees (EAGLE-2's dynamic tree).
+
+  `parents_BN`: int32, row b's node n has parent `parents_BN[b, n]`
+  (-1 for the root, node 0; parents before children). Returns
+  `(depths_BN, ancestors_BNN, children_BNC)`: each node's depth, the
+  ancestor mask (node j is node i or one of its ancestors) and each
+  node's first `max_children` children in index order, padded with -1 —
+  what `TokenTree.depths`, `.ancestor_mask` and `.children` give for one
+  static tree.
+  """
+  b, n = parents_BN.shape
+  parents_BN = parents_BN.astype(jnp.int32)
+  eye_NN = jnp.eye(n, dtype=bool)
+
+  def add(i, anc_BNN):
+    p_B = jnp.maximum(parents_BN[:, i], 0)
+    row_BN = jnp.take_along_axis(anc_BNN, p_B[:, None, None], axis=1)[:, 0]
+    row_BN = jnp.where((parents_BN[:, i] >= 0)[:, None], row_BN, False) | eye_NN[i][None]
+    return anc_BNN.at[:, i].set(row_BN)
+
+  anc_BNN = jax.lax.fori_loop(1, n, add, jnp.broadcast_to(eye_NN, (b, n, n)))
+  depths_BN = jnp.sum(anc_BNN, axis=2).astype(jnp.int32) - 1
+  idx_N = jnp.arange(n, dtype=jnp.int32)
+  is_child_BNT = parents_BN[:, None, :] == idx_N[None, :, None]
+  score_BNT = jnp.where(is_child_BNT, n - idx_N[None, None, :], 0)
+  top_BNC, _ = jax.lax.top_k(score_BNT, max_children)
+  children_BNC = jnp.where(top_BNC > 0, n - top_BNC, -1).astype(jnp.int32)
+  return depths_BN, anc_BNN, children_BNC

@@ -203,7 +203,8 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
       is never reached).
     q_BNV: the target's processed distribution after each node's path.
     children_NC: int32 static table: node n's children in the order they
-      are tried, padded with -1 (`TokenTree.children`).
+      are tried, padded with -1 (`TokenTree.children`); or `[B, N, C]`,
+      each row's own tree (dynamic trees: `specjax.tree.dynamic_tree_arrays`).
     depth: the tree's depth D (edges on the longest root path).
     p_BNV: the distribution each node's token was drawn from *given the
       siblings tried before it* (i.i.d. children: the draft's distribution
@@ -242,7 +243,8 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
     hit_B = jnp.zeros((b,), bool)
     acc_B = jnp.zeros((b,), jnp.int32)
     for k in range(c):
-      child_B = children_NC[cur_B, k]
+      child_B = (children_NC[cur_B, k] if children_NC.ndim == 2
+                 else children_NC[jnp.arange(b), cur_B, k])
       safe_B = jnp.maximum(child_B, 0)
       trial_B = (child_B >= 0) & jnp.take_along_axis(valid_BN, safe_B[:, None], axis=1)[:, 0] \
           & ~hit_B & ~stopped_B

@@ -14,10 +14,14 @@ one small module per family:
   windowed       WindowedKV     the target over sink + recent-window KV only
   lookahead      Lookahead      Jacobi iteration + n-gram pool, verified in one call
   medusa         Medusa         extra heads on the target's hidden state; a token tree
+  eagle          Eagle          a one-layer head on the target's features (EAGLE-1/3),
+                                static trees or EAGLE-2's dynamic tree (DynamicTree)
 """
 
 from specjax.drafters.base import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                                    chain_layout, is_drafter)
+from specjax.drafters.eagle import (DynamicTree, Eagle, EagleConfig, init_eagle,
+                                    load_eagle)
 from specjax.drafters.layer_skip import LayerSkip, LayerSkipLM, choose_layers
 from specjax.drafters.lookahead import Lookahead, LookaheadState
 from specjax.drafters.medusa import Medusa, MedusaConfig, choose_tree, load_medusa
@@ -28,4 +32,5 @@ from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
 __all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "chain_layout",
            "is_drafter", "ModelDrafter", "PromptLookup", "LookupState", "LayerSkip",
            "LayerSkipLM", "choose_layers", "WindowedKV", "WindowedLM", "WindowCache",
-           "Lookahead", "LookaheadState", "Medusa", "MedusaConfig", "choose_tree", "load_medusa"]
+           "Lookahead", "LookaheadState", "Medusa", "MedusaConfig", "choose_tree", "load_medusa",
+           "Eagle", "EagleConfig", "DynamicTree", "init_eagle", "load_eagle"]

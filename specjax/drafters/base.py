@@ -61,6 +61,11 @@ class CallLayout:
     parents_T: int numpy `[T]`: a token tree (`specjax.tree.TokenTree`):
       the call's tokens are its nodes, verified by `tree_verify`; None:
       the chains are verified as chains / candidates.
+    dynamic_tree: `(depth, max_children)` for a tree whose topology is
+      per-row data (EAGLE-2's dynamic tree: `Proposal.node_parents_BT`);
+      the positions and the mask then come from the proposal, `chains_KN`
+      is `[[1..depth]]` (it sizes the commit) and `offsets_T`, `mask_TT`,
+      `parents_T` are None.
   """
 
   length: int
@@ -68,6 +73,7 @@ class CallLayout:
   offsets_T: Any = None
   mask_TT: Any = None
   parents_T: Any = None
+  dynamic_tree: Optional[Tuple[int, int]] = None
 
   def __post_init__(self):
     chains = np.asarray(self.chains_KN)
@@ -76,14 +82,30 @@ class CallLayout:
     if chains.min() < 1 or chains.max() >= self.length:
       raise ValueError(f"chain positions must lie in [1, {self.length}), got {chains.min()}.."
                        f"{chains.max()}")
+    if self.dynamic_tree is not None:
+      depth, kids = self.dynamic_tree
+      if not 1 <= depth < self.length or kids < 1:
+        raise ValueError(f"dynamic_tree must be (depth in [1, {self.length}), max_children >= "
+                         f"1), got {self.dynamic_tree}")
+      if any(a is not None for a in (self.offsets_T, self.mask_TT, self.parents_T)):
+        raise ValueError("a dynamic tree's offsets, mask and parents come from the proposal")
+
+  @classmethod
+  def dynamic(cls, nodes: int, depth: int, max_children: int) -> "CallLayout":
+    """The call of a dynamic tree of `nodes` nodes (root included), at most
+    `depth` deep, at most `max_children` children per node."""
+    return cls(length=nodes, chains_KN=np.arange(1, depth + 1)[None, :],
+               dynamic_tree=(int(depth), int(max_children)))
 
   def __hash__(self):
     arrays = tuple(None if a is None else (np.asarray(a).shape, np.asarray(a).tobytes())
                    for a in (self.chains_KN, self.offsets_T, self.mask_TT, self.parents_T))
-    return hash((self.length,) + arrays)
+    return hash((self.length, self.dynamic_tree) + arrays)
 
   def __eq__(self, other):
     if not isinstance(other, CallLayout) or self.length != other.length:
+      return False
+    if self.dynamic_tree != other.dynamic_tree:
       return False
     for a, b in ((self.chains_KN, other.chains_KN), (self.offsets_T, other.offsets_T),
                  (self.mask_TT, other.mask_TT), (self.parents_T, other.parents_T)):
@@ -105,7 +127,7 @@ class CallLayout:
     accepted drafts' keys and values are already where they belong."""
     chains = np.asarray(self.chains_KN)
     t = self.length
-    return (chains.shape[0] == 1 and t == chains.shape[1] + 1
+    return (self.dynamic_tree is None and chains.shape[0] == 1 and t == chains.shape[1] + 1
             and np.array_equal(chains[0], np.arange(1, t))
             and (self.offsets_T is None or np.array_equal(self.offsets_T, np.arange(t)))
             and (self.mask_TT is None
@@ -113,7 +135,7 @@ class CallLayout:
 
   @property
   def is_tree(self) -> bool:
-    return self.parents_T is not None
+    return self.parents_T is not None or self.dynamic_tree is not None
 
 
 def chain_layout(gamma: int) -> CallLayout:
@@ -155,6 +177,9 @@ class Proposal:
       distribution each node's token was drawn from given the siblings
       tried before it (None: deterministic children); `valid_BKN` is then
       unused (it may be None).
+    node_parents_BT: int32 `[B, T]`, each row's own tree (a dynamic-tree
+      layout): node t's parent (-1 for the root, parents before children);
+      a node's children are tried in index order.
   """
 
   tokens_BT: jax.Array
@@ -162,6 +187,7 @@ class Proposal:
   probs_BGV: Optional[jax.Array] = None
   node_valid_BT: Optional[jax.Array] = None
   node_probs_BTV: Optional[jax.Array] = None
+  node_parents_BT: Optional[jax.Array] = None
 
 
 @struct.dataclass
@@ -182,6 +208,10 @@ class DraftFeedback:
     target_hidden_BE: for drafters with `needs_hidden`: the target's final
       hidden state at the last accepted token (the pending token's
       predecessor after the commit), else None.
+    target_hidden_BCX: for drafters with `needs_hidden`: the target's
+      hidden states (final-normed, or the drafter's `hidden_layers`) at the
+      call's root, then at each accepted token in order (entry
+      `accepted_B[b]` is the last accepted one), `[B, C, X]`.
   """
 
   committed_BC: jax.Array
@@ -192,6 +222,7 @@ class DraftFeedback:
   chain_B: jax.Array
   accepted_B: jax.Array
   target_hidden_BE: Optional[jax.Array] = None
+  target_hidden_BCX: Optional[jax.Array] = None
 
 
 @runtime_checkable

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar, Dict, Optional, Tuple
+from typing import Any, ClassVar, Dict, Optional, Sequence, Tuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.models import decoder_layout, matvec_cache, rope
 from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, contract,
@@ -305,19 +306,28 @@ class DecoderModule(nn.Module):
 
   def __call__(self, tokens_BT: jax.Array, cache: KVCache, empty: bool = False,
                positions_BT=None, mask_TT=None, valid_BS=None,
-               write_slots_BT=None) -> Tuple[jax.Array, KVCache]:
+               write_slots_BT=None, taps: Tuple[int, ...] = ()):
     """`empty=True` (static): every row's length is 0 (prefill, full forward).
     `positions_BT` (rotary positions; default lengths + 0..T-1) and `mask_TT`
     (attention among the new tokens; default causal): see `DecoderLM.extend`.
-    `valid_BS` / `write_slots_BT`: a ring-buffer cache (`layers.attend_cached`)."""
+    `valid_BS` / `write_slots_BT`: a ring-buffer cache (`layers.attend_cached`).
+    Returns (final-normed states `[B, T, E]`, cache); with `taps` (static
+    block indices) also the residual streams after those blocks,
+    concatenated `[B, T, len(taps) * E]` (EAGLE-3's low / middle / high
+    features)."""
     t = tokens_BT.shape[1]
     if positions_BT is None:
       positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     x_BTE = self.embed(tokens_BT)
+    tapped = {}
     for i, block in enumerate(self.layers):
       x_BTE, cache = block(x_BTE, positions_BT, cache, i, empty, mask_TT, valid_BS,
                            write_slots_BT)
+      if i in taps:
+        tapped[i] = x_BTE
     cache = cache.replace(lengths=cache.lengths + t)
+    if taps:
+      return self.final_norm(x_BTE), cache, jnp.concatenate([tapped[i] for i in taps], axis=-1)
     return self.final_norm(x_BTE), cache
 
   def init_all(self, tokens_BT: jax.Array, cache: KVCache) -> jax.Array:
@@ -391,16 +401,42 @@ class DecoderLM:
   def prefill_positions(self, prompt_len: int) -> int:
     return prompt_len
 
+  def check_layers(self, layers: Optional[Sequence[int]]) -> Tuple[int, ...]:
+    """`layers` (block indices whose outputs a caller reads) checked: a
+    tuple of distinct ints in [0, num_layers); None / () → ()."""
+    if layers is None:
+      return ()
+    n = self.config.num_layers
+    out = tuple(layers)
+    for i in out:
+      if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
+        raise ValueError(f"layers must be block indices in [0, {n}), got {list(out)}")
+    if len(set(out)) != len(out):
+      raise ValueError(f"layers must be distinct, got {list(out)}")
+    return tuple(int(i) for i in out)
+
+  def _hidden(self, params, tokens_BT, cache, empty, positions_BT, mask_TT, layers):
+    """(final-normed states, states to return, cache): the returned states
+    are the final-normed ones (layers None) or the chosen blocks' outputs."""
+    taps = self.check_layers(layers)
+    out = self.module.apply({"params": params}, tokens_BT, cache, empty, positions_BT, mask_TT,
+                            taps=taps)
+    if taps:
+      return out[0], out[2], out[1]
+    return out[0], out[0], out[1]
+
   def extend_with_hidden(self, params, tokens_BT: jax.Array, cache: KVCache,
                          positions_BT: Optional[jax.Array] = None,
-                         mask_TT: Optional[jax.Array] = None
+                         mask_TT: Optional[jax.Array] = None,
+                         layers: Optional[Sequence[int]] = None
                          ) -> Tuple[jax.Array, jax.Array, KVCache]:
-    """Like `extend`, also returning the final hidden states `[B, T, E]`."""
-    module = self.module
-    h_BTE, cache = module.apply({"params": params}, tokens_BT, cache, False, positions_BT,
-                                mask_TT)
-    logits = module.apply({"params": params}, h_BTE, method=DecoderModule.project)
-    return logits, h_BTE, cache
+    """Like `extend`, also returning hidden states: the final-normed ones
+    `[B, T, E]`, or (`layers`: block indices) the residual streams after
+    those blocks concatenated, `[B, T, len(layers) * E]`."""
+    h_BTE, hidden, cache = self._hidden(params, tokens_BT, cache, False, positions_BT, mask_TT,
+                                        layers)
+    logits = self.module.apply({"params": params}, h_BTE, method=DecoderModule.project)
+    return logits, hidden, cache
 
   def extend(self, params, tokens_BT: jax.Array, cache: KVCache,
              positions_BT: Optional[jax.Array] = None,
@@ -426,33 +462,44 @@ class DecoderLM:
   def prefill(self, params, prompts_BP: jax.Array, prompt_lengths_B: jax.Array,
               cache: KVCache) -> Tuple[jax.Array, jax.Array, KVCache]:
     """Fills the cache with right-padded prompts; next-token logits `[B, V]`."""
+    return self.prefill_with_hidden(params, prompts_BP, prompt_lengths_B, cache)[:3]
+
+  def prefill_with_hidden(self, params, prompts_BP: jax.Array, prompt_lengths_B: jax.Array,
+                          cache: KVCache, layers: Optional[Sequence[int]] = None
+                          ) -> Tuple[jax.Array, jax.Array, KVCache, jax.Array]:
+    """`prefill`, also returning the prompts' hidden states `[B, P, X]` (as
+    `extend_with_hidden` gives them: final-normed, or the `layers`' outputs)."""
     p = prompts_BP.shape[1]
     if p > cache.max_len:
       raise ValueError(f"prompts length {p} exceeds the cache's {cache.max_len} slots")
-    module = self.module
     chunk = self.config.prefill_chunk or p
-    pieces = []
+    pieces, hidden = [], []
     for start in range(0, p, chunk):  # One call unless config.prefill_chunk < P.
       cache = cache.replace(lengths=jnp.full_like(cache.lengths, start))
-      h_BCE, cache = module.apply({"params": params}, prompts_BP[:, start:start + chunk], cache,
-                                  start == 0)
+      h_BCE, x_BCX, cache = self._hidden(params, prompts_BP[:, start:start + chunk], cache,
+                                         start == 0, None, None, layers)
       pieces.append(h_BCE)
+      hidden.append(x_BCX)
     h_BPE = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
+    x_BPX = hidden[0] if len(hidden) == 1 else jnp.concatenate(hidden, axis=1)
     last_B = prompt_lengths_B.astype(jnp.int32) - 1
     h_BE = jnp.take_along_axis(h_BPE, last_B[:, None, None], axis=1)[:, 0]
-    logits_BV = module.apply({"params": params}, h_BE, method=DecoderModule.project)
+    logits_BV = self.module.apply({"params": params}, h_BE, method=DecoderModule.project)
     last_token_B = jnp.take_along_axis(prompts_BP, last_B[:, None], axis=1)[:, 0]
     return logits_BV, last_token_B.astype(jnp.int32), cache.replace(
-        lengths=prompt_lengths_B.astype(jnp.int32))
+        lengths=prompt_lengths_B.astype(jnp.int32)), x_BPX
 
   def forward(self, params, tokens_BT: jax.Array) -> jax.Array:
     """Full causal forward without a persistent cache: logits `[B, T, V]`."""
     return self.forward_with_hidden(params, tokens_BT)[0]
 
-  def forward_with_hidden(self, params, tokens_BT: jax.Array) -> Tuple[jax.Array, jax.Array]:
+  def forward_with_hidden(self, params, tokens_BT: jax.Array,
+                          layers: Optional[Sequence[int]] = None
+                          ) -> Tuple[jax.Array, jax.Array]:
     """Full causal forward: logits `[B, T, V]` and the final-normed hidden
-    states `[B, T, E]` (what draft heads read)."""
+    states `[B, T, E]` (what draft heads read), or with `layers` the
+    chosen blocks' outputs concatenated `[B, T, len(layers) * E]`."""
     b, t = tokens_BT.shape
-    module = self.module
-    h_BTE, _ = module.apply({"params": params}, tokens_BT, self.init_cache(b, t), True)
-    return module.apply({"params": params}, h_BTE, method=DecoderModule.project), h_BTE
+    h_BTE, hidden, _ = self._hidden(params, tokens_BT, self.init_cache(b, t), True, None, None,
+                                    layers)
+    return self.module.apply({"params": params}, h_BTE, method=DecoderModule.project), hidden

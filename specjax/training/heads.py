@@ -48,7 +48,7 @@ from specjax.training.loop import meta_difference, quiet_orbax_info_logs
 from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
 
 __all__ = ["DistillData", "distillation_data", "target_states", "train_medusa", "topk_accuracy",
-           "save_heads", "load_heads"]
+           "save_heads", "load_heads", "resumable_loop"]
 
 
 @dataclasses.dataclass
@@ -103,9 +103,12 @@ def distillation_data(target, target_params, prompts: np.ndarray, lengths: np.nd
   return DistillData(tokens=tokens, generated=generated)
 
 
-def target_states(target, target_params, tokens: np.ndarray, batch_size: int = 16) -> np.ndarray:
-  """The frozen target's final hidden states `[N, L, E]` (float32)."""
-  fn = jax.jit(lambda p, x: target.forward_with_hidden(p, x)[1])
+def target_states(target, target_params, tokens: np.ndarray, batch_size: int = 16,
+                  layers=None) -> np.ndarray:
+  """The frozen target's final hidden states `[N, L, E]` (float32), or with
+  `layers` its blocks' outputs concatenated `[N, L, len(layers) * E]`."""
+  layers = None if layers is None else tuple(layers)
+  fn = jax.jit(lambda p, x: target.forward_with_hidden(p, x, layers=layers)[1])
   out = []
   for s in range(0, len(tokens), batch_size):
     chunk = tokens[s:s + batch_size]
@@ -234,6 +237,7 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
           "batch_size": int(train.batch_size), "seed": int(train.seed),
           "data": {"rows": int(len(data.tokens)), "length": int(data.tokens.shape[1]),
                    "generated": int(data.generated.sum())}}
+  layout = None
   log_t = time.time()
   states = target_states(target, target_params, data.tokens)
   logging.info("target states of %d sequences: %.1fs", len(states), time.time() - log_t)
@@ -250,28 +254,60 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
     step_fn = mesh_lib.sharded_jit(
         _step_fn, (config, spec),
         (layout, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())))
+  rows = len(data.tokens)
+
+  def batch(s):
+    idx = np.random.default_rng((int(train.seed), s)).integers(0, rows, int(train.batch_size))
+    rows_s = (states[idx], data.tokens[idx], data.generated[idx])
+    rows_s = (tuple(jnp.asarray(x) for x in rows_s) if mesh is None
+              else mesh_lib.shard_rows(rows_s, mesh))
+    return (shared,) + tuple(rows_s)
+
+  describe = lambda m: "loss %.4f | top-1 %s" % (m["loss"], " ".join(
+      f"{m[f'acc{k + 1}']:.3f}" for k in range(config.num_heads)))
+  state = resumable_loop(workdir, meta, state, step_fn, batch, train, "heads", describe, layout,
+                         stop_at_step)
+  accuracy = final = None
+  if int(state["step"]) == int(train.steps):
+    eval_data = valid if valid is not None else data
+    eval_states = states if valid is None else target_states(target, target_params,
+                                                            valid.tokens)
+    accuracy = topk_accuracy(config, state["params"], shared, eval_states, eval_data)
+    logging.info("heads top-1 accuracy on %s: %s", "validation" if valid else "training data",
+                 np.round(accuracy[:, 0], 3).tolist())
+    final = save_heads(workdir, config, state["params"], accuracy, meta)
+  return {"params": state["params"], "accuracy": accuracy, "final": final}
+
+
+def resumable_loop(workdir: str, meta: dict, state: dict, step_fn: Callable,
+                   batch_fn: Callable[[int], tuple], train: Any, what: str,
+                   describe: Callable[[Dict[str, float]], str], layout=None,
+                   stop_at_step: Optional[int] = None) -> dict:
+  """The training loop of a drafter trained on a frozen target: restores
+  the newest intact checkpoint of `workdir` (its stored `meta` must equal
+  `meta`: else a ValueError naming the field), runs `state, metrics =
+  step_fn(state, *batch_fn(s))` for s up to `train.steps` (or
+  `stop_at_step`), logs `describe(metrics)` with rate and ETA every
+  `train.log_every` steps (also to `metrics.jsonl`) and checkpoints every
+  `train.checkpoint_every` steps and at the end. `layout`: shardings to put
+  a restored state on (a mesh run). Returns the state."""
   ckpt = Checkpointer(workdir, int(train.keep_checkpoints))
 
   def check(m, step):
     diff = meta_difference(m, meta)
     if diff is not None:
-      raise ValueError(f"cannot resume the heads in {workdir} from step {step}: {diff[0]} was "
+      raise ValueError(f"cannot resume the {what} in {workdir} from step {step}: {diff[0]} was "
                        f"{diff[1]!r}, now {diff[2]!r}; use the same settings or a new workdir")
   try:
     found = ckpt.restore_newest_intact(state, check)
     if found is not None:
-      state = found[1] if mesh is None else jax.device_put(found[1], layout)
-      logging.info("resumed the heads at step %d in %s", found[0], ckpt.directory)
+      state = found[1] if layout is None else jax.device_put(found[1], layout)
+      logging.info("resumed the %s at step %d in %s", what, found[0], ckpt.directory)
     start = int(state["step"])
     end = int(train.steps) if stop_at_step is None else min(int(train.steps), stop_at_step)
-    rows = len(data.tokens)
     t0, done0, metrics_path = time.time(), start, os.path.join(workdir, "metrics.jsonl")
     for s in range(start, end):
-      idx = np.random.default_rng((int(train.seed), s)).integers(0, rows, int(train.batch_size))
-      rows_s = (states[idx], data.tokens[idx], data.generated[idx])
-      rows_s = (tuple(jnp.asarray(x) for x in rows_s) if mesh is None
-                else mesh_lib.shard_rows(rows_s, mesh))
-      state, metrics = step_fn(state, shared, *rows_s)
+      state, metrics = step_fn(state, *batch_fn(s))
       done = s + 1
       if done % int(train.log_every) == 0 or done == end:
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
@@ -279,22 +315,11 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
         rec = {"step": done, **m, "steps_per_s": rate, "eta_s": (end - done) / max(rate, 1e-9)}
         with open(metrics_path, "a", encoding="utf-8") as f:
           f.write(json.dumps(rec, sort_keys=True) + "\n")
-        logging.info("heads step %d/%d | loss %.4f | top-1 %s | %.2f steps/s | ETA %.1f min",
-                     done, end, m["loss"], " ".join(f"{m[f'acc{k + 1}']:.3f}"
-                                                    for k in range(config.num_heads)),
-                     rate, rec["eta_s"] / 60)
+        logging.info("%s step %d/%d | %s | %.2f steps/s | ETA %.1f min", what, done, end,
+                     describe(m), rate, rec["eta_s"] / 60)
       if done % int(train.checkpoint_every) == 0 or done == end:
         ckpt.save(done, state, meta)
     ckpt.wait()
-    accuracy = final = None
-    if int(state["step"]) == int(train.steps):
-      eval_data = valid if valid is not None else data
-      eval_states = states if valid is None else target_states(target, target_params,
-                                                              valid.tokens)
-      accuracy = topk_accuracy(config, state["params"], shared, eval_states, eval_data)
-      logging.info("heads top-1 accuracy on %s: %s", "validation" if valid else "training data",
-                   np.round(accuracy[:, 0], 3).tolist())
-      final = save_heads(workdir, config, state["params"], accuracy, meta)
-    return {"params": state["params"], "accuracy": accuracy, "final": final}
+    return state
   finally:
     ckpt.close()

@@ -1,0 +1,255 @@
+"""Training EAGLE heads on a frozen target (EAGLE-1 / EAGLE-3).
+
+  data = distillation_data(target, tp, prompts, lengths, max_new=96)   # heads.py
+  res = train_eagle(target, tp, config, data, valid, train_config, workdir)
+
+The target is frozen: its features over the training sequences (the final
+state for EAGLE-1, the chosen blocks' outputs for EAGLE-3) and its final
+states (for the labels) are computed once. The labels are the target's own
+next-token distributions (soft cross-entropy: the head learns what the
+target would say, not the corpus). The head runs as a causal one-layer
+transformer over the pairs (f_t, x_{t+1}) of a whole sequence at once:
+
+  step 1  input (f_t, x_{t+1}) → out1_t ≈ f_{t+1}; CE vs p_target(x_{t+2})
+  step j  input (out{j-1}_t, x_{t+j}) → outj_t; CE vs p_target(x_{t+j+1})
+          (training-time test, EAGLE-3: query t attends to the step-1 keys
+          of positions ≤ t and to its own steps 2..j — exactly what the
+          drafter sees at depth j-1 of a tree)
+
+EAGLE-1 adds the feature regression smooth-L1(out1_t, f_{t+1}) (weight
+`feature_weight`, CE weight `ce_weight`; the paper's 1.0 / 0.1) and
+uniform noise U(-noise, noise) on the input features; EAGLE-3 uses CE only,
+step j weighted `step_decay`^(j-1), `unroll` steps.
+
+Resumable (`heads.resumable_loop`: orbax checkpoints, meta checked on
+resume, progress with rate / ETA, `metrics.jsonl`); the final head goes to
+`<workdir>/final` with its validation top-1 agreement per step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+from typing import Any, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from specjax.drafters.eagle import (EagleConfig, _attend, _finish, _qkv, fuse_features,
+                                    head_logits, init_eagle, pair_inputs, shared_weights)
+from specjax.training.checkpoint import save_final_params
+from specjax.training.heads import DistillData, resumable_loop, target_states
+from specjax.training.loop import quiet_orbax_info_logs
+from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
+
+__all__ = ["EagleLoss", "unrolled_outputs", "eagle_loss", "train_eagle", "load_head",
+           "step_agreement"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleLoss:
+  """The loss's static settings (see the module doc)."""
+
+  unroll: int = 1
+  feature_weight: float = 1.0
+  ce_weight: float = 0.1
+  noise: float = 0.1
+  step_decay: float = 0.8
+
+  @classmethod
+  def for_version(cls, version: int, unroll: Optional[int] = None) -> "EagleLoss":
+    """EAGLE-1: feature + 0.1 CE, one step; EAGLE-3: CE only, 3 steps."""
+    if version == 3:
+      return cls(unroll=3 if unroll is None else unroll, feature_weight=0.0, ce_weight=1.0,
+                 noise=0.0)
+    return cls(unroll=1 if unroll is None else unroll)
+
+
+def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, tokens_BL,
+                     unroll: int):
+  """The head over whole sequences, unrolled `unroll` steps (module doc).
+
+  feats_BLE: head-space features (fused) at positions 0..L-1; tokens_BL.
+  Returns a list of `unroll` arrays `[B, L-1, E]`: step j's output at base
+  position t (for t + j < L; later entries are padding-fed)."""
+  b, l = tokens_BL.shape
+  tokens_pad = jnp.concatenate([tokens_BL, jnp.zeros((b, unroll), tokens_BL.dtype)], axis=1)
+  base = jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32)[None], (b, l - 1))
+  causal = (jnp.arange(l - 1)[None, :] <= jnp.arange(l - 1)[:, None])[None]
+  outs, diag = [], []
+  feat = feats_BLE[:, :-1]
+  k1 = v1 = None
+  for j in range(1, unroll + 1):
+    x = pair_inputs(params, embedding_VE, feat, tokens_pad[:, j:j + l - 1])
+    q, k, v = _qkv(config, params, x, base + (j - 1))
+    if j == 1:
+      k1, v1 = k, v
+      att = _attend(config, q, [(k1, v1, causal)])
+    else:
+      diag.append((k, v))
+      att = _attend(config, q, [(k1, v1, causal)], diag)
+    out = _finish(config, params, x, att)
+    outs.append(out)
+    feat = out
+  return outs
+
+
+def eagle_loss(config: EagleConfig, loss: EagleLoss, params, shared, feats_BLX, final_BLE,
+               tokens_BL, valid_BL, key):
+  """(loss, metrics): soft CE against the target's next-token distribution
+  per unrolled step (+ the feature loss for EAGLE-1); metrics: each step's
+  top-1 agreement with the target's argmax (`agree{j}`)."""
+  emb, lm = shared
+  f = fuse_features(config, params, feats_BLX)
+  if loss.noise > 0:
+    f = f + jax.random.uniform(key, f.shape, minval=-loss.noise, maxval=loss.noise)
+  b, l = tokens_BL.shape
+  outs = unrolled_outputs(config, params, emb, f, tokens_BL, loss.unroll)
+  pad = lambda a: jnp.concatenate([a, jnp.zeros((b, loss.unroll) + a.shape[2:], a.dtype)], 1)
+  final_pad, valid_pad = pad(final_BLE.astype(jnp.float32)), pad(valid_BL)
+  total, metrics = 0.0, {}
+  for j, out in enumerate(outs, start=1):
+    # Step j at base t predicts the token after position t + j.
+    tgt_logits = final_pad[:, j:j + l - 1] @ lm.astype(jnp.float32)
+    mask = valid_pad[:, j:j + l - 1].astype(jnp.float32)
+    p_tgt = jax.nn.softmax(tgt_logits, axis=-1)
+    logits = head_logits(config, params, lm, out)
+    ce = -jnp.sum(p_tgt * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+    denom = jnp.maximum(jnp.sum(mask), 1.0)
+    ce = jnp.sum(ce * mask) / denom
+    total = total + loss.ce_weight * loss.step_decay ** (j - 1) * ce
+    metrics[f"ce{j}"] = ce
+    metrics[f"agree{j}"] = jnp.sum((jnp.argmax(logits, -1) == jnp.argmax(tgt_logits, -1))
+                                   * mask) / denom
+    if j == 1 and loss.feature_weight > 0:
+      diff = out - final_BLE[:, 1:].astype(jnp.float32)
+      a = jnp.abs(diff)
+      sl1 = jnp.mean(jnp.where(a < 1.0, 0.5 * diff * diff, a - 0.5), axis=-1)
+      fl = jnp.sum(sl1 * mask) / denom
+      total = total + loss.feature_weight * fl
+      metrics["feature"] = fl
+  return total, metrics
+
+
+def _valid_rows(data: DistillData) -> np.ndarray:
+  """bool `[N, L]`: positions holding a prompt or generated token."""
+  gen = data.generated
+  last = np.where(gen.any(1), gen.shape[1] - 1 - np.argmax(gen[:, ::-1], axis=1), -1)
+  return np.arange(gen.shape[1])[None] <= last[:, None]
+
+
+@functools.lru_cache(maxsize=8)
+def _train_step(config: EagleConfig, loss: EagleLoss, spec: OptimizerSpec):
+  tx = make_optimizer(spec)
+
+  def step(state, shared, feats, final, tokens, valid):
+    key = jax.random.fold_in(jax.random.key(0), state["step"])
+    (value, metrics), grads = jax.value_and_grad(
+        lambda p: eagle_loss(config, loss, p, shared, feats, final, tokens, valid, key),
+        has_aux=True)(state["params"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = dict(metrics, loss=value, lr=make_schedule(spec)(state["step"]))
+    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+  return jax.jit(step, donate_argnums=0)
+
+
+def _states(target, tp, config: EagleConfig, tokens: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  """(features `[N, L, X]`, final states `[N, L, E]`) of the frozen target."""
+  final = target_states(target, tp, tokens)
+  feats = final if config.version == 1 else target_states(target, tp, tokens,
+                                                          layers=config.feature_layers)
+  return feats, final
+
+
+def step_agreement(config: EagleConfig, loss: EagleLoss, params, shared, feats, final,
+                   data: DistillData, batch_size: int = 16) -> np.ndarray:
+  """`[unroll]`: how often step j's top-1 draft equals the target's argmax
+  (over valid positions; no feature noise) — the chain's per-depth
+  acceptance under greedy decoding, teacher-forced."""
+  fn = jax.jit(lambda p, f, h, t, v: eagle_loss(config, dataclasses.replace(loss, noise=0.0),
+                                                p, shared, f, h, t, v, jax.random.key(0))[1])
+  valid = _valid_rows(data)
+  hits = np.zeros(loss.unroll)
+  rows = 0
+  for s in range(0, len(data.tokens), batch_size):
+    sl = slice(s, s + batch_size)
+    m = fn(params, jnp.asarray(feats[sl]), jnp.asarray(final[sl]), jnp.asarray(data.tokens[sl]),
+           jnp.asarray(valid[sl]))
+    n = len(data.tokens[sl])
+    hits += n * np.array([float(m[f"agree{j + 1}"]) for j in range(loss.unroll)])
+    rows += n
+  return hits / max(rows, 1)
+
+
+def load_head(directory: str) -> Tuple[EagleConfig, Dict[str, Any]]:
+  """(config, params) of a trained head (`<dir>` or `<dir>/final`)."""
+  from specjax.checkpoints.orbax_io import restore_params  # pylint: disable=g-import-not-at-top
+  d = directory if os.path.exists(os.path.join(directory, "config.json")) else os.path.join(
+      directory, "final")
+  params, config = restore_params(d)
+  if not isinstance(config, EagleConfig):
+    raise ValueError(f"{d} holds a {type(config).__name__}, not an EAGLE head")
+  return config, params
+
+
+def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
+                valid: Optional[DistillData], train: Any, workdir: str,
+                loss: Optional[EagleLoss] = None,
+                stop_at_step: Optional[int] = None) -> Dict[str, Any]:
+  """Trains an EAGLE head (module doc); returns {"params", "agreement", "final"}.
+
+  `train`: steps, batch_size, learning_rate, warmup_steps, checkpoint_every,
+  log_every, seed, keep_checkpoints. A rerun resumes exactly; other
+  settings are a ValueError naming the field."""
+  quiet_orbax_info_logs()
+  loss = loss or EagleLoss.for_version(config.version)
+  os.makedirs(workdir, exist_ok=True)
+  shared = shared_weights(target, target_params)
+  spec = OptimizerSpec(optimizer="adamw", learning_rate=float(train.learning_rate),
+                       schedule="cosine", warmup_steps=int(train.warmup_steps),
+                       total_steps=int(train.steps), weight_decay=0.0)
+  meta = {"config": json.loads(json.dumps(dataclasses.asdict(config))),  # tuples as stored
+          "loss": dataclasses.asdict(loss),
+          "optimizer": dataclasses.asdict(spec), "batch_size": int(train.batch_size),
+          "seed": int(train.seed),
+          "data": {"rows": int(len(data.tokens)), "length": int(data.tokens.shape[1]),
+                   "generated": int(data.generated.sum())}}
+  t0 = time.time()
+  feats, final = _states(target, target_params, config, data.tokens)
+  valid_mask = _valid_rows(data)
+  logging.info("target features of %d sequences: %.1fs", len(feats), time.time() - t0)
+  init = init_eagle(config, jax.random.key(int(train.seed)))
+  state = {"step": jnp.zeros((), jnp.int32), "params": init,
+           "opt_state": make_optimizer(spec).init(init)}
+  step_fn = _train_step(config, loss, spec)
+  rows = len(data.tokens)
+
+  def batch(s):
+    idx = np.random.default_rng((int(train.seed), s)).integers(0, rows, int(train.batch_size))
+    return (shared,) + tuple(jnp.asarray(a[idx]) for a in (feats, final, data.tokens,
+                                                           valid_mask))
+
+  describe = lambda m: "loss %.4f | top-1 agreement by step %s" % (m["loss"], " ".join(
+      f"{m[f'agree{j + 1}']:.3f}" for j in range(loss.unroll)))
+  state = resumable_loop(workdir, meta, state, step_fn, batch, train, f"EAGLE-{config.version}",
+                         describe, None, stop_at_step)
+  agreement = final_dir = None
+  if int(state["step"]) == int(train.steps):
+    eval_data = valid if valid is not None else data
+    ef, eh = (feats, final) if valid is None else _states(target, target_params, config,
+                                                         valid.tokens)
+    # Several depths even when trained on one step (EAGLE-1 drafts chains too).
+    agreement = step_agreement(config, dataclasses.replace(loss, unroll=max(loss.unroll, 3)),
+                               state["params"], shared, ef, eh, eval_data)
+    logging.info("EAGLE-%d top-1 agreement by step on %s: %s", config.version,
+                 "validation" if valid else "training data", np.round(agreement, 3).tolist())
+    final_dir = save_final_params(workdir, state["params"], config, meta,
+                                  {"agreement.json": {"agreement_by_step": agreement.tolist()}})
+  return {"params": state["params"], "agreement": agreement, "final": final_dir}

@@ -1,0 +1,259 @@
+"""EAGLE-1/2/3: the target's multi-layer features, the dynamic tree's arrays,
+the head's incremental-vs-full parity (training-time test included), greedy
+== AR for chains, static and dynamic trees, chi-square exactness with a
+negative control, and training that learns and resumes exactly."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+import specjax
+from exact_helpers import counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
+from reference import chi_square_pvalue
+from specjax.drafters.eagle import (DynamicTree, Eagle, EagleConfig, fuse_features, init_eagle,
+                                    shared_weights)
+from specjax.sampling import GREEDY, SamplingConfig
+from specjax.training.eagle import EagleLoss, train_eagle, unrolled_outputs
+from specjax.training.heads import DistillData
+from specjax.tree import TokenTree, dynamic_tree_arrays
+from specjax.verify import tree_verify
+from specjax.sampling import row_uniforms, sample_from_uniform
+from tiny import EOS, ragged_prompts, target
+
+TREE = TokenTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+
+
+def _head(lm, version=1, seed=3, scale=1.0):
+  layers = (0, 1) if version == 3 else ()
+  config = EagleConfig(d_model=lm.config.d_model, vocab_size=lm.vocab_size, num_heads=2,
+                       mlp_dim=64, feature_layers=layers)
+  hp = init_eagle(config, jax.random.key(seed))
+  keys = jax.random.split(jax.random.key(seed + 1), len(hp))
+  hp = {k: v + scale * 0.3 * jax.random.normal(kk, v.shape) * (jnp.std(v) + 0.1)
+        for (k, v), kk in zip(sorted(hp.items()), keys)}
+  return config, hp
+
+
+def test_target_returns_the_chosen_blocks_outputs():
+  lm, params = target()
+  tokens = jnp.asarray(np.random.default_rng(0).integers(1, 60, (2, 9)), jnp.int32)
+  logits, h = lm.forward_with_hidden(params, tokens)
+  logits2, taps = lm.forward_with_hidden(params, tokens, layers=(1, 0))
+  np.testing.assert_allclose(logits, logits2, rtol=1e-6)
+  e = lm.config.d_model
+  assert taps.shape == (2, 9, 2 * e)
+  # Block 1 is the last: its output, final-normed, is the final state.
+  x = taps[..., :e]
+  normed = x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + lm.config.norm_eps)
+  np.testing.assert_allclose(normed * params["final_norm"]["scale"], h, rtol=1e-4, atol=1e-5)
+  assert not np.allclose(taps[..., e:], taps[..., :e])
+  # Prefill + extend give the same states as the full forward.
+  cache = lm.init_cache(2, 16)
+  _, _, cache, hp = lm.prefill_with_hidden(params, tokens[:, :5], jnp.array([5, 5]), cache,
+                                           layers=(1, 0))
+  _, he, _ = lm.extend_with_hidden(params, tokens[:, 5:], cache, layers=(1, 0))
+  np.testing.assert_allclose(jnp.concatenate([hp, he], 1), taps, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match="block indices in"):
+    lm.forward_with_hidden(params, tokens, layers=(2,))
+  with pytest.raises(ValueError, match="distinct"):
+    lm.forward_with_hidden(params, tokens, layers=(0, 0))
+
+
+def test_dynamic_tree_arrays_match_the_static_tree():
+  trees = [TREE, TokenTree.chain(4), TokenTree.from_paths([(0,), (1,), (1, 0), (1, 1)])]
+  n = max(t.size for t in trees)
+  parents = np.full((len(trees), n), 0, np.int32)
+  for b, t in enumerate(trees):  # pad with children of the root
+    parents[b, :t.size] = t.parents
+  depths, anc, kids = dynamic_tree_arrays(jnp.asarray(parents), 3)
+  for b, t in enumerate(trees):
+    m = t.size
+    np.testing.assert_array_equal(np.asarray(depths)[b, :m], t.depths)
+    np.testing.assert_array_equal(np.asarray(anc)[b, :m, :m], t.ancestor_mask)
+    c = t.children.shape[1]
+    got = np.asarray(kids)[b, :m]
+    got = np.where(got >= m, -1, got)  # padding nodes hang below the root
+    np.testing.assert_array_equal(got[:, :c], t.children)
+
+
+def test_head_drafting_equals_the_unrolled_training_forward():
+  """Incremental vs full: the drafter's level calls (the head's cache from
+  the prompt, the ancestors in the side buffer) give the training forward's
+  step-1..3 outputs at the same base position (EAGLE-3, fused features)."""
+  lm, params = target()
+  config, hp = _head(lm, version=3)
+  tokens = jnp.asarray(np.random.default_rng(1).integers(6, 60, (1, 12)), jnp.int32)
+  _, feats = lm.forward_with_hidden(params, tokens, layers=config.feature_layers)
+  emb, _ = shared_weights(lm, params)
+  f = fuse_features(config, hp, feats)
+  outs = unrolled_outputs(config, hp, emb, f, tokens, 3)
+  drafter = Eagle(config, TokenTree.chain(3), lm)
+  dp = {"head": hp, "target": params}
+  t = 6  # the prompt is tokens[:t + 1]; the root pair is (f_t, x_{t+1})
+  cache = lm.init_cache(1, 24)
+  _, _, _, hid = lm.prefill_with_hidden(params, tokens[:, :t + 1], jnp.array([t + 1]), cache,
+                                        layers=config.feature_layers)
+  state = drafter.start(dp, drafter.alloc(1, t + 1, 24, 3), tokens[:, :t + 1], jnp.array([t + 1]),
+                        tokens[:, t + 1], None, prompt_hidden_BPX=hid)
+  assert int(state.lengths_B[0]) == t
+  side_k, side_v = drafter._side(1, 4)
+  feat, anc = state.feat_BE[:, None], np.zeros((1, 1, 4), bool)
+  for j in range(3):
+    anc = anc.copy()
+    anc[0, 0, j] = True
+    out, _, side_k, side_v = drafter._level(dp, state, feat, tokens[:, t + 1 + j][:, None], j,
+                                            side_k, side_v, np.array([j]), jnp.asarray(anc))
+    np.testing.assert_allclose(out[0, 0], outs[j][0, t], rtol=2e-4, atol=2e-5)
+    feat = out
+
+
+@pytest.mark.parametrize("version,tree", [
+    (1, TokenTree.chain(3)), (1, TREE), (1, DynamicTree(top_k=3, depth=3, nodes=7)),
+    (3, DynamicTree(top_k=2, depth=4, nodes=6))], ids=["chain", "tree", "dynamic", "eagle3"])
+def test_eagle_greedy_equals_autoregressive(version, tree):
+  lm, params = target()
+  prompts, lengths = ragged_prompts(batch=8)
+  ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=20, sampling=GREEDY,
+                         eos_id=EOS)
+  config, hp = _head(lm, version)
+  out = specjax.speculative_generate(lm, params, Eagle(config, tree, lm),
+                                     {"head": hp, "target": params}, prompts, lengths,
+                                     max_new_tokens=20, sampling=GREEDY, eos_id=EOS)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+  assert np.asarray(out.stats.accepted_hist).shape == (8, tree.depth + 1)
+  assert int(np.asarray(out.stats.target_calls).sum()) > 0
+
+
+def test_dynamic_tree_proposal_is_a_valid_per_row_tree():
+  lm, params = target()
+  config, hp = _head(lm)
+  dt = DynamicTree(top_k=3, depth=3, nodes=8)
+  drafter = Eagle(config, dt, lm)
+  dp = {"head": hp, "target": params}
+  state = drafter.alloc(4, 4, 32, 3).replace(
+      lengths_B=jnp.array([3, 5, 0, 7]), feat_BE=jax.random.normal(jax.random.key(0), (4, 32)))
+  inp = specjax.drafters.DraftInput(seq_len=jnp.array([4, 6, 1, 8]),
+                                    pending=jnp.array([7, 9, 11, 13]), prev=jnp.zeros(4, jnp.int32),
+                                    done=jnp.zeros(4, bool), step=jnp.int32(1))
+  prop, _ = drafter.propose(dp, state, inp, None, GREEDY, 3)
+  parents = np.asarray(prop.node_parents_BT)
+  assert parents.shape == (4, 9) and (parents[:, 0] == -1).all()
+  assert (parents[:, 1:] < np.arange(1, 9)[None]).all() and (parents[:, 1:] >= 0).all()
+  assert np.asarray(prop.node_valid_BT).all()
+  depths = np.asarray(dynamic_tree_arrays(jnp.asarray(parents), 3)[0])
+  assert depths.max() <= 3 and (depths[:, 1:] >= 1).all()
+  tokens = np.asarray(prop.tokens_BT)
+  for b in range(4):  # siblings are distinct tokens; at most top_k children each
+    for p in range(9):
+      kids = tokens[b, 1:][parents[b, 1:] == p]
+      assert len(set(kids.tolist())) == len(kids) <= 3
+
+
+def _broken(keys, tokens, valid, q, children, depth, p=None, greedy=False):
+  """Broken on purpose: after a node's children are rejected it samples from
+  the target's distribution there, not from the residual."""
+  path, n, nxt = tree_verify(keys, tokens, valid, q, children, depth, p, greedy)
+  node = jnp.where(n > 0, jnp.take_along_axis(path, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0], 0)
+  kids = children[jnp.arange(node.shape[0]), node]
+  tried = jnp.any((kids >= 0) & jnp.take_along_axis(valid, jnp.maximum(kids, 0), axis=1), axis=1)
+  q_here = jnp.take_along_axis(q, node[:, None, None], axis=1)[:, 0]
+  u = row_uniforms(jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys), 1)[:, 0]
+  return path, n, jnp.where(tried, sample_from_uniform(u, q_here), nxt)
+
+
+def test_eagle2_sampling_is_exact_and_the_control_is_caught():
+  lm, params = exact_lm()
+  prompt, cfg = [3, 1, 4], SamplingConfig(1.0)
+  joint = joint_t2_t4(lm, params, prompt, cfg)
+  config, hp = _head(lm)
+  drafter = Eagle(config, DynamicTree(top_k=2, depth=2, nodes=4), lm)
+  pvalues = {}
+  for name, fn in (("exact", tree_verify), ("broken", _broken)):
+    out = decode_copies(lm, params, drafter, {"head": hp, "target": params}, prompt, cfg, 3,
+                        tree_fn=fn)
+    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
+    if name == "exact":
+      accepted = int(np.asarray(out.stats.accepted).sum())
+      assert 0 < accepted < int(np.asarray(out.stats.drafted).sum())
+  assert pvalues["exact"] > 1e-3 and pvalues["broken"] < 1e-6, pvalues
+
+
+def test_eagle_misuse():
+  lm, params = target()
+  config, hp = _head(lm)
+  prompts, lengths = ragged_prompts(batch=2)
+  with pytest.raises(TypeError, match="TokenTree or a DynamicTree"):
+    Eagle(config, 3, lm)
+  with pytest.raises(ValueError, match="needs the target"):
+    Eagle(config, TokenTree.chain(2), None)
+  with pytest.raises(ValueError, match="exceeds the 6 candidates"):
+    DynamicTree(top_k=2, depth=2, nodes=7)
+  wrong = Eagle(EagleConfig(d_model=32, vocab_size=99), TokenTree.chain(2), lm)
+  with pytest.raises(ValueError, match="vocab_size"):
+    specjax.speculative_generate(lm, params, wrong, {"head": hp, "target": params}, prompts,
+                                 lengths, max_new_tokens=4, sampling=GREEDY)
+  deep = Eagle(EagleConfig(d_model=32, vocab_size=lm.vocab_size, feature_layers=(0, 5)),
+               TokenTree.chain(2), lm)
+  with pytest.raises(ValueError, match=r"block indices in \[0, 2\)"):
+    specjax.speculative_generate(lm, params, deep, {"head": hp, "target": params}, prompts,
+                                 lengths, max_new_tokens=4, sampling=GREEDY)
+  pre = specjax.prefill(lm, params, prompts, lengths, max_new_tokens=4, gamma=2,
+                        sampling=GREEDY)
+  with pytest.raises(ValueError, match="shared prefill"):
+    specjax.speculative_generate(lm, params, Eagle(config, TokenTree.chain(2), lm),
+                                 {"head": hp, "target": params}, prompts, lengths,
+                                 max_new_tokens=4, sampling=GREEDY, prefilled=pre)
+
+
+def _train_cfg(**kw):
+  c = ml_collections.ConfigDict(dict(steps=8, batch_size=4, learning_rate=3e-3, warmup_steps=1,
+                                     checkpoint_every=4, log_every=4, seed=0,
+                                     keep_checkpoints=3))
+  c.update(kw)
+  return c
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_eagle_training_learns_and_resumes_exactly(tmp_path, version):
+  """On the target's own greedy continuations the head learns to agree with
+  it; a killed run resumes to the same weights; other settings refuse."""
+  lm, params = target()
+  prompts, lengths = ragged_prompts(batch=16, max_len=6, seed=5)
+  gen = specjax.generate(lm, params, prompts, lengths, max_new_tokens=18, sampling=GREEDY)
+  tokens = np.zeros((16, 24), np.int32)
+  generated = np.zeros((16, 24), bool)
+  for i, (p, m) in enumerate(zip(np.asarray(prompts), np.asarray(lengths))):
+    tokens[i, :m] = p[:m]
+    tokens[i, m:m + 18] = np.asarray(gen.tokens)[i]
+    generated[i, m:m + 18] = True
+  data = DistillData(tokens=tokens, generated=generated)
+  config, _ = _head(lm, version)
+  loss = EagleLoss.for_version(version, unroll=2)
+  cfg = _train_cfg(steps=40, learning_rate=1e-2)
+  before = train_eagle(lm, params, config, data, None, _train_cfg(steps=1), str(tmp_path / "z"),
+                       loss=loss)
+  full = train_eagle(lm, params, config, data, None, cfg, str(tmp_path / "a"), loss=loss)
+  assert full["final"] and full["agreement"].shape == (3,)
+  assert full["agreement"][0] > before["agreement"][0] + 0.15, (before["agreement"],
+                                                                full["agreement"])
+  half = train_eagle(lm, params, config, data, None, cfg, str(tmp_path / "b"), loss=loss,
+                     stop_at_step=20)
+  assert half["final"] is None
+  resumed = train_eagle(lm, params, config, data, None, cfg, str(tmp_path / "b"), loss=loss)
+  for a, b in zip(jax.tree_util.tree_leaves(full["params"]),
+                  jax.tree_util.tree_leaves(resumed["params"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(ValueError, match="learning_rate"):
+    train_eagle(lm, params, config, data, None, _train_cfg(steps=40, learning_rate=3e-2),
+                str(tmp_path / "b"), loss=loss, stop_at_step=39)
+  # The trained head drafts: greedy output unchanged, and it accepts.
+  drafter, dp = specjax.drafters.load_eagle(full["final"], lm, params,
+                                            DynamicTree(top_k=2, depth=3, nodes=6))
+  out = specjax.speculative_generate(lm, params, drafter, dp, prompts, lengths,
+                                     max_new_tokens=18, sampling=GREEDY)
+  np.testing.assert_array_equal(out.tokens, gen.tokens)
+  tau = float(np.asarray(out.stats.accepted).sum() / np.asarray(out.stats.target_calls).sum())
+  assert tau > 0.5, tau
