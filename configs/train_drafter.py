@@ -1,4 +1,6 @@
-"""Learned drafters trained on a frozen target (`experiments/train_drafter.py`).
+"""Learned drafters trained on a frozen target (`experiments/train_drafter.py`):
+Medusa heads (`medusa_*`), EAGLE-1 heads (`eagle_*`, also EAGLE-2's drafter)
+and EAGLE-3 heads (`eagle3_*`), each at `quick` / `full` / `micro`.
 
 Run (after the Chen experiment trained its target):
   python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_quick \
@@ -9,6 +11,11 @@ Run (after the Chen experiment trained its target):
   python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_micro \
       --config.target_dir=/tmp/chen_micro/target --config.workdir=/tmp/medusa_micro   # seconds
 
+  python experiments/train_drafter.py --config=configs/train_drafter.py:eagle_quick \
+      --config.target_dir=runs/chen_full/target      # EAGLE-1 (EAGLE-2 drafts with it)
+  python experiments/train_drafter.py --config=configs/train_drafter.py:eagle3_full \
+      --config.target_dir=runs/chen_full/target --config.results_dir=results/eagle
+
 A rerun with the same workdir reuses the self-distillation data and resumes
 training from the newest intact checkpoint. Results: `<workdir>/final` (the
 heads), `trees.json` and `report.md` (validation top-k accuracies, the trees
@@ -18,9 +25,15 @@ built from them and their expected tokens per target call).
 import ml_collections
 
 
+_KIND = {"medusa": "medusa", "eagle": "eagle1", "eagle3": "eagle3"}
+
+
 def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
+  family, _, size = preset.rpartition("_")
+  if family not in _KIND or size not in ("quick", "full", "micro"):
+    raise ValueError(f"unknown preset {preset!r}; known: <medusa|eagle|eagle3>_<quick|full|micro>")
   c = ml_collections.ConfigDict()
-  c.kind = "medusa"
+  c.kind = _KIND[family]
   c.preset = preset
   c.target_dir = "runs/chen_full/target"   # a trained Chen target (its final/)
   c.workdir = f"runs/{preset}"
@@ -29,6 +42,8 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
 
   c.data = ml_collections.ConfigDict()
   c.data.cache_dir = "data_cache"
+  c.data.dir = ""                    # the self-distilled data ("" = the workdir); drafters
+                                     # trained on one target may share it
   c.data.prompt_len = 64             # training prompts: code windows and summaries
   c.data.max_new = 96                # target tokens per self-distilled sequence
   c.data.temperature = 1.0           # the target samples its own continuations
@@ -40,6 +55,12 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   c.medusa.num_heads = 4
   c.medusa.share_lm_head = False     # True: heads share the target's frozen LM head
   c.medusa.tree_sizes = [4, 8, 16, 32, 64]
+
+  c.eagle = ml_collections.ConfigDict()
+  c.eagle.num_heads = 6              # the head layer's attention heads
+  c.eagle.mlp_dim = 0                # 0: the target's
+  c.eagle.feature_layers = []        # EAGLE-3: [] = the second, middle and third-from-top blocks
+  c.eagle.unroll = 0                 # 0: 1 step for EAGLE-1, 3 (training-time test) for EAGLE-3
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 2000
@@ -53,13 +74,15 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   c.train.mesh_data = 1              # a data x model device mesh (specjax.training.mesh)
   c.train.mesh_model = 1
 
-  if preset == "medusa_quick":
+  if size == "quick":
     c.data.train_sequences = 512
     c.data.max_new = 64
     c.medusa.num_heads = 3
     c.train.steps = 400
     c.train.checkpoint_every = 100
-  elif preset == "medusa_micro":
+    if family != "medusa":
+      c.train.learning_rate = 3e-3
+  elif size == "micro":
     c.data.prompt_len = 16
     c.data.max_new = 8
     c.data.batch_size = 4
@@ -67,11 +90,12 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
     c.data.valid_sequences = 4
     c.medusa.num_heads = 2
     c.medusa.tree_sizes = [4, 6]
+    c.eagle.num_heads = 2
     c.train.steps = 6
     c.train.batch_size = 4
     c.train.warmup_steps = 1
     c.train.checkpoint_every = 3
     c.train.log_every = 3
-  elif preset != "medusa_full":
-    raise ValueError(f"unknown preset {preset!r}; known: medusa_quick, medusa_full, medusa_micro")
+  elif family != "medusa":   # full
+    c.train.learning_rate = 3e-3
   return c

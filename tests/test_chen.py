@@ -3,7 +3,6 @@ the micro preset end to end on fixture data."""
 
 import json
 import os
-import random
 import shutil
 
 import numpy as np
@@ -16,41 +15,22 @@ from configs import chen_chinchilla as chen_config
 from specjax.data import build_task
 from specjax.data import code as code_lib
 from specjax.data.code_vocab import code_sentences, round_trip_failures, train_code_sentencepiece
-from specjax.experiments import chen, chen_quality
+from specjax.experiments import chen, chen_quality, notebooks
 from specjax.tokenizer import SentencePieceTokenizer
-
-WORDS = ("the package provides a library for reading and writing files with support for "
-         "compressed archives network tools command line utility python module data").split()
-STDLIB_FILES = ("colorsys.py", "bisect.py", "keyword.py", "fnmatch.py", "this.py", "stat.py",
-                "glob.py", "shlex.py")
-
-
-def _write_fixtures(root):
-  code_dir = root / "code"
-  code_dir.mkdir()
-  for name in STDLIB_FILES:
-    shutil.copy(os.path.join(code_lib.stdlib_dir(), name), code_dir / name)
-  rng = random.Random(0)
-  with open(root / "summ.jsonl", "w") as f:
-    for split, n in (("train", 200), ("validation", 20), ("test", 20)):
-      for i in range(n):
-        s = [rng.choice(WORDS) for _ in range(rng.randint(10, 20))]
-        f.write(json.dumps({"document": " ".join(s) + f" {i}.", "summary": " ".join(s[:4]),
-                            "split": split}) + "\n")
-  return code_dir, root / "summ.jsonl"
-
 
 @pytest.fixture(scope="module")
 def fixture_data(tmp_path_factory):
+  """The data colab/chen_chinchilla.ipynb writes under SPECJAX_NOTEBOOK_WORKDIR
+  = root (the notebook test then reuses the micro run)."""
   root = tmp_path_factory.mktemp("chen")
-  code_dir, summ = _write_fixtures(root)
-  return root, f"dir:{code_dir}", f"jsonl:{summ}"
+  samples = notebooks.write_sample_tasks(str(root / "specjax_nb_data"))
+  return root, samples["code"], samples["summarize_chen"]
 
 
 @pytest.fixture(scope="module")
 def code_tokenizer(fixture_data):
   root, code_source, summ_source = fixture_data
-  cache = str(root / "data")
+  cache = str(root / "specjax_nb_data" / "cache")
   build_task("code_python", cache, source=code_source, show_progress=False)
   build_task("summarize_debian", cache, source=summ_source, show_progress=False)
   path = train_code_sentencepiece(cache, 400, max_sentences=2000)
@@ -112,11 +92,18 @@ def test_harness_runs_sandboxed_with_a_timeout():
 def micro_run(fixture_data):
   root, code_source, summ_source = fixture_data
   cfg = chen_config.get_config("micro")
-  cfg.workdir = str(root / "run")
-  cfg.data.cache_dir = str(root / "data")
+  cfg.workdir = str(root / "specjax_nb_chen_chinchilla")
+  cfg.data.cache_dir = str(root / "specjax_nb_data" / "cache")
   cfg.data.code_source = code_source
   cfg.data.summarize_source = summ_source
   return cfg, chen.run(cfg)
+
+
+def test_the_notebook_reruns_the_micro_run(micro_run, monkeypatch):
+  """colab/chen_chinchilla.ipynb top to bottom: the same run, every stage reused."""
+  from notebook_helpers import run_notebook
+  cfg, _ = micro_run
+  run_notebook("chen_chinchilla.ipynb", monkeypatch, os.path.dirname(cfg.workdir))
 
 
 def test_micro_preset_end_to_end(micro_run):
@@ -237,3 +224,33 @@ def test_medusa_heads_train_on_the_micro_target(micro_run, tmp_path):
       json.loads(json.dumps(out["trees"]))
   assert (tmp_path / "results" / "report.md").read_text() == \
       (tmp_path / "medusa" / "report.md").read_text()
+
+
+def test_eagle3_head_trains_on_the_micro_target(micro_run, tmp_path):
+  """experiments/train_drafter.py's EAGLE-3 job on the micro target: the
+  fused-feature head trains with the training-time test, reports its
+  agreement by depth, and drafts exactly as EAGLE-2's dynamic tree."""
+  import jax.numpy as jnp
+  import specjax
+  from configs import train_drafter as td_config
+  from specjax.drafters import DynamicTree, load_eagle
+  from specjax.experiments import drafter_training
+  cfg, _ = micro_run
+  td = td_config.get_config("eagle3_micro")
+  td.target_dir = os.path.join(cfg.workdir, "target")
+  td.workdir = str(tmp_path / "eagle3")
+  td.data.cache_dir = cfg.data.cache_dir
+  out = drafter_training.run(td)
+  agree = out["agreement_by_step"]
+  assert len(agree) == 3 and all(0 <= a <= 1 for a in agree)
+  assert "agreement with the target's argmax" in (tmp_path / "eagle3" / "eagle3.md").read_text()
+  target, tp, _ = drafter_training.load_target(td.target_dir, cfg.data.cache_dir)
+  d, dp = load_eagle(td.workdir, target, tp, DynamicTree(top_k=2, depth=2, nodes=4))
+  assert d.config.feature_layers == drafter_training.eagle_feature_layers(
+      target.config.num_layers)
+  prompts = jnp.asarray(np.random.default_rng(0).integers(3, target.vocab_size, (2, 8)),
+                        jnp.int32)
+  ref = specjax.generate(target, tp, prompts, max_new_tokens=8, sampling=specjax.GREEDY)
+  sp = specjax.speculative_generate(target, tp, d, dp, prompts, max_new_tokens=8,
+                                    sampling=specjax.GREEDY)
+  np.testing.assert_array_equal(sp.tokens, ref.tokens)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import random
 import shutil
 
 import ml_collections
@@ -13,35 +12,27 @@ pytestmark = pytest.mark.xdist_group("leviathan_micro")
 
 from configs import leviathan_t5 as lev_config
 from specjax.checkpoints import CheckpointError, params_digest, restore_params
-from specjax.experiments import leviathan
-
-WORDS = ("the file could not be opened save open close window new folder print error "
-         "message directory").split()
-
-
-def _write_fixture_tasks(root):
-  rng = random.Random(0)
-  for split, n in (("train", 240), ("validation", 24), ("test", 24)):
-    with open(os.path.join(root, f"tr_{split}.jsonl"), "w") as f:
-      for i in range(n):
-        s = [rng.choice(WORDS) for _ in range(rng.randint(2, 6))]
-        f.write(json.dumps({"en": " ".join(s) + f" {i}", "de": " ".join(w[::-1] for w in s)}) + "\n")
-    with open(os.path.join(root, f"su_{split}.jsonl"), "w") as f:
-      for i in range(n):
-        s = [rng.choice(WORDS) for _ in range(rng.randint(8, 14))]
-        f.write(json.dumps({"document": " ".join(s) + f" {i}", "summary": " ".join(s[:3])}) + "\n")
-
+from specjax.experiments import leviathan, notebooks
 
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory):
+  """The micro run exactly as colab/leviathan_t5.ipynb configures it under
+  SPECJAX_NOTEBOOK_WORKDIR = root (the notebook test then reuses it)."""
   root = tmp_path_factory.mktemp("lev")
-  _write_fixture_tasks(root)
+  samples = notebooks.write_sample_tasks(str(root / "specjax_nb_data"))
   cfg = lev_config.get_config("micro")
-  cfg.workdir = str(root / "run")
-  cfg.data.cache_dir = str(root / "data")
-  cfg.data.translate_source = f"jsonl:{root}/tr_{{split}}.jsonl"
-  cfg.data.summarize_source = f"jsonl:{root}/su_{{split}}.jsonl"
+  cfg.workdir = str(root / "specjax_nb_leviathan_t5")
+  cfg.data.cache_dir = str(root / "specjax_nb_data" / "cache")
+  cfg.data.translate_source = samples["translate"]
+  cfg.data.summarize_source = samples["summarize"]
   return cfg, leviathan.run(cfg)
+
+
+def test_the_notebook_reruns_the_micro_run(micro_run, monkeypatch):
+  """colab/leviathan_t5.ipynb top to bottom: the same run, every stage reused."""
+  from notebook_helpers import run_notebook
+  cfg, _ = micro_run
+  run_notebook("leviathan_t5.ipynb", monkeypatch, os.path.dirname(cfg.workdir))
 
 
 def test_micro_preset_end_to_end(micro_run):

@@ -1,7 +1,8 @@
 """The `colab/` notebooks: no committed outputs, and each runs top to bottom.
 
 CI executes every notebook with `SPECJAX_NOTEBOOK_SMOKE=1` (their smallest
-settings). A failing cell fails the test with that cell's source.
+settings): here, or (the reproduction notebooks) in the module whose micro
+run they reuse. A failing cell fails the test with that cell's source.
 """
 
 import glob
@@ -9,11 +10,8 @@ import os
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+from notebook_helpers import COLAB, ROOT, _execute, nbformat, run_notebook
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLAB = os.path.join(ROOT, "colab")
 NOTEBOOKS = sorted(glob.glob(os.path.join(COLAB, "*.ipynb")))
 EXPECTED = {"quickstart.ipynb", "leviathan_t5.ipynb", "chen_chinchilla.ipynb",
             "families.ipynb"}
@@ -41,20 +39,6 @@ def test_committed_notebook_has_no_outputs(path):
                      "`jupyter nbconvert --clear-output --inplace colab/*.ipynb`")
 
 
-def _execute(nb, cwd):
-  """Runs `nb` top to bottom in `cwd`; a failing cell fails the test with its source."""
-  client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                   resources={"metadata": {"path": cwd}})
-  try:
-    client.execute()
-  except nbclient.exceptions.CellExecutionError as e:
-    failing = next((c for c in nb.cells if c.cell_type == "code" and any(
-        o.get("output_type") == "error" for o in c.get("outputs", []))), None)
-    source = failing.source if failing is not None else "(cell not found)"
-    pytest.fail(f"a cell failed:\n--- cell source ---\n{source}\n"
-                f"--- error ---\n{str(e)[-3000:]}", pytrace=False)
-
-
 def test_a_failing_cell_fails_with_its_source(tmp_path):
   nb = nbformat.v4.new_notebook(cells=[
       nbformat.v4.new_code_cell("x = 1"),
@@ -68,10 +52,19 @@ def test_a_failing_cell_fails_with_its_source(tmp_path):
   assert "z = 3" not in msg
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+# The reproduction notebooks run their module's micro run again (every stage
+# reused): tested in test_leviathan / test_chen beside that fixture.
+REUSING = {"leviathan_t5.ipynb", "chen_chinchilla.ipynb"}
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if os.path.basename(p) not in REUSING],
+                         ids=os.path.basename)
 def test_notebook_runs_top_to_bottom(path, monkeypatch, tmp_path):
-  monkeypatch.setenv("SPECJAX_NOTEBOOK_SMOKE", "1")
-  monkeypatch.setenv("SPECJAX_NOTEBOOK_WORKDIR", str(tmp_path))
-  monkeypatch.delenv("XLA_FLAGS", raising=False)
-  monkeypatch.setenv("MPLBACKEND", "Agg")
-  _execute(nbformat.read(path, as_version=4), COLAB)
+  run_notebook(os.path.basename(path), monkeypatch, tmp_path)
+
+
+def test_the_reproduction_notebooks_are_executed_beside_their_micro_runs():
+  for name, module in (("leviathan_t5.ipynb", "test_leviathan.py"),
+                       ("chen_chinchilla.ipynb", "test_chen.py")):
+    with open(os.path.join(ROOT, "tests", module)) as f:
+      assert f'run_notebook("{name}"' in f.read(), (name, module)

@@ -1,14 +1,18 @@
-"""Training learned drafters on a frozen target: Medusa-1 heads (configs/train_drafter.py).
+"""Training learned drafters on a frozen target: Medusa-1 heads, EAGLE-1 and EAGLE-3
+heads (configs/train_drafter.py; EAGLE-2 drafts with the EAGLE-1 head).
 
   1. the target (a trained Chen decoder, `<target_dir>`) and its vocabulary;
   2. prompts from its own training corpora (code documents, "<description>
      Summary:" rows), the target's continuations of them (self-distillation
      data, cached under the workdir and keyed by what they depend on);
   3. the heads trained on the frozen target's hidden states
-     (`specjax.training.heads`: resumable, progress with ETA);
-  4. the heads' validation top-k accuracies, and the trees `choose_tree`
-     builds from them at several sizes with their expected accepted length
-     (`trees.json`, `report.md`).
+     (`specjax.training.heads` / `specjax.training.eagle`: resumable,
+     progress with ETA);
+  4. Medusa: the heads' validation top-k accuracies, and the trees
+     `choose_tree` builds from them at several sizes with their expected
+     accepted length (`trees.json`, `report.md`); EAGLE: the head's
+     validation top-1 agreement with the target by draft depth
+     (`<kind>.json`, `<kind>.md`).
 """
 
 from __future__ import annotations
@@ -67,7 +71,9 @@ def expected_tokens_per_call(values: List[float]) -> float:
 def _data(cfg, split: str, n: int, target, tp, tok, workdir: str) -> DistillData:
   deps = {"target": cfg.target_dir, "split": split, "n": n, "prompt_len": cfg.data.prompt_len,
           "max_new": cfg.data.max_new, "temperature": cfg.data.temperature, "seed": cfg.seed}
-  path = os.path.join(workdir, f"distill_{split}.npz")
+  data_dir = os.path.abspath(cfg.data.get("dir") or workdir)  # drafters may share one
+  os.makedirs(data_dir, exist_ok=True)
+  path = os.path.join(data_dir, f"distill_{split}.npz")
   meta_path = path + ".json"
   if os.path.exists(path) and os.path.exists(meta_path):
     try:
@@ -86,10 +92,13 @@ def _data(cfg, split: str, n: int, target, tp, tok, workdir: str) -> DistillData
   return data
 
 
+KINDS = ("medusa", "eagle1", "eagle3")
+
+
 def run(cfg) -> Dict[str, Any]:
-  """Trains the configured drafter; returns its accuracies and trees."""
-  if cfg.kind != "medusa":
-    raise ValueError(f"config.kind must be 'medusa' (EAGLE comes next), got {cfg.kind!r}")
+  """Trains the configured drafter; returns its accuracies (and Medusa's trees)."""
+  if cfg.kind not in KINDS:
+    raise ValueError(f"config.kind must be one of {KINDS}, got {cfg.kind!r}")
   from specjax.training.loop import quiet_orbax_info_logs  # pylint: disable=g-import-not-at-top
   quiet_orbax_info_logs()
   workdir = os.path.abspath(cfg.workdir)
@@ -100,6 +109,8 @@ def run(cfg) -> Dict[str, Any]:
                             f"{cfg.data.cache_dir}/vocab (run the Chen experiment first)")
   train_data = _data(cfg, "train", cfg.data.train_sequences, target, tp, tok, workdir)
   valid = _data(cfg, "validation", cfg.data.valid_sequences, target, tp, tok, workdir)
+  if cfg.kind != "medusa":
+    return _run_eagle(cfg, target, tp, train_data, valid, workdir)
   config = MedusaConfig(num_heads=int(cfg.medusa.num_heads), d_model=target.config.d_model,
                         vocab_size=target.vocab_size,
                         share_lm_head=bool(cfg.medusa.share_lm_head))
@@ -141,5 +152,60 @@ def run(cfg) -> Dict[str, Any]:
       lines.append(f"| tree | {size} | {t['depth']} | {t['expected_tokens_per_call']:.2f} |")
     for d in dirs:
       atomic_io.atomic_write_text(os.path.join(d, "report.md"), "\n".join(lines) + "\n")
+    logging.info("\n".join(lines))
+  return out
+
+
+def eagle_feature_layers(num_layers: int) -> tuple:
+  """EAGLE-3's low, middle and high blocks of a target with `num_layers`
+  blocks: the second, the middle one and the second from the top (fewer
+  when they coincide; every block of a target with fewer than 3)."""
+  if num_layers < 3:
+    return tuple(range(num_layers))
+  return tuple(sorted({1, num_layers // 2, num_layers - 2}))
+
+
+def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
+  from specjax.drafters.eagle import EagleConfig  # pylint: disable=g-import-not-at-top
+  from specjax.training.eagle import EagleLoss, train_eagle  # pylint: disable=g-import-not-at-top
+  tc = target.config
+  e = cfg.eagle
+  layers = ()
+  if cfg.kind == "eagle3":
+    layers = tuple(e.feature_layers) or eagle_feature_layers(tc.num_layers)
+  config = EagleConfig(d_model=tc.d_model, vocab_size=target.vocab_size,
+                       num_heads=int(e.num_heads), mlp_dim=int(e.mlp_dim) or tc.mlp_dim,
+                       feature_layers=layers, rope_theta=tc.rope_theta)
+  version = 3 if cfg.kind == "eagle3" else 1
+  loss = EagleLoss.for_version(version, unroll=int(e.unroll) or None)
+  res = train_eagle(target, tp, config, train_data, valid, cfg.train, workdir, loss=loss)
+  out = {"config": cfg.to_dict(), "final": res["final"], "head_params": config.num_params(),
+         "target_params": tc.num_params()}
+  if res["agreement"] is not None:
+    agree = [float(a) for a in res["agreement"]]
+    out["agreement_by_step"] = agree
+    # A greedy chain's expected tokens per call if depth j is accepted with
+    # the teacher-forced agreement of step j (the steps taken as independent).
+    out["expected_chain_tokens_per_call"] = expected_tokens_per_call(list(np.cumprod(agree)))
+    name = f"EAGLE-{version}"
+    lines = [f"# {name} head on the Chen target", "",
+             f"One decoder layer ({config.num_params() / 1e6:.2f}M params; the target "
+             f"{tc.num_params() / 1e6:.1f}M) over "
+             + ("the target's final state" if version == 1 else
+                f"the target blocks {list(layers)} fused")
+             + f"; {len(train_data.tokens)} self-distilled sequences ({cfg.data.max_new} target "
+             f"tokens each); {cfg.train.steps} steps; loss {loss}.", "",
+             "## Validation top-1 agreement with the target's argmax, by draft depth", "",
+             "| depth | " + " | ".join(str(j + 1) for j in range(len(agree))) + " |",
+             "|---" * (1 + len(agree)) + "|",
+             "| agreement | " + " | ".join(f"{a:.3f}" for a in agree) + " |", "",
+             f"Expected tokens per call of a greedy chain of {len(agree)}: "
+             f"{out['expected_chain_tokens_per_call']:.2f}."]
+    dirs = [workdir] + ([os.path.abspath(cfg.results_dir)] if cfg.get("results_dir") else [])
+    for d in dirs:
+      os.makedirs(d, exist_ok=True)
+      atomic_io.atomic_write_json(os.path.join(d, f"{cfg.kind}.json"), out if d == workdir
+                                  else dict(out, final=os.path.relpath(out["final"])))
+      atomic_io.atomic_write_text(os.path.join(d, f"{cfg.kind}.md"), "\n".join(lines) + "\n")
     logging.info("\n".join(lines))
   return out

@@ -1,0 +1,64 @@
+"""The drafter families on one trained target (issue 26): classic draft, prompt
+lookup, layer skip, windowed KV, lookahead, Medusa (chain and trees), EAGLE-1
+(chain and tree), EAGLE-2 (dynamic tree) and EAGLE-3 — same target, same prompts.
+
+Run (from the repository root), after the Chen experiment and the learned drafters:
+  python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:quick \
+      --config.workdir=runs/chen_quick
+  for k in medusa eagle eagle3; do python experiments/train_drafter.py \
+      --config=configs/train_drafter.py:${k}_quick --config.target_dir=runs/chen_quick/target \
+      --config.workdir=runs/${k}_quick; done
+  python experiments/families.py --config=configs/families.py:quick \
+      --config.results_dir=results/families              # ≤ 15 min on 2 CPU cores
+
+  (`full`: the same with runs/chen_full and the *_full drafters; ~1 h.)
+  python experiments/families.py --config=configs/families.py:smoke   # tiny random models
+
+Measured (`specjax.bench.families`): on code, summarisation and free text, at
+T = 0 and T = 1, batch 1 and 8: α, τ (tokens per target call), the target
+call's cost, walltime vs AR measured in the same run, greedy equality, the
+drafter's own parameters and state bytes per row; a table in Spec-Bench's
+layout beside its leaderboard, and the goals (EAGLE-2's τ above the classic
+draft's and Medusa's; EAGLE-3 ≥ EAGLE-2). A killed run resumes per cell.
+"""
+
+import ml_collections
+
+
+def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.preset = preset
+  c.chen_dir = "runs/chen_full"
+  c.medusa_dir = "runs/medusa_full"
+  c.eagle_dir = "runs/eagle_full"
+  c.eagle3_dir = "runs/eagle3_full"
+  c.data_cache = "data_cache"
+  c.workdir = f"runs/families_{preset}"
+  c.results_dir = ""                   # also write families.{json,md} here
+  c.smoke = False
+  c.tasks = ["code", "summarize", "free_text"]
+  c.temperatures = [0.0, 1.0]
+  c.batches = [1, 8]
+  c.prompts = 16
+  c.prompt_len = 128
+  c.max_new = 64
+  c.gamma = 4
+  c.lookup_gamma = 8
+  c.window = 64
+  c.medusa_trees = ["chain", "16", "64"]
+  c.eagle_dynamic = [4, 4, 16]         # EAGLE-2 / -3: top_k, depth, nodes (root not counted)
+  c.eagle_tree_nodes = 16              # EAGLE-1's static tree (root included)
+  if preset == "quick":
+    c.chen_dir = "runs/chen_quick"
+    c.medusa_dir = "runs/medusa_quick"
+    c.eagle_dir = "runs/eagle_quick"
+    c.eagle3_dir = "runs/eagle3_quick"
+    c.prompts = 8
+    c.max_new = 48
+    c.medusa_trees = ["chain", "16"]
+  elif preset == "smoke":
+    c.smoke = True
+    c.medusa_dir = c.eagle_dir = c.eagle3_dir = ""
+  elif preset != "full":
+    raise ValueError(f"unknown preset {preset!r}; known: quick, full, smoke")
+  return c
