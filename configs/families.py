@@ -7,7 +7,7 @@ Run (from the repository root), after the Chen experiment and the learned drafte
       --config.workdir=runs/chen_quick
   for k in medusa eagle eagle3; do python experiments/train_drafter.py \
       --config=configs/train_drafter.py:${k}_quick --config.target_dir=runs/chen_quick/target \
-      --config.workdir=runs/${k}_quick; done
+      --config.workdir=runs/${k}_quick --config.data.dir=runs/distill_chen_quick; done
   python experiments/families.py --config=configs/families.py:quick \
       --config.results_dir=results/families              # ≤ 15 min on 2 CPU cores
 

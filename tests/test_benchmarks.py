@@ -666,6 +666,8 @@ def test_drafters_bench_smoke(tmp_path):
   assert goals["one compilation per (drafter, γ, bucket): no trace while timing"] == "PASS"
   assert goals["every drafter exact: greedy output identical to AR"] == "PASS"
   assert "## Goals" in md and "Spec-Bench" in md and "| lookahead |" in md
+  assert "## In Spec-Bench's layout" in md and "| EAGLE-2 | " in md
+  assert (tmp_path / "drafters_smoke.png").stat().st_size > 0
 
 
 def test_verify_cost_quick(tmp_path):

@@ -3,9 +3,10 @@ the head's incremental-vs-full parity (training-time test included), greedy
 == AR for chains, static and dynamic trees, chi-square exactness with a
 negative control, and training that learns and resumes exactly."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -15,11 +16,13 @@ from reference import chi_square_pvalue
 from specjax.drafters.eagle import (DynamicTree, Eagle, EagleConfig, fuse_features, init_eagle,
                                     shared_weights)
 from specjax.sampling import GREEDY, SamplingConfig
-from specjax.training.eagle import EagleLoss, train_eagle, unrolled_outputs
+from specjax.training.eagle import (EagleLoss, _states, step_agreement, train_eagle,
+                                   unrolled_outputs)
 from specjax.training.heads import DistillData
 from specjax.tree import TokenTree, dynamic_tree_arrays
 from specjax.verify import tree_verify
-from specjax.sampling import row_uniforms, sample_from_uniform
+from test_medusa import _train_cfg
+from test_trees import broken_tree_verify
 from tiny import EOS, ragged_prompts, target
 
 TREE = TokenTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
@@ -152,18 +155,6 @@ def test_dynamic_tree_proposal_is_a_valid_per_row_tree():
       assert len(set(kids.tolist())) == len(kids) <= 3
 
 
-def _broken(keys, tokens, valid, q, children, depth, p=None, greedy=False):
-  """Broken on purpose: after a node's children are rejected it samples from
-  the target's distribution there, not from the residual."""
-  path, n, nxt = tree_verify(keys, tokens, valid, q, children, depth, p, greedy)
-  node = jnp.where(n > 0, jnp.take_along_axis(path, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0], 0)
-  kids = children[jnp.arange(node.shape[0]), node]
-  tried = jnp.any((kids >= 0) & jnp.take_along_axis(valid, jnp.maximum(kids, 0), axis=1), axis=1)
-  q_here = jnp.take_along_axis(q, node[:, None, None], axis=1)[:, 0]
-  u = row_uniforms(jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys), 1)[:, 0]
-  return path, n, jnp.where(tried, sample_from_uniform(u, q_here), nxt)
-
-
 def test_eagle2_sampling_is_exact_and_the_control_is_caught():
   lm, params = exact_lm()
   prompt, cfg = [3, 1, 4], SamplingConfig(1.0)
@@ -171,7 +162,7 @@ def test_eagle2_sampling_is_exact_and_the_control_is_caught():
   config, hp = _head(lm)
   drafter = Eagle(config, DynamicTree(top_k=2, depth=2, nodes=4), lm)
   pvalues = {}
-  for name, fn in (("exact", tree_verify), ("broken", _broken)):
+  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
     out = decode_copies(lm, params, drafter, {"head": hp, "target": params}, prompt, cfg, 3,
                         tree_fn=fn)
     pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
@@ -208,14 +199,6 @@ def test_eagle_misuse():
                                  max_new_tokens=4, sampling=GREEDY, prefilled=pre)
 
 
-def _train_cfg(**kw):
-  c = ml_collections.ConfigDict(dict(steps=8, batch_size=4, learning_rate=3e-3, warmup_steps=1,
-                                     checkpoint_every=4, log_every=4, seed=0,
-                                     keep_checkpoints=3))
-  c.update(kw)
-  return c
-
-
 @pytest.mark.parametrize("version", [1, 3])
 def test_eagle_training_learns_and_resumes_exactly(tmp_path, version):
   """On the target's own greedy continuations the head learns to agree with
@@ -233,12 +216,13 @@ def test_eagle_training_learns_and_resumes_exactly(tmp_path, version):
   config, _ = _head(lm, version)
   loss = EagleLoss.for_version(version, unroll=2)
   cfg = _train_cfg(steps=40, learning_rate=1e-2)
-  before = train_eagle(lm, params, config, data, None, _train_cfg(steps=1), str(tmp_path / "z"),
-                       loss=loss)
+  feats, final = _states(lm, params, config, tokens)
+  before = step_agreement(config, dataclasses.replace(loss, unroll=3),
+                          init_eagle(config, jax.random.key(0)), shared_weights(lm, params),
+                          feats, final, data)
   full = train_eagle(lm, params, config, data, None, cfg, str(tmp_path / "a"), loss=loss)
   assert full["final"] and full["agreement"].shape == (3,)
-  assert full["agreement"][0] > before["agreement"][0] + 0.15, (before["agreement"],
-                                                                full["agreement"])
+  assert full["agreement"][0] > before[0] + 0.15, (before, full["agreement"])
   half = train_eagle(lm, params, config, data, None, cfg, str(tmp_path / "b"), loss=loss,
                      stop_at_step=20)
   assert half["final"] is None

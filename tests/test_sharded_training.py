@@ -234,3 +234,33 @@ def test_medusa_heads_on_a_mesh_match_one_device(tmp_path):
   with pytest.raises(ValueError, match=r"train.batch_size \(4\) must be divisible by "
                                        r"train.mesh_data \(8\)"):
     train_medusa(lm, params, config, data, None, train_config((8, 1)), str(tmp_path / "bad"))
+
+
+def test_eagle3_head_on_a_mesh_matches_one_device(tmp_path):
+  """`train_eagle` (EAGLE-3: fused features, training-time test) with
+  train.mesh_data x train.mesh_model = 2 x 4: the same per-step losses as
+  one device, the head split over `model`."""
+  import ml_collections
+  from specjax.drafters.eagle import EagleConfig
+  from specjax.training.eagle import EagleLoss, train_eagle
+  from specjax.training.heads import DistillData
+  lm, params = STUDENT, init_params(STUDENT, 0)  # The frozen target.
+  config = EagleConfig(d_model=lm.config.d_model, vocab_size=lm.vocab_size, num_heads=2,
+                       mlp_dim=64, feature_layers=(0,))  # the student has one block
+  base = np.tile(np.arange(10, 20, dtype=np.int32), 4)[None, :24]
+  tokens = np.concatenate([np.roll(base, s, axis=1) for s in range(8)])
+  data = DistillData(tokens=tokens, generated=np.ones_like(tokens, bool))
+  loss = EagleLoss.for_version(3, unroll=2)
+  losses, heads = {}, {}
+  for mesh in ((1, 1), (2, 4)):
+    work = str(tmp_path / f"{mesh[0]}x{mesh[1]}")
+    train = ml_collections.ConfigDict(dict(
+        steps=STEPS, batch_size=4, learning_rate=3e-3, warmup_steps=1, checkpoint_every=STEPS,
+        log_every=1, seed=0, keep_checkpoints=1, mesh_data=mesh[0], mesh_model=mesh[1]))
+    heads[mesh] = train_eagle(lm, params, config, data, None, train, work, loss=loss)["params"]
+    lines = [json.loads(l) for l in open(os.path.join(work, "metrics.jsonl"))]
+    losses[mesh] = np.array([l["loss"] for l in lines])
+  assert len(losses[1, 1]) == STEPS
+  np.testing.assert_allclose(losses[2, 4], losses[1, 1], rtol=0, atol=LOSS_ATOL)
+  assert _max_diff(heads[2, 4], heads[1, 1]) <= PARAM_ATOL
+  assert MODEL in heads[2, 4]["gate"].sharding.spec  # [E, F]

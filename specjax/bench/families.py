@@ -50,10 +50,13 @@ from absl import logging
 import specjax
 from specjax import drafters, generation
 from specjax.atomic_io import atomic_write_text
-from specjax.bench.timing import now
+from specjax.bench.timing import StepTimer, count_params, floor_step_seconds, now
+from specjax.drafters.eagle import DynamicTree, Eagle, EagleConfig, init_eagle
+from specjax.drafters.medusa import Medusa, MedusaConfig, choose_tree, init_heads
 from specjax.experiments.common import pad_batch
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.sampling import GREEDY, SamplingConfig, process_logits
+from specjax.tree import TokenTree
 
 __all__ = ["FamilyOptions", "run", "render", "goals", "measure_cell", "task_prompts",
            "build_drafters", "SPEC_BENCH"]
@@ -172,8 +175,6 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
   medusa = {}
   if opts.medusa_dir or smoke:
     if smoke:  # random heads on the tiny target
-      from specjax.drafters.medusa import Medusa, MedusaConfig, init_heads  # pylint: disable=g-import-not-at-top
-      from specjax.tree import TokenTree  # pylint: disable=g-import-not-at-top
       cfg = MedusaConfig(2, target.config.d_model, target.vocab_size)
       heads = init_heads(cfg, target, tp)
       heads["w"] = 0.3 * jax.random.normal(jax.random.PRNGKey(5), heads["w"].shape)
@@ -205,7 +206,6 @@ def eagle_static_tree(agreement, nodes: int):
   (`agreement.json`): rank r at depth d taken as agreement[d] · (1 −
   agreement[d])^r (the next ranks share what rank 0 misses), then Medusa's
   greedy construction (`choose_tree`)."""
-  from specjax.drafters.medusa import choose_tree  # pylint: disable=g-import-not-at-top
   a = np.clip(np.asarray(agreement, np.float64), 1e-3, 1 - 1e-3)
   acc = a[:, None] * (1 - a[:, None]) ** np.arange(8)[None]
   return choose_tree(acc, nodes)[0]
@@ -214,8 +214,6 @@ def eagle_static_tree(agreement, nodes: int):
 def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
   """EAGLE rows: trained heads from `eagle_dir` / `eagle3_dir`, or random
   heads on the smoke test's tiny target."""
-  from specjax.drafters.eagle import DynamicTree, Eagle, EagleConfig, init_eagle  # pylint: disable=g-import-not-at-top
-  from specjax.tree import TokenTree  # pylint: disable=g-import-not-at-top
   out = {}
   dyn = DynamicTree(*(int(x) for x in opts.eagle_dynamic))
   if opts.smoke:
@@ -249,7 +247,6 @@ def drafter_memory(target, entry, batch: int, prompt_len: int, cache_len: int) -
   """The drafter's own parameters (not the target's, which self-drafts and
   heads share: count and bytes) and its state bytes per row for `cache_len`
   positions, and per position (what `specjax.pick` reads)."""
-  from specjax.bench.timing import count_params  # pylint: disable=g-import-not-at-top
   d, dp, g = entry
   g = g if g is not None else 4
   nbytes = lambda tree: int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(
@@ -397,7 +394,6 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
 def _call_costs(target, tp, batch, prompt_len, max_new, tokens) -> dict:
   """{T: in-graph cost of a target call on T tokens / a one-token step}
   (`StepTimer`, a causal block: a tree's mask does not change the work)."""
-  from specjax.bench.timing import StepTimer, floor_step_seconds  # pylint: disable=g-import-not-at-top
   cache_len = prompt_len + max_new + max(tokens)
   timer = StepTimer(target, tp, batch, cache_len, prompt_len, tokens, steps=8)
   per = {t: [] for t in tokens}
@@ -442,7 +438,8 @@ def render(results: dict) -> str:
         same = r.get("identical")
         mem = r.get("memory") or {}
         lines.append(f"| {r['drafter']} | {_f(r.get('alpha'), '{:.3f}')} | "
-                     f"{_f(r.get('accepted_per_drafted'), '{:.3f}')} | {r['tokens_per_call']:.2f} | "
+                     f"{_f(r.get('accepted_per_drafted'), '{:.3f}')} | "
+                     f"{r['tokens_per_call']:.2f} | "
                      f"{r['call_tokens']} | {r['call_cost']:.2f}× | "
                      f"{r['ms_per_token']:.2f} | {r['speedup']:.2f}× | "
                      f"{'—' if same is None else ('yes' if same else 'NO')} | "
@@ -468,17 +465,20 @@ def _spec_bench_name(drafter: str):
 
 
 def spec_bench_table(results: dict) -> list:
-  """Spec-Bench's layout: greedy, batch 1, a speedup column per task, the
-  mean accepted tokens per target call (MAT = τ) and the overall speedup
+  """Spec-Bench's layout: greedy, batch 1 (else the smallest measured), a
+  speedup column per task, the mean accepted tokens per target call (MAT =
+  τ) and the overall speedup
   (mean over tasks), with the leaderboard's number beside."""
-  tasks = [t for t, cells in results["tasks"].items()
-           if any(c["temperature"] == 0 and c["batch"] == 1 for c in cells)]
+  greedy = {t: [c for c in cells if c["temperature"] == 0]
+            for t, cells in results["tasks"].items()}
+  tasks = [t for t, cells in greedy.items() if cells]
   if not tasks:
     return []
-  cells = {t: next(c for c in results["tasks"][t] if c["temperature"] == 0 and c["batch"] == 1)
-           for t in tasks}
+  batch = min(c["batch"] for t in tasks for c in greedy[t])  # 1 unless not measured
+  tasks = [t for t in tasks if any(c["batch"] == batch for c in greedy[t])]
+  cells = {t: next(c for c in greedy[t] if c["batch"] == batch) for t in tasks}
   names = [r["drafter"] for r in cells[tasks[0]]["rows"] if r["drafter"] != "autoregressive"]
-  lines = ["## In Spec-Bench's layout (greedy, batch 1, this CPU)", "",
+  lines = [f"## In Spec-Bench's layout (greedy, batch {batch}, this CPU)", "",
            "| method | " + " | ".join(tasks) + " | MAT (τ) | overall | Spec-Bench (Vicuna-7B) |",
            "|---" * (len(tasks) + 4) + "|"]
   for name in names:
@@ -491,6 +491,39 @@ def spec_bench_table(results: dict) -> list:
                  f"{np.mean([r['speedup'] for r in rows]):.2f}× | "
                  + (f"{SPEC_BENCH[sb]:.2f}×" if sb else "—") + " |")
   return lines + [""]
+
+
+def plot(results: dict, path: str) -> None:
+  """τ (tokens per target call) and walltime speedup per drafter, one
+  column of panels per task, rows T = 0 / T = 1 (batch 1, or the smallest
+  batch measured): horizontal bars, AR's 1.0 marked."""
+  from specjax.experiments.report import _mpl  # pylint: disable=g-import-not-at-top
+  plt = _mpl()
+  tasks = list(results["tasks"])
+  temps = sorted({c["temperature"] for cells in results["tasks"].values() for c in cells})
+  fig, axes = plt.subplots(len(temps), 2 * len(tasks), squeeze=False,
+                           figsize=(3.4 * 2 * len(tasks), 0.35 * 14 * len(temps) + 1))
+  for i, temp in enumerate(temps):
+    for j, task in enumerate(tasks):
+      cells = [c for c in results["tasks"][task] if c["temperature"] == temp]
+      if not cells:
+        continue
+      cell = min(cells, key=lambda c: c["batch"])
+      rows = [r for r in cell["rows"] if r["drafter"] != "autoregressive"]
+      names = [r["drafter"] for r in rows]
+      for k, (key, label) in enumerate((("tokens_per_call", "τ (tokens / call)"),
+                                        ("speedup", "speedup vs AR"))):
+        ax = axes[i][2 * j + k]
+        ax.barh(names, [r[key] for r in rows], color="C0" if k == 0 else "C1")
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_title(f"{task}, T={temp:g}, batch {cell['batch']}", fontsize=9)
+        ax.set_xlabel(label, fontsize=8)
+        ax.tick_params(labelsize=7)
+        if k:
+          ax.set_yticklabels([])
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
 
 
 def goals(results: dict) -> list:
@@ -608,6 +641,8 @@ def run(opts: "FamilyOptions") -> dict:
   os.makedirs(opts.out_dir, exist_ok=True)
   atomic_write_text(os.path.join(opts.out_dir, name + ".json"), json.dumps(results, indent=1))
   md = render(results)
+  plot(results, os.path.join(opts.out_dir, name + ".png"))
+  md += f"\n![τ and speedup per drafter]({name}.png)\n"
   atomic_write_text(os.path.join(opts.out_dir, name + ".md"), md)
   print(md)
   return results

@@ -43,7 +43,7 @@ def run(cfg) -> dict:
   if cfg.get("results_dir"):
     os.makedirs(cfg.results_dir, exist_ok=True)
     name = opts.name + ("_smoke" if opts.smoke else "")
-    for ext in (".json", ".md"):
+    for ext in (".json", ".md", ".png"):
       shutil.copyfile(os.path.join(opts.out_dir, name + ext),
                       os.path.join(cfg.results_dir, name + ext))
   return results

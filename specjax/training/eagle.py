@@ -43,6 +43,7 @@ from absl import logging
 
 from specjax.drafters.eagle import (EagleConfig, _attend, _finish, _qkv, fuse_features,
                                     head_logits, init_eagle, pair_inputs, shared_weights)
+from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import save_final_params
 from specjax.training.heads import DistillData, resumable_loop, target_states
 from specjax.training.loop import quiet_orbax_info_logs
@@ -144,8 +145,8 @@ def _valid_rows(data: DistillData) -> np.ndarray:
   return np.arange(gen.shape[1])[None] <= last[:, None]
 
 
-@functools.lru_cache(maxsize=8)
-def _train_step(config: EagleConfig, loss: EagleLoss, spec: OptimizerSpec):
+def _step_fn(config: EagleConfig, loss: EagleLoss, spec: OptimizerSpec):
+  """`(state, shared, feats, final, tokens, valid) -> (state, metrics)`, not jitted."""
   tx = make_optimizer(spec)
 
   def step(state, shared, feats, final, tokens, valid):
@@ -157,7 +158,12 @@ def _train_step(config: EagleConfig, loss: EagleLoss, spec: OptimizerSpec):
     params = optax.apply_updates(state["params"], updates)
     metrics = dict(metrics, loss=value, lr=make_schedule(spec)(state["step"]))
     return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
-  return jax.jit(step, donate_argnums=0)
+  return step
+
+
+@functools.lru_cache(maxsize=8)
+def _train_step(config: EagleConfig, loss: EagleLoss, spec: OptimizerSpec):
+  return jax.jit(_step_fn(config, loss, spec), donate_argnums=0)
 
 
 def _states(target, tp, config: EagleConfig, tokens: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -206,10 +212,18 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
   """Trains an EAGLE head (module doc); returns {"params", "agreement", "final"}.
 
   `train`: steps, batch_size, learning_rate, warmup_steps, checkpoint_every,
-  log_every, seed, keep_checkpoints. A rerun resumes exactly; other
-  settings are a ValueError naming the field."""
+  log_every, seed, keep_checkpoints and optionally mesh_data / mesh_model
+  (default 1; > 1: the step over that device mesh, rows over `data`, the
+  head's params, optimizer state and the shared embedding / LM head split
+  over `model`, as `train_medusa`). A rerun resumes exactly (on any mesh);
+  other settings are a ValueError naming the field."""
   quiet_orbax_info_logs()
   loss = loss or EagleLoss.for_version(config.version)
+  mesh_data, mesh_model = getattr(train, "mesh_data", 1), getattr(train, "mesh_model", 1)
+  mesh = mesh_lib.training_mesh(mesh_data, mesh_model, owner="train")
+  if int(train.batch_size) % mesh_data:
+    raise ValueError(f"train.batch_size ({train.batch_size}) must be divisible by "
+                     f"train.mesh_data ({mesh_data})")
   os.makedirs(workdir, exist_ok=True)
   shared = shared_weights(target, target_params)
   spec = OptimizerSpec(optimizer="adamw", learning_rate=float(train.learning_rate),
@@ -228,18 +242,31 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
   init = init_eagle(config, jax.random.key(int(train.seed)))
   state = {"step": jnp.zeros((), jnp.int32), "params": init,
            "opt_state": make_optimizer(spec).init(init)}
-  step_fn = _train_step(config, loss, spec)
+  layout = None
+  if mesh is None:
+    step_fn = _train_step(config, loss, spec)
+  else:  # rows over `data`; the head, its optimizer state and the shared weights fsdp
+    layout = {"step": jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+              "params": mesh_lib.fsdp_shardings(state["params"], mesh),
+              "opt_state": mesh_lib.fsdp_shardings(state["opt_state"], mesh)}
+    state = jax.device_put(state, layout)
+    shared = mesh_lib.shard_tree(shared, mesh)
+    step_fn = mesh_lib.sharded_jit(
+        _step_fn, (config, loss, spec),
+        (layout, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())))
   rows = len(data.tokens)
 
   def batch(s):
     idx = np.random.default_rng((int(train.seed), s)).integers(0, rows, int(train.batch_size))
-    return (shared,) + tuple(jnp.asarray(a[idx]) for a in (feats, final, data.tokens,
-                                                           valid_mask))
+    rows_s = tuple(a[idx] for a in (feats, final, data.tokens, valid_mask))
+    rows_s = (tuple(jnp.asarray(x) for x in rows_s) if mesh is None
+              else mesh_lib.shard_rows(rows_s, mesh))
+    return (shared,) + tuple(rows_s)
 
   describe = lambda m: "loss %.4f | top-1 agreement by step %s" % (m["loss"], " ".join(
       f"{m[f'agree{j + 1}']:.3f}" for j in range(loss.unroll)))
   state = resumable_loop(workdir, meta, state, step_fn, batch, train, f"EAGLE-{config.version}",
-                         describe, None, stop_at_step)
+                         describe, layout, stop_at_step)
   agreement = final_dir = None
   if int(state["step"]) == int(train.steps):
     eval_data = valid if valid is not None else data
