@@ -57,7 +57,7 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   c.medusa.tree_sizes = [4, 8, 16, 32, 64]
 
   c.eagle = ml_collections.ConfigDict()
-  c.eagle.num_heads = 6              # the head layer's attention heads
+  c.eagle.num_heads = 0              # the head layer's attention heads (0: the target's)
   c.eagle.mlp_dim = 0                # 0: the target's
   c.eagle.feature_layers = []        # EAGLE-3: [] = the second, middle and third-from-top blocks
   c.eagle.unroll = 0                 # 0: 1 step for EAGLE-1, 3 (training-time test) for EAGLE-3
@@ -90,7 +90,6 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
     c.data.valid_sequences = 4
     c.medusa.num_heads = 2
     c.medusa.tree_sizes = [4, 6]
-    c.eagle.num_heads = 2
     c.train.steps = 6
     c.train.batch_size = 4
     c.train.warmup_steps = 1

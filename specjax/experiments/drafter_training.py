@@ -173,9 +173,11 @@ def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
   layers = ()
   if cfg.kind == "eagle3":
     layers = tuple(e.feature_layers) or eagle_feature_layers(tc.num_layers)
-  config = EagleConfig(d_model=tc.d_model, vocab_size=target.vocab_size,
-                       num_heads=int(e.num_heads), mlp_dim=int(e.mlp_dim) or tc.mlp_dim,
-                       feature_layers=layers, rope_theta=tc.rope_theta)
+  heads = int(e.num_heads) or tc.num_heads  # 0: the target's attention shape
+  config = EagleConfig(d_model=tc.d_model, vocab_size=target.vocab_size, num_heads=heads,
+                       head_dim=tc.head_dim if heads == tc.num_heads else 0,
+                       mlp_dim=int(e.mlp_dim) or tc.mlp_dim, feature_layers=layers,
+                       rope_theta=tc.rope_theta)
   version = 3 if cfg.kind == "eagle3" else 1
   loss = EagleLoss.for_version(version, unroll=int(e.unroll) or None)
   res = train_eagle(target, tp, config, train_data, valid, cfg.train, workdir, loss=loss)
