@@ -713,6 +713,7 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   cfg.workdir = str(tmp_path / "w")
   cfg.eagle_dir = str(tmp_path)            # exists
   cfg.medusa_dir = str(tmp_path / "none")  # does not
+  cfg.eagle3_dir = str(tmp_path / "none3")  # (not the default: runs/ may hold one)
   opts = families.options(cfg)
   assert opts.eagle_dir == str(tmp_path) and opts.medusa_dir == "" and opts.eagle3_dir == ""
   assert opts.eagle_dynamic == (4, 4, 16) and opts.tasks == ("code", "summarize", "free_text")

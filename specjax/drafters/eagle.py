@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +58,7 @@ from specjax.models.layers import apply_rope
 from specjax.tree import TokenTree
 
 __all__ = ["EagleConfig", "Eagle", "EagleState", "DynamicTree", "init_eagle", "pair_inputs",
-           "head_outputs", "head_logits", "fuse_features", "load_eagle"]
+           "head_logits", "fuse_features", "load_eagle"]
 
 
 def _pos_int(name, v, minimum=1):
@@ -224,14 +224,6 @@ def head_logits(config: EagleConfig, params, lm_head_EV, out_xE: jax.Array) -> j
   if config.version == 3:
     out_xE = _rms(out_xE, params["out_norm"], config.norm_eps)
   return (out_xE.astype(jnp.float32) @ lm_head_EV.astype(jnp.float32)).astype(jnp.float32)
-
-
-def head_outputs(config: EagleConfig, params, x_BTE, positions_BT, sources, diag=()):
-  """One head call on inputs `x_BTE` at `positions_BT`, attending to
-  `sources` and `diag` (see `_attend`; the callers put the queries' own
-  keys among them). → outputs `[B, T, E]` (the predicted features)."""
-  q, _, _ = _qkv(config, params, x_BTE, positions_BT)
-  return _finish(config, params, x_BTE, _attend(config, q, sources, diag))
 
 
 @dataclasses.dataclass(frozen=True)

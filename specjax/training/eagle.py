@@ -38,7 +38,6 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 
 from specjax.drafters.eagle import (EagleConfig, _attend, _finish, _qkv, fuse_features,
@@ -47,7 +46,7 @@ from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import save_final_params
 from specjax.training.heads import DistillData, resumable_loop, target_states
 from specjax.training.loop import quiet_orbax_info_logs
-from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
+from specjax.training.optim import OptimizerSpec, make_optimizer, state_step
 
 __all__ = ["EagleLoss", "unrolled_outputs", "eagle_loss", "train_eagle", "load_head",
            "step_agreement"]
@@ -147,17 +146,12 @@ def _valid_rows(data: DistillData) -> np.ndarray:
 
 def _step_fn(config: EagleConfig, loss: EagleLoss, spec: OptimizerSpec):
   """`(state, shared, feats, final, tokens, valid) -> (state, metrics)`, not jitted."""
-  tx = make_optimizer(spec)
+  update = state_step(spec)
 
   def step(state, shared, feats, final, tokens, valid):
     key = jax.random.fold_in(jax.random.key(0), state["step"])
-    (value, metrics), grads = jax.value_and_grad(
-        lambda p: eagle_loss(config, loss, p, shared, feats, final, tokens, valid, key),
-        has_aux=True)(state["params"])
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    metrics = dict(metrics, loss=value, lr=make_schedule(spec)(state["step"]))
-    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+    return update(state, lambda p: eagle_loss(config, loss, p, shared, feats, final, tokens,
+                                              valid, key))
   return step
 
 

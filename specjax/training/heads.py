@@ -37,7 +37,6 @@ from typing import Any, Callable, Dict, Optional
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 
 from specjax import atomic_io
@@ -45,7 +44,7 @@ from specjax.drafters.medusa import MedusaConfig, head_logits, init_heads, targe
 from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import Checkpointer, save_final_params
 from specjax.training.loop import meta_difference, quiet_orbax_info_logs
-from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
+from specjax.training.optim import OptimizerSpec, make_optimizer, state_step
 
 __all__ = ["DistillData", "distillation_data", "target_states", "train_medusa", "topk_accuracy",
            "save_heads", "load_heads", "resumable_loop"]
@@ -143,16 +142,9 @@ def _loss(config: MedusaConfig, params, shared, h_BLE, tokens_BL, generated_BL):
 
 def _step_fn(config: MedusaConfig, spec: OptimizerSpec):
   """`(state, shared, h, tokens, generated) -> (state, metrics)`, not jitted."""
-  tx = make_optimizer(spec)
-
-  def step(state, shared, h, tokens, generated):
-    (loss, metrics), grads = jax.value_and_grad(
-        lambda p: _loss(config, p, shared, h, tokens, generated), has_aux=True)(state["params"])
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    metrics = dict(metrics, loss=loss, lr=make_schedule(spec)(state["step"]))
-    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
-  return step
+  update = state_step(spec)
+  return lambda state, shared, h, tokens, generated: update(
+      state, lambda p: _loss(config, p, shared, h, tokens, generated))
 
 
 @functools.lru_cache(maxsize=8)

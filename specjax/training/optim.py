@@ -21,13 +21,14 @@ clip the gradient's global norm to `grad_clip` first (0: no clipping).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-__all__ = ["OptimizerSpec", "make_schedule", "make_optimizer", "SCHEDULES", "OPTIMIZERS"]
+__all__ = ["OptimizerSpec", "make_schedule", "make_optimizer", "state_step", "SCHEDULES",
+           "OPTIMIZERS"]
 
 SCHEDULES = ("cosine", "linear", "inverse_sqrt", "constant")
 OPTIMIZERS = ("adamw", "adafactor")
@@ -100,3 +101,21 @@ def make_optimizer(spec: OptimizerSpec) -> optax.GradientTransformation:
   if spec.grad_clip > 0:
     return optax.chain(optax.clip_by_global_norm(spec.grad_clip), opt)
   return opt
+
+
+def state_step(spec: OptimizerSpec
+               ) -> Callable[[Dict[str, Any], Callable], Tuple[Dict[str, Any], Dict[str, Any]]]:
+  """`(state, loss_fn) -> (state, metrics)`: one optimizer step on a train
+  state `{"step", "params", "opt_state"}`, where `loss_fn(params) -> (loss,
+  metrics)`; the metrics come back with `loss` and the step's `lr` added. Not
+  jitted: the trainers (Medusa / EAGLE heads) close over it inside their own
+  jitted step."""
+  tx, schedule = make_optimizer(spec), make_schedule(spec)
+
+  def step(state, loss_fn):
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    metrics = dict(metrics, loss=loss, lr=schedule(state["step"]))
+    return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, metrics
+  return step
