@@ -248,8 +248,8 @@ def test_projections_bench_smoke(tmp_path):
   result = json.loads((tmp_path / "projections.json").read_text())
   assert result["meta"]["greedy_tokens_identical"]
   rows = {r["what"]: r for r in result["rows"]}
-  assert set(rows) == {"step_times B=1 T=1", "step_times B=1 T=3", "step_times B=4 T=3",
-                       "generate B=1, ms per step (N=8, P=8)",
+  # --quick: the two multi-token cells and the batched loop (compile-bound here).
+  assert set(rows) == {"step_times B=1 T=3", "step_times B=4 T=3",
                        "generate B=8, ms per step (N=8, P=8)"}
   assert result["meta"]["tuned_matvec_max_rows"] in (0, 2, 3)  # tune_matvec_rows ran
   assert rows["step_times B=1 T=3"]["path"].startswith("one product per token")
@@ -259,7 +259,7 @@ def test_projections_bench_smoke(tmp_path):
               for x in ("ms", "speedup")]
     assert np.isfinite(values).all(), row
     assert row["matmul_speedup"] == 1.0  # the baseline against itself
-  assert "| step_times B=1 T=1 |" in (tmp_path / "projections.md").read_text()
+  assert "| step_times B=1 T=3 |" in (tmp_path / "projections.md").read_text()
 
 
 def test_step_times_side_by_side_takes_params_per_model():
