@@ -28,6 +28,20 @@ def test_process_logits_matches_reference(cfg):
   np.testing.assert_allclose(got.sum(-1), 1.0, atol=1e-5)
 
 
+@pytest.mark.parametrize("vocab", [1023, 1024])
+def test_top_p_rolled_and_unrolled_bisection_match_reference(vocab):
+  """The bisection runs as a rolled loop below 1024 tokens and unrolled from
+  1024 on (compile time vs. run time): both keep exactly the reference's set."""
+  from specjax import sampling
+  assert (vocab >= sampling._UNROLL_MIN_VOCAB) == (vocab == 1024)
+  logits = np.random.default_rng(vocab).normal(size=(3, 2, vocab)) * 3.0
+  for top_p in (0.3, 0.9):
+    got = np.asarray(process_logits(jnp.asarray(logits, jnp.float32), SamplingConfig(top_p=top_p)))
+    want = processed_probs(logits, 1.0, 0, top_p)
+    np.testing.assert_array_equal(got > 0, want > 0)
+    np.testing.assert_allclose(got, want, atol=2e-6)
+
+
 def test_top_p_keeps_smallest_prefix_reaching_mass():
   probs = np.array([0.5, 0.3, 0.15, 0.05])
   got = np.asarray(process_logits(jnp.log(jnp.asarray(probs, jnp.float32)), SamplingConfig(top_p=0.8)))
