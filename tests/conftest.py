@@ -1,15 +1,32 @@
 """Test set-up: 8 CPU devices for sharding tests, float32, no GPU probing.
 
-No persistent XLA compilation cache here: writing serialized CPU executables
-from two workers at once crashed a CI worker (a segfault inside
-`compilation_cache.put_executable_and_time`), and it saved ~5% of the time.
+Compiled programs are freed after every test module (`jax.clear_caches()`):
+each live XLA:CPU executable holds ~16 memory mappings (its JIT-compiled
+kernels), JAX keeps every executable it compiled, and a worker that ran a few
+thousand programs segfaulted inside an XLA compile (twice: once in a
+persistent-cache write, once in `backend_compile_and_load`), as a process
+nearing the kernel's 65530-mapping limit does (one module alone left a
+worker with up to 21.5k mappings; freed, ~1.4k). No persistent compilation cache either: it
+saved ~5% of the time.
 """
+import gc
 import os
+import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_compiled_programs():
+  """After each module: drop JAX's caches (compiled executables, traces) so
+  a long-lived worker's memory mappings stay bounded (see the docstring)."""
+  yield
+  if "jax" in sys.modules:
+    sys.modules["jax"].clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
@@ -18,3 +35,18 @@ def _isolated_tuning_cache(tmp_path_factory, monkeypatch):
   per test, never to the user's ~/.cache: a choice tuned by one test must not
   change how another computes (subprocesses inherit the variable)."""
   monkeypatch.setenv("SPECJAX_CACHE_DIR", str(tmp_path_factory.mktemp("specjax-cache")))
+
+
+# The heaviest modules first (idle worker-seconds, measured): with whole
+# modules per worker, a heavy module handed out last would leave the other
+# worker idle at the end. The rest keep their collection order.
+_HEAVY_FIRST = ("test_benchmarks", "test_drafters", "test_leviathan", "test_chen",
+                "test_eagle", "test_paper_presets", "test_long_context", "test_trees",
+                "test_generation", "test_shakespeare", "test_notebooks")
+
+
+def pytest_collection_modifyitems(items):
+  def rank(item):
+    name = os.path.splitext(os.path.basename(str(item.fspath)))[0]
+    return _HEAVY_FIRST.index(name) if name in _HEAVY_FIRST else len(_HEAVY_FIRST)
+  items.sort(key=rank)  # stable: tests keep their order within a module
