@@ -218,7 +218,7 @@ def test_speculative_greedy_equals_autoregressive():
   assert st.by_eos.any() and (~st.by_eos).any(), st.greedy_lengths
   assert len(set(st.greedy_lengths[st.by_eos])) > 1  # EOS at different steps.
   rates = []
-  for gamma in (1, 3, 5):
+  for gamma in (1, 4):
     spec = specjax.speculative_generate(st.target, st.tp, st.draft, st.dp, st.inputs,
                                         st.lengths, max_new_tokens=n, gamma=gamma,
                                         sampling=GREEDY, eos_id=st.eos)
