@@ -6,8 +6,8 @@ kernels), JAX keeps every executable it compiled, and a worker that ran a few
 thousand programs segfaulted inside an XLA compile (twice: once in a
 persistent-cache write, once in `backend_compile_and_load`), as a process
 nearing the kernel's 65530-mapping limit does (one module alone left a
-worker with up to 21.5k mappings; freed, ~1.4k). No persistent compilation cache either: it
-saved ~5% of the time.
+worker with up to 21.5k mappings; freed, ~1.4k). No persistent compilation
+cache either: it saved ~5% of the time.
 """
 import gc
 import os
