@@ -8,9 +8,6 @@ import shutil
 import numpy as np
 import pytest
 
-# One worker builds the module's micro run once (see pytest.ini).
-pytestmark = pytest.mark.xdist_group("chen_micro")
-
 from configs import chen_chinchilla as chen_config
 from specjax.data import build_task
 from specjax.data import code as code_lib

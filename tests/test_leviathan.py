@@ -7,12 +7,10 @@ import shutil
 import ml_collections
 import pytest
 
-# One worker builds the module's micro run once (see pytest.ini).
-pytestmark = pytest.mark.xdist_group("leviathan_micro")
-
 from configs import leviathan_t5 as lev_config
 from specjax.checkpoints import CheckpointError, params_digest, restore_params
 from specjax.experiments import leviathan, notebooks
+
 
 @pytest.fixture(scope="module")
 def micro_run(tmp_path_factory):

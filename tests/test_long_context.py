@@ -188,10 +188,6 @@ def micro_run(tmp_path_factory):
   return cfg, lc.run(cfg)
 
 
-_MICRO = pytest.mark.xdist_group("long_context_micro")  # one worker builds the fixture
-
-
-@_MICRO
 def test_micro_run_measures_every_cell_exactly(micro_run):
   cfg, res = micro_run
   cells = res["cells"]
@@ -221,7 +217,6 @@ def test_micro_run_measures_every_cell_exactly(micro_run):
   assert "windowed-KV self-draft γ=1" in md
 
 
-@_MICRO
 def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
   cfg, first = micro_run
   from specjax.experiments import long_context_measure as lcm

@@ -32,7 +32,6 @@ from specjax.experiments import chen, leviathan  # noqa: E402
 from specjax.experiments.speed import sweep_cache_len  # noqa: E402
 from specjax.experiments.stages import Stages  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("paper_presets")
 
 WORDS = ("the package provides a library for reading and writing files with support for "
          "compressed archives network tools command line utility python module data").split()

@@ -12,7 +12,6 @@ from configs import shakespeare_heads as shk_config
 from specjax.data.shakespeare import CharVocab, build_shakespeare, load_shakespeare
 from specjax.experiments import shakespeare_heads
 
-pytestmark = pytest.mark.xdist_group("shakespeare_micro")
 
 WORDS = "thou art my lord and shall not the king hath come to thee good night sweet prince".split()
 

@@ -108,10 +108,6 @@ def test_fsdp_spec_splits_the_largest_divisible_axis():
     fsdp_spec((8,), mesh, axis="heads")
 
 
-_RUNS = pytest.mark.xdist_group("sharded_training_runs")  # one worker builds `runs`
-
-
-@_RUNS
 @pytest.mark.parametrize("mesh", [(2, 4), (8, 1)], ids=["2x4", "8x1"])
 def test_sharded_losses_match_one_device(runs, mesh, tmp_path):
   single_dir, single_params = runs["single"]
@@ -162,7 +158,6 @@ def test_the_state_stays_split_over_the_model_axis():
     assert x.addressable_shards[0].data.size * 4 == x.size
 
 
-@_RUNS
 def test_resume_on_the_mesh_matches_an_uninterrupted_run(runs, tmp_path):
   full_dir, full_params = runs["2x4"]
   full_train, _ = _records(full_dir)
