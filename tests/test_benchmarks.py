@@ -666,10 +666,14 @@ def test_drafters_bench_smoke(tmp_path):
   res = _run(args)  # resumes: every finished cell is reused as stored, nothing re-measured
   again = json.loads((tmp_path / "drafters_smoke.json").read_text())
   assert again["tasks"] == results["tasks"]
-  assert "cell 1/1 summarize T=0 B=2 (reused" in res.stderr
+  assert "cell 1/2 summarize T=0 B=2 (reused" in res.stderr
   md = (tmp_path / "drafters_smoke.md").read_text()
   names = {"autoregressive", "classic draft", "prompt lookup", "layer skip", "windowed KV",
            "lookahead", "Medusa chain", "Medusa tree 6", "EAGLE-2", "EAGLE-3"}
+  # The tasks' prompts share one shape: the second task's cell runs the first one's programs.
+  assert set(results["tasks"]) == {"summarize", "code"}
+  assert results["tasks"]["summarize"][0]["warmup_traces"] >= len(names)
+  assert results["tasks"]["code"][0]["warmup_traces"] == 0
   for cells in results["tasks"].values():
     assert {(c["temperature"], c["batch"]) for c in cells} == {(0.0, 2)}
     for c in cells:
