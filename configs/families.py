@@ -9,9 +9,10 @@ Run (from the repository root), after the Chen experiment and the learned drafte
       --config=configs/train_drafter.py:${k}_quick --config.target_dir=runs/chen_quick/target \
       --config.workdir=runs/${k}_quick --config.data.dir=runs/distill_chen_quick; done
   python experiments/families.py --config=configs/families.py:quick \
-      --config.results_dir=results/families              # ≤ 15 min on 2 CPU cores
+      --config.results_dir=results/families   # 29 min measured (before the 3 tasks shared programs)
 
-  (`full`: the same with runs/chen_full and the *_full drafters; ~1 h.)
+  (`full`: the same with runs/chen_full and the *_full drafters; 28 min measured, the
+  exact commands in results/families/README.md.)
   python experiments/families.py --config=configs/families.py:smoke   # tiny random models
 
 Measured (`specjax.bench.families`): on code, summarisation and free text, at
