@@ -335,12 +335,12 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
   call_cost = _call_costs(target, tp, batch, prompts.shape[1], max_new,
                           sorted(set(call_tokens.values())))
   compile_s = {}
-  traces_before = dict(generation.trace_counts)
+  traced = sum(generation.trace_counts.values())
   for name in names:  # compile each once, outside the timings
     t0 = now()
     _run(target, tp, entries.get(name), *batches[0], sampling, max_new)
     compile_s[name] = now() - t0
-  warmup_traces = sum(generation.trace_counts.values()) - sum(traces_before.values())
+  warmup_traces = sum(generation.trace_counts.values()) - traced  # 0: programs reused
   traces_before = dict(generation.trace_counts)
   rec = {name: {"seconds": 0.0, "tokens": 0, "calls": 0, "accepted": 0, "drafted": 0,
                 "identical": True} for name in names}
@@ -617,7 +617,7 @@ def run(opts: "FamilyOptions") -> dict:
   models = {"target": params_digest(tp), **{
       name: [repr(e[0]) if drafters.is_drafter(e[0]) else repr(e[0].config),
              None if e[1] is None else params_digest(e[1]), e[2]] for name, e in entries.items()}}
-  # Tasks innermost: the prompts of every task share one shape, so the three cells of one
+  # Tasks innermost: the prompts of every task share one shape, so the cells of one
   # (temperature, batch) run the same executables; they are freed (XLA:CPU keeps memory
   # mappings per executable) only when the setting changes.
   todo = [(task, temp, b) for temp in temps for b in batches if b <= n for task in tasks]
