@@ -59,7 +59,7 @@ from flax import struct
 
 from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, is_drafter
 from specjax.drafters.model import ModelDrafter, draw
-from specjax.sampling import SamplingConfig, process_logits, row_uniforms
+from specjax.sampling import SamplingConfig, argmax_first, process_logits, row_uniforms
 from specjax.tree import TokenTree, dynamic_tree_arrays
 from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_verify,
                             rejection_verify, tree_verify)
@@ -397,7 +397,7 @@ class SpeculativeDecoder:
     if proposal.probs_BGV is not None:
       raise ValueError("proposal distributions are supported for one chain only (K = 1)")
     if self.sampling.is_greedy:
-      best_BT = jnp.argmax(q_BTV, axis=-1).astype(jnp.int32)
+      best_BT = argmax_first(q_BTV)
       return greedy_candidates_verify(cands_BKN, valid_BKN, best_BT[:, 0], best_BT[:, chains])
     return self.candidates_fn(key_B, cands_BKN, valid_BKN, q_BTV[:, 0], q_BTV[:, chains])
 
@@ -457,7 +457,7 @@ class SpeculativeDecoder:
       last_hidden = jnp.take_along_axis(path_hidden, n_B[:, None, None], axis=1)[:, 0]
     feedback = DraftFeedback(
         committed_BC=new_BN1, count_B=count_B, seq_len_B=state.seq_len, pending_B=state.pending,
-        target_argmax_BT=jnp.argmax(logits_BTV, axis=-1).astype(jnp.int32), chain_B=chain_B,
+        target_argmax_BT=argmax_first(logits_BTV), chain_B=chain_B,
         accepted_B=n_B, target_hidden_BE=last_hidden, target_hidden_BCX=path_hidden)
     draft_state = drafter.update(draft_params, draft_state, feedback)
     a = active_B.astype(jnp.int32)

@@ -35,7 +35,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import row_uniforms, sample_from_uniform
+from specjax.sampling import argmax_first, row_uniforms, sample_from_uniform
 
 __all__ = ["rejection_verify", "greedy_verify", "gather_probs", "candidates_verify",
            "greedy_candidates_verify", "tree_verify"]
@@ -103,7 +103,7 @@ def greedy_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: jax.
   """
   del keys_B, draft_probs_BGV
   b, g = drafts_BG.shape
-  best_BG1 = jnp.argmax(target_probs_BG1V, axis=-1).astype(jnp.int32)
+  best_BG1 = argmax_first(target_probs_BG1V)
   match_BG = ((drafts_BG == best_BG1[:, :g]) & _valid(num_valid_B, b, g)).astype(jnp.int32)
   num_accepted_B = jnp.sum(jnp.cumprod(match_BG, axis=1), axis=1).astype(jnp.int32)
   next_B = jnp.take_along_axis(best_BG1, num_accepted_B[:, None], axis=1)[:, 0]
@@ -271,7 +271,7 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
     path.append(jnp.where(hit_B, acc_B, 0))
     stopped_B = stopped_B | ~hit_B
   if greedy:
-    next_B = jnp.argmax(r_BV, axis=-1).astype(jnp.int32)
+    next_B = argmax_first(r_BV)
   else:
     next_B = sample_from_uniform(u_BX[:, depth * c], r_BV)
   path_BD = jnp.stack(path, axis=1) if path else jnp.zeros((b, 0), jnp.int32)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from reference import processed_probs
-from specjax.sampling import GREEDY, SamplingConfig, process_logits, sample_tokens
+from specjax.sampling import GREEDY, SamplingConfig, argmax_first, process_logits, sample_tokens
 
 CONFIGS = [
     SamplingConfig(1.0),
@@ -133,3 +133,19 @@ def test_sample_from_uniform_rejects_bad_shapes():
     sample_from_uniform(jnp.zeros((2,)), jnp.ones((2, 3, 4)))
   with pytest.raises(ValueError, match="u_B"):
     sample_from_uniform(jnp.zeros((3,)), jnp.ones((2, 4)))
+
+
+def test_argmax_first_is_numpys_argmax_on_ties_infs_and_nans():
+  # Hand cases: ties take the first index, an all -inf row gives 0, a NaN wins
+  # (the first NaN), integer inputs work; then random rows with many ties.
+  x = np.array([[1., 3., 3., 0.], [-np.inf] * 4, [0., np.nan, 5., np.nan], [2., 2., 2., 2.]],
+               np.float32)
+  np.testing.assert_array_equal(np.asarray(argmax_first(jnp.asarray(x))), [1, 0, 1, 0])
+  np.testing.assert_array_equal(np.asarray(argmax_first(jnp.asarray([[1, 5, 5], [2, 2, 1]]))),
+                                [1, 0])
+  rng = np.random.default_rng(0)
+  r = rng.integers(0, 4, size=(3, 5, 37)).astype(np.float32)  # few values: many ties
+  for axis in (0, 1, 2, -1):
+    got = np.asarray(argmax_first(jnp.asarray(r), axis=axis))
+    np.testing.assert_array_equal(got, np.argmax(r, axis=axis))
+    assert got.dtype == np.int32

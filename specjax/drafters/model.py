@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, chain_layout
 from specjax.protocol import check_model
-from specjax.sampling import SamplingConfig, process_logits, sample_from_uniform
+from specjax.sampling import SamplingConfig, argmax_first, process_logits, sample_from_uniform
 
 __all__ = ["ModelDrafter", "draw"]
 
@@ -32,7 +32,7 @@ def draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.A
   """One token per row: the argmax for greedy (the one-hot's only token; no
   random numbers are then computed at all), else an inverse-CDF draw."""
   if sampling.is_greedy:
-    return jnp.argmax(probs_BV, axis=-1).astype(jnp.int32)
+    return argmax_first(probs_BV)
   return sample_from_uniform(u_B, probs_BV)
 
 
