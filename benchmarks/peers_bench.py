@@ -5,7 +5,7 @@
   python benchmarks/peers_bench.py ... --model_parallel=0  # + batch-1 rows on every core
   python benchmarks/peers_bench.py --quick ...       # fewer cells (~10 min)
   python benchmarks/peers_bench.py --smoke           # tiny random models (< 1 min; the test)
-  python benchmarks/peers_bench.py --render=benchmarks/results/peers.json  # report only
+  python benchmarks/peers_bench.py --render=benchmarks/results/peers_t5.json  # report only
 
 Pairs: `t5` = the Leviathan T5 v1.1 target and its draft_<--t5_draft> (orbax
 dirs under --leviathan_dir), `decoder` = the Chen target and draft (under
