@@ -373,8 +373,12 @@ def test_two_processes_share_one_mesh(tmp_path):
   want = specjax.speculative_generate(
       target, tp, draft, dp, jnp.array([[3, 4, 5, 6], [7, 8, 9, 0]]), jnp.array([4, 3]),
       max_new_tokens=12, gamma=3, sampling=specjax.GREEDY).tokens
+  # The workers import specjax from this checkout whatever the install (a worker
+  # once failed with "No module named 'specjax'" mid-suite on an editable install).
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+             XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
   port, logdir = _free_port(), str(tmp_path / "tb")
   procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), logdir], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
