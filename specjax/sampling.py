@@ -83,6 +83,9 @@ def argmax_first(x: jax.Array, axis: int = -1) -> jax.Array:
   (3 × 4096: 6 against 25 µs), and a greedy decoding iteration takes
   several (the draft's tokens, the target's call, the verification).
   """
+  if not -x.ndim <= axis < x.ndim:
+    raise ValueError(f"axis must be in [{-x.ndim}, {x.ndim}) for an array of shape "
+                     f"{tuple(x.shape)}, got {axis}")
   axis = axis % x.ndim
   m = jnp.max(x, axis=axis, keepdims=True)
   idx = jax.lax.broadcasted_iota(jnp.int32, x.shape, axis)

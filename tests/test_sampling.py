@@ -149,3 +149,6 @@ def test_argmax_first_is_numpys_argmax_on_ties_infs_and_nans():
     got = np.asarray(argmax_first(jnp.asarray(r), axis=axis))
     np.testing.assert_array_equal(got, np.argmax(r, axis=axis))
     assert got.dtype == np.int32
+  for bad in (3, -4):  # never wrapped around silently
+    with pytest.raises(ValueError, match=rf"axis must be in \[-3, 3\).*got {bad}"):
+      argmax_first(jnp.asarray(r), axis=bad)
