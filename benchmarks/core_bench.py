@@ -8,7 +8,7 @@ For each batch size, draft (a ~46x smaller random draft, and the target
 itself = "self", every token accepted) and gamma it measures, side by side in
 one process:
 
-* component times, in-graph (`specjax.bench.timing.step_times`): target step
+* component times, in-graph (`specjax.measure.timing.step_times`): target step
   (T=1), target verify (T=gamma+1), draft step (T=1) and the draft's first
   step of an iteration (T=2);
 * wall time of `generate` and `speculative_generate` (greedy, no EOS, same
@@ -22,19 +22,16 @@ Writes `core.json` and `core.md` into --out_dir.
 
 import os
 import platform
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-
-import specjax  # noqa: E402
-from specjax.bench.timing import count_params, step_times, time_call  # noqa: E402
-from specjax.models.decoder import DecoderLM, decoder_config  # noqa: E402
+import specjax
+from specjax.measure.timing import count_params, step_times, time_call
+from specjax.models.decoder import DecoderLM, decoder_config
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                            "Where core.json / core.md go.")

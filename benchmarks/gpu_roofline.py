@@ -8,9 +8,9 @@
 Random bf16 weights (made leaf by leaf on the device) of T5-XXL (v1.1) with
 T5-small/base/large drafts, and of a 7B-class decoder (`llama-7b-like`) with
 a ~0.5B draft (`draft-0.5b-like`). For each model: the in-graph step latency
-(`specjax.bench.timing.step_times`: the call repeated inside one jitted
+(`specjax.measure.timing.step_times`: the call repeated inside one jitted
 fori_loop, prefill subtracted) at T = 1 and, for targets, T = γ + 1; the
-bytes the step must move (`specjax.bench.roofline.step_bytes`: the weights it
+bytes the step must move (`specjax.measure.roofline.step_bytes`: the weights it
 uses, the KV cache — the whole static buffer — and its writes) divided by
 the bandwidth measured with one large on-device elementwise pass. Prints
 one table (and c, the verify cost, the speedup the components predict at a
@@ -24,7 +24,6 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _SMOKE_FLAG = "--cpu_smoke" in sys.argv
 if _SMOKE_FLAG:  # Before JAX starts: CPU, and cheap compilation (its speed is not measured).
@@ -32,10 +31,10 @@ if _SMOKE_FLAG:  # Before JAX starts: CPU, and cheap compilation (its speed is n
   os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                              + " --xla_backend_optimization_level=0").strip()
 
-import jax  # noqa: E402
-from absl import app, flags  # noqa: E402
+import jax
+from absl import app, flags
 
-from specjax.bench import roofline  # noqa: E402
+from specjax.measure import roofline
 
 _OUT = flags.DEFINE_string("out", "benchmarks/results/gpu_roofline.json", "JSON output path.")
 _SMOKE = flags.DEFINE_bool("cpu_smoke", False, "Tiny shapes on CPU (a smoke run for the test).")

@@ -59,7 +59,7 @@ def _write_checkpoint(directory: str, size: str) -> dict:
   """Random bf16 weights in transformers' Llama layout, 4 safetensors shards."""
   import ml_dtypes
   import numpy as np
-  from specjax.checkpoints.hf_common import write_json
+  from specjax.atomic_io import atomic_write_json
   from specjax.checkpoints.hf_llama import hf_config_from_decoder, hf_llama_shapes
   from specjax.checkpoints.hf_llama import decoder_config_from_hf
   from safetensors.numpy import save_file
@@ -79,10 +79,8 @@ def _write_checkpoint(directory: str, size: str) -> dict:
     save_file(tensors, os.path.join(directory, file), metadata={"format": "pt"})
     weight_map.update({n: file for n in group})
     del tensors
-  write_json({"metadata": {}, "weight_map": weight_map},
-             os.path.join(directory, "model.safetensors.index.json"))
-  write_json(hf_config_from_decoder(config, max_position_embeddings=2048),
-             os.path.join(directory, "config.json"))
+  atomic_write_json(os.path.join(directory, "model.safetensors.index.json"), {"metadata": {}, "weight_map": weight_map}, indent=2)
+  atomic_write_json(os.path.join(directory, "config.json"), hf_config_from_decoder(config, max_position_embeddings=2048), indent=2)
   return {"params": config.num_params()}
 
 
@@ -92,7 +90,7 @@ def _child(mode: str, directory: str) -> None:
   from specjax.checkpoints import streaming
   from specjax.checkpoints.hf_common import load_state_dict
   from specjax.checkpoints.hf_llama import import_hf_decoder
-  from specjax.sharding import make_mesh, shard_params
+  from specjax.parallel.sharding import make_mesh, shard_params
   jax.devices()
   baseline = _status_kb("VmRSS")
   total, largest = streaming.stored_bytes(streaming.open_tensors(directory))

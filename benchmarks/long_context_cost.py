@@ -16,7 +16,7 @@ the Chen `full` target, 8 layers × 384, 6 heads × 64) and its drafts, per
   position and row);
 * the target's one-token step and its call on γ+1 tokens (the verify), in
   one jitted `lax.fori_loop` of `extend` calls over a cache of `context`
-  valid positions (`specjax.bench.timing.cache_step_times`: no prefill in
+  valid positions (`specjax.measure.timing.cache_step_times`: no prefill in
   the timed function, every logit consumed);
 * the drafts' one-token steps: the windowed-KV self-draft (the target over
   sinks + window ring slots) and the classic small draft (1 layer × 160)
@@ -42,22 +42,20 @@ Writes long_context_cost.json / .md into --out_dir.
 import json
 import os
 import platform
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-
-from specjax.atomic_io import atomic_write_text  # noqa: E402
-from specjax.bench.timing import cache_step_times, now  # noqa: E402
-from specjax.drafters.windowed import WindowedLM  # noqa: E402
-from specjax.experiments.long_context import (component_times, kv_bytes_per_position,  # noqa: E402
-                                              predicted_speedup)
-from specjax.experiments.report import machine_info  # noqa: E402
-from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config  # noqa: E402
+from specjax import theory
+from specjax.atomic_io import atomic_write_text
+from specjax.drafters.windowed import WindowedLM
+from specjax.measure.timing import cache_step_times, now
+from specjax.experiments.long_context_measure import (component_times,
+                                                      kv_bytes_per_position)
+from specjax.experiments.report import machine_info
+from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                            "Where long_context_cost.json / .md go.")
@@ -96,9 +94,11 @@ def measure_cell(models, b: int, s: int, gamma: int, repeats: int) -> dict:
          "gb_per_s": (weights + kv) / tgt[1] / 1e9}
   for name, cost in (("window", win[1]), ("draft", drf[1])):
     row[f"{name}_c"] = cost / tgt[1]
-    row[f"{name}_predicted"] = {str(a): predicted_speedup(a, gamma, cost / tgt[1],
-                                                          tgt[gamma + 1] / tgt[1])
-                                for a in ALPHAS}
+    row[f"{name}_predicted"] = {
+        str(a): float(theory.walltime_improvement_from_tokens(
+            theory.expected_tokens_per_call(a, gamma), gamma, cost / tgt[1],
+            tgt[gamma + 1] / tgt[1]))
+        for a in ALPHAS}
   logging.info("B=%d S=%d: step %.2f ms, verify %.2fx, window c %.3f, draft c %.3f (%.0fs)",
                b, s, row["step_ms"], row["verify_ratio"], row["window_c"], row["draft_c"],
                now() - t0)

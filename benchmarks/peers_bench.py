@@ -23,16 +23,12 @@ see benchmarks/README.md for every column.
 """
 
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
 
-from absl import app, flags, logging  # noqa: E402
-
-from specjax.bench import peers_suite  # noqa: E402
-from specjax.checkpoints.hf_common import write_json  # noqa: E402
-from specjax.experiments.common import atomic_write_text  # noqa: E402
+from specjax.atomic_io import atomic_write_json, atomic_write_text
+from specjax.experiments import peers_suite
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                            "Where peers.json / peers.md go.")
@@ -112,9 +108,9 @@ def render(path: str) -> str:
   results["pairs"] = {n: results["pairs"][n] for n in order + sorted(set(results["pairs"])
                                                                       - set(order))}
   results["goals"] = peers_suite.goals(results)
-  write_json(results, path)
+  atomic_write_json(path, results, indent=2)
   md = peers_suite.to_markdown(results)
-  atomic_write_text(md, os.path.splitext(path)[0] + ".md")
+  atomic_write_text(os.path.splitext(path)[0] + ".md", md)
   return md
 
 
@@ -139,12 +135,12 @@ def main(argv):
   name = {"smoke": "peers_smoke", "quick": "peers_quick"}.get(cfg.mode, "peers")
   os.makedirs(_OUT.value, exist_ok=True)
   partial = os.path.join(_OUT.value, f".{name}.partial.json")
-  results = peers_suite.run_suite(cfg, log, on_pair=lambda pairs: write_json(pairs, partial))
-  write_json(results, os.path.join(_OUT.value, f"{name}.json"))
+  results = peers_suite.run_suite(cfg, log, on_pair=lambda pairs: atomic_write_json(partial, pairs, indent=2))
+  atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), results, indent=2)
   if os.path.exists(partial):
     os.remove(partial)
   md = peers_suite.to_markdown(results)
-  atomic_write_text(md, os.path.join(_OUT.value, f"{name}.md"))
+  atomic_write_text(os.path.join(_OUT.value, f"{name}.md"), md)
   print(md)
 
 

@@ -44,19 +44,16 @@ import json
 import os
 import platform
 import statistics
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-
-import specjax  # noqa: E402
-from specjax.atomic_io import atomic_write_text  # noqa: E402
-from specjax.bench.timing import step_times_side_by_side, time_call  # noqa: E402
-from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config  # noqa: E402
+import specjax
+from specjax.atomic_io import atomic_write_text
+from specjax.measure.timing import step_times_side_by_side, time_call
+from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                            "Where projections.json / projections.md go.")

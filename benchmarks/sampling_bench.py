@@ -23,17 +23,14 @@ for shapes [B, V] (a draft step) and [B, γ+1, V] (a verify). Writes
 import json
 import os
 import platform
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+from absl import app, flags, logging
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-
-from specjax.atomic_io import atomic_write_text  # noqa: E402
-from specjax.bench.timing import now  # noqa: E402
-from specjax.sampling import SamplingConfig, process_logits, sample_tokens  # noqa: E402
+from specjax.atomic_io import atomic_write_text
+from specjax.measure.timing import now
+from specjax.sampling import SamplingConfig, process_logits, sample_tokens
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                            "Where sampling.json / sampling.md go.")

@@ -6,7 +6,7 @@
                                                             # this script at another commit
 
 Speculative decoding pays when verifying γ+1 tokens costs about one decode
-step. This measures, in-graph (`specjax.bench.timing.StepTimer`: a jitted
+step. This measures, in-graph (`specjax.measure.timing.StepTimer`: a jitted
 `lax.fori_loop` of `extend` calls timed at 0 and N iterations, prefill and
 dispatch cancelled, every logit consumed), the cost of a call on T = 1, 2,
 4, 6, 8, 16, 32, 64 tokens relative to T = 1, at batch 1 and 8 and cache
@@ -50,19 +50,17 @@ import shutil
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
-
-from specjax.atomic_io import atomic_write_text  # noqa: E402
-from specjax.bench.hlo import computations, while_bodies  # noqa: E402
-from specjax.bench.timing import StepTimer, floor_step_seconds, now  # noqa: E402
-from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config  # noqa: E402
-from specjax.models.t5 import T5  # noqa: E402
-from specjax.models.t5_config import T5Config  # noqa: E402
+from specjax.atomic_io import atomic_write_text
+from specjax.measure.hlo import computations, while_bodies
+from specjax.measure.timing import StepTimer, floor_step_seconds, now
+from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
+from specjax.models.t5 import T5
+from specjax.models.t5_config import T5Config
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                            "Where verify_cost.json / verify_cost.md go.")

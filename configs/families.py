@@ -15,7 +15,7 @@ Run (from the repository root), after the Chen experiment and the learned drafte
   exact commands in results/families/README.md.)
   python experiments/families.py --config=configs/families.py:smoke   # tiny random models
 
-Measured (`specjax.bench.families`): on code, summarisation and free text, at
+Measured (`specjax.experiments.families`): on code, summarisation and free text, at
 T = 0 and T = 1, batch 1 and 8: α, τ (tokens per target call), the target
 call's cost, walltime vs AR measured in the same run, greedy equality, the
 drafter's own parameters and state bytes per row; a table in Spec-Bench's

@@ -5,14 +5,11 @@ acceptance, the tokens per target call and the speedup measured side by side.
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from specjax.experiments import demo  # noqa: E402
+from specjax.experiments import demo
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py"),

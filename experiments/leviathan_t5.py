@@ -4,14 +4,11 @@
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, logging
+from ml_collections import config_flags
 
-from absl import app, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from specjax.experiments import leviathan  # noqa: E402
+from specjax.experiments import leviathan
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "leviathan_t5.py"),

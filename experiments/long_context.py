@@ -5,14 +5,11 @@ AR against three drafts from one prefill, the speedup surface.
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, logging
+from ml_collections import config_flags
 
-from absl import app, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from specjax.experiments import long_context  # noqa: E402
+from specjax.experiments import long_context
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "long_context.py"),

@@ -1,18 +1,15 @@
 """The seeds' analysis exercises: tokens per call vs N, the α a speedup needs,
-a traffic mix, an EAGLE-3 head's memory, α against KL (specjax BRIEF).
+a traffic mix, an EAGLE-3 head's memory, α against KL (`specjax.experiments.seeds`).
 
   python experiments/seeds_exercises.py                  # full: results/seeds/
   python experiments/seeds_exercises.py --quick --out_dir=/tmp/seeds
 """
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from specjax.experiments import seeds  # noqa: E402
+from specjax.experiments import seeds
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", os.path.join(os.path.dirname(__file__), "..", "results", "seeds"),

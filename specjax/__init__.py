@@ -7,33 +7,37 @@ Decoding (one jit, one `lax.while_loop`, donated static-shape caches):
                        prompt_lengths, max_new_tokens=..., gamma=..., ...)
 
 Models follow `specjax.protocol.LanguageModel`: `DecoderLM` (Chinchilla /
-Llama style), `T5` (v1.0 / v1.1), `UnigramLM` / `BigramLM`. Sampling choices
-are `SamplingConfig`s; `specjax.theory` has the analytic results;
-`specjax.sharding` places everything on a `jax.sharding` mesh;
-`import_hf_decoder` / `import_hf_t5` stream transformers-format checkpoints
-(Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, T5) straight into their shardings;
-`load_tokenizer` reads a `tokenizer.json` or a SentencePiece model;
+Llama style), `T5` (v1.0 / v1.1), `UnigramLM` / `BigramLM`. Drafts are draft
+models or drafters (`specjax.drafters`, protocol `specjax.drafting`).
+Sampling choices are `SamplingConfig`s; `specjax.theory` has the analytic
+results; `specjax.parallel.sharding` places everything on a
+`jax.sharding` mesh; `import_hf_decoder` / `import_hf_t5` stream
+transformers-format checkpoints (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, T5)
+straight into their shardings; `load_tokenizer` reads a `tokenizer.json` or
+a SentencePiece model; `measure_beta` measures α of a pair;
 `tune_matvec_rows` picks a decoder's CPU product path for this machine.
+The package map (what may import what) is in the README's "Architecture".
 
 Shape names: B batch, P prompt, T tokens per call, S cache slots, V vocab,
 L layers, H heads, K kv heads, D head dim, E width, G = gamma.
 """
 
-from specjax import theory
-from specjax.analysis import measure_beta
-from specjax.api import generate, prefill, required_cache_len, speculative_generate
+from specjax import drafters, parallel, theory
+from specjax.api import generate, prefill, speculative_generate
+from specjax.checkpoints.hf_llama import export_hf_decoder, import_hf_decoder
+from specjax.checkpoints.hf_t5 import export_hf_t5, import_hf_t5
 from specjax.generation import (AutoregressiveDecoder, DecodeState, DecodeStats,
                                 GenerationOutput, Prefill, SpeculativeDecoder)
+from specjax.measure.beta import measure_beta
+from specjax.measure.tuning import MatvecChoice, tune_matvec_rows
 from specjax.models.decoder import DECODER_CONFIGS, DecoderConfig, DecoderLM, decoder_config
 from specjax.models.ngram import BigramLM, UnigramLM
 from specjax.models.t5 import T5, T5_CONFIGS, T5Config, t5_config
-from specjax.protocol import LanguageModel
+from specjax.parallel import sharding as _sharding  # noqa: F401  (specjax.parallel.sharding)
+from specjax.protocol import LanguageModel, required_cache_len
 from specjax.sampling import GREEDY, SamplingConfig, process_logits
-from specjax.bench.tuning import MatvecChoice, tune_matvec_rows
-from specjax.checkpoints.hf_llama import export_hf_decoder, import_hf_decoder
-from specjax.checkpoints.hf_t5 import export_hf_t5, import_hf_t5
-from specjax.hf_tokenizer import HFTokenizer, check_tokenizers_compatible, load_tokenizer
-from specjax.tokenizer import SentencePieceTokenizer
+from specjax.tokenizers import (HFTokenizer, SentencePieceTokenizer, check_tokenizers_compatible,
+                                load_tokenizer)
 from specjax.verify import rejection_verify
 
 __version__ = "0.1.0"

@@ -7,66 +7,21 @@ rather than an XLA error (or a silent clamp) from deep inside.
 
 from __future__ import annotations
 
-import numbers
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from specjax._checks import check_int, check_prompts
+from specjax.drafters.model import ModelDrafter
+from specjax.drafting import Drafter
 from specjax.generation import (AutoregressiveDecoder, GenerationOutput, Prefill,
                                 SpeculativeDecoder, run_prefill)
-from specjax.protocol import check_model
+from specjax.protocol import check_model, required_cache_len
 from specjax.sampling import SamplingConfig
 from specjax.verify import rejection_verify
 
 __all__ = ["generate", "speculative_generate", "prefill", "required_cache_len"]
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
-  return int(value)
-
-
-def _is_concrete(x) -> bool:
-  """Whether `x`'s values can be read on this host for a check: not a tracer,
-  and not a global array spanning other processes' devices (multi-host:
-  those checks are skipped; the jitted loop is the same)."""
-  return (not isinstance(x, jax.core.Tracer)
-          and getattr(x, "is_fully_addressable", True))
-
-
-def _check_prompts(prompts, prompt_lengths):
-  if not hasattr(prompts, "shape") or not hasattr(prompts, "dtype"):
-    prompts = np.asarray(prompts)
-  if prompts.ndim != 2:
-    raise ValueError(f"prompts must be 2-D [batch, prompt_len], got shape {tuple(prompts.shape)}")
-  if not jnp.issubdtype(prompts.dtype, jnp.integer):
-    raise TypeError(f"prompts must hold integer token ids, got dtype {prompts.dtype}")
-  b, p = prompts.shape
-  if b < 1 or p < 1:
-    raise ValueError(f"prompts must have batch >= 1 and length >= 1, got shape {(b, p)}")
-  if prompt_lengths is None:
-    prompt_lengths = np.full((b,), p, np.int32)
-  if not hasattr(prompt_lengths, "shape"):
-    prompt_lengths = np.asarray(prompt_lengths)
-  if prompt_lengths.ndim != 1 or prompt_lengths.shape[0] != b:
-    raise ValueError(
-        f"prompt_lengths must have shape [batch] = ({b},) to match prompts {(b, p)}, "
-        f"got {tuple(prompt_lengths.shape)}")
-  if not jnp.issubdtype(prompt_lengths.dtype, jnp.integer):
-    raise TypeError(f"prompt_lengths must be integers, got dtype {prompt_lengths.dtype}")
-  if _is_concrete(prompt_lengths):
-    lens = np.asarray(prompt_lengths)
-    bad = np.nonzero((lens < 1) | (lens > p))[0]
-    if bad.size:
-      raise ValueError(
-          f"prompt_lengths must lie in [1, {p}] (the padded prompt length); row {bad[0]} "
-          f"has {lens[bad[0]]} ({bad.size} rows out of range)")
-  return jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32)
 
 
 def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
@@ -89,18 +44,12 @@ def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
                    f"got key shape {tuple(key.shape)}")
 
 
-def required_cache_len(model, prompt_len: int, max_new_tokens: int, gamma: int = 0) -> int:
-  """Slots a cache needs for `max_new_tokens` after a prompt of padded length
-  `prompt_len`, with `gamma` drafts per iteration (0 for autoregressive)."""
-  return model.prefill_positions(prompt_len) + max_new_tokens + gamma - 1
-
-
 def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len):
   need = required_cache_len(model, prompt_len, max_new, gamma)
   if cache is None:
     if cache_len is None:
       cache_len = need
-    cache_len = _check_int("cache_len", cache_len, 1)
+    cache_len = check_int("cache_len", cache_len, 1)
     if cache_len < need:
       raise ValueError(
           f"cache_len={cache_len} is too short: prompt ({prompt_len} tokens → "
@@ -118,14 +67,14 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
 
 
 def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size):
-  max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
+  max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
   if not isinstance(sampling, SamplingConfig):
     raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
   if eos_id is not None:
-    eos_id = _check_int("eos_id", eos_id, 0)
+    eos_id = check_int("eos_id", eos_id, 0)
     if eos_id >= vocab_size:
       raise ValueError(f"eos_id must lie in [0, {vocab_size}) (the vocabulary), got {eos_id}")
-  pad_id = _check_int("pad_id", pad_id, 0)
+  pad_id = check_int("pad_id", pad_id, 0)
   return max_new_tokens, eos_id, pad_id
 
 
@@ -158,7 +107,7 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
   check_model(model, "model")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
                                                  model.vocab_size)
-  prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
+  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape
   if prefilled is None:
     cache = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len)
@@ -199,8 +148,8 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
   """
   check_model(model, "model")
   max_new_tokens, _, _ = _check_common(max_new_tokens, sampling, None, 0, model.vocab_size)
-  gamma = _check_int("gamma", gamma, 0)
-  prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
+  gamma = check_int("gamma", gamma, 0)
+  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape
   cache = _check_cache("cache", model, None, b, p, max_new_tokens, gamma, cache_len)
   return run_prefill(model, params, sampling, prompts, prompt_lengths,
@@ -213,17 +162,16 @@ def resolve_drafter(target, target_params, draft, draft_params, gamma):
   overrides `gamma`; γ is checked (int >= 1) and the drafter checked against
   the target; self-drafters get the target's params when `draft_params` is
   None."""
-  from specjax.drafters import ModelDrafter, is_drafter  # pylint: disable=g-import-not-at-top
-  if is_drafter(draft):
+  if isinstance(draft, Drafter):
     drafter = draft
   elif hasattr(draft, "extend") and hasattr(draft, "prefill"):
     drafter = ModelDrafter(draft)
   else:
     raise TypeError(f"draft must be a draft model (a specjax LanguageModel) or a drafter "
                     f"(specjax.drafters), got {type(draft).__name__}")
-  if getattr(drafter, "fixed_gamma", None) is not None:
+  if drafter.fixed_gamma is not None:
     gamma = drafter.fixed_gamma
-  gamma = _check_int("gamma", gamma, 1)
+  gamma = check_int("gamma", gamma, 1)
   drafter.check(target, gamma)
   if drafter.uses_target_params and draft_params is None:
     draft_params = target_params
@@ -266,7 +214,6 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     `GenerationOutput` with acceptance statistics; its `draft_cache` is the
     drafter's final state (a draft model's cache).
   """
-  from specjax.drafters import ModelDrafter  # pylint: disable=g-import-not-at-top
   check_model(target, "target")
   drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
                                                  gamma)
@@ -274,7 +221,7 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
                                                  target.vocab_size)
-  prompts, prompt_lengths = _check_prompts(prompts, prompt_lengths)
+  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape
   call_len = drafter.layout(gamma).length
   try:
@@ -300,8 +247,7 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       slots = (prefilled.cache if prefilled is not None else target_cache).max_len
       draft_cache = drafter.alloc(b, p, slots, gamma)
   keys = _row_keys(key, b, sampling)
-  dec = SpeculativeDecoder(target, drafter if not isinstance(drafter, ModelDrafter) or
-                           drafter.shares_target_params else draft, gamma, sampling,
-                           max_new_tokens, eos_id, pad_id, verify_fn)
+  dec = SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, pad_id,
+                           verify_fn)
   return dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
                  draft_cache, prefilled)

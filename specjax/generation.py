@@ -16,7 +16,7 @@ Decoding state, per row b (see `protocol` for the decoder stream):
 The first token comes from the target's prefill logits. A speculative
 iteration then, for all rows at once:
 
-  1. the drafter proposes (`specjax.drafters`): a draft model (wrapped in
+  1. the drafter proposes (`specjax.drafters`): a draft model (a
      `ModelDrafter`) sets its length to seq_len - 1 and feeds [prev,
      pending] (one T=2 call: it sees the corrected / bonus token of the last
      iteration), then G - 1 single-token calls in a `lax.scan`; other
@@ -48,7 +48,6 @@ so the number of calls per iteration is kept constant (not growing with G).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from typing import Any, Callable, Optional, Tuple
 
@@ -57,20 +56,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, is_drafter
-from specjax.drafters.model import ModelDrafter, draw
-from specjax.sampling import SamplingConfig, argmax_first, process_logits, row_uniforms
+from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
+from specjax.sampling import SamplingConfig, argmax_first, draw, process_logits, row_uniforms
 from specjax.tree import TokenTree, dynamic_tree_arrays
 from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_verify,
                             rejection_verify, tree_verify)
 
 __all__ = [
     "DecodeStats", "GenerationOutput", "DecodeState", "AutoregressiveDecoder",
-    "SpeculativeDecoder", "Prefill", "run_prefill", "trace_counts",
+    "SpeculativeDecoder", "Prefill", "run_prefill", "autoregressive_loop", "speculative_loop",
 ]
-
-# How often each decoder's run was traced (a test asserts no retrace).
-trace_counts: collections.Counter = collections.Counter()
 
 
 @struct.dataclass
@@ -287,17 +282,16 @@ class AutoregressiveDecoder:
   def run(self, params, prompts_BP, lengths_B, keys_B, cache,
           prefilled: Optional[Prefill] = None) -> GenerationOutput:
     """`prefilled` (donated): decode from it; `cache` is then None."""
-    return _run_autoregressive(self, params, prompts_BP, lengths_B, keys_B, cache, prefilled)
+    return autoregressive_loop(self, params, prompts_BP, lengths_B, keys_B, cache, prefilled)
 
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativeDecoder:
   """Draft-then-verify decoding. Static configuration.
 
-  `draft` is a draft model (any `LanguageModel`: wrapped in a
-  `drafters.ModelDrafter`, γ = `gamma` drafts per iteration) or a drafter
-  (`specjax.drafters`: prompt lookup, self-speculative, lookahead, ...).
-  One iteration: the drafter proposes; the target runs once on the call
+  `drafter` is a `specjax.drafting.Drafter` (`specjax.drafters`: a draft
+  model wrapped in `ModelDrafter`, prompt lookup, self-speculative,
+  lookahead, Medusa, EAGLE, ...). One iteration: the drafter proposes; the target runs once on the call
   the drafter's `layout` describes; the drafts are verified exactly
   (`specjax.verify`: the rejection rule for drafts with distributions, the
   one-hot rule for deterministic drafts and candidate sets); the accepted
@@ -307,21 +301,21 @@ class SpeculativeDecoder:
   """
 
   target: Any
-  draft: Any
+  drafter: Drafter
   gamma: int
   sampling: SamplingConfig
   max_new_tokens: int
   eos_id: Optional[int] = None
   pad_id: int = 0
   verify_fn: Callable = rejection_verify
-  # The rules for deterministic drafts / candidate sets and for token trees
-  # (a test plants a broken one).
+  # The rules for deterministic drafts / candidate sets and for token trees.
   candidates_fn: Callable = candidates_verify
   tree_fn: Callable = tree_verify
 
-  @property
-  def drafter(self):
-    return self.draft if is_drafter(self.draft) else ModelDrafter(self.draft)
+  def __post_init__(self):
+    if not isinstance(self.drafter, Drafter):
+      raise TypeError(f"drafter must be a specjax.drafting.Drafter (wrap a draft model in "
+                      f"specjax.drafters.ModelDrafter), got {type(self.drafter).__name__}")
 
   @property
   def layout(self) -> CallLayout:
@@ -330,7 +324,7 @@ class SpeculativeDecoder:
   def init_state(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
                  target_cache, draft_cache, prefilled: Optional[Prefill] = None) -> DecodeState:
     drafter = self.drafter
-    if getattr(drafter, "needs_prompt_hidden", False):
+    if drafter.needs_prompt_hidden:
       # The drafter reads the target's hidden states over the prompt (EAGLE).
       if prefilled is not None:
         raise ValueError(f"{type(drafter).__name__} reads the target's hidden states over the "
@@ -338,7 +332,7 @@ class SpeculativeDecoder:
                          "prefill (prefilled=None)")
       logits_BV, last_B, target_cache, hidden_BPX = self.target.prefill_with_hidden(
           target_params, prompts_BP, lengths_B, target_cache,
-          layers=getattr(drafter, "hidden_layers", None))
+          layers=drafter.hidden_layers)
       first_B = _first_token(logits_BV, self.sampling, keys_B)
       draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
                                   target_cache, prompt_hidden_BPX=hidden_BPX)
@@ -410,8 +404,8 @@ class SpeculativeDecoder:
     # A chain drafter draws token j with u[:, j]; a tree drafter one per node.
     u_BG = (None if drafter.deterministic else
             row_uniforms(keys_B2[:, 0], lay.length if lay.is_tree else n))
-    inp = DraftInput(seq_len=state.seq_len, pending=state.pending, prev=state.prev,
-                     done=state.done, step=state.step)
+    inp = DraftInput(seq_len_B=state.seq_len, pending_B=state.pending, prev_B=state.prev,
+                     done_B=state.done, step=state.step)
     proposal, draft_state = drafter.propose(draft_params, state.draft_cache, inp, u_BG,
                                             self.sampling, self.gamma)
     target_cache = state.target_cache.replace(lengths=state.seq_len)
@@ -426,10 +420,9 @@ class SpeculativeDecoder:
     if lay.mask_TT is not None:
       kw["mask_TT"] = jnp.asarray(lay.mask_TT, bool)
     hidden_BTE = None
-    if getattr(drafter, "needs_hidden", False):
-      layers = getattr(drafter, "hidden_layers", None)
-      if layers:
-        kw["layers"] = layers
+    if drafter.needs_hidden:
+      if drafter.hidden_layers:
+        kw["layers"] = drafter.hidden_layers
       logits_BTV, hidden_BTE, target_cache = self.target.extend_with_hidden(
           target_params, proposal.tokens_BT, target_cache, **kw)
     else:
@@ -468,7 +461,7 @@ class SpeculativeDecoder:
     else:
       drafted_B = jnp.max(jnp.sum(proposal.valid_BKN, axis=2), axis=1)
     drafted_B = drafted_B.astype(jnp.int32)
-    calls = getattr(drafter, "calls_per_iteration", lambda g: 0)(self.gamma)
+    calls = drafter.calls_per_iteration(self.gamma)
     s = state.stats
     stats = s.replace(
         target_calls=s.target_calls + a, draft_calls=s.draft_calls + calls * a,
@@ -480,24 +473,24 @@ class SpeculativeDecoder:
   def run(self, target_params, draft_params, prompts_BP, lengths_B, keys_B, target_cache,
           draft_cache, prefilled: Optional[Prefill] = None) -> GenerationOutput:
     """`prefilled` (donated): decode from it; `target_cache` is then None."""
-    return _run_speculative(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
+    return speculative_loop(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
                             target_cache, draft_cache, prefilled)
 
 
 @jax.jit(static_argnums=0, donate_argnames=("cache", "prefilled"))
-def _run_autoregressive(dec: AutoregressiveDecoder, params, prompts_BP, lengths_B, keys_B,
+def autoregressive_loop(dec: AutoregressiveDecoder, params, prompts_BP, lengths_B, keys_B,
                         cache, prefilled=None) -> GenerationOutput:
-  trace_counts["generate"] += 1
+  """The jitted program of `AutoregressiveDecoder.run` (prefill, loop, finalize)."""
   state = dec.init_state(params, prompts_BP, lengths_B, keys_B, cache, prefilled)
   state = _loop(lambda s: dec.step(params, s), state, dec.max_new_tokens)
   return _finalize(state, dec.max_new_tokens, dec.pad_id)
 
 
 @jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache", "prefilled"))
-def _run_speculative(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP,
+def speculative_loop(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP,
                      lengths_B, keys_B, target_cache, draft_cache,
                      prefilled=None) -> GenerationOutput:
-  trace_counts["speculative_generate"] += 1
+  """The jitted program of `SpeculativeDecoder.run` (prefill, loop, finalize)."""
   state = dec.init_state(target_params, draft_params, prompts_BP, lengths_B, keys_B,
                          target_cache, draft_cache, prefilled)
   state = _loop(lambda s: dec.step(target_params, draft_params, s), state, dec.max_new_tokens)

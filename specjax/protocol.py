@@ -67,7 +67,7 @@ from typing import Any, Protocol, Tuple, runtime_checkable
 
 import jax
 
-__all__ = ["LanguageModel", "check_model"]
+__all__ = ["LanguageModel", "check_model", "required_cache_len"]
 
 Params = Any
 Cache = Any
@@ -113,3 +113,9 @@ def check_model(model: Any, name: str) -> None:
         f"{name} must be hashable (it is a jit static argument), e.g. a frozen "
         f"dataclass; {type(model).__name__} is not"
     ) from e
+
+
+def required_cache_len(model: Any, prompt_len: int, max_new_tokens: int, gamma: int = 0) -> int:
+  """Slots a cache needs for `max_new_tokens` after a prompt of padded length
+  `prompt_len`, with `gamma` drafts per iteration (0 for autoregressive)."""
+  return model.prefill_positions(prompt_len) + max_new_tokens + gamma - 1

@@ -2,8 +2,10 @@
 
 The speculative accept/reject rule is exact only when the draft's and the
 target's distributions are processed the *same* way (temperature, top-k,
-top-p) before they are compared (BRIEF §1). `process_logits` is therefore the
-single place where that processing happens; both models go through it.
+top-p) before they are compared: processing only one side changes the
+distribution sampled (vLLM PR 10198, transformers issue 47932 are that bug).
+`process_logits` is therefore the single place where that processing
+happens; both models go through it.
 
 Shapes: any leading dims `[...]`, vocabulary last (`V`).
 """
@@ -17,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["SamplingConfig", "process_logits", "sample_tokens", "sample_from_uniform",
-           "row_uniforms", "argmax_first", "greedy", "GREEDY"]
+           "row_uniforms", "draw", "argmax_first", "greedy", "GREEDY"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,3 +225,11 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   last_in_B = _BLOCK - 1 - jnp.argmax((row_BK > 0)[:, ::-1], axis=-1)
   j_B = jnp.minimum(jnp.sum(within_BK <= target_B[:, None], axis=-1), last_in_B)
   return (blk_B * _BLOCK + j_B).astype(jnp.int32)
+
+
+def draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
+  """One token per row: the argmax for greedy (the one-hot's only token; no
+  random numbers are then computed at all), else an inverse-CDF draw."""
+  if sampling.is_greedy:
+    return argmax_first(probs_BV)
+  return sample_from_uniform(u_B, probs_BV)

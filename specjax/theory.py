@@ -32,10 +32,12 @@ the argument, the bad value and what is allowed.
 from __future__ import annotations
 
 import numbers
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike
+
+from specjax._checks import check_int
 
 __all__ = [
     "acceptance_rate",
@@ -52,8 +54,6 @@ __all__ = [
     "tokens_per_call_curve",
     "alpha_for_speedup",
     "traffic_mix",
-    "classic_draft_memory",
-    "eagle3_head_memory",
 ]
 
 Number = float | np.ndarray
@@ -145,18 +145,6 @@ def _integer(name: str, value: ArrayLike, minimum: int) -> np.ndarray:
     raise ValueError(
         f"{name} must be an integer >= {minimum}, got {_first_bad(arr, bad)}")
   return arr
-
-
-def _scalar_int(name: str, value: object, minimum: int) -> int:
-  """Validates a scalar integer argument (a size, not a broadcast operand)."""
-  if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, numbers.Integral):
-    raise TypeError(
-        f"{name} must be a scalar integer >= {minimum}, got {value!r} of type "
-        f"{type(value).__name__}")
-  if value < minimum:
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-  return int(value)
 
 
 def _check_tokens(t: np.ndarray, g: np.ndarray) -> None:
@@ -353,7 +341,7 @@ def walltime_improvement_from_tokens(tokens_per_call: ArrayLike,
     verify_cost = t_verify(γ + 1 tokens) / t_target_step
                   (1.0 = the paper's assumption that verification is free).
 
-  Why (specjax BRIEF §2): the closed forms above assume the β of successive
+  Why: the closed forms above assume the β of successive
   positions are i.i.d. with mean α. They are not — acceptances cluster (an
   easy stretch accepts the whole block), so the mean tokens per call can
   exceed (1 − α^{γ+1}) / (1 − α) for the measured α. Leviathan's own CNN/DM
@@ -390,7 +378,7 @@ def _optimal(alpha: ArrayLike, c: ArrayLike,
              max_gamma: int) -> Tuple[np.ndarray, np.ndarray]:
   a = _in_unit_interval("alpha", alpha)
   cc = _non_negative("c", c)
-  m = _scalar_int("max_gamma", max_gamma, 1)
+  m = check_int("max_gamma", max_gamma, 1)
   a, cc = _broadcast(alpha=a, c=cc)
   gammas = np.arange(1, m + 1, dtype=np.int64)
   a_, c_ = a[..., None], cc[..., None]
@@ -471,7 +459,7 @@ def operations_factor(alpha: ArrayLike, gamma: ArrayLike,
 def breakeven_alpha(gamma: ArrayLike, overhead: ArrayLike) -> Number:
   """α at which speculation breaks even: (1 + γα)/(1 + ε) = 1, so α = ε/γ.
 
-  The first-order rule of thumb of specjax BRIEF §2: an iteration costs
+  A first-order rule of thumb: an iteration costs
   (1 + ε) target steps, ε = overhead being the relative extra cost of
   drafting plus verification (ε = γc + verify_cost − 1 in the notation of
   `walltime_improvement_from_tokens`), and yields about 1 + γα tokens.
@@ -539,7 +527,7 @@ def expected_accepted_histogram(alpha: ArrayLike, gamma: int) -> np.ndarray:
     Array of shape alpha.shape + (γ + 1,) whose last axis sums to 1.
   """
   a = _in_unit_interval("alpha", alpha)
-  g = _scalar_int("gamma", gamma, 0)
+  g = check_int("gamma", gamma, 0)
   k = np.arange(g + 1)
   a_ = a[..., None]
   probs = np.power(a_, k) * (1.0 - a_)
@@ -548,8 +536,8 @@ def expected_accepted_histogram(alpha: ArrayLike, gamma: int) -> np.ndarray:
 
 
 # -----------------------------------------------------------------------------
-# The seeds' exercises: draft length, the α a speedup needs, traffic mixes and
-# the memory of a draft (specjax BRIEF, "the seeds' analysis exercises").
+# Draft length, the α a speedup needs, traffic mixes (the memory of a draft is
+# `specjax.planning.draft_memory`).
 # -----------------------------------------------------------------------------
 
 
@@ -618,7 +606,7 @@ def tokens_per_call_curve(alphas: ArrayLike, n_max: int = 16,
       "tokens_limit": [A] 1 / (1 − α), the N → ∞ limit (inf at α = 1).
   """
   a = _vector("alphas", alphas, _in_unit_interval("alphas", alphas))
-  m = _scalar_int("n_max", n_max, 1)
+  m = check_int("n_max", n_max, 1)
   c = _scalar_non_negative("cost_ratio", cost_ratio)
   eps = _scalar_non_negative("verify_overhead", verify_overhead)
   n = np.arange(1, m + 1, dtype=np.int64)
@@ -757,7 +745,7 @@ def traffic_mix(shares: Sequence[float], alphas: Sequence[float], k: int,
   if abs(float(s.sum()) - 1.0) > 1e-6:
     raise ValueError(f"shares must sum to 1 (tolerance 1e-6), got {s.tolist()!r} summing "
                      f"to {float(s.sum())!r}")
-  g = _scalar_int("k", k, 1)
+  g = check_int("k", k, 1)
   eps = _scalar_non_negative("overhead", overhead)
   c = _scalar_non_negative("cost_ratio", cost_ratio)
   gate = _in_unit_interval("gate_alpha", gate_alpha)
@@ -787,156 +775,3 @@ def traffic_mix(shares: Sequence[float], alphas: Sequence[float], k: int,
       "meets_gate": bool(mean_alpha >= float(gate)),
       "classes_below_gate": [int(i) for i in np.nonzero(a < float(gate))[0]],
   }
-
-
-def _bytes_per_param(value: Any) -> float:
-  arr = _positive("bytes_per_param", value)
-  if arr.ndim != 0:
-    raise ValueError(f"bytes_per_param must be a scalar, got an array of shape {arr.shape}")
-  return float(arr)
-
-
-def _memory(breakdown: Dict[str, int], kv_layers: int, num_kv_heads: int, head_dim: int,
-            bytes_per_param: float, notes: str) -> Dict[str, Any]:
-  params = int(sum(breakdown.values()))
-  kv_per_token = 2 * kv_layers * num_kv_heads * head_dim * bytes_per_param
-  return {"params": params, "weight_bytes": params * bytes_per_param,
-          "kv_bytes_per_token": kv_per_token, "kv_layers": kv_layers,
-          "bytes_per_param": bytes_per_param, "breakdown": dict(breakdown), "notes": notes}
-
-
-def _attention_mlp(width_in: int, hidden: int, num_heads: int, num_kv_heads: int,
-                   head_dim: int, intermediate: int) -> Dict[str, int]:
-  """Parameters of one Llama decoder layer's projections (no biases), its
-  q / k / v projections reading a `width_in`-wide input."""
-  return {
-      "q_proj": width_in * num_heads * head_dim,
-      "k_proj": width_in * num_kv_heads * head_dim,
-      "v_proj": width_in * num_kv_heads * head_dim,
-      "o_proj": num_heads * head_dim * hidden,
-      "mlp": 3 * hidden * intermediate,  # gate, up (hidden → I) and down (I → hidden)
-  }
-
-
-def _shape_args(**named: Any) -> Dict[str, int]:
-  out = {name: _scalar_int(name, value, 1) for name, value in named.items()}
-  if out["num_heads"] % out["num_kv_heads"]:
-    raise ValueError(f"num_heads must be a multiple of num_kv_heads (grouped-query attention), "
-                     f"got num_heads={out['num_heads']} and num_kv_heads={out['num_kv_heads']}")
-  return out
-
-
-def classic_draft_memory(hidden: int, num_layers: int, num_heads: int, num_kv_heads: int,
-                         head_dim: int, intermediate: int, vocab: int,
-                         tied_embeddings: bool = True,
-                         bytes_per_param: float = 2.0) -> Dict[str, Any]:
-  """Parameters, weight bytes and KV bytes per token of a Llama-style decoder.
-
-  A classic draft (Leviathan / Chen) is a whole small model of the target's
-  family, e.g. Llama-3.2-1B for Llama-3.3-70B, loaded beside the target with
-  its own KV cache. Counted (Llama 3 architecture, no biases): the token
-  embedding V·E; per layer the q/k/v/o projections (E·H·D, 2·E·K·D, H·D·E),
-  the gated MLP 3·E·I and two RMSNorm scales; the final norm; an output head
-  V·E unless tied to the embedding. Rotary embeddings have no parameters.
-  The KV cache holds a key and a value per layer: 2·L·K·D values per token.
-  (Applied to the Llama-3.3-70B shape it gives the target's 70.55 B.)
-
-  Args:
-    hidden: the width E, an integer >= 1 (same for the other shape sizes).
-    num_layers: L.
-    num_heads: H query heads.
-    num_kv_heads: K key/value heads (H must be a multiple of K).
-    head_dim: D.
-    intermediate: the MLP width I.
-    vocab: the vocabulary size V.
-    tied_embeddings: whether the output head reuses the embedding (as
-      Llama-3.2-1B does).
-    bytes_per_param: bytes per weight and per cached value, > 0 (2 for bf16).
-
-  Returns:
-    A dict: "params" (int), "weight_bytes", "kv_bytes_per_token",
-    "kv_layers", "bytes_per_param", "breakdown" {part: params} and "notes".
-  """
-  d = _shape_args(hidden=hidden, num_layers=num_layers, num_heads=num_heads,
-                  num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate=intermediate,
-                  vocab=vocab)
-  if not isinstance(tied_embeddings, (bool, np.bool_)):
-    raise TypeError(f"tied_embeddings must be a bool, got {tied_embeddings!r}")
-  b = _bytes_per_param(bytes_per_param)
-  e, n = d["hidden"], d["num_layers"]
-  layer = _attention_mlp(e, e, d["num_heads"], d["num_kv_heads"], d["head_dim"],
-                         d["intermediate"])
-  breakdown = {"embedding": d["vocab"] * e}
-  breakdown.update({f"layers.{k}": n * v for k, v in layer.items()})
-  breakdown["norms"] = (2 * n + 1) * e
-  breakdown["lm_head"] = 0 if tied_embeddings else d["vocab"] * e
-  return _memory(breakdown, n, d["num_kv_heads"], d["head_dim"], b,
-                 "whole model; lm_head tied to the embedding" if tied_embeddings
-                 else "whole model; own lm_head")
-
-
-def eagle3_head_memory(hidden: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                       intermediate: int, vocab: int, draft_vocab: Optional[int] = None,
-                       fused_layers: int = 3, attention_input_factor: int = 2,
-                       bytes_per_param: float = 2.0) -> Dict[str, Any]:
-  """Parameters, weight bytes and KV bytes per token of an EAGLE-3 draft head.
-
-  The head (Li et al. 2025, the released Llama EAGLE-3 heads) is one decoder
-  layer at the target's width E on top of the target:
-
-    * fc: the hidden states of `fused_layers` target layers (low, mid and
-      high: 3·E features) through one linear map to E (no bias);
-    * one Llama decoder layer whose q / k / v projections read
-      `attention_input_factor`·E inputs — EAGLE-3 concatenates the token's
-      embedding with the fused feature (2·E); 1 for a plain layer — with
-      the target's heads, head dimension and MLP width;
-    * RMSNorm scales: the input, the feature ("hidden_norm"), the
-      post-attention and the final norm (4·E);
-    * the token embedding: the target's, shared (no extra parameters);
-    * the output head: the target's, shared, when `draft_vocab` is None;
-      otherwise its own E·draft_vocab head over a reduced draft vocabulary
-      (EAGLE-3's releases use 32 000 tokens and map them back to the
-      target's with lookup tables, a few hundred KB of integers not counted
-      here). draft_vocab = vocab counts a full-vocabulary head of its own.
-
-  The head's KV cache has one layer: 2·K·D values per token. Not counted:
-  the target's hidden states the head reads (fused_layers·E values per token
-  in flight, transient) and the target's own weights and cache.
-
-  Args:
-    hidden: the target's width E, an integer >= 1 (same for the others).
-    num_heads: H query heads.
-    num_kv_heads: K key/value heads (H must be a multiple of K).
-    head_dim: D.
-    intermediate: the MLP width I.
-    vocab: the target's vocabulary (only checked against draft_vocab).
-    draft_vocab: None (share the target's head) or the size of the head's
-      own vocabulary, 1..vocab.
-    fused_layers: target layers whose features are fused, an integer >= 1.
-    attention_input_factor: the attention's input width in units of E, an
-      integer >= 1.
-    bytes_per_param: bytes per weight and per cached value, > 0 (2 for bf16).
-
-  Returns:
-    The dict of `classic_draft_memory`.
-  """
-  d = _shape_args(hidden=hidden, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                  head_dim=head_dim, intermediate=intermediate, vocab=vocab,
-                  fused_layers=fused_layers, attention_input_factor=attention_input_factor)
-  if draft_vocab is not None:
-    dv = _scalar_int("draft_vocab", draft_vocab, 1)
-    if dv > d["vocab"]:
-      raise ValueError(f"draft_vocab must lie in [1, vocab={d['vocab']}] (a subset of the "
-                       f"target's vocabulary), got {dv}")
-  b = _bytes_per_param(bytes_per_param)
-  e = d["hidden"]
-  breakdown = {"fc": d["fused_layers"] * e * e}
-  breakdown.update(_attention_mlp(d["attention_input_factor"] * e, e, d["num_heads"],
-                                  d["num_kv_heads"], d["head_dim"], d["intermediate"]))
-  breakdown["norms"] = 4 * e
-  breakdown["embedding"] = 0
-  breakdown["lm_head"] = 0 if draft_vocab is None else dv * e
-  notes = ("one layer; embedding shared with the target; "
-           + ("lm_head shared with the target" if draft_vocab is None
-              else f"own lm_head over {dv} draft tokens"))
-  return _memory(breakdown, 1, d["num_kv_heads"], d["head_dim"], b, notes)

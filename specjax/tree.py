@@ -28,7 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.base import CallLayout
+from specjax.drafting import CallLayout
+from specjax._checks import check_int
 
 __all__ = ["TokenTree", "dynamic_tree_arrays"]
 
@@ -66,8 +67,7 @@ class TokenTree:
   @classmethod
   def chain(cls, length: int) -> "TokenTree":
     """The root and `length` nodes in a line."""
-    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 1:
-      raise ValueError(f"length must be an int >= 1, got {length!r}")
+    length = check_int("length", length, 1)
     return cls((-1,) + tuple(range(length)))
 
   @classmethod

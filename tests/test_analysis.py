@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from reference import processed_probs
-from specjax.analysis import measure_beta
+from specjax.measure.beta import measure_beta
 from specjax.models.ngram import BigramLM
 from specjax.sampling import GREEDY, SamplingConfig
 

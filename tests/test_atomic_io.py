@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 
 from specjax import atomic_io
-from specjax.checkpoints.hf_common import load_state_dict, save_safetensors, write_json
+from specjax.checkpoints.hf_common import load_state_dict, save_safetensors
 from specjax.data import common as data_common
-from specjax.experiments.common import atomic_write_text as experiments_write_text
-from specjax.training.checkpoint import atomic_write_json as training_write_json
 
 
 @pytest.fixture
@@ -31,9 +29,6 @@ def _writers(tmp_path):
   yield "atomic_write_text", tmp_path / "a.txt", lambda p: atomic_io.atomic_write_text(p, "hi")
   yield "atomic_write_json", tmp_path / "a.json", lambda p: atomic_io.atomic_write_json(p, {"a": 1})
   yield "data.common", tmp_path / "b.txt", lambda p: data_common.atomic_write_text(p, "hi")
-  yield "experiments.common", tmp_path / "c.md", lambda p: experiments_write_text("hi", str(p))
-  yield "hf write_json", tmp_path / "config.json", lambda p: write_json({"a": 1}, str(p))
-  yield "training json", tmp_path / "summary.json", lambda p: training_write_json({"a": 1}, str(p))
   yield "safetensors", tmp_path / "m.safetensors", lambda p: save_safetensors(
       {"w": np.ones((2, 3), np.float32)}, str(p))
 
@@ -45,7 +40,6 @@ def test_writers_publish_with_the_usual_mode(tmp_path, umask_022):
     assert _mode(path) == 0o644, (name, oct(_mode(path)))
   assert sorted(p.name for p in (tmp_path / "sub").iterdir() if p.name.startswith(".tmp")) == []
   assert json.loads((tmp_path / "sub" / "a.json").read_text()) == {"a": 1}
-  assert (tmp_path / "sub" / "c.md").read_text() == "hi"
   np.testing.assert_array_equal(load_state_dict(str(tmp_path / "sub" / "m.safetensors"))["w"],
                                 np.ones((2, 3), np.float32))
 

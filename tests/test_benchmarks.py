@@ -12,33 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.bench import peers as bp
-from specjax.bench import roofline
+from specjax.experiments import peers as bp
+from specjax.measure import roofline
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def test_stream_latencies_one_arrival_per_iteration():
-  # Row 0 gets 1 token at prefill, then 3 and 1; row 1 gets 1, 1, 2.
-  events = [(1.0, np.array([1, 1])), (1.5, np.array([4, 2])), (2.5, np.array([5, 4]))]
-  ttft, gaps = bp.stream_latencies(0.25, events)
-  assert ttft == [0.75, 0.75]
-  # Row 0: 0.5, 0, 0 then 1.0; row 1: 0.5 then 1.0, 0 (order: per event, per row).
-  assert gaps == [0.5, 0.0, 0.0, 0.5, 1.0, 1.0, 0.0]
-  s = bp.latency_summary(ttft, gaps)
-  assert s["ttft_ms"] == pytest.approx(750)
-  assert s["itl_p50_ms"] == pytest.approx(500)
-  assert s["itl_mean_ms"] == pytest.approx(1e3 * 3.0 / 7)
-
-
-def test_stream_latencies_rows_that_stop_early():
-  # Row 1 stops after its first event (done rows commit nothing).
-  events = [(1.0, np.array([1, 1])), (2.0, np.array([2, 1])), (4.0, np.array([3, 1]))]
-  ttft, gaps = bp.stream_latencies(0.0, events)
-  assert ttft == [1.0, 1.0] and gaps == [1.0, 2.0]
-  assert np.isnan(bp.latency_summary([], [])["ttft_ms"])
 
 
 def test_timing_streamer_skips_the_prompt_and_counts_tokens():
@@ -133,7 +112,7 @@ def test_peers_t5_pair_every_system_follows_greedy(tmp_path):
   transformers): transformers greedy, assisted and prompt-lookup generation
   give specjax's greedy tokens (the suite's smoke below runs the decoder
   pair through everything else; the suite's code is shared by both kinds)."""
-  from specjax.bench import peers as bp
+  from specjax.experiments import peers as bp
   pair = bp.load_pair(bp.fallback_spec("t5", "t5", size="tiny"))
   rng = np.random.default_rng(3)
   prompts = rng.integers(2, pair.target.vocab_size, (2, 8)).astype(np.int32)
@@ -286,7 +265,7 @@ def test_projections_bench_smoke(tmp_path):
 def test_step_times_side_by_side_takes_params_per_model():
   """Per-name params (the same weights in two layouts) time both; a wrong
   tree for a model would fail inside its loop."""
-  from specjax.bench.timing import step_times_side_by_side
+  from specjax.measure.timing import step_times_side_by_side
   from specjax.models.decoder import DecoderLM, decoder_config
   lm = DecoderLM(decoder_config("tiny"))
   params = lm.init(jax.random.PRNGKey(0))
@@ -296,7 +275,7 @@ def test_step_times_side_by_side_takes_params_per_model():
 
 
 class FakeClock:
-  """The clock `specjax.bench.timing.use_clock` injects: time moves only when
+  """The clock `specjax.measure.timing.use_clock` injects: time moves only when
   the code under test advances it, never with the machine's load."""
 
   def __init__(self):
@@ -342,7 +321,7 @@ def test_step_times_exclude_the_prefill():
   unused is dead code to XLA: subtracting it left prefill / steps inside
   every step time.) On a rigged clock — prefill 1000 s, a call 1 ms — the
   answer is exactly 1 ms per call, however busy the machine."""
-  from specjax.bench.timing import step_times, use_clock
+  from specjax.measure.timing import step_times, use_clock
   lm = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=1))
   params = lm.init(jax.random.PRNGKey(0))
   clock = FakeClock()
@@ -363,13 +342,13 @@ def test_step_times_exclude_the_prefill():
 
 
 def test_step_times_side_by_side_rejects_no_models():
-  from specjax.bench.timing import step_times_side_by_side
+  from specjax.measure.timing import step_times_side_by_side
   with pytest.raises(ValueError, match="models"):
     step_times_side_by_side({}, {}, 1, 16, 4, 1)
 
 
 def test_step_timer_measures_in_rounds():
-  from specjax.bench.timing import StepTimer
+  from specjax.measure.timing import StepTimer
   lm = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=1))
   params = lm.init(jax.random.PRNGKey(0))
   timer = StepTimer(lm, params, 1, 16, 4, [1, 3], steps=4)
@@ -426,7 +405,7 @@ def test_paired_loop_overhead_on_a_rigged_clock(monkeypatch):
   costs exactly its components reads 0 overhead; 250 ms added to the
   speculative loop (outside its model calls) reads as exactly that, in the
   logic's part."""
-  from specjax.bench.timing import use_clock
+  from specjax.measure.timing import use_clock
   clock = FakeClock()
   ar_pred, sp_pred = 10e-3 + 7 * 2e-3, 10e-3 + 1e-3 + 4 * (0.6e-3 + 0.5e-3 + 3e-3)
   with use_clock(clock):
@@ -531,7 +510,7 @@ def test_model_call_loop_follows_greedy_decoding(make_pair):
   draft's own greedy continuation of the first K tokens — an off-by-one in
   a length, a wrong draft feed or a stale cache would change the tokens."""
   import specjax
-  from specjax.bench.calls import model_call_loop
+  from specjax.measure.calls import model_call_loop
   target, tp, draft, dp = make_pair()
   rng = np.random.default_rng(5)
   plen, n_new = 7, 10
@@ -574,7 +553,7 @@ def test_measured_alpha_is_the_argmax_agreement(make_pair):
   import types
 
   import specjax
-  from specjax.bench import peers_suite
+  from specjax.experiments import peers_suite
   target, tp, draft, dp = make_pair()
   rng = np.random.default_rng(1)
   plen, n_new = 6, 12
@@ -605,7 +584,7 @@ def _goal_results(alpha, measured):
 
 
 def test_batch_goal_gates_on_e_beta_and_projects_the_components():
-  from specjax.bench import peers_suite
+  from specjax.experiments import peers_suite
 
   def goal(alpha, measured):
     out = [g for g in peers_suite.goals(_goal_results(alpha, measured))
@@ -631,7 +610,7 @@ def test_batch_goal_gates_on_e_beta_and_projects_the_components():
 
 
 def test_floor_step_seconds():
-  from specjax.bench.timing import floor_step_seconds
+  from specjax.measure.timing import floor_step_seconds
   assert floor_step_seconds([3e-3, 1e-3, 2e-3]) == pytest.approx(2e-3)
   assert floor_step_seconds([-1e-4, 1e-9, -2e-5]) == 1e-7  # noise never reads as <= 0
   with pytest.raises(ValueError, match="seconds"):
@@ -639,7 +618,7 @@ def test_floor_step_seconds():
 
 
 def test_model_parallel_mesh_choices():
-  from specjax.bench import peers_suite
+  from specjax.experiments import peers_suite
   cfg = lambda k: peers_suite.SuiteConfig(model_parallel=k)
   assert peers_suite.model_parallel_mesh(cfg(1)) == (None, "")  # the default: off
   mesh, note = peers_suite.model_parallel_mesh(cfg(2))

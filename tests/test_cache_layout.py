@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax.bench.hlo import computations, while_bodies
-from specjax.generation import (AutoregressiveDecoder, SpeculativeDecoder, _run_autoregressive,
-                                run_prefill,
-                                _run_speculative)
+from specjax.drafters import ModelDrafter
+from specjax.generation import (AutoregressiveDecoder, SpeculativeDecoder, autoregressive_loop,
+                                run_prefill, speculative_loop)
+from specjax.measure.hlo import computations, while_bodies
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 from specjax.sampling import SamplingConfig
@@ -80,12 +80,13 @@ def test_generation_loops_never_copy_a_cache_buffer(kind):
   sampling = SamplingConfig(temperature=1.0)
 
   ar = AutoregressiveDecoder(target, sampling, MAX_NEW, None, 0)
-  hlo = _run_autoregressive.lower(ar, tp, prompts, lengths, keys,
+  hlo = autoregressive_loop.lower(ar, tp, prompts, lengths, keys,
                                   target.init_cache(BATCH, SLOTS, PROMPT)).compile().as_text()
   assert cache_sized_ops(hlo, elems) == []
 
-  sp = SpeculativeDecoder(target, draft, GAMMA, sampling, MAX_NEW, None, 0, rejection_verify)
-  hlo = _run_speculative.lower(sp, tp, dp, prompts, lengths, keys,
+  sp = SpeculativeDecoder(target, ModelDrafter(draft), GAMMA, sampling, MAX_NEW, None, 0,
+                          rejection_verify)
+  hlo = speculative_loop.lower(sp, tp, dp, prompts, lengths, keys,
                                target.init_cache(BATCH, SLOTS, PROMPT),
                                draft.init_cache(BATCH, SLOTS, PROMPT)).compile().as_text()
   assert cache_sized_ops(hlo, elems) == []
@@ -93,9 +94,9 @@ def test_generation_loops_never_copy_a_cache_buffer(kind):
   # Decoding from a shared prefill (specjax.prefill): the donated Prefill's cache too.
   pre = run_prefill(target, tp, sampling, prompts, lengths, keys,
                     target.init_cache(BATCH, SLOTS, PROMPT))
-  hlo = _run_autoregressive.lower(ar, tp, prompts, lengths, keys, None, pre).compile().as_text()
+  hlo = autoregressive_loop.lower(ar, tp, prompts, lengths, keys, None, pre).compile().as_text()
   assert cache_sized_ops(hlo, elems) == []
-  hlo = _run_speculative.lower(sp, tp, dp, prompts, lengths, keys, None,
+  hlo = speculative_loop.lower(sp, tp, dp, prompts, lengths, keys, None,
                                draft.init_cache(BATCH, SLOTS, PROMPT), pre).compile().as_text()
   assert cache_sized_ops(hlo, elems) == []
 

@@ -13,7 +13,7 @@ from specjax.data import build_task
 from specjax.data import code as code_lib
 from specjax.data.code_vocab import code_sentences, round_trip_failures, train_code_sentencepiece
 from specjax.experiments import chen, chen_quality, notebooks
-from specjax.tokenizer import SentencePieceTokenizer
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 
 @pytest.fixture(scope="module")
 def fixture_data(tmp_path_factory):

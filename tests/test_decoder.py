@@ -296,7 +296,7 @@ def test_packing_errors_are_clear():
     lm.pack_params({"layer_0": params["layer_0"]})
   with pytest.raises(TypeError, match="params must be a mapping"):
     lm.pack_params([1, 2])
-  with pytest.raises(ValueError, match="matvec_max_rows must be >= 0"):
+  with pytest.raises(ValueError, match="matvec_max_rows must be an int >= 0"):
     lm.config.replace(matvec_max_rows=-1)
   with pytest.raises(TypeError, match="matvec_max_rows must be an int"):
     lm.config.replace(matvec_max_rows="8")

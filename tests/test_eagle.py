@@ -13,8 +13,8 @@ import pytest
 import specjax
 from exact_helpers import counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
 from reference import chi_square_pvalue
-from specjax.drafters.eagle import (DynamicTree, Eagle, EagleConfig, fuse_features, init_eagle,
-                                    shared_weights)
+from specjax.drafters.eagle import DynamicTree, Eagle
+from specjax.models.eagle_head import EagleConfig, fuse_features, init_eagle, shared_weights
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.training.eagle import (EagleLoss, _states, step_agreement, train_eagle,
                                    unrolled_outputs)
@@ -138,9 +138,9 @@ def test_dynamic_tree_proposal_is_a_valid_per_row_tree():
   dp = {"head": hp, "target": params}
   state = drafter.alloc(4, 4, 32, 3).replace(
       lengths_B=jnp.array([3, 5, 0, 7]), feat_BE=jax.random.normal(jax.random.key(0), (4, 32)))
-  inp = specjax.drafters.DraftInput(seq_len=jnp.array([4, 6, 1, 8]),
-                                    pending=jnp.array([7, 9, 11, 13]), prev=jnp.zeros(4, jnp.int32),
-                                    done=jnp.zeros(4, bool), step=jnp.int32(1))
+  inp = specjax.drafters.DraftInput(
+      seq_len_B=jnp.array([4, 6, 1, 8]), pending_B=jnp.array([7, 9, 11, 13]),
+      prev_B=jnp.zeros(4, jnp.int32), done_B=jnp.zeros(4, bool), step=jnp.int32(1))
   prop, _ = drafter.propose(dp, state, inp, None, GREEDY, 3)
   parents = np.asarray(prop.node_parents_BT)
   assert parents.shape == (4, 9) and (parents[:, 0] == -1).all()

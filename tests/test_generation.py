@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import generation
+
+from specjax.drafters import ModelDrafter
 from specjax.generation import SpeculativeDecoder
+from specjax.measure.compiles import TraceCounter
 from specjax.models.ngram import BigramLM
 from specjax.sampling import GREEDY, SamplingConfig
 from tiny import EOS, VOCAB, noisy_draft, ragged_prompts, small_draft, target
@@ -86,13 +88,13 @@ def test_self_draft_accepts_everything(greedy_reference):
 
 def _spec_decoder(draft, gamma, sampling, verify_fn=specjax.verify.rejection_verify, max_new=MAX_NEW):
   lm, _ = target()
-  return SpeculativeDecoder(lm, draft, gamma, sampling, max_new, None, 0, verify_fn)
+  return SpeculativeDecoder(lm, ModelDrafter(draft), gamma, sampling, max_new, None, 0, verify_fn)
 
 
 def _init(dec, target_params, draft_params, prompts, lengths, keys, cache_len=64):
   b, p = prompts.shape
   return dec.init_state(target_params, draft_params, prompts, lengths, keys,
-                        dec.target.init_cache(b, cache_len, p), dec.draft.init_cache(b, cache_len, p))
+                        dec.target.init_cache(b, cache_len, p), dec.drafter.model.init_cache(b, cache_len, p))
 
 
 def test_rows_commit_different_counts_in_one_iteration():
@@ -209,15 +211,18 @@ def test_no_retrace_for_new_prompts_of_the_same_shape():
   p1, l1 = ragged_prompts(batch=4, seed=20)
   p2, l2 = ragged_prompts(batch=4, seed=21)
   specjax.speculative_generate(lm, params, draft, draft_params, p1, l1, key=jax.random.key(0), **kw)
-  before = dict(generation.trace_counts)
-  out = specjax.speculative_generate(lm, params, draft, draft_params, p2, l2,
-                                     key=jax.random.key(1), **kw)
-  assert dict(generation.trace_counts) == before
+  with TraceCounter() as traces:
+    out = specjax.speculative_generate(lm, params, draft, draft_params, p2, l2,
+                                       key=jax.random.key(1), **kw)
+  assert traces.decode_loops == 0, traces.counts
   assert out.tokens.shape == (4, 8)
   specjax.generate(lm, params, p1, l1, max_new_tokens=8, sampling=GREEDY)
-  before = dict(generation.trace_counts)
-  specjax.generate(lm, params, p2, l2, max_new_tokens=8, sampling=GREEDY)
-  assert dict(generation.trace_counts) == before
+  with TraceCounter() as traces:
+    specjax.generate(lm, params, p2, l2, max_new_tokens=8, sampling=GREEDY)
+  assert traces.decode_loops == 0, traces.counts
+  with TraceCounter() as traces:  # a new static length traces: the counter sees it
+    specjax.generate(lm, params, p2, l2, max_new_tokens=11, sampling=GREEDY)
+  assert traces.counts["autoregressive_loop"] == 1
 
 
 def test_donated_cache_is_returned_and_reusable():

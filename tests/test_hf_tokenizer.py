@@ -1,4 +1,4 @@
-"""Tests of specjax.hf_tokenizer: HF tokenizer.json files, the loader for
+"""Tests of specjax.tokenizers.hf: HF tokenizer.json files, the loader for
 either kind, and the draft/target compatibility check."""
 
 import json
@@ -12,9 +12,9 @@ import pytest
 tokenizers = pytest.importorskip("tokenizers")
 import sentencepiece as spm  # noqa: E402
 
-from specjax.hf_tokenizer import (  # noqa: E402
+from specjax.tokenizers.hf import (  # noqa: E402
     HFTokenizer, check_tokenizers_compatible, load_tokenizer)
-from specjax.tokenizer import SentencePieceTokenizer  # noqa: E402
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer  # noqa: E402
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "data")
 SPECIALS = ["<|bos|>", "<|eos|>", "<|pad|>"]  # ids 0, 1, 2

@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 import specjax  # noqa: E402
 from specjax.checkpoints import hf_llama  # noqa: E402
 from specjax.checkpoints.hf_common import load_state_dict  # noqa: E402
-from specjax.checkpoints.hf_llama import (decoder_config_from_hf, export_hf_llama,  # noqa: E402
-                                          hf_config_from_decoder, import_hf_llama)
+from specjax.checkpoints.hf_llama import (decoder_config_from_hf, export_hf_decoder,  # noqa: E402
+                                          hf_config_from_decoder, import_hf_decoder)
 from specjax.models.decoder import DecoderLM, decoder_config  # noqa: E402
 from specjax.sampling import GREEDY  # noqa: E402
 
@@ -65,7 +65,7 @@ def torch_model(name):
 @functools.lru_cache(maxsize=None)
 def imported(name):
   model = torch_model(name)
-  params, config = import_hf_llama(model.state_dict(), decoder_config_from_hf(model.config.to_dict()))
+  params, config = import_hf_decoder(model.state_dict(), decoder_config_from_hf(model.config.to_dict()))
   return DecoderLM(config), params
 
 
@@ -109,7 +109,7 @@ def test_export_loads_in_transformers_and_round_trips(name, tmp_path):
   model = torch_model(name)
   lm, params = imported(name)
   out = tmp_path / "exported"
-  export_hf_llama(params, lm.config, str(out))
+  export_hf_decoder(params, lm.config, str(out))
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
   reloaded = transformers.LlamaForCausalLM.from_pretrained(
       str(out), local_files_only=True, attn_implementation="eager").eval()
@@ -134,17 +134,17 @@ def test_export_loads_in_transformers_and_round_trips(name, tmp_path):
   packed = lm.pack_params(params)
   got = np.asarray(_forward(lm, packed, jnp.asarray(toks, jnp.int32)))
   assert _max_diff(got, ref) <= TOL
-  export_hf_llama(packed, lm.config, str(tmp_path / "from_packed"))
+  export_hf_decoder(packed, lm.config, str(tmp_path / "from_packed"))
   from_packed = load_state_dict(str(tmp_path / "from_packed"))
   assert sorted(from_packed) == sorted(written)
   for key, value in written.items():
     np.testing.assert_array_equal(from_packed[key], value, err_msg=key)
 
   # import (config.json beside the weights) → export → import: bit-exact.
-  params2, config2 = import_hf_llama(str(out))
+  params2, config2 = import_hf_decoder(str(out))
   assert config2 == lm.config
-  export_hf_llama(params2, config2, str(tmp_path / "again"))
-  params3, config3 = import_hf_llama(str(tmp_path / "again" / "model.safetensors"))
+  export_hf_decoder(params2, config2, str(tmp_path / "again"))
+  params3, config3 = import_hf_decoder(str(tmp_path / "again" / "model.safetensors"))
   assert config3 == lm.config
   for p in (params2, params3):
     assert jax.tree_util.tree_structure(p) == jax.tree_util.tree_structure(params)
@@ -187,7 +187,7 @@ def test_speculative_greedy_with_llama_format_draft(tmp_path):
   target, target_params = imported("mha")
   # The draft goes through a file: safetensors written by transformers itself.
   torch_model("draft").save_pretrained(str(tmp_path / "draft"))
-  draft_params, draft_config = import_hf_llama(str(tmp_path / "draft"))
+  draft_params, draft_config = import_hf_decoder(str(tmp_path / "draft"))
   draft = DecoderLM(draft_config)
   assert draft_config.num_layers == 1 and draft_config.tie_embeddings
 
@@ -223,28 +223,28 @@ def test_missing_unexpected_misshaped_tensors_are_named():
   sd = _state("mha")
   del sd["model.layers.1.mlp.up_proj.weight"]
   with pytest.raises(ValueError, match=r"missing tensors: model\.layers\.1\.mlp\.up_proj\.weight"):
-    import_hf_llama(sd, cfg)
+    import_hf_decoder(sd, cfg)
 
   sd = _state("mha")
   sd["model.layers.0.self_attn.q_proj.bias"] = torch.zeros(32)
   with pytest.raises(ValueError, match=r"unexpected tensors: model\.layers\.0\.self_attn\.q_proj\.bias"):
-    import_hf_llama(sd, cfg)
+    import_hf_decoder(sd, cfg)
 
   sd = _state("mha")
   sd["model.layers.0.mlp.down_proj.weight"] = sd["model.layers.0.mlp.down_proj.weight"].T
   with pytest.raises(ValueError, match=r"mis-shaped tensors: model\.layers\.0\.mlp\.down_proj\.weight: "
                                        r"expected \(32, 64\), got \(64, 32\)"):
-    import_hf_llama(sd, cfg)
+    import_hf_decoder(sd, cfg)
 
   # An untied config needs lm_head.weight.
   sd = _state("mha")
   del sd["lm_head.weight"]
   with pytest.raises(ValueError, match=r"missing tensors: lm_head\.weight"):
-    import_hf_llama(sd, cfg)
+    import_hf_decoder(sd, cfg)
 
   # A checkpoint of another size: every differing tensor is named.
   with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.k_proj\.weight"):
-    import_hf_llama(_state("mha"), cfg.replace(num_kv_heads=2))
+    import_hf_decoder(_state("mha"), cfg.replace(num_kv_heads=2))
 
 
 def test_ignored_buffers_and_tied_lm_head():
@@ -254,14 +254,14 @@ def test_ignored_buffers_and_tied_lm_head():
   assert "lm_head.weight" in sd  # the tied copy, which may be present...
   sd["model.rotary_emb.inv_freq"] = torch.ones(8)  # ...and known buffers are dropped
   sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
-  params, _ = import_hf_llama(sd, cfg)
+  params, _ = import_hf_decoder(sd, cfg)
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(reference)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   del sd["lm_head.weight"]  # ...or absent
-  import_hf_llama(sd, cfg)
+  import_hf_decoder(sd, cfg)
   sd["lm_head.weight"] = torch.zeros(VOCAB, 32)  # but not a different matrix
   with pytest.raises(ValueError, match="lm_head.weight differs"):
-    import_hf_llama(sd, cfg)
+    import_hf_decoder(sd, cfg)
   assert all(isinstance(p, str) for p in hf_llama.IGNORED_BUFFERS)
 
 
@@ -273,21 +273,21 @@ def test_torch_bin_and_sharded_checkpoints_load(tmp_path):
   torch.save(model.state_dict(), str(folder / "pytorch_model.bin"))
   (folder / "config.json").write_text(model.config.to_json_string())
   for source in (str(folder / "pytorch_model.bin"), str(folder)):
-    params, config = import_hf_llama(source)
+    params, config = import_hf_decoder(source)
     assert config == imported("mha")[0].config
     for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(reference)):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   model.save_pretrained(str(tmp_path / "sharded"), max_shard_size="20KB")
   assert (tmp_path / "sharded" / "model.safetensors.index.json").exists()
-  params, _ = import_hf_llama(str(tmp_path / "sharded"))
+  params, _ = import_hf_decoder(str(tmp_path / "sharded"))
   for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(reference)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   with pytest.raises(FileNotFoundError, match="config.json"):
-    import_hf_llama(str(_no_config(tmp_path)))
+    import_hf_decoder(str(_no_config(tmp_path)))
   with pytest.raises(ValueError, match="config is required"):
-    import_hf_llama(model.state_dict())
+    import_hf_decoder(model.state_dict())
 
 
 def _no_config(tmp_path):
@@ -366,5 +366,5 @@ def test_config_type_errors_and_unexportable_configs(tmp_path):
   bad = jax.tree_util.tree_map(lambda x: x, params)
   bad["layer_1"]["up"]["kernel"] = jnp.zeros((32, 65))
   with pytest.raises(ValueError, match=r"layer_1/up/kernel: expected \(32, 64\), got \(32, 65\)"):
-    export_hf_llama(bad, lm.config, str(tmp_path / "x"))
+    export_hf_decoder(bad, lm.config, str(tmp_path / "x"))
   assert not (tmp_path / "x" / "model.safetensors").exists()

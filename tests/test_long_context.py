@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.bench import timing
+from specjax import theory
 from specjax.drafters import PromptLookup, WindowedKV
 from specjax.experiments import long_context as lc
+from specjax.experiments import long_context_measure as lcm
+from specjax.measure import timing
 from specjax.models.decoder import DecoderLM, decoder_config
 
 GREEDY = specjax.GREEDY
@@ -48,7 +50,7 @@ def test_chunked_prefill_equals_one_call(lm, chunk):
 
 
 def test_prefill_chunk_is_checked():
-  with pytest.raises(ValueError, match="prefill_chunk must be > 0"):
+  with pytest.raises(ValueError, match="prefill_chunk must be an int >= 1"):
     decoder_config("tiny", prefill_chunk=0)
   with pytest.raises(TypeError, match="prefill_chunk must be an int"):
     decoder_config("tiny", prefill_chunk=2.5)
@@ -132,12 +134,14 @@ def test_cache_step_times_reads_the_injected_clock(lm):
 
 def test_cost_model_by_hand():
   c = decoder_config("tiny")  # 2 layers, 2 kv heads x 8
-  assert lc.kv_bytes_per_position(c) == 2 * 2 * 2 * 8 * 4
-  assert lc.step_bytes(c, batch=3, context=10) == 4 * c.num_params() + 3 * 10 * 256
-  # α = 0.5, γ = 2: 1 + 0.5 + 0.25 = 1.75 tokens per iteration; cost 2 · 0.1 + 1.2 = 1.4.
-  assert lc.predicted_speedup(0.5, 2, 0.1, 1.2) == pytest.approx(1.75 / 1.4)
-  with pytest.raises(ValueError, match="verify_ratio"):
-    lc.predicted_speedup(0.5, 2, 0.1, 0.0)
+  assert lcm.kv_bytes_per_position(c) == 2 * 2 * 2 * 8 * 4
+  assert lcm.step_bytes(c, batch=3, context=10) == 4 * c.num_params() + 3 * 10 * 256
+  # The speedup the grid predicts: α = 0.5, γ = 2: 1 + 0.5 + 0.25 = 1.75 tokens per
+  # iteration; cost 2 · 0.1 + 1.2 = 1.4 steps.
+  tokens = theory.expected_tokens_per_call(0.5, 2)
+  assert theory.walltime_improvement_from_tokens(tokens, 2, 0.1, 1.2) == pytest.approx(1.75 / 1.4)
+  with pytest.raises(ValueError, match="verify_cost"):
+    theory.walltime_improvement_from_tokens(tokens, 2, 0.1, 0.0)
 
 
 def test_package_streams_concatenate_sorted_files_under_headers():
@@ -149,7 +153,7 @@ def test_package_streams_concatenate_sorted_files_under_headers():
 
 def test_repo_prompts_are_windows_followed_by_a_continuation():
   streams = {"a": np.arange(0, 60), "b": np.arange(1000, 1030), "short": np.arange(5)}
-  out = lc.repo_prompts(streams, context=10, n=5, continuation=5)
+  out = lcm.repo_prompts(streams, context=10, n=5, continuation=5)
   assert out.shape == (5, 10) and out.dtype == np.int32
   # Round-robin over the long-enough packages (a, b), each row a contiguous window.
   assert [int(r[0]) // 1000 for r in out] == [0, 1, 0, 1, 0]
@@ -159,7 +163,7 @@ def test_repo_prompts_are_windows_followed_by_a_continuation():
     assert r[-1] + 5 <= src[-1]  # a continuation of >= 5 tokens follows
   assert len({tuple(r) for r in out}) == 5  # distinct windows
   with pytest.raises(ValueError, match="no held-out package has context"):
-    lc.repo_prompts(streams, context=70, n=2, continuation=5)
+    lcm.repo_prompts(streams, context=70, n=2, continuation=5)
 
 
 TRAIN_FILES = ("colorsys.py", "bisect.py", "keyword.py", "fnmatch.py", "stat.py", "glob.py",
@@ -224,7 +228,7 @@ def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
   def fail(*a, **k):
     raise AssertionError("a stored cell was measured again")
   monkeypatch.setattr(lcm, "measure_cell", fail)
-  monkeypatch.setattr(lc, "component_times", fail)
+  monkeypatch.setattr(lcm, "component_times", fail)
   again = lc.run(cfg)  # models, cells and components all come from the workdir
   assert [c["summary"] for c in again["cells"]] == [c["summary"] for c in first["cells"]]
 

@@ -10,7 +10,8 @@ import pytest
 import specjax
 from exact_helpers import counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
 from reference import chi_square_pvalue
-from specjax.drafters.medusa import Medusa, MedusaConfig, choose_tree, head_logits, init_heads
+from specjax.drafters.medusa import Medusa, choose_tree
+from specjax.models.medusa_head import MedusaConfig, head_logits, init_heads
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.training.heads import DistillData, train_medusa
 from specjax.tree import TokenTree
@@ -60,8 +61,8 @@ def test_medusa_greedy_equals_autoregressive(tree):
   # The first iteration after the prompt has no hidden state yet: it drafts nothing.
   state = Medusa(config, tree).alloc(2, 4, 32, 3)
   prop, _ = Medusa(config, tree).propose(dp, state, specjax.drafters.DraftInput(
-      seq_len=jnp.zeros(2, jnp.int32), pending=jnp.ones(2, jnp.int32),
-      prev=jnp.zeros(2, jnp.int32), done=jnp.zeros(2, bool), step=jnp.int32(0)), None, GREEDY, 3)
+      seq_len_B=jnp.zeros(2, jnp.int32), pending_B=jnp.ones(2, jnp.int32),
+      prev_B=jnp.zeros(2, jnp.int32), done_B=jnp.zeros(2, bool), step=jnp.int32(0)), None, GREEDY, 3)
   assert np.asarray(prop.node_valid_BT).sum() == 2  # the roots only
 
 

@@ -10,7 +10,6 @@ target's `spiece.model`.
 import json
 import os
 import random
-import sys
 
 import pytest
 import sentencepiece as spm
@@ -18,19 +17,18 @@ import tokenizers
 import torch
 import transformers
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from configs import chen_chinchilla as chen_config  # noqa: E402
-from configs import leviathan_t5 as leviathan_config  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+from configs import chen_chinchilla as chen_config
+from configs import leviathan_t5 as leviathan_config
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import specjax  # noqa: E402
-from specjax.checkpoints.hf_llama import import_hf_decoder  # noqa: E402
-from specjax.checkpoints.hf_t5 import import_hf_t5  # noqa: E402
-from specjax.experiments import chen, leviathan  # noqa: E402
-from specjax.experiments.speed import sweep_cache_len  # noqa: E402
-from specjax.experiments.stages import Stages  # noqa: E402
+import specjax
+from specjax.checkpoints.hf_llama import import_hf_decoder
+from specjax.checkpoints.hf_t5 import import_hf_t5
+from specjax.experiments import chen, leviathan
+from specjax.experiments.speed import sweep_cache_len
+from specjax.experiments.stages import Stages
 
 
 WORDS = ("the package provides a library for reading and writing files with support for "

@@ -1,4 +1,4 @@
-"""The rollout gate (`specjax.rollout`): latency statistics from hand-made
+"""The rollout gate (`specjax.measure.gate`): latency statistics from hand-made
 timestamps, the gate's verdict on rigged measurements, the plan files, a
 measurement under a fake clock and the command line on the tiny pair."""
 
@@ -10,8 +10,11 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import rollout
-from specjax.bench.timing import use_clock
+from specjax.experiments import rollout as rollout_cli
+from specjax.measure import gate as rollout
+from specjax.measure import latency
+from specjax.measure.latency import emission_times
+from specjax.measure.timing import use_clock
 
 # -----------------------------------------------------------------------------
 # latency_stats on hand-made timestamps.
@@ -21,7 +24,7 @@ from specjax.bench.timing import use_clock
 def test_latency_stats_by_hand():
   # Request A arrives at 0 and gets tokens at 10 ms, three at 20 ms (one
   # speculative call), and 50 ms; request B arrives at 5 ms: tokens at 25, 30.
-  stats = rollout.latency_stats([[0.010, 0.020, 0.020, 0.020, 0.050], [0.025, 0.030]],
+  stats = latency.latency_stats([[0.010, 0.020, 0.020, 0.020, 0.050], [0.025, 0.030]],
                                 arrivals=[0.0, 0.005])
   # TTFT 10 and 20 ms: median 15, P99 10 + 0.99 * 10.
   assert stats.ttft_ms == pytest.approx(15.0)
@@ -44,17 +47,17 @@ def test_latency_stats_by_hand():
 def test_latency_stats_percentiles_of_a_known_series():
   # One request whose ITLs are 1, 2, ..., 100 ms: P50 50.5, P99 99.01.
   times = np.concatenate([[0.0], np.cumsum(np.arange(1, 101) / 1e3)])
-  stats = rollout.latency_stats([times.tolist()])
+  stats = latency.latency_stats([times.tolist()])
   assert stats.itl_p50_ms == pytest.approx(50.5)
   assert stats.itl_p99_ms == pytest.approx(99.01)
   assert stats.ttft_ms == 0.0  # arrivals default to 0
 
 
 def test_latency_stats_round_trip():
-  stats = rollout.latency_stats([[0.1, 0.2, 0.2]])
-  assert rollout.LatencyStats.from_dict(json.loads(json.dumps(stats.to_dict()))) == stats
+  stats = latency.latency_stats([[0.1, 0.2, 0.2]])
+  assert latency.LatencyStats.from_dict(json.loads(json.dumps(stats.to_dict()))) == stats
   with pytest.raises(ValueError, match="exactly the keys"):
-    rollout.LatencyStats.from_dict({"ttft_ms": 1.0})
+    latency.LatencyStats.from_dict({"ttft_ms": 1.0})
 
 
 @pytest.mark.parametrize("times, arrivals, error, pattern", [
@@ -69,7 +72,7 @@ def test_latency_stats_round_trip():
 ])
 def test_latency_stats_errors(times, arrivals, error, pattern):
   with pytest.raises(error, match=pattern):
-    rollout.latency_stats(times, arrivals)
+    latency.latency_stats(times, arrivals)
 
 
 # -----------------------------------------------------------------------------
@@ -81,7 +84,7 @@ def _stream(tokens_per_call, gap_s, calls=20, requests=4):
   """Requests emitting `tokens_per_call` tokens every `gap_s` seconds."""
   times = [[gap_s * (c + 1)] * tokens_per_call for c in range(calls)]
   flat = [t for call in times for t in call]
-  return rollout.latency_stats([flat] * requests)
+  return latency.latency_stats([flat] * requests)
 
 
 BASE = _stream(1, 0.010)           # plain decoding: a token every 10 ms
@@ -124,10 +127,10 @@ def test_gate_thresholds_and_settings():
 
 
 @pytest.mark.parametrize("kwargs, error, pattern", [
-    (dict(alpha=1.5), ValueError, r"alpha must be in \[0, 1\], got 1.5"),
+    (dict(alpha=1.5), ValueError, r"alpha must be a finite number in \[0, 1\], got 1.5"),
     (dict(alpha="0.7"), TypeError, "alpha must be a real number"),
-    (dict(min_alpha=-0.1), ValueError, r"min_alpha must be in \[0, 1\]"),
-    (dict(p99_margin=-0.5), ValueError, "p99_margin must be >= 0"),
+    (dict(min_alpha=-0.1), ValueError, r"min_alpha must be a finite number in \[0, 1\]"),
+    (dict(p99_margin=-0.5), ValueError, "p99_margin must be a finite number >= 0"),
     (dict(min_throughput_gain=True), TypeError, "min_throughput_gain must be a real"),
     (dict(baseline={"ttft_ms": 1}), TypeError, "baseline must be a LatencyStats"),
     (dict(context=[1]), TypeError, "context must be a dict"),
@@ -152,7 +155,7 @@ def test_write_plan(tmp_path, candidate, alpha):
   with open(js, encoding="utf-8") as f:
     d = json.load(f)
   assert d["verdict"] == v.verdict and d["roll_out"] == v.roll_out
-  assert rollout.LatencyStats.from_dict(d["candidate"]) == candidate
+  assert latency.LatencyStats.from_dict(d["candidate"]) == candidate
   assert [c["name"] for c in d["checks"]] == ["alpha", "itl_p99_ms", "tokens_per_s"]
   assert d["context"] == {"batch_size": 4, "drafter": "EAGLE-3"}
   assert (d["alpha"] is None) == math.isnan(alpha)
@@ -198,7 +201,7 @@ def _prompts(n=3, p=8):
 def test_measure_with_a_fake_clock():
   # The target drafts for itself: greedy α = 1, every iteration commits
   # γ + 1 = 4 tokens, so 9 tokens take the prefill and 2 steps (plain: 8).
-  target, tp, _, _ = rollout.tiny_pair("noisy")
+  target, tp, _, _ = rollout_cli.tiny_pair("noisy")
   with use_clock(TickClock()):
     m = rollout.measure(target, tp, target, tp, _prompts(), batch_size=2, max_new_tokens=9,
                         gamma=3)
@@ -233,7 +236,7 @@ def test_measure_with_a_fake_clock():
     (dict(draft="eagle"), TypeError, "draft must be a draft model"),
 ])
 def test_measure_errors(kwargs, error, pattern):
-  target, tp, _, _ = rollout.tiny_pair("noisy")
+  target, tp, _, _ = rollout_cli.tiny_pair("noisy")
   args = dict(draft=target, prompts=_prompts(), prompt_lengths=None, batch_size=2, gamma=3)
   args.update(kwargs)
   with pytest.raises(error, match=pattern):
@@ -244,7 +247,7 @@ def test_measure_errors(kwargs, error, pattern):
 def test_cli_on_the_tiny_pair(tmp_path, capsys):
   # Same shapes as the fake-clock test: the compiled steps are reused.
   out = tmp_path / "rollout"
-  assert rollout.main(["--batch", "2", "--prompts", "3", "--prompt_len", "8", "--max_new", "9",
+  assert rollout_cli.main(["--batch", "2", "--prompts", "3", "--prompt_len", "8", "--max_new", "9",
                        "--gamma", "3", "--out_dir", str(out)]) == 0
   with open(out / "rollout.json", encoding="utf-8") as f:
     d = json.load(f)
@@ -261,7 +264,7 @@ def test_cli_on_the_tiny_pair(tmp_path, capsys):
 def test_measure_with_a_drafter_without_weights():
   # Prompt lookup (no draft model, its own state from `alloc`) on prompts that
   # repeat a block: some drafts are accepted, and the greedy outputs agree.
-  target, tp, lookup, _ = rollout.tiny_pair("prompt_lookup")
+  target, tp, lookup, _ = rollout_cli.tiny_pair("prompt_lookup")
   half = _prompts(2, 4)
   m = rollout.measure(target, tp, lookup, None, np.concatenate([half, half], axis=1),
                       batch_size=2, max_new_tokens=9, gamma=3)
@@ -269,3 +272,25 @@ def test_measure_with_a_drafter_without_weights():
   assert 0.0 <= m.alpha <= 1.0 and 1.0 <= m.tokens_per_call <= 4.0
   assert m.context["drafter"] == "PromptLookup"
   assert m.candidate.num_tokens == m.baseline.num_tokens == 18
+
+
+def test_emission_times_of_a_stream_one_arrival_per_iteration():
+  # Row 0 gets 1 token at prefill, then 3 and 1; row 1 gets 1, 1, 2.
+  events = [(1.0, np.array([1, 1])), (1.5, np.array([4, 2])), (2.5, np.array([5, 4]))]
+  times = emission_times(events)
+  assert times == [[1.0, 1.5, 1.5, 1.5, 2.5], [1.0, 1.5, 2.5, 2.5]]
+  s = latency.latency_stats(times, [0.25, 0.25])
+  assert s.ttft_ms == pytest.approx(750)
+  # Gaps: row 0 0.5, 0, 0, 1.0; row 1 0.5, 1.0, 0 -> median 0.5, mean 3/7.
+  assert s.itl_p50_ms == pytest.approx(500)
+  assert s.itl_mean_ms == pytest.approx(1e3 * 3.0 / 7)
+
+
+def test_emission_times_rows_that_stop_early():
+  # Row 1 stops after its first event (done rows commit nothing).
+  events = [(1.0, np.array([1, 1])), (2.0, np.array([2, 1])), (4.0, np.array([3, 1]))]
+  assert emission_times(events) == [[1.0, 2.0, 4.0], [1.0]]
+  with pytest.raises(ValueError, match="same 2 rows"):
+    emission_times([(1.0, np.array([1, 1])), (2.0, np.array([2, 1, 1]))])
+  with pytest.raises(ValueError, match="at least one request with two or more tokens"):
+    latency.latency_stats(emission_times([(1.0, np.array([1, 1]))]))

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from specjax import theory
-from specjax.analysis import alpha_vs_kl
 from specjax.experiments import seeds
+from specjax.measure.beta import alpha_vs_kl
+from specjax.planning import draft_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,7 +62,7 @@ def test_curve_matches_optimal_gamma_and_free_drafts():
 @pytest.mark.parametrize("kwargs, error, pattern", [
     (dict(alphas=[0.5, 1.5]), ValueError, r"alphas must lie in \[0, 1\]"),
     (dict(alphas=[[0.5]]), ValueError, "alphas must be a scalar or a non-empty 1-D"),
-    (dict(n_max=0), ValueError, "n_max must be an integer >= 1"),
+    (dict(n_max=0), ValueError, "n_max must be an int >= 1"),
     (dict(cost_ratio=-0.1), ValueError, "cost_ratio must be >= 0"),
     (dict(verify_overhead=[0.1, 0.2]), ValueError, "verify_overhead must be a scalar"),
 ])
@@ -163,7 +164,7 @@ def test_traffic_mix_edge_cases():
     (dict(shares=[1.0]), ValueError, "one entry per class"),
     (dict(alphas=[0.7, 1.4]), ValueError, r"alphas must lie in \[0, 1\]"),
     (dict(share_of="requests"), ValueError, "share_of must be one of"),
-    (dict(k=2.0), TypeError, "k must be a scalar integer"),
+    (dict(k=2.0), TypeError, "k must be an int >= 1, got 2.0"),
 ])
 def test_traffic_mix_errors(kwargs, error, pattern):
   args = dict(shares=[0.7, 0.3], alphas=[0.7, 0.4], k=5)
@@ -183,30 +184,30 @@ TINY = dict(hidden=4, num_heads=2, num_kv_heads=1, head_dim=2, intermediate=8, v
 def test_classic_draft_memory_by_hand():
   # Embedding 10*4; per layer q 16, k 8, v 8, o 16, MLP 3*4*8 = 96, norms 8:
   # 152 per layer, 2 layers; the final norm 4.
-  m = theory.classic_draft_memory(num_layers=2, **TINY)
+  m = draft_memory.classic_draft_memory(num_layers=2, **TINY)
   assert m["params"] == 40 + 2 * 152 + 4 == 348
   assert m["weight_bytes"] == 2 * 348
   assert m["kv_bytes_per_token"] == 2 * 2 * 1 * 2 * 2  # K and V, 2 layers, 1 head of 2, bf16
-  assert theory.classic_draft_memory(num_layers=2, tied_embeddings=False, **TINY)["params"] \
+  assert draft_memory.classic_draft_memory(num_layers=2, tied_embeddings=False, **TINY)["params"] \
       == 348 + 40
-  assert theory.classic_draft_memory(num_layers=2, bytes_per_param=4, **TINY)[
+  assert draft_memory.classic_draft_memory(num_layers=2, bytes_per_param=4, **TINY)[
       "kv_bytes_per_token"] == 32
 
 
 def test_eagle3_head_memory_by_hand():
   # fc 3*4*4 = 48; q reads 2*4: 8*4 = 32, k 8*2 = 16, v 16; o 16; MLP 96; 4 norms 16.
-  m = theory.eagle3_head_memory(**TINY)
+  m = draft_memory.eagle3_head_memory(**TINY)
   assert m["params"] == 48 + 32 + 16 + 16 + 16 + 96 + 16 == 240
   assert m["kv_bytes_per_token"] == 2 * 1 * 1 * 2 * 2  # one layer
-  assert theory.eagle3_head_memory(draft_vocab=6, **TINY)["params"] == 240 + 24
-  plain = theory.eagle3_head_memory(fused_layers=1, attention_input_factor=1, **TINY)
+  assert draft_memory.eagle3_head_memory(draft_vocab=6, **TINY)["params"] == 240 + 24
+  plain = draft_memory.eagle3_head_memory(fused_layers=1, attention_input_factor=1, **TINY)
   assert plain["params"] == 16 + 16 + 8 + 8 + 16 + 96 + 16
 
 
 def test_llama_shapes():
-  one_b = theory.classic_draft_memory(**{k: v for k, v in seeds.LLAMA_3_2_1B.items()})
+  one_b = draft_memory.classic_draft_memory(**{k: v for k, v in seeds.LLAMA_3_2_1B.items()})
   assert one_b["params"] == 1_235_814_400  # Llama-3.2-1B's published count
-  seventy = theory.classic_draft_memory(**seeds.LLAMA_3_3_70B)
+  seventy = draft_memory.classic_draft_memory(**seeds.LLAMA_3_3_70B)
   assert seventy["params"] == 70_553_706_496  # Llama-3.3-70B's
   assert seventy["kv_bytes_per_token"] == 2 * 80 * 8 * 128 * 2
   r = seeds.memory_exercise()
@@ -216,14 +217,14 @@ def test_llama_shapes():
 
 
 @pytest.mark.parametrize("fn, kwargs, error, pattern", [
-    (theory.classic_draft_memory, dict(num_layers=2, num_kv_heads=3), ValueError,
+    (draft_memory.classic_draft_memory, dict(num_layers=2, num_kv_heads=3), ValueError,
      "num_heads must be a multiple of num_kv_heads"),
-    (theory.classic_draft_memory, dict(num_layers=0), ValueError, "num_layers must be an"),
-    (theory.classic_draft_memory, dict(num_layers=2, tied_embeddings="yes"), TypeError,
+    (draft_memory.classic_draft_memory, dict(num_layers=0), ValueError, "num_layers must be an"),
+    (draft_memory.classic_draft_memory, dict(num_layers=2, tied_embeddings="yes"), TypeError,
      "tied_embeddings must be a bool"),
-    (theory.eagle3_head_memory, dict(draft_vocab=11), ValueError, r"draft_vocab must lie in"),
-    (theory.eagle3_head_memory, dict(bytes_per_param=0), ValueError,
-     "bytes_per_param must be > 0"),
+    (draft_memory.eagle3_head_memory, dict(draft_vocab=11), ValueError, r"draft_vocab must lie in"),
+    (draft_memory.eagle3_head_memory, dict(bytes_per_param=0), ValueError,
+     "bytes_per_param must be a finite number > 0"),
 ])
 def test_memory_errors(fn, kwargs, error, pattern):
   args = dict(TINY)

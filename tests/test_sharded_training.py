@@ -19,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 
 from specjax import training as tr
 from specjax.models.decoder import DecoderLM, decoder_config
-from specjax.sharding import MODEL, fsdp_spec, make_mesh
+from specjax.parallel.sharding import MODEL, fsdp_spec, make_mesh
 from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import Checkpointer
 from specjax.training.steps import StepSpec, init_params, init_state
@@ -193,7 +193,7 @@ def test_mesh_config_errors():
                                        r"config.mesh_data \(4\)"):
     tr.validate_config(_config((4, 2), batch_size=6))
   for field, value in (("mesh_data", 0), ("mesh_model", -2)):
-    with pytest.raises(ValueError, match=f"config.{field} must be >= 1"):
+    with pytest.raises(ValueError, match=f"config.{field} must be an int >= 1"):
       tr.validate_config(_config(**{field: value}))
   with pytest.raises(TypeError, match="config.mesh_model must be an int"):
     tr.validate_config(dict(_config().to_dict(), mesh_model=2.0))
@@ -208,7 +208,7 @@ def test_medusa_heads_on_a_mesh_match_one_device(tmp_path):
   """`train_medusa` with train.mesh_data x train.mesh_model = 2 x 4: the same
   per-step losses as one device, the heads split over `model`."""
   import ml_collections
-  from specjax.drafters.medusa import MedusaConfig
+  from specjax.models.medusa_head import MedusaConfig
   from specjax.training.heads import DistillData, train_medusa
   lm, params = STUDENT, init_params(STUDENT, 0)  # The frozen target.
   config = MedusaConfig(num_heads=2, d_model=lm.config.d_model, vocab_size=lm.vocab_size)
@@ -241,7 +241,7 @@ def test_eagle3_head_on_a_mesh_matches_one_device(tmp_path):
   train.mesh_data x train.mesh_model = 2 x 4: the same per-step losses as
   one device, the head split over `model`."""
   import ml_collections
-  from specjax.drafters.eagle import EagleConfig
+  from specjax.models.eagle_head import EagleConfig
   from specjax.training.eagle import EagleLoss, train_eagle
   from specjax.training.heads import DistillData
   lm, params = STUDENT, init_params(STUDENT, 0)  # The frozen target.

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax import sharding
 from specjax.models.t5 import T5, t5_config
+from specjax.parallel import sharding
 from tiny import EOS, noisy_draft, ragged_prompts, target
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8,

@@ -21,7 +21,7 @@ from specjax import DecoderLM, T5
 from specjax.checkpoints import streaming
 from specjax.checkpoints.hf_llama import import_hf_decoder
 from specjax.checkpoints.hf_t5 import import_hf_t5
-from specjax.sharding import MODEL, make_mesh
+from specjax.parallel.sharding import MODEL, make_mesh
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_each_device_reads_only_its_slice():
   recorder = _Recorder(kernel)
   tensors = streaming.lazy_from_mapping({"w": kernel})
   entry = streaming.Entry("w", ("layer_0", "q", "kernel"), lambda _: recorder)
-  from specjax.sharding import param_spec
+  from specjax.parallel.sharding import param_spec
   params = streaming.place(
       [entry], tensors, "float32",
       lambda path, shape: jax.sharding.NamedSharding(mesh, param_spec(path, shape, mesh)))

@@ -216,7 +216,7 @@ def test_walltime_hand_values():
       2.566956521739130, rel=1e-14)
   # Leviathan Table 2, CNN/DM small, T=0: α=.65, γ=5, c=0. .65^2 = .4225,
   # .65^3 = .274625, .65^6 = .075418890625; (1 − .075418890625)/.35
-  # = .924581109375/.35 = 2.6416603125 (the "2.64×" of BRIEF §2).
+  # = .924581109375/.35 = 2.6416603125 (the c = 0 bound that Leviathan's measured 3.1× exceeds).
   assert theory.walltime_improvement(0.65, 5, 0.0) == pytest.approx(
       2.6416603125, rel=1e-14)
   # α=1, γ=4, c=.25: 5 / (1 + 1) = 2.5.  α=0, γ=2, c=.5: 1/2.
@@ -445,11 +445,11 @@ def test_alpha_errors(name, alpha, error, pattern):
 @pytest.mark.parametrize(
     "gamma, error, pattern",
     [
-        (-1, ValueError, r"gamma must be an integer >= 0, got -1"),
-        (2.5, TypeError, r"gamma must be .*integer.*2.5"),
-        (3.0, TypeError, r"gamma must be .*integer.*3.0"),
-        (True, TypeError, r"gamma must be .*integer.*True"),
-        ("3", TypeError, r"gamma must be .*integer.*'3'"),
+        (-1, ValueError, r"gamma must be an int(eger)? >= 0, got -1"),
+        (2.5, TypeError, r"gamma must be .*int.*2.5"),
+        (3.0, TypeError, r"gamma must be .*int.*3.0"),
+        (True, TypeError, r"gamma must be .*int.*True"),
+        ("3", TypeError, r"gamma must be .*int.*'3'"),
     ],
 )
 def test_gamma_errors(name, gamma, error, pattern):
@@ -458,7 +458,7 @@ def test_gamma_errors(name, gamma, error, pattern):
 
 
 def test_histogram_gamma_must_be_scalar():
-  with pytest.raises(TypeError, match=r"gamma must be a scalar integer"):
+  with pytest.raises(TypeError, match=r"gamma must be an int"):
     theory.expected_accepted_histogram(0.5, [1, 2])
 
 
@@ -507,9 +507,9 @@ def test_type_error_names_tokens_per_call():
 @pytest.mark.parametrize(
     "max_gamma, error, pattern",
     [
-        (0, ValueError, r"max_gamma must be an integer >= 1, got 0"),
-        (8.0, TypeError, r"max_gamma must be a scalar integer >= 1, got 8.0"),
-        (True, TypeError, r"max_gamma must be a scalar integer"),
+        (0, ValueError, r"max_gamma must be an int >= 1, got 0"),
+        (8.0, TypeError, r"max_gamma must be an int >= 1, got 8.0"),
+        (True, TypeError, r"max_gamma must be an int"),
     ],
 )
 def test_max_gamma_errors(max_gamma, error, pattern):

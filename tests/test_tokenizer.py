@@ -1,4 +1,4 @@
-"""Tests of specjax.tokenizer and the SentencePiece training in specjax.data."""
+"""Tests of specjax.tokenizers.sentencepiece and the SentencePiece training in specjax.data."""
 
 import json
 import os
@@ -9,7 +9,7 @@ import pytest
 import sentencepiece as spm
 
 from specjax import data
-from specjax.tokenizer import SentencePieceTokenizer
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "data")
 VOCAB_SIZE = 150

@@ -167,7 +167,7 @@ def test_eval_batches_are_fixed_and_padded():
 
 def test_examples_from_records_with_a_tokenizer(tmp_path):
   spm = pytest.importorskip("sentencepiece")
-  from specjax.tokenizer import SentencePieceTokenizer
+  from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
   prefix = str(tmp_path / "sp")
   spm.SentencePieceTrainer.train(
       input=os.path.join(FIXTURES, "tokenizer_corpus.txt"), model_prefix=prefix, vocab_size=100,

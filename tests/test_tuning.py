@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.bench import peers as bp
-from specjax.bench import peers_suite, tuning
+from specjax.experiments import peers as bp
+from specjax.experiments import peers_suite
+from specjax.measure import tuning
+from specjax.measure.tuning import choose_matvec_rows
 from specjax.models.decoder import DecoderLM, decoder_config
-from specjax.bench.tuning import choose_matvec_rows
 
 
 @pytest.mark.parametrize("speedups, margin, rows", [
@@ -89,7 +90,7 @@ def test_tune_on_a_tiny_model_and_the_tuned_model_computes_the_same():
   # Either threshold computes the same logits (the path, not the values, changes).
   x = jnp.asarray(np.random.default_rng(0).integers(0, 64, size=(1, 3)), jnp.int32)
   for rows in (0, 3):
-    other = specjax.bench.tuning.MatvecChoice(rows, {}, {}, {}, 8).apply(lm)
+    other = specjax.measure.tuning.MatvecChoice(rows, {}, {}, {}, 8).apply(lm)
     np.testing.assert_allclose(other.forward(params, x), lm.forward(params, x), rtol=1e-5,
                                atol=1e-5)
 
@@ -106,7 +107,7 @@ def test_tune_errors():
   with pytest.raises(ValueError, match=r"cache_len must be an int >= .* = 72, got 70"):
     specjax.tune_matvec_rows(lm, None, prompt_len=64, cache_len=70)
   with pytest.raises(TypeError, match="model must be"):
-    specjax.bench.tuning.MatvecChoice(2, {}, {}, {}, 8).apply(specjax.UnigramLM(8))
+    specjax.measure.tuning.MatvecChoice(2, {}, {}, {}, 8).apply(specjax.UnigramLM(8))
 
 
 def test_peers_suite_matvec_rows_settings():

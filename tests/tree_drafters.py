@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.base import CallLayout, Proposal
+from specjax.drafting import CallLayout, Drafter, Proposal
 from specjax.sampling import process_logits, sample_from_uniform
 from specjax.tree import TokenTree
 
@@ -18,7 +18,7 @@ MODES = ("iid", "without", "deterministic")
 
 
 @dataclasses.dataclass(frozen=True)
-class TableTree:
+class TableTree(Drafter):
   tree: TokenTree
   mode: str = "iid"
   # Valid nodes per row: row b uses nodes < node_limit[b % len] (dynamic trees).
@@ -48,10 +48,10 @@ class TableTree:
 
   def propose(self, params, state, inp, u_BT, sampling, gamma) -> Tuple[Proposal, Any]:
     table = params["logits"]
-    b = inp.pending.shape[0]
+    b = inp.pending_B.shape[0]
     n = self.tree.size
     kids = self.tree.children
-    tokens = [inp.pending.astype(jnp.int32)]
+    tokens = [inp.pending_B.astype(jnp.int32)]
     probs = [jnp.zeros((b, table.shape[1]), jnp.float32)]
     for i in range(1, n):
       parent = self.tree.parents[i]

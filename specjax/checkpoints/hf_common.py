@@ -17,16 +17,16 @@ from typing import Dict, Iterable, Mapping, Tuple
 
 import numpy as np
 
-from specjax.atomic_io import atomic_path, atomic_write_json
+from specjax.atomic_io import atomic_path
+from specjax.checkpoints import streaming
 
-__all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json", "write_json"]
+__all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json"]
 
 
 def load_state_dict(path: str) -> Dict[str, np.ndarray]:
   """Loads transformers-format weights from a file or a checkpoint directory
   as float32 numpy arrays, whole (`specjax.checkpoints.streaming.open_tensors`
   reads them lazily instead; the importers use that)."""
-  from specjax.checkpoints import streaming
   tensors = streaming.open_tensors(path)
   return {name: np.array(tensors.read(name), np.float32) for name in tensors}
 
@@ -69,6 +69,3 @@ def read_json(path: str):
     return json.load(f)
 
 
-def write_json(obj, path: str) -> None:
-  """Writes JSON (indent 2, keys sorted) atomically (`specjax.atomic_io`)."""
-  atomic_write_json(path, obj, indent=2)

@@ -47,7 +47,7 @@ Known non-parameter buffers that some checkpoints carry (`IGNORED_BUFFERS`,
 e.g. rotary `inv_freq`) are dropped; any other unknown tensor is an error.
 
 Public API: `decoder_config_from_hf`, `hf_config_from_decoder`,
-`import_hf_decoder` (alias `import_hf_llama`), `export_hf_decoder` (alias
+`import_hf_decoder`, `export_hf_decoder` (deprecated names `import_hf_llama`,
 `export_hf_llama`), `hf_llama_shapes`, `IGNORED_BUFFERS`, `HF_DECODER_TYPES`.
 """
 
@@ -55,16 +55,18 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
 
+from specjax.atomic_io import atomic_write_json
 from specjax.checkpoints import streaming
-from specjax.checkpoints.hf_common import (check_state_dict, read_json, save_safetensors,
-                                           write_json)
+from specjax.checkpoints.hf_common import check_state_dict, read_json, save_safetensors
 from specjax.models import decoder_layout, rope
 from specjax.models.decoder import DecoderConfig
+from specjax.parallel import sharding as sharding_lib
 
 __all__ = [
     "decoder_config_from_hf", "hf_config_from_decoder", "import_hf_decoder", "import_hf_llama",
@@ -396,7 +398,7 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
     config: the `DecoderConfig`; None reads the `config.json` beside the
       weights (required for an in-memory state dict).
     mesh: place every parameter directly into its `NamedSharding` on this
-      mesh (`specjax.sharding.param_spec`: heads / hidden units over
+      mesh (`specjax.parallel.sharding.param_spec`: heads / hidden units over
       `model`); each device's slice is read and converted on its own, and
       with several processes each reads only its addressable slices. None:
       arrays on the default device.
@@ -437,15 +439,12 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
                        "lm_head.weight differs from model.embed_tokens.weight")
   sharding_for = None
   if mesh is not None:
-    from specjax import sharding as sharding_lib
     sharding_for = lambda path, shape: jax.sharding.NamedSharding(
         mesh, sharding_lib.param_spec(path, shape, mesh))
   params = streaming.place([entry for entry, _, _ in _entries(config)], tensors,
                            config.param_dtype, sharding_for)
   return params, config
 
-
-import_hf_llama = import_hf_decoder
 
 
 def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, directory: str,
@@ -465,7 +464,19 @@ def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, director
   os.makedirs(directory, exist_ok=True)
   save_safetensors(tensors, os.path.join(directory, "model.safetensors"),
                    metadata={"format": "pt"})
-  write_json(hf_config, os.path.join(directory, "config.json"))
+  atomic_write_json(os.path.join(directory, "config.json"), hf_config, indent=2)
 
 
-export_hf_llama = export_hf_decoder
+
+def import_hf_llama(*args, **kwargs):
+  """Deprecated name of `import_hf_decoder` (it reads every decoder family)."""
+  warnings.warn("import_hf_llama is deprecated: use specjax.import_hf_decoder",
+                DeprecationWarning, stacklevel=2)
+  return import_hf_decoder(*args, **kwargs)
+
+
+def export_hf_llama(*args, **kwargs):
+  """Deprecated name of `export_hf_decoder` (it writes every decoder family)."""
+  warnings.warn("export_hf_llama is deprecated: use specjax.export_hf_decoder",
+                DeprecationWarning, stacklevel=2)
+  return export_hf_decoder(*args, **kwargs)

@@ -40,8 +40,10 @@ import numpy as np
 
 from specjax.checkpoints import streaming
 from specjax.checkpoints.hf_common import (
-    check_state_dict, read_json, save_safetensors, write_json)
+    check_state_dict, read_json, save_safetensors)
+from specjax.atomic_io import atomic_write_json
 from specjax.models.t5_config import T5Config
+from specjax.parallel import sharding as sharding_lib
 
 __all__ = ["import_hf_t5", "export_hf_t5", "t5_config_from_hf", "hf_config_from_t5",
            "hf_t5_shapes"]
@@ -213,7 +215,7 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
   at a time, each converted to the parameter dtype (`dtype`, default
   `config.param_dtype`; given, it replaces `param_dtype` in the returned
   config) slice by slice; with `mesh`, every leaf is placed directly into
-  its `NamedSharding` (`specjax.sharding.param_spec`), each device's slice
+  its `NamedSharding` (`specjax.parallel.sharding.param_spec`), each device's slice
   read on its own (`specjax.checkpoints.streaming`).
 
   Raises ValueError naming every missing, unexpected or mis-shaped tensor,
@@ -252,7 +254,6 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
                        f"(tie_word_embeddings={config.tie_word_embeddings})")
   sharding_for = None
   if mesh is not None:
-    from specjax import sharding as sharding_lib
     sharding_for = lambda p, shape: jax.sharding.NamedSharding(
         mesh, sharding_lib.param_spec(p, shape, mesh))
   entries = [streaming.Entry(name, path, from_hf) for name, path, _, from_hf in _entries(config)]
@@ -272,4 +273,4 @@ def export_hf_t5(params, config: T5Config, directory: str) -> None:
     tensors[name] = np.ascontiguousarray(to_hf(value))
   check_state_dict(hf_t5_shapes(config), tensors)
   save_safetensors(tensors, os.path.join(directory, "model.safetensors"))
-  write_json(hf_config_from_t5(config), os.path.join(directory, "config.json"))
+  atomic_write_json(os.path.join(directory, "config.json"), hf_config_from_t5(config), indent=2)

@@ -30,6 +30,7 @@ from typing import Any, Dict, Iterator, Optional
 
 import jax
 import numpy as np
+from specjax import atomic_io
 
 __all__ = ["CheckpointError", "params_digest", "file_manifest", "check_files",
            "quiet_asyncio_errors", "first_line"]
@@ -96,7 +97,6 @@ def file_manifest(directory: str, sub: str = "params") -> Dict[str, int]:
 
 
 def write_manifest(directory: str, digest: str) -> None:
-  from specjax import atomic_io  # pylint: disable=g-import-not-at-top
   atomic_io.atomic_write_json(os.path.join(directory, MANIFEST),
                               {"files": file_manifest(directory), "params_sha256": digest})
 

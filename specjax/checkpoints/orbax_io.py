@@ -27,11 +27,14 @@ from typing import Any, Optional, Tuple
 import jax
 import numpy as np
 
+from specjax.atomic_io import atomic_write_json
 from specjax.checkpoints import integrity
-from specjax.checkpoints.hf_common import write_json
 from specjax.checkpoints.integrity import CheckpointError, first_line
+from specjax.models import decoder, decoder_layout
+from specjax.models.t5 import T5
+from specjax.models.t5_config import T5Config
 
-__all__ = ["save_params", "restore_params", "config_to_dict", "config_from_dict",
+__all__ = ["save_params", "restore_params", "restore_model", "config_to_dict", "config_from_dict",
            "CheckpointError", "read_config"]
 
 
@@ -43,9 +46,17 @@ def config_to_dict(config: Any) -> dict:
   return {"class": f"{cls.__module__}.{cls.__qualname__}", "fields": dataclasses.asdict(config)}
 
 
+# Config classes that moved, by the name earlier versions stored.
+_MOVED_CLASSES = {
+    "specjax.drafters.medusa.MedusaConfig": "specjax.models.medusa_head.MedusaConfig",
+    "specjax.drafters.eagle.EagleConfig": "specjax.models.eagle_head.EagleConfig",
+}
+
+
 def config_from_dict(d: dict) -> Any:
   """Inverse of `config_to_dict` (only classes from the specjax package)."""
   qualname = d.get("class", "")
+  qualname = _MOVED_CLASSES.get(qualname, qualname)
   module_name, _, cls_name = qualname.rpartition(".")
   if not module_name.startswith("specjax."):
     raise ValueError(f"refusing to build config class {qualname!r}: not a specjax config")
@@ -101,7 +112,6 @@ def save_params(directory: str, params: Any, config: Any, *, force: bool = True)
   """Saves `params` with orbax and `config` as JSON under `directory`.
   Checkpoints hold the standard layout: a decoder tree in the packed decode
   layout (`DecoderLM.pack_params`) is unpacked first."""
-  from specjax.models import decoder, decoder_layout
   if isinstance(config, decoder.DecoderConfig) and decoder_layout.is_packed(params):
     params = decoder_layout.unpack_params(params, config)
   import orbax.checkpoint as ocp
@@ -112,7 +122,7 @@ def save_params(directory: str, params: Any, config: Any, *, force: bool = True)
     ckpt.save(os.path.join(directory, "params"), params, force=force)
   # The manifest, then config.json: a directory with a config.json is complete.
   integrity.write_manifest(directory, integrity.params_digest(params))
-  write_json(config_to_dict(config), os.path.join(directory, "config.json"))
+  atomic_write_json(os.path.join(directory, "config.json"), config_to_dict(config), indent=2)
 
 
 def restore_params(directory: str, expected_config: Optional[Any] = None, *,
@@ -151,3 +161,15 @@ def restore_params(directory: str, expected_config: Optional[Any] = None, *,
       raise CheckpointError(directory, "corrupt",
                             "the restored values differ from the digest stored at save time")
   return params, config
+
+
+def restore_model(directory: str, packed: bool = False) -> Tuple[Any, Any]:
+  """`(model, params)` from a saved model directory: a `DecoderLM` or a `T5`
+  by the stored config, params on the default device; `packed`: a decoder's
+  params in the packed decode layout (`DecoderLM.pack_params`), packed on
+  the host before placement."""
+  params, config = restore_params(directory)
+  model = T5(config) if isinstance(config, T5Config) else decoder.DecoderLM(config)
+  if packed and isinstance(model, decoder.DecoderLM):
+    params = model.pack_params(jax.tree_util.tree_map(np.asarray, params))
+  return model, jax.tree_util.tree_map(jax.numpy.asarray, params)

@@ -15,7 +15,7 @@ after a round trip. `train_code_sentencepiece` trains a model that keeps them:
   limit), a text record is written as ``"{inputs} Summary: {targets}"``.
 
 Special ids follow T5 (pad 0, EOS 1, UNK 2, no BOS), so the model loads in
-`specjax.tokenizer.SentencePieceTokenizer`. With no dummy prefix a word at
+`specjax.tokenizers.sentencepiece.SentencePieceTokenizer`. With no dummy prefix a word at
 the start of a string has no leading "▁": a decoder-only target that follows
 a prompt should start with its space (" {targets}").
 

@@ -5,12 +5,15 @@
                                      max_new_tokens=64, gamma=8)
 
 `speculative_generate` takes a draft model (as always: it becomes a
-`ModelDrafter`) or any drafter. The protocol is in `specjax.drafters.base`;
-one small module per family:
+`ModelDrafter`) or any drafter. The protocol, `Drafter` and the types it
+exchanges with the loop, is `specjax.drafting` (re-exported here); the head
+networks of Medusa and EAGLE are `specjax.models.medusa_head` /
+`eagle_head`. One small module per family:
 
   model          ModelDrafter   a separate draft model (Leviathan / Chen)
   prompt_lookup  PromptLookup   copies what followed the last n-gram earlier in the row
-  layer_skip     LayerSkip      the target through a subset of its layers (+ choose_layers)
+  layer_skip     LayerSkip      the target through a subset of its layers
+                                (`specjax.measure.layers.choose_layers` picks them)
   windowed       WindowedKV     the target over sink + recent-window KV only
   lookahead      Lookahead      Jacobi iteration + n-gram pool, verified in one call
   medusa         Medusa         extra heads on the target's hidden state; a token tree
@@ -18,19 +21,20 @@ one small module per family:
                                 static trees or EAGLE-2's dynamic tree (DynamicTree)
 """
 
-from specjax.drafters.base import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
-                                   chain_layout, is_drafter)
-from specjax.drafters.eagle import (DynamicTree, Eagle, EagleConfig, init_eagle,
-                                    load_eagle)
-from specjax.drafters.layer_skip import LayerSkip, LayerSkipLM, choose_layers
+from specjax.drafters.eagle import DynamicTree, Eagle, load_eagle
+from specjax.drafters.layer_skip import LayerSkip, LayerSkipLM
 from specjax.drafters.lookahead import Lookahead, LookaheadState
-from specjax.drafters.medusa import Medusa, MedusaConfig, choose_tree, load_medusa
+from specjax.drafters.medusa import Medusa, choose_tree, load_medusa
 from specjax.drafters.model import ModelDrafter
 from specjax.drafters.prompt_lookup import LookupState, PromptLookup
 from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
+from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
+                              chain_layout, is_drafter)
+from specjax.models.eagle_head import EagleConfig, init_eagle
+from specjax.models.medusa_head import MedusaConfig, init_heads
 
 __all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "chain_layout",
            "is_drafter", "ModelDrafter", "PromptLookup", "LookupState", "LayerSkip",
-           "LayerSkipLM", "choose_layers", "WindowedKV", "WindowedLM", "WindowCache",
-           "Lookahead", "LookaheadState", "Medusa", "MedusaConfig", "choose_tree", "load_medusa",
+           "LayerSkipLM", "WindowedKV", "WindowedLM", "WindowCache", "Lookahead",
+           "LookaheadState", "Medusa", "MedusaConfig", "init_heads", "choose_tree", "load_medusa",
            "Eagle", "EagleConfig", "DynamicTree", "init_eagle", "load_eagle"]

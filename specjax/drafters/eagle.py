@@ -45,7 +45,6 @@ X the target's feature width (E, or len(feature_layers) * E), N tree nodes.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -53,177 +52,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal
-from specjax.models.layers import apply_rope
+from specjax._checks import check_int
+from specjax.checkpoints.heads import load_eagle_head
+from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
+from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
+                                       pair_inputs, qkv, shared_weights)
 from specjax.tree import TokenTree
 
-__all__ = ["EagleConfig", "Eagle", "EagleState", "DynamicTree", "init_eagle", "pair_inputs",
-           "head_logits", "fuse_features", "load_eagle"]
-
-
-def _pos_int(name, v, minimum=1):
-  if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < minimum:
-    raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class EagleConfig:
-  """The head's shape.
-
-  Attributes:
-    d_model: E, the target's width (the head works at the same width).
-    vocab_size: V, the target's vocabulary (embedding and LM head shared).
-    num_heads, head_dim, mlp_dim: the head layer's attention and SwiGLU.
-    feature_layers: () for EAGLE-1 (the target's final-normed state), or
-      the target blocks whose outputs are fused (EAGLE-3: low, middle, high).
-    rope_theta, norm_eps: as the target's.
-  """
-
-  d_model: int
-  vocab_size: int
-  num_heads: int = 4
-  head_dim: int = 0
-  mlp_dim: int = 0
-  feature_layers: Tuple[int, ...] = ()
-  rope_theta: float = 10000.0
-  norm_eps: float = 1e-6
-
-  def __post_init__(self):
-    for name in ("d_model", "vocab_size", "num_heads"):
-      _pos_int(name, getattr(self, name))
-    if not self.head_dim:
-      if self.d_model % self.num_heads:
-        raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads "
-                         f"({self.num_heads}) when head_dim is not given")
-      object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
-    if not self.mlp_dim:
-      object.__setattr__(self, "mlp_dim", 4 * self.d_model)
-    _pos_int("head_dim", self.head_dim)
-    _pos_int("mlp_dim", self.mlp_dim)
-    layers = tuple(self.feature_layers)
-    for i in layers:
-      _pos_int("feature_layers entries", i, minimum=0)
-    object.__setattr__(self, "feature_layers", tuple(int(i) for i in layers))
-
-  @property
-  def version(self) -> int:
-    """1 (final-state features) or 3 (fused multi-layer features)."""
-    return 3 if self.feature_layers else 1
-
-  @property
-  def feature_width(self) -> int:
-    """X: the width of what the target hands the head per position."""
-    return self.d_model * max(len(self.feature_layers), 1)
-
-  def num_params(self) -> int:
-    e, hd, f = self.d_model, self.num_heads * self.head_dim, self.mlp_dim
-    n = 2 * e * e + 4 * e * hd + 3 * e * f + 2 * e
-    if self.version == 3:
-      n += self.feature_width * e + e
-    return n
-
-
-def init_eagle(config: EagleConfig, key: jax.Array) -> Dict[str, jax.Array]:
-  """Fresh head parameters (float32). `fc` starts as [identity; 0]-ish plus
-  noise so that a fresh head passes the feature through."""
-  e, hd, f = config.d_model, config.num_heads * config.head_dim, config.mlp_dim
-  ks = jax.random.split(key, 8)
-  normal = lambda k, shape, fan_in: jax.random.normal(k, shape, jnp.float32) * fan_in ** -0.5
-  params = {
-      "fc": normal(ks[0], (2 * e, e), 2 * e),
-      "attn_norm": jnp.ones((e,), jnp.float32),
-      "q": normal(ks[1], (e, hd), e), "k": normal(ks[2], (e, hd), e),
-      "v": normal(ks[3], (e, hd), e), "o": jnp.zeros((hd, e), jnp.float32),
-      "mlp_norm": jnp.ones((e,), jnp.float32),
-      "gate": normal(ks[4], (e, f), e), "up": normal(ks[5], (e, f), e),
-      "down": jnp.zeros((f, e), jnp.float32),
-  }
-  params["fc"] = params["fc"] * 0.1 + jnp.concatenate(
-      [jnp.eye(e, dtype=jnp.float32), jnp.zeros((e, e), jnp.float32)], axis=0)
-  if config.version == 3:
-    x = config.feature_width
-    params["fuse"] = normal(ks[6], (x, e), x)
-    params["out_norm"] = jnp.ones((e,), jnp.float32)
-  return params
-
-
-def _rms(x, scale, eps):
-  x = x.astype(jnp.float32)
-  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
-
-
-def shared_weights(target, target_params) -> Tuple[jax.Array, jax.Array]:
-  """(embedding `[V, E]`, LM head `[E, V]`) of a decoder target (frozen, shared)."""
-  emb = target_params["embed"]["embedding"]
-  if getattr(target.config, "tie_embeddings", False):
-    return emb, emb.T
-  return emb, target_params["lm_head"]["kernel"]
-
-
-def fuse_features(config: EagleConfig, params, feats_xX: jax.Array) -> jax.Array:
-  """The target's per-position features `[..., X]` → the head's `[..., E]`."""
-  feats = feats_xX.astype(jnp.float32)
-  if config.version == 3:
-    return feats @ params["fuse"]
-  return feats
-
-
-def pair_inputs(params, embedding_VE, feat_xE: jax.Array, tokens_x: jax.Array) -> jax.Array:
-  """The head's input for pairs (feature, next token) → `[..., E]`."""
-  emb = jnp.take(embedding_VE, tokens_x, axis=0).astype(jnp.float32)
-  return jnp.concatenate([feat_xE.astype(jnp.float32), emb], axis=-1) @ params["fc"]
-
-
-def _qkv(config: EagleConfig, params, x_BTE, positions_BT):
-  b, t = x_BTE.shape[:2]
-  h = _rms(x_BTE, params["attn_norm"], config.norm_eps)
-  shape = (b, t, config.num_heads, config.head_dim)
-  q = apply_rope((h @ params["q"]).reshape(shape), positions_BT, config.rope_theta)
-  k = apply_rope((h @ params["k"]).reshape(shape), positions_BT, config.rope_theta)
-  return q, k, (h @ params["v"]).reshape(shape)
-
-
-def _attend(config: EagleConfig, q_BTHD, sources, diag=()):
-  """Softmax attention of `q_BTHD` over several key/value sources at once.
-
-  sources: (k_BSHD, v_BSHD, mask) with mask broadcastable to `[B, T, S]`;
-  diag: (k_BTHD, v_BTHD) pairs each query t also attends to at its own
-  index t (training-time test: the same base position's later steps)."""
-  scale = config.head_dim ** -0.5
-  logits, values = [], []
-  for k, v, mask in sources:
-    s = jnp.einsum("bthd,bshd->bhts", q_BTHD, k) * scale
-    logits.append(jnp.where(jnp.asarray(mask)[:, None], s, -1e30))
-    values.append(("full", v))
-  for k, v in diag:
-    logits.append(jnp.einsum("bthd,bthd->bht", q_BTHD, k)[..., None] * scale)
-    values.append(("diag", v))
-  w = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1)
-  out, at = 0.0, 0
-  for (kind, v), s in zip(values, logits):
-    n = s.shape[-1]
-    part = w[..., at:at + n]
-    at += n
-    if kind == "full":
-      out = out + jnp.einsum("bhts,bshd->bthd", part, v)
-    else:
-      out = out + part[..., 0].transpose(0, 2, 1)[..., None] * v
-  return out
-
-
-def _finish(config: EagleConfig, params, x_BTE, att_BTHD):
-  """The layer after attention: output projection, residual, SwiGLU MLP."""
-  b, t = x_BTE.shape[:2]
-  x = x_BTE + att_BTHD.reshape(b, t, -1) @ params["o"]
-  h = _rms(x, params["mlp_norm"], config.norm_eps)
-  return x + (jax.nn.silu(h @ params["gate"]) * (h @ params["up"])) @ params["down"]
-
-
-def head_logits(config: EagleConfig, params, lm_head_EV, out_xE: jax.Array) -> jax.Array:
-  """The head's outputs (predicted features) → float32 draft logits."""
-  if config.version == 3:
-    out_xE = _rms(out_xE, params["out_norm"], config.norm_eps)
-  return (out_xE.astype(jnp.float32) @ lm_head_EV.astype(jnp.float32)).astype(jnp.float32)
+__all__ = ["Eagle", "EagleState", "DynamicTree", "load_eagle"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,9 +73,9 @@ class DynamicTree:
   nodes: int
 
   def __post_init__(self):
-    _pos_int("top_k", self.top_k)
-    _pos_int("depth", self.depth)
-    _pos_int("nodes", self.nodes)
+    check_int("top_k", self.top_k, 1)
+    check_int("depth", self.depth, 1)
+    check_int("nodes", self.nodes, 1)
     pool = self.top_k + (self.depth - 1) * self.top_k ** 2
     if self.nodes > pool:
       raise ValueError(f"nodes ({self.nodes}) exceeds the {pool} candidates of top_k "
@@ -273,7 +109,7 @@ def _write(buf_BSHD, new_BTHD, start_B):
 
 
 @dataclasses.dataclass(frozen=True)
-class Eagle:
+class Eagle(Drafter):
   """The EAGLE drafter: `config`, the `tree` (a static `TokenTree`, or a
   `DynamicTree` for EAGLE-2) and the `target` (a `DecoderLM`: its
   embedding and LM head are shared). Params: {"head": head params,
@@ -349,7 +185,7 @@ class Eagle:
     if p > 1:  # the pairs (f_t, x_{t+1}), t < P - 1, at slots t
       x = pair_inputs(hp, emb, feats_BPE[:, :-1], prompts_BP[:, 1:])
       pos = jnp.broadcast_to(jnp.arange(p - 1, dtype=jnp.int32)[None], x.shape[:2])
-      _, k, v = _qkv(c, hp, x, pos)
+      _, k, v = qkv(c, hp, x, pos)
       zero = jnp.zeros_like(lengths_B)
       state = state.replace(k_BSHD=_write(state.k_BSHD, k, zero),
                             v_BSHD=_write(state.v_BSHD, v, zero))
@@ -366,19 +202,19 @@ class Eagle:
     emb, lm = shared_weights(self.target, params["target"])
     x = pair_inputs(hp, emb, feats_BTE, tokens_BT)
     pos = jnp.broadcast_to((state.lengths_B + depth)[:, None], tokens_BT.shape)
-    q, k, v = _qkv(c, hp, x, pos)
+    q, k, v = qkv(c, hp, x, pos)
     side_k = side_k.at[:, slots].set(k)
     side_v = side_v.at[:, slots].set(v)
     s = state.k_BSHD.shape[1]
     cache_mask = (jnp.arange(s)[None, :] < state.lengths_B[:, None])[:, None, :]
-    att = _attend(c, q, [(state.k_BSHD, state.v_BSHD, cache_mask), (side_k, side_v, anc_BTM)])
-    out = _finish(c, hp, x, att)
+    att = attend(c, q, [(state.k_BSHD, state.v_BSHD, cache_mask), (side_k, side_v, anc_BTM)])
+    out = finish(c, hp, x, att)
     logp = jax.nn.log_softmax(head_logits(c, hp, lm, out), axis=-1)
     return out, logp, side_k, side_v
 
   def propose(self, params, state: EagleState, inp: DraftInput, u_BT, sampling,
               gamma: int) -> Tuple[Proposal, EagleState]:
-    state = state.replace(root_B=inp.pending.astype(jnp.int32))
+    state = state.replace(root_B=inp.pending_B.astype(jnp.int32))
     if isinstance(self.tree, TokenTree):
       return self._propose_static(params, state, inp), state
     return self._propose_dynamic(params, state, inp), state
@@ -390,13 +226,13 @@ class Eagle:
 
   def _propose_static(self, params, state: EagleState, inp: DraftInput) -> Proposal:
     tree = self.tree
-    b, n = inp.pending.shape[0], tree.size
+    b, n = inp.pending_B.shape[0], tree.size
     parents = np.asarray(tree.parents)
     depths, anc = tree.depths, tree.ancestor_mask
     kids = tree.children
     ranks = max(int(kids.shape[1]), 1)
     tokens = [None] * n
-    tokens[0] = inp.pending.astype(jnp.int32)
+    tokens[0] = inp.pending_B.astype(jnp.int32)
     feats = {0: state.feat_BE}   # the feature each node's pair carries
     side_k, side_v = self._side(b, n)
     for d in range(tree.depth):
@@ -421,13 +257,13 @@ class Eagle:
   def _propose_dynamic(self, params, state: EagleState, inp: DraftInput) -> Proposal:
     dt = self.tree
     k, depth = dt.top_k, dt.depth
-    b = inp.pending.shape[0]
+    b = inp.pending_B.shape[0]
     m = 1 + (depth - 1) * k                     # expanded nodes (side slots)
     side_k, side_v = self._side(b, m)
     eye = jnp.eye(m, dtype=bool)
     # Level 0: the root.
     out, logp, side_k, side_v = self._level(
-        params, state, state.feat_BE[:, None], inp.pending[:, None].astype(jnp.int32), 0,
+        params, state, state.feat_BE[:, None], inp.pending_B[:, None].astype(jnp.int32), 0,
         side_k, side_v, np.array([0]), jnp.broadcast_to(eye[:1][None], (b, 1, m)))
     top_lp, top_tok = jax.lax.top_k(logp[:, 0], k)               # [B, k]
     pool_tok, pool_score = [top_tok], [top_lp]
@@ -473,7 +309,7 @@ class Eagle:
     found = (par_pool < 0) | jnp.any(match, axis=2)
     parents_BT = jnp.concatenate([jnp.full((b, 1), -1, jnp.int32),
                                   par_node.astype(jnp.int32)], axis=1)
-    tokens_BT = jnp.concatenate([inp.pending[:, None].astype(jnp.int32), tok_sel], axis=1)
+    tokens_BT = jnp.concatenate([inp.pending_B[:, None].astype(jnp.int32), tok_sel], axis=1)
     valid_BT = jnp.concatenate([jnp.ones((b, 1), bool), found], axis=1)
     return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=valid_BT,
                     node_parents_BT=parents_BT)
@@ -487,7 +323,7 @@ class Eagle:
     toks = jnp.concatenate([state.root_B[:, None], feedback.committed_BC[:, :-1]], axis=1)
     x = pair_inputs(hp, emb, feats, toks)
     pos = state.lengths_B[:, None] + jnp.arange(x.shape[1], dtype=jnp.int32)[None]
-    _, k, v = _qkv(c, hp, x, pos)
+    _, k, v = qkv(c, hp, x, pos)
     moved = feedback.count_B > 0
     last = jnp.take_along_axis(f_BCE, feedback.accepted_B[:, None, None], axis=1)[:, 0]
     return state.replace(
@@ -500,6 +336,5 @@ class Eagle:
 def load_eagle(directory: str, target, target_params, tree) -> Tuple[Eagle, Dict[str, Any]]:
   """(drafter, draft params) from a trained head (`<directory>/final` of
   `experiments/train_drafter.py`); `tree`: a `TokenTree` or `DynamicTree`."""
-  from specjax.training.eagle import load_head  # pylint: disable=g-import-not-at-top
-  config, params = load_head(directory)
+  config, params = load_eagle_head(directory)
   return Eagle(config, tree, target), {"head": params, "target": target_params}

@@ -10,26 +10,21 @@ rejection rule.
   drafter = LayerSkip(target, layers=(0, 1, 2, 5))
   out = specjax.speculative_generate(target, tp, drafter, None, prompts, ...)
 
-`choose_layers` picks the subset on validation prompts by measured α
-(greedy backward elimination: drop, one at a time, the layer whose removal
-keeps α highest), and reports every step.
+`specjax.measure.layers.choose_layers` picks the subset on validation
+prompts by measured α.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-
-import jax
-import jax.numpy as jnp
-import numpy as np
+from typing import Any, Dict, Sequence, Tuple
 
 from specjax.drafters.model import ModelDrafter
 from specjax.models.decoder import DecoderLM
 from specjax.models.layers import KVCache
 
-__all__ = ["LayerSkipLM", "LayerSkip", "choose_layers"]
+__all__ = ["LayerSkipLM", "LayerSkip"]
 
 
 def _check_layers(target: Any, layers: Sequence[int]) -> Tuple[int, ...]:
@@ -96,52 +91,19 @@ class LayerSkipLM:
     return self.sub.forward(self.sub_params(params), tokens_BT)
 
 
-def LayerSkip(target: DecoderLM, layers: Sequence[int]) -> ModelDrafter:  # pylint: disable=invalid-name
+@dataclasses.dataclass(frozen=True, init=False)
+class LayerSkip(ModelDrafter):
   """The layer-skip drafter: a `ModelDrafter` over `LayerSkipLM(target,
   layers)` that runs on the target's params (pass `draft_params=None`)."""
-  return ModelDrafter(LayerSkipLM(target, tuple(layers)), shares_target_params=True)
 
+  def __init__(self, target: DecoderLM, layers: Sequence[int]):
+    object.__setattr__(self, "model", LayerSkipLM(target, tuple(layers)))
+    object.__setattr__(self, "shares_target_params", True)
 
-def choose_layers(target: DecoderLM, params, prompts_BP, lengths_B, num_layers: int, *,
-                  max_new_tokens: int = 32, sampling=None,
-                  log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
-  """Picks `num_layers` of the target's layers for a layer-skip draft by α.
+  @property
+  def target(self) -> DecoderLM:
+    return self.model.target
 
-  The target's own greedy continuations of the validation prompts are the
-  positions; α of a subset is the mean of Σ_x min(p, q) there
-  (`specjax.measure_beta`; with a greedy `sampling`, the share of positions
-  where the subset's argmax equals the target's). Starting from all layers,
-  the layer whose removal keeps α highest is dropped, until `num_layers`
-  remain. Returns {"layers": chosen, "alpha": its α, "steps": [each
-  removal: layer, α after, the candidates' α]}.
-  """
-  from specjax.analysis import measure_beta  # pylint: disable=g-import-not-at-top
-  from specjax.api import generate  # pylint: disable=g-import-not-at-top
-  from specjax.sampling import GREEDY  # pylint: disable=g-import-not-at-top
-  total = target.config.num_layers
-  if isinstance(num_layers, bool) or not isinstance(num_layers, numbers.Integral) or \
-      not 1 <= num_layers < total:
-    raise ValueError(f"num_layers must be an int in [1, {total}) (the target has {total} "
-                     f"layers), got {num_layers!r}")
-  sampling = GREEDY if sampling is None else sampling
-  prompts_BP, lengths_B = jnp.asarray(prompts_BP, jnp.int32), jnp.asarray(lengths_B, jnp.int32)
-  out = generate(target, params, prompts_BP, lengths_B, max_new_tokens=max_new_tokens,
-                 sampling=GREEDY)
-  tokens_BN, token_lengths_B = out.tokens, out.lengths
-
-  def alpha(layers):
-    beta, mask = measure_beta(target, params, LayerSkipLM(target, layers), params, prompts_BP,
-                              lengths_B, tokens_BN, token_lengths_B, sampling)
-    beta, mask = np.asarray(beta), np.asarray(mask)
-    return float((beta * mask).sum() / max(mask.sum(), 1))
-
-  current: List[int] = list(range(total))
-  steps = []
-  while len(current) > num_layers:
-    scores = {l: alpha(tuple(x for x in current if x != l)) for l in current}
-    drop = max(scores, key=lambda l: (scores[l], l))
-    current.remove(drop)
-    steps.append({"dropped": drop, "alpha": scores[drop], "candidates": scores})
-    if log:
-      log(f"layer skip: dropped layer {drop}, α = {scores[drop]:.3f} with layers {current}")
-  return {"layers": tuple(current), "alpha": steps[-1]["alpha"], "steps": steps}
+  @property
+  def layers(self) -> Tuple[int, ...]:
+    return self.model.layers

@@ -31,7 +31,6 @@ candidates, P pool entries per row.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Tuple
 
 import jax
@@ -39,7 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal
+from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
+from specjax._checks import check_int
 
 __all__ = ["Lookahead", "LookaheadState"]
 
@@ -57,7 +57,7 @@ class LookaheadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Lookahead:
+class Lookahead(Drafter):
   """Lookahead decoding as a drafter (see the module doc).
 
   Attributes:
@@ -78,9 +78,7 @@ class Lookahead:
 
   def __post_init__(self):
     for name, low in (("window", 1), ("ngram", 2), ("candidates", 1), ("pool_size", 1)):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+      check_int(name, getattr(self, name), low)
 
   @property
   def fixed_gamma(self) -> int:
@@ -144,12 +142,12 @@ class Lookahead:
   def propose(self, params, state: LookaheadState, inp: DraftInput, u_BG, sampling,
               gamma: int) -> Tuple[Proposal, LookaheadState]:
     del params, u_BG, sampling
-    b = inp.pending.shape[0]
+    b = inp.pending_B.shape[0]
     n, g, p = self.ngram - 1, self.candidates, self.pool_size
     # Candidates: the most recent pool entries that start with the pending token.
     slot_P = jnp.arange(p)[None, :]
     filled_BP = slot_P < state.pool_size[:, None]
-    match_BP = filled_BP & (state.pool[:, :, 0] == inp.pending[:, None])
+    match_BP = filled_BP & (state.pool[:, :, 0] == inp.pending_B[:, None])
     age_BP = jnp.mod(state.pool_next[:, None] - 1 - slot_P, p)            # 0 = newest
     score_BP = jnp.where(match_BP, p - age_BP, 0)
     k = min(g, p)
@@ -161,7 +159,7 @@ class Lookahead:
       valid_BK = jnp.pad(valid_BK, ((0, 0), (0, g - k)))
     valid_BKN = jnp.broadcast_to(valid_BK[:, :, None], (b, g, n))
     cands_BKN = jnp.where(valid_BKN, cands_BKN, 0)
-    tokens_BT = jnp.concatenate([inp.pending[:, None], state.window.reshape(b, -1),
+    tokens_BT = jnp.concatenate([inp.pending_B[:, None], state.window.reshape(b, -1),
                                  cands_BKN.reshape(b, -1)], axis=1).astype(jnp.int32)
     return Proposal(tokens_BT=tokens_BT, valid_BKN=valid_BKN), state
 

@@ -29,61 +29,20 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal
+from specjax.checkpoints.heads import load_medusa_heads
+from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
+from specjax.models.medusa_head import MedusaConfig, head_logits, target_lm_head
 from specjax.tree import TokenTree
+from specjax._checks import check_int
 
-__all__ = ["MedusaConfig", "Medusa", "MedusaState", "init_heads", "head_logits", "choose_tree",
-           "target_lm_head", "load_medusa"]
-
-
-@dataclasses.dataclass(frozen=True)
-class MedusaConfig:
-  """The heads' shape: `num_heads` K over width `d_model` E, vocabulary V."""
-
-  num_heads: int
-  d_model: int
-  vocab_size: int
-  share_lm_head: bool = False
-
-  def __post_init__(self):
-    for name in ("num_heads", "d_model", "vocab_size"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-
-
-def target_lm_head(target, target_params) -> jax.Array:
-  """The target's output projection `[E, V]` (tied: the embedding transposed)."""
-  c = target.config
-  if getattr(c, "tie_embeddings", False):
-    return target_params["embed"]["embedding"].T
-  return target_params["lm_head"]["kernel"]
-
-
-def init_heads(config: MedusaConfig, target, target_params) -> Dict[str, jax.Array]:
-  """Fresh heads: zero residual blocks, LM heads copied from the target's."""
-  k, e = config.num_heads, config.d_model
-  params = {"w": jnp.zeros((k, e, e), jnp.float32), "b": jnp.zeros((k, e), jnp.float32)}
-  if not config.share_lm_head:
-    lm = jnp.asarray(target_lm_head(target, target_params), jnp.float32)
-    params["lm_head"] = jnp.broadcast_to(lm[None], (k,) + lm.shape).copy()
-  return params
-
-
-def head_logits(config: MedusaConfig, params, h_xE: jax.Array, shared_lm_head=None) -> jax.Array:
-  """Hidden states `[..., E]` → float32 logits `[..., K, V]`."""
-  h = h_xE.astype(jnp.float32)
-  z = h[..., None, :] + jax.nn.silu(jnp.einsum("...e,kef->...kf", h, params["w"]) + params["b"])
-  if config.share_lm_head:
-    return jnp.einsum("...ke,ev->...kv", z, shared_lm_head.astype(jnp.float32))
-  return jnp.einsum("...ke,kev->...kv", z, params["lm_head"])
+__all__ = ["Medusa", "MedusaState", "choose_tree", "load_medusa"]
 
 
 @struct.dataclass
@@ -96,7 +55,7 @@ class MedusaState:
 
 
 @dataclasses.dataclass(frozen=True)
-class Medusa:
+class Medusa(Drafter):
   """The Medusa drafter: `config`, the `tree` it proposes, and (with
   `share_lm_head`) the target whose LM head the heads use. Its params are
   {"heads": heads params, "target": the target's params if shared}."""
@@ -152,8 +111,8 @@ class Medusa:
     _, top_BKR = jax.lax.top_k(logits_BKV, ranks)
     tree = self.tree
     paths = tree.paths()
-    b = inp.pending.shape[0]
-    cols = [inp.pending.astype(jnp.int32)]
+    b = inp.pending_B.shape[0]
+    cols = [inp.pending_B.astype(jnp.int32)]
     for i in range(1, tree.size):
       d, r = len(paths[i]), paths[i][-1]
       cols.append(top_BKR[:, d - 1, r].astype(jnp.int32))
@@ -178,8 +137,7 @@ def choose_tree(accuracy_KR: np.ndarray, num_nodes: int) -> Tuple[TokenTree, lis
   acc = np.asarray(accuracy_KR, np.float64)
   if acc.ndim != 2 or acc.size == 0:
     raise ValueError(f"accuracy_KR must be [heads, ranks], got shape {acc.shape}")
-  if isinstance(num_nodes, bool) or not isinstance(num_nodes, numbers.Integral) or num_nodes < 2:
-    raise ValueError(f"num_nodes must be an int >= 2 (the root and a node), got {num_nodes!r}")
+  num_nodes = check_int("num_nodes (the root and at least one node)", num_nodes, 2)
   k, r = acc.shape
   chosen = {(): 1.0}
   values = []
@@ -208,8 +166,7 @@ def load_medusa(directory: str, target, target_params, tree="chain") -> Tuple["M
   `experiments/train_drafter.py`). `tree`: "chain" (one node per head), an
   int N (`choose_tree` over the stored validation accuracies, N nodes with
   the root) or a `TokenTree`."""
-  from specjax.training.heads import load_heads  # pylint: disable=g-import-not-at-top
-  config, params, acc = load_heads(directory)
+  config, params, acc = load_medusa_heads(directory)
   if tree == "chain":
     tree = TokenTree.chain(config.num_heads)
   elif isinstance(tree, numbers.Integral) and not isinstance(tree, bool):

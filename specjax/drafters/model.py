@@ -21,23 +21,16 @@ from typing import Any, Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, chain_layout
+from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
+                              chain_layout)
 from specjax.protocol import check_model
-from specjax.sampling import SamplingConfig, argmax_first, process_logits, sample_from_uniform
+from specjax.sampling import SamplingConfig, draw, process_logits
 
-__all__ = ["ModelDrafter", "draw"]
-
-
-def draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
-  """One token per row: the argmax for greedy (the one-hot's only token; no
-  random numbers are then computed at all), else an inverse-CDF draw."""
-  if sampling.is_greedy:
-    return argmax_first(probs_BV)
-  return sample_from_uniform(u_B, probs_BV)
+__all__ = ["ModelDrafter"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelDrafter:
+class ModelDrafter(Drafter):
   """A separate draft model (see the module doc).
 
   Attributes:
@@ -69,10 +62,6 @@ class ModelDrafter:
   def layout(self, gamma: int) -> CallLayout:
     return chain_layout(gamma)
 
-  def required_slots(self, prompt_len: int, max_new_tokens: int, gamma: int) -> int:
-    """Slots the draft's cache needs (the target's count)."""
-    return self.model.prefill_positions(prompt_len) + max_new_tokens + gamma - 1
-
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> Any:
     return self.model.init_cache(batch_size, cache_len, prompt_len)
 
@@ -83,8 +72,8 @@ class ModelDrafter:
 
   def propose(self, params, state, inp: DraftInput, u_BG: jax.Array, sampling: SamplingConfig,
               gamma: int) -> Tuple[Proposal, Any]:
-    cache = state.replace(lengths=inp.seq_len - 1)
-    logits_B2V, cache = self.model.extend(params, jnp.stack([inp.prev, inp.pending], axis=1),
+    cache = state.replace(lengths=inp.seq_len_B - 1)
+    logits_B2V, cache = self.model.extend(params, jnp.stack([inp.prev_B, inp.pending_B], axis=1),
                                           cache)
     p1_BV = process_logits(logits_B2V[:, 1], sampling)
     d1_B = draw(u_BG[:, 0], p1_BV, sampling)
@@ -101,7 +90,7 @@ class ModelDrafter:
     drafts_BG = jnp.concatenate([d1_B[:, None], jnp.swapaxes(ds_GB, 0, 1)], axis=1)
     probs_BGV = jnp.concatenate([p1_BV[:, None], jnp.swapaxes(ps_GBV, 0, 1)], axis=1)
     b = drafts_BG.shape[0]
-    proposal = Proposal(tokens_BT=jnp.concatenate([inp.pending[:, None], drafts_BG], axis=1),
+    proposal = Proposal(tokens_BT=jnp.concatenate([inp.pending_B[:, None], drafts_BG], axis=1),
                         valid_BKN=jnp.ones((b, 1, gamma), bool), probs_BGV=probs_BGV)
     return proposal, cache
 

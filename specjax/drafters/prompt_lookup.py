@@ -18,14 +18,15 @@ followed by the generated decoder tokens (summaries copy from the input).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Any, Tuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.drafters.base import CallLayout, DraftFeedback, DraftInput, Proposal, chain_layout
+from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
+                              chain_layout)
+from specjax._checks import check_int
 
 __all__ = ["PromptLookup", "LookupState"]
 
@@ -45,7 +46,7 @@ def _rows_update(buf_BH: jax.Array, new_BC: jax.Array, at_B: jax.Array) -> jax.A
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookup:
+class PromptLookup(Drafter):
   """Drafts by copying what followed the last n tokens earlier in the row.
 
   Attributes:
@@ -61,9 +62,7 @@ class PromptLookup:
 
   def __post_init__(self):
     for name in ("max_ngram", "min_ngram"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+      check_int(name, getattr(self, name), 1)
     if self.min_ngram > self.max_ngram:
       raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
 
@@ -119,7 +118,7 @@ class PromptLookup:
     idx_BG = jnp.clip(start_B[:, None] + jnp.arange(gamma)[None], 0, h - 1)
     valid_BG = jnp.arange(gamma)[None] < count_B[:, None]
     drafts_BG = jnp.where(valid_BG, jnp.take_along_axis(state.history, idx_BG, axis=1), 0)
-    tokens_BT = jnp.concatenate([inp.pending[:, None], drafts_BG], axis=1).astype(jnp.int32)
+    tokens_BT = jnp.concatenate([inp.pending_B[:, None], drafts_BG], axis=1).astype(jnp.int32)
     return Proposal(tokens_BT=tokens_BT, valid_BKN=valid_BG[:, None, :]), state
 
   def update(self, params, state: LookupState, feedback: DraftFeedback) -> LookupState:

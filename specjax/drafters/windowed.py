@@ -24,8 +24,6 @@ model's (`ModelDrafter`); rotary positions are the tokens' absolute ones.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import numbers
 from typing import Any, Tuple
 
 import jax
@@ -35,6 +33,7 @@ from flax import struct
 from specjax.drafters.model import ModelDrafter
 from specjax.models.decoder import DecoderLM, DecoderModule
 from specjax.models.layers import kv_specs, zero_arrays
+from specjax._checks import check_int
 
 __all__ = ["WindowCache", "WindowedLM", "WindowedKV"]
 
@@ -74,9 +73,7 @@ class WindowedLM:
       raise TypeError(f"a windowed-KV self-draft runs a DecoderLM's weights; target is a "
                       f"{type(self.target).__name__}")
     for name, low in (("window", 1), ("sinks", 0), ("slack", 1)):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
+      check_int(name, getattr(self, name), low)
 
   @property
   def vocab_size(self) -> int:
@@ -158,8 +155,7 @@ class WindowedKV(ModelDrafter):
   @classmethod
   def of(cls, target: DecoderLM, window: int, sinks: int = 4, gamma: int = 8) -> "WindowedKV":
     """The drafter for up to `gamma` drafts per iteration."""
-    if isinstance(gamma, bool) or not isinstance(gamma, numbers.Integral) or gamma < 1:
-      raise ValueError(f"gamma must be an int >= 1, got {gamma!r}")
+    gamma = check_int("gamma", gamma, 1)
     return cls(WindowedLM(target, window, sinks, gamma + 1), shares_target_params=True)
 
   def check(self, target: Any, gamma: int) -> None:

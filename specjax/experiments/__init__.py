@@ -1,1 +1,15 @@
-"""Importable logic of the launchers in the top-level `experiments/` folder."""
+"""The programs: what `experiments/`, `benchmarks/` and the notebooks run.
+
+Nothing in the library imports this package (the architecture contract in
+`.importlinter`); its modules may use everything below them.
+
+  leviathan, chen (+ chen_quality, chen_report)   the two paper reproductions
+  long_context (+ long_context_measure)           long contexts x batch
+  families                                         every drafter family on one target
+  drafter_training, shakespeare_heads             training Medusa / EAGLE heads
+  peers, peers_suite                               specjax against transformers
+  seeds                                            the analysis exercises
+  demo, pick, rollout                              the demo; the picker and gate CLIs
+  common, stages, report, speed, placement,       what the programs share: resumable
+  notebooks                                        stages, reports, speed sweeps, meshes
+"""

@@ -39,20 +39,28 @@ import numpy as np
 from absl import logging
 
 import specjax
-from specjax.analysis import measure_beta, position_distributions
-from specjax.bench.timing import count_params, prefill_seconds, step_times
-from specjax.checkpoints.hf_common import write_json
+from specjax.atomic_io import atomic_write_json
+from specjax.checkpoints import params_digest
 from specjax.data import build_task, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
 from specjax.experiments import chen_quality, chen_report, report
-from specjax.checkpoints import params_digest
+from specjax.measure.beta import measure_beta, position_distributions
+from specjax.measure.timing import count_params, prefill_seconds, step_times
 from specjax.experiments.common import (Stages, array_digest, checkpoint_fingerprint,
                                         enable_compilation_cache, fingerprint, pad_batch,
-                                        pretrained_dir, train_or_restore)
+                                        pretrained_dir, train_config, train_or_restore)
+from specjax import theory
+from specjax.checkpoints.hf_common import read_json
+from specjax.checkpoints.hf_llama import decoder_config_from_hf
+from specjax.checkpoints.hf_llama import import_hf_decoder
+from specjax.experiments import placement
 from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
 from specjax.models.decoder import DecoderConfig, DecoderLM
-from specjax.sharding import replicate
-from specjax.tokenizer import SentencePieceTokenizer
+from specjax.parallel.sharding import replicate
+from specjax.tokenizers.hf import check_tokenizers_compatible, load_tokenizer
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
+from specjax.training import LMSource, lm_examples
+from specjax.training import Mixture
 
 SUMMARY_PROMPT = "{inputs} Summary:"
 SUMMARY_TARGET = " {targets}"  # The vocabulary has no dummy prefix: the space is explicit.
@@ -64,8 +72,8 @@ SETTINGS = {
     "xsum_greedy": dict(task="xsum", temperature=0.0, top_p=1.0, label="Greedy"),
     "humaneval_nucleus": dict(task="humaneval", temperature=0.8, top_p=0.95, label="Nucleus"),
 }
-# Chen et al. 2023, Table 1 (Chinchilla 70B, 4B draft, K = 4, batch 1, 16 TPU-v4), as
-# given in BRIEF §3: ms/token AR → SpS, speed-up, quality AR / SpS (None: not listed there).
+# Chen et al. 2023 (arXiv 2302.01318), Table 1 (Chinchilla 70B, 4B draft, K = 4, batch 1,
+# 16 TPU-v4): ms/token AR → SpS, speed-up, quality AR / SpS (None: not reproduced here).
 PAPER_TABLE1 = {
     "xsum_nucleus": dict(ar_ms=14.1, sp_ms=7.52, speedup=1.92, metric="ROUGE-2",
                          ar_quality=0.112, sp_quality=0.114),
@@ -88,14 +96,6 @@ def decoder(mcfg, vocab_size: int) -> DecoderLM:
       vocab_size=vocab_size, d_model=mcfg.d_model, num_layers=mcfg.num_layers,
       num_heads=mcfg.num_heads, num_kv_heads=mcfg.num_kv_heads, head_dim=mcfg.head_dim,
       mlp_dim=mcfg.mlp_dim, tie_embeddings=bool(mcfg.tie_embeddings)))
-
-
-def _train_config(c):
-  from specjax.train import default_config  # Imported late: pulls in optax/orbax.
-  tc = default_config()
-  for k, v in c.items():
-    tc[k] = v
-  return tc
 
 
 def _have_descriptions(lists_dir: str = "/var/lib/apt/lists") -> bool:
@@ -131,7 +131,6 @@ def prepare_data(cfg) -> str:
 
 def _sources(cfg, tok, split: str) -> Dict[str, object]:
   """{"code": packed documents, "summarize": packed "text Summary: synopsis" rows}."""
-  from specjax.train import LMSource, lm_examples
   code = lm_examples(load_task("code_python", split, cfg.data.cache_dir), tok, None, "{inputs}")
   summ = lm_examples(load_task(summarize_task(cfg), split, cfg.data.cache_dir), tok,
                      SUMMARY_PROMPT, SUMMARY_TARGET)
@@ -150,7 +149,6 @@ def train_models(cfg, tok, workdir: str, stages: Stages):
   """(target, params), (draft, params): trained, or restored when already trained.
   The corpora are tokenized only when a model has to be trained (or rebuilt
   from its step checkpoints)."""
-  from specjax.train import Mixture
   data = {}
 
   def train():
@@ -167,10 +165,10 @@ def train_models(cfg, tok, workdir: str, stages: Stages):
   target = decoder(cfg.models.target, tok.vocab_size)
   draft = decoder(cfg.models.draft, tok.vocab_size)
   t0 = time.time()
-  tp = train_or_restore(target, train, _train_config(cfg.train.target),
+  tp = train_or_restore(target, train, train_config(cfg.train.target),
                         os.path.join(workdir, "target"), eval_dataset=valid)
   stages.note("timing/train_target", time.time() - t0)
-  dcfg = _train_config(cfg.train.draft)
+  dcfg = train_config(cfg.train.draft)
   t0 = time.time()
   dp = train_or_restore(draft, train, dcfg, os.path.join(workdir, "draft"),
                         teacher=(target, tp) if dcfg.distill_weight > 0 else None,
@@ -276,7 +274,6 @@ def components(target, draft, prompt_len: int, cache_len: int, ks, batch_sizes,
 
 def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -> list:
   """One row per K (0 = autoregressive) with timing, acceptance and predictions."""
-  from specjax import theory
   t1 = comp["target"]["1"]
   d1, d2 = comp[DRAFT]["1"], comp[DRAFT]["2"]
   pre_ar = comp["prefill"]["target"]
@@ -467,9 +464,6 @@ def load_pretrained_configs(cfg):
   the target's tokenizer (tokenizer.json or a SentencePiece model, from
   `models.tokenizer_dir` or the target's directory), checked against the
   draft's when the draft ships one."""
-  from specjax.checkpoints.hf_common import read_json
-  from specjax.checkpoints.hf_llama import decoder_config_from_hf
-  from specjax.hf_tokenizer import check_tokenizers_compatible, load_tokenizer
   dirs = {"target": pretrained_dir(cfg, "target_dir"), DRAFT: pretrained_dir(cfg, "draft_dir")}
   tok_dir = cfg.models.get("tokenizer_dir", "") or dirs["target"]
   tok = load_tokenizer(tok_dir, require_t5_ids=False)
@@ -498,7 +492,6 @@ def run(cfg) -> dict:
   vocabulary, train both models) or "hf" (the paper preset: a local pair of
   transformers-format checkpoints, streamed onto the mesh in
   `config.dtype`)."""
-  from specjax.experiments import placement
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
@@ -531,7 +524,6 @@ def run(cfg) -> dict:
   on_mesh = mesh.devices.size > 1
   draft_sharded = bool(cfg.models.get("draft_sharded", False))
   if source == "hf":
-    from specjax.checkpoints.hf_llama import import_hf_decoder
     t0 = time.time()
     tp, _ = import_hf_decoder(dirs["target"], target_lm.config, mesh=mesh)
     dp, _ = import_hf_decoder(dirs[DRAFT], draft_lm.config, mesh=mesh if draft_sharded else None)
@@ -578,8 +570,7 @@ def run(cfg) -> dict:
   placement.write_scalars(workdir, {
       f"{name}/{key}": r["cells"][head][key] for name, r in results["settings"].items()
       for key in ("speedup", "acceptance_rate", "tokens_per_iteration", "ms_per_token")})
-  write_json({k: v for k, v in results.items() if k != "_out_dir"},
-             os.path.join(out_dir, "results.json"))
+  atomic_write_json(os.path.join(out_dir, "results.json"), {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
   chen_report.write_chen(results, out_dir, PAPER_TABLE1, PAPER_K_SWEEP)
   if cfg.results_dir:
     os.makedirs(cfg.results_dir, exist_ok=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional
 
-from specjax.experiments.common import atomic_write_text
+from specjax import theory
+from specjax.atomic_io import atomic_write_text
 from specjax.experiments.report import hardware_line, plot_lines
 
 __all__ = ["write_chen", "findings", "best_k"]
@@ -74,7 +75,6 @@ def findings(results: dict) -> List[str]:
            "not reproduced at this scale")
 
   def theory_k(s):  # The optimum of (1−α^(K+1))/((1−α)(Kc+1)) with the measured α, c.
-    from specjax import theory  # pylint: disable=g-import-not-at-top
     comp = results["tasks"][s["task"]]["components"]["1"]
     return theory.optimal_gamma(min(s["alpha"]["alpha"], 1.0),
                                 comp["draft"]["1"] / comp["target"]["1"], kmax)
@@ -140,7 +140,7 @@ def _table1(results: dict, paper: dict) -> List[str]:
         r_ar, r_sp = _ci(q.get("parse_ar"), "%.2f"), _ci(q.get("parse_sp"), "%.2f")
     def fmt_q(v, metric=p["metric"]):
       if v is None:
-        return "— (not in BRIEF §3)"
+        return "— (not in Chen et al. Table 1 as reproduced here)"
       return (f"{v:.3f}" if metric == "ROUGE-2" else f"{100 * v:.1f}%") + f" ({metric})"
     label = s["label"]
     lines.append(f"| ArS ({label}) | {bench} | {r_ar} | {ar['ms_per_token']:.2f} ms | 1.00x | "
@@ -303,7 +303,7 @@ def write_chen(results: dict, out_dir: str, paper: Dict[str, dict],
   if tm:
     lines += ["", "## Stage times (s, first run)", "",
               " · ".join(f"{k} {v:.0f}" for k, v in sorted(tm.items()))]
-  atomic_write_text("\n".join(lines) + "\n", os.path.join(out_dir, "results.md"))
+  atomic_write_text(os.path.join(out_dir, "results.md"), "\n".join(lines) + "\n")
 
   def panel(key, scale=1.0):
     return {name: ([r["k"] for r in s["k_sweep"]],

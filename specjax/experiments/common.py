@@ -6,7 +6,7 @@
   recomputes exactly the stages that read it;
 * `enable_compilation_cache`: JAX's persistent compilation cache, so reruns
   skip XLA compilation;
-* `train_or_restore`: train with `specjax.train.train_model` (which resumes
+* `train_or_restore`: train with `specjax.training.train_model` (which resumes
   from its own orbax checkpoints) unless final parameters already exist; a
   damaged `final/` is set aside and rebuilt from the newest intact step
   checkpoint;
@@ -16,29 +16,58 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 from absl import logging
 
-from specjax import atomic_io
 from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import restore_params
 from specjax.experiments.stages import Stages, array_digest, fingerprint
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
+from specjax.training import default_config
+from specjax.training import train_model
+from specjax.training.checkpoint import TRAIN_META, move_aside
+from specjax.training.config import validate_config
+from specjax.training.loop import meta_difference, quiet_orbax_info_logs, training_meta
 
 __all__ = ["Stages", "enable_compilation_cache", "train_or_restore", "pad_batch", "Progress",
-           "atomic_write_text", "array_digest", "fingerprint", "checkpoint_fingerprint",
+           "train_config", "find_tokenizer", "array_digest", "fingerprint", "checkpoint_fingerprint",
            "pretrained_dir"]
 
 
-def atomic_write_text(text: str, path: str) -> None:
-  """Writes `text` to `path` atomically (`specjax.atomic_io`; note the
-  argument order, text first)."""
-  atomic_io.atomic_write_text(path, text)
+def train_config(section) -> Any:
+  """The default training config (`specjax.training.default_config`) with a
+  config section's fields set over it."""
+  tc = default_config()
+  for k, v in section.items():
+    tc[k] = v
+  return tc
+
+
+def find_tokenizer(data_cache: str, prefix: str, vocab_size: int, workdir: str = ""):
+  """`(tokenizer, path)` of a run's vocabulary: `<workdir>/results/results.json`
+  → vocab.path if it names one, else the first `<data_cache>/vocab/<prefix>*`
+  of this size; `(None, None)` when there is none."""
+  hints = []
+  try:
+    with open(os.path.join(workdir, "results", "results.json")) as f:
+      hints.append(json.load(f)["vocab"]["path"])
+  except (OSError, KeyError, TypeError, ValueError):
+    pass
+  pattern = os.path.join(data_cache, "vocab", prefix + "*", "spiece.model")
+  for path in hints + sorted(glob.glob(pattern)):
+    if not os.path.exists(path):
+      continue
+    tok = SentencePieceTokenizer(path, require_t5_ids=False)
+    if tok.vocab_size == vocab_size:
+      return tok, path
+  return None, None
 
 
 def checkpoint_fingerprint(directory: str) -> str:
@@ -96,10 +125,6 @@ def train_or_restore(model, source, train_config, workdir: str, *, teacher=None,
   aside (`final.corrupt-<time>`, logged) and rebuilt: training resumes from
   the newest intact step checkpoint and writes a new `final/`; nothing else
   is touched."""
-  from specjax.train import train_model  # Imported late: pulls in optax/orbax.
-  from specjax.training.checkpoint import TRAIN_META, move_aside
-  from specjax.training.config import validate_config
-  from specjax.training.loop import meta_difference, quiet_orbax_info_logs, training_meta
   quiet_orbax_info_logs()  # orbax logs a dozen INFO lines per restore.
   final = os.path.join(os.path.abspath(workdir), "final")
   if os.path.exists(final):

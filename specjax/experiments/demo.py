@@ -19,7 +19,7 @@ from absl import logging
 
 import specjax
 from specjax import drafters
-from specjax.bench.timing import count_params, time_call
+from specjax.measure.timing import count_params, time_call
 from specjax.models.decoder import DecoderLM, decoder_config
 
 

@@ -25,27 +25,32 @@ import numpy as np
 from absl import logging
 
 from specjax import atomic_io
-from specjax.drafters.medusa import MedusaConfig, choose_tree
+from specjax.checkpoints.orbax_io import restore_model
+from specjax.data import load_task
+from specjax.drafters.medusa import choose_tree
+from specjax.experiments.common import find_tokenizer
 from specjax.experiments.common import pad_batch
 from specjax.experiments.stages import fingerprint
+from specjax.models.eagle_head import EagleConfig
+from specjax.models.medusa_head import MedusaConfig
+from specjax.training.eagle import EagleLoss, train_eagle
 from specjax.training.heads import DistillData, distillation_data, train_medusa
+from specjax.training.loop import quiet_orbax_info_logs
 
 __all__ = ["run", "load_target", "training_prompts", "expected_tokens_per_call"]
 
 
 def load_target(target_dir: str, data_cache: str):
   """(model, params, tokenizer) of a trained Chen target."""
-  from specjax.bench.peers import _find_tokenizer, _restore  # pylint: disable=protected-access
-  model, params = _restore(os.path.join(target_dir, "final") if os.path.exists(
+  model, params = restore_model(os.path.join(target_dir, "final") if os.path.exists(
       os.path.join(target_dir, "final")) else target_dir)
   workdir = os.path.dirname(os.path.abspath(target_dir.rstrip("/").removesuffix("/final")))
-  tok, _ = _find_tokenizer(data_cache, "chen", model.vocab_size, workdir)
+  tok, _ = find_tokenizer(data_cache, "chen", model.vocab_size, workdir)
   return model, params, tok
 
 
 def training_prompts(tok, data_cache: str, split: str, n: int, prompt_len: int, seed: int = 0):
   """`n` prompts of up to `prompt_len` tokens, half code, half summaries."""
-  from specjax.data import load_task  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   rows: List[List[int]] = []
   code = load_task("code_python", split, data_cache)
@@ -99,7 +104,6 @@ def run(cfg) -> Dict[str, Any]:
   """Trains the configured drafter; returns its accuracies (and Medusa's trees)."""
   if cfg.kind not in KINDS:
     raise ValueError(f"config.kind must be one of {KINDS}, got {cfg.kind!r}")
-  from specjax.training.loop import quiet_orbax_info_logs  # pylint: disable=g-import-not-at-top
   quiet_orbax_info_logs()
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
@@ -166,8 +170,6 @@ def eagle_feature_layers(num_layers: int) -> tuple:
 
 
 def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
-  from specjax.drafters.eagle import EagleConfig  # pylint: disable=g-import-not-at-top
-  from specjax.training.eagle import EagleLoss, train_eagle  # pylint: disable=g-import-not-at-top
   tc = target.config
   e = cfg.eagle
   layers = ()

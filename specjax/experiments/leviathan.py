@@ -31,22 +31,29 @@ from absl import logging
 
 import specjax
 from specjax import theory
-from specjax.analysis import measure_beta, position_distributions
-from specjax.bench.timing import count_params, prefill_seconds, step_times
-from specjax.checkpoints.hf_common import write_json
+from specjax.atomic_io import atomic_write_json
+from specjax.checkpoints import params_digest
 from specjax.data import build_task, load_task, train_sentencepiece
 from specjax.experiments import report
-from specjax.checkpoints import params_digest
+from specjax.measure.beta import measure_beta, position_distributions
+from specjax.measure.timing import count_params, prefill_seconds, step_times
 from specjax.experiments.common import (Stages, array_digest, checkpoint_fingerprint,
                                         enable_compilation_cache, pad_batch, pretrained_dir,
-                                        train_or_restore)
+                                        train_config, train_or_restore)
 from specjax.experiments.speed import (cell_name, decode_ms_per_token, summarize, sweep,
                                        sweep_cache_len)
+from specjax.checkpoints.hf_common import read_json
+from specjax.checkpoints.hf_t5 import import_hf_t5
+from specjax.checkpoints.hf_t5 import t5_config_from_hf
+from specjax.experiments import placement
 from specjax.models.ngram import fit_ngram
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
-from specjax.sharding import replicate, shard_params
-from specjax.tokenizer import SentencePieceTokenizer
+from specjax.parallel.sharding import replicate, shard_params
+from specjax.tokenizers.hf import check_tokenizers_compatible, load_tokenizer
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
+from specjax.training import Mixture
+from specjax.training import Seq2SeqSource, seq2seq_examples
 
 TASKS = {
     "translate": dict(data="translate_en_de", prefix="translate English to German: ",
@@ -80,14 +87,6 @@ def _t5(cfg, vocab_size: int) -> T5:
                      feed_forward="gated-gelu", tie_word_embeddings=False))
 
 
-def _train_config(c):
-  from specjax.train import default_config
-  tc = default_config()
-  for k, v in c.items():
-    tc[k] = v
-  return tc
-
-
 def prepare_tasks(cfg) -> None:
   """Builds both tasks (translation, summarisation)."""
   cache = cfg.data.cache_dir
@@ -119,7 +118,6 @@ def _have_descriptions() -> bool:
 
 
 def _sources(cfg, tok, split: str):
-  from specjax.train import Seq2SeqSource, seq2seq_examples
   out = []
   for name, spec in TASKS.items():
     records = load_task(task_data(cfg, name), split, cfg.data.cache_dir)
@@ -130,16 +128,15 @@ def _sources(cfg, tok, split: str):
 
 def train_models(cfg, tok, workdir: str):
   """The target and the drafts (trained, or restored when already trained)."""
-  from specjax.train import Mixture
   train = Mixture(_sources(cfg, tok, "train"))
   valid = {name: src for name, (src, _) in zip(TASKS, _sources(cfg, tok, "validation"))}
   target = _t5(cfg.models.target, tok.vocab_size)
-  tp = train_or_restore(target, train, _train_config(cfg.train.target),
+  tp = train_or_restore(target, train, train_config(cfg.train.target),
                         os.path.join(workdir, "target"), eval_dataset=valid)
   drafts = {}
   for name in cfg.eval.drafts:
     model = _t5(cfg.models.drafts[name], tok.vocab_size)
-    dcfg = _train_config(cfg.train.draft)
+    dcfg = train_config(cfg.train.draft)
     teacher = (target, tp) if dcfg.distill_weight > 0 else None
     dp = train_or_restore(model, train, dcfg, os.path.join(workdir, f"draft_{name}"),
                           teacher=teacher, eval_dataset=valid)
@@ -312,9 +309,6 @@ def load_pretrained_configs(cfg):
   transformers-format T5 checkpoints (`config.models.source = 'hf'`): the
   target's `spiece.model` (or `config.models.tokenizer_dir`), checked
   against every draft that ships one."""
-  from specjax.checkpoints.hf_common import read_json
-  from specjax.checkpoints.hf_t5 import t5_config_from_hf
-  from specjax.hf_tokenizer import check_tokenizers_compatible, load_tokenizer
   dirs = {"target": pretrained_dir(cfg, "target_dir")}
   for name in cfg.eval.drafts:
     dirs[name] = pretrained_dir(cfg, f"draft_dirs.{name}")
@@ -336,8 +330,6 @@ def run(cfg) -> dict:
   `config.models.source`: "train" (the CPU presets: data, vocabulary and
   models built here) or "hf" (the paper preset: local transformers-format
   T5 checkpoints streamed onto the mesh in `config.dtype`)."""
-  from specjax.checkpoints.hf_t5 import import_hf_t5
-  from specjax.experiments import placement
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
@@ -403,8 +395,7 @@ def run(cfg) -> dict:
       for task, te in results["tasks"].items() for temp, tr in te["temperatures"].items()
       for d, best in tr.get("best", {}).items() for key in ("speedup", "alpha", "gamma")
       if isinstance(best.get(key), (int, float))})
-  write_json({k: v for k, v in results.items() if k != "_out_dir"},
-             os.path.join(out_dir, "results.json"))
+  atomic_write_json(os.path.join(out_dir, "results.json"), {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
   report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)
   if cfg.results_dir:
     os.makedirs(cfg.results_dir, exist_ok=True)

@@ -17,16 +17,20 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax.bench.timing import now
+from specjax import theory
+from specjax.atomic_io import atomic_path
+from specjax.atomic_io import atomic_write_text
 from specjax.checkpoints import params_digest
 from specjax.drafters import PromptLookup, WindowedKV
 from specjax.drafters.windowed import WindowedLM
-from specjax.experiments import long_context as lc
-from specjax.experiments.common import Progress, atomic_write_text
+from specjax.experiments.common import Progress
+from specjax.experiments.report import machine_info
+from specjax.experiments.report import pyplot
 from specjax.experiments.stages import array_digest
+from specjax.measure.timing import cache_step_times, now
 
-__all__ = ["SETTINGS", "DRAFTS", "measure_cell", "measure_and_report", "crossovers",
-           "render"]
+__all__ = ["SETTINGS", "DRAFTS", "kv_bytes_per_position", "step_bytes", "component_times",
+           "repo_prompts", "measure_cell", "measure_and_report", "crossovers", "render"]
 
 SETTINGS = {"greedy": specjax.GREEDY, "t1": specjax.SamplingConfig(temperature=1.0)}
 DRAFTS = {"lookup": "prompt lookup", "window": "windowed-KV self-draft",
@@ -34,6 +38,71 @@ DRAFTS = {"lookup": "prompt lookup", "window": "windowed-KV self-draft",
 # MagicDec (arXiv 2408.11049), 8 x A100, self-speculation with a StreamingLLM draft.
 MAGICDEC = [("LLaMA-2-7B-32K", "8k-32k", "32-256", "up to 2.0x"),
             ("LLaMA-3.1-8B", "32k-100k", "32-128", "up to 1.84x")]
+
+
+# ----------------------------------------------------------------------------- cost model
+
+
+def kv_bytes_per_position(config, dtype_bytes: int = 4) -> int:
+  """Bytes of keys and values one cached position holds, all layers."""
+  return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
+
+
+def step_bytes(config, batch: int, context: int, dtype_bytes: int = 4) -> int:
+  """Bytes one decode step reads: the weights plus every row's KV cache."""
+  return dtype_bytes * config.num_params() + batch * context * kv_bytes_per_position(
+      config, dtype_bytes)
+
+
+def component_times(target, tp, draft, dp, window, batch: int, context: int, gamma: int,
+                    repeats: int) -> dict:
+  """In-graph seconds of a target step (T = 1), a verify (T = γ+1), a
+  windowed self-draft step and a small-draft step at `context` cached
+  positions per row (`specjax.measure.timing.cache_step_times`)."""
+  steps = max(4, min(32, 2 ** 19 // (context * batch)))  # ~0.5 s per timed call at most
+  slots = context + gamma + 1
+  tgt = cache_step_times(target, tp, batch, slots, context, (1, gamma + 1), steps=steps,
+                         repeats=repeats)
+  out = {"step_s": tgt[1], "verify_s": tgt[gamma + 1]}
+  if window is not None:
+    out["window_s"] = cache_step_times(window, tp, batch, window.slots,
+                                       window.window + window.sinks, (1,), steps=steps,
+                                       repeats=repeats)[1]
+  if draft is not None:
+    out["small_s"] = cache_step_times(draft, dp, batch, slots, context, (1,), steps=steps,
+                                      repeats=repeats)[1]
+  jax.clear_caches()
+  return out
+
+
+def repo_prompts(streams_tokens: Dict[str, np.ndarray], context: int, n: int,
+                 continuation: int) -> np.ndarray:
+  """`n` prompts `[n, context]`: windows of the packages' token streams,
+  each followed by at least `continuation` tokens of its stream, taken
+  round-robin over the packages long enough, at evenly spaced end points
+  within each package (deterministic)."""
+  need = context + continuation
+  usable = {k: v for k, v in sorted(streams_tokens.items()) if len(v) >= need}
+  if not usable:
+    longest = max((len(v) for v in streams_tokens.values()), default=0)
+    raise ValueError(f"no held-out package has context + continuation = {need} tokens "
+                     f"(the longest has {longest}); hold out larger packages or shorten "
+                     "the context")
+  names = list(usable)
+  per = {k: (n + len(names) - 1 - i) // len(names) for i, k in enumerate(names)}
+  rows = {}
+  for k, m in per.items():
+    toks = usable[k]
+    span = len(toks) - need
+    rows[k] = [toks[e - context:e] for e in
+               (context + (j + 1) * span // (m + 1) for j in range(m))]
+  out = []
+  for j in range(max(per.values())):  # round-robin: every batch mixes packages
+    out.extend(rows[k][j] for k in names if j < len(rows[k]))
+  return np.stack(out[:n]).astype(np.int32)
+
+
+# ----------------------------------------------------------------------------- cells
 
 
 def _copy(tree):
@@ -183,8 +252,9 @@ def predicted(summary: dict, ar_step_s: float, comp: dict, name: str, gamma: int
   t_draft = {"lookup": 0.0, "window": comp.get("window_s", 0.0),
              "small": comp.get("small_s", 0.0)}[base]
   overhead = max(ar_step_s - comp["step_s"], 0.0)
-  return (summary["tokens_per_iteration"] * ar_step_s
-          / (gamma * t_draft + comp["verify_s"] + overhead))
+  return float(theory.walltime_improvement_from_tokens(
+      summary["tokens_per_iteration"], gamma, t_draft / ar_step_s,
+      (comp["verify_s"] + overhead) / ar_step_s))
 
 
 def render(res: dict) -> str:
@@ -256,9 +326,7 @@ def render(res: dict) -> str:
 
 def plot(res: dict, path: str) -> None:
   """Speedup surface (decode, greedy): one heat map per draft, context × batch."""
-  from specjax.atomic_io import atomic_path  # pylint: disable=g-import-not-at-top
-  from specjax.experiments.report import _mpl
-  plt = _mpl()
+  plt = pyplot()
   setting = "greedy" if "greedy" in res["settings"] else res["settings"][0]
   cells = [c for c in res["cells"] if c["setting"] == setting]
   ctx = sorted({c["context"] for c in cells})
@@ -292,7 +360,6 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
   read back from its stage — with its components, predictions and variants;
   writes results.json / results.md / speedup_surface.png into
   `<workdir>/results` (and `cfg.results_dir`) and returns the results."""
-  from specjax.experiments.report import machine_info  # pylint: disable=g-import-not-at-top
   gamma = int(cfg.eval.gamma)
   drafts = _drafters(cfg, target, tp, draft, dp)
   window = WindowedLM(target, int(cfg.eval.window), int(cfg.eval.sinks), gamma + 1)
@@ -311,12 +378,12 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
   cells = []
   for context, batch, setting in todo:
     rows = int(math.ceil(max(batch, int(cfg.eval.min_rows)) / batch)) * batch
-    prompts = lc.repo_prompts(streams, int(context), rows, int(cfg.eval.max_new_tokens))
+    prompts = repo_prompts(streams, int(context), rows, int(cfg.eval.max_new_tokens))
     deps = dict(base, prompts=array_digest(prompts), batch=int(batch), setting=setting)
     name = f"cells/c{context}_b{batch}_{setting}"
     rec = stages.run(name, lambda: measure_cell(cfg, target, tp, drafts, prompts, int(batch),
                                                 setting, cfg.seed), deps)
-    comp = stages.run(f"components/c{context}_b{batch}", lambda: lc.component_times(
+    comp = stages.run(f"components/c{context}_b{batch}", lambda: component_times(
         target, tp, draft if "small" in drafts else None, dp,
         window if "window" in drafts else None, int(batch), int(context), gamma,
         int(cfg.eval.component_repeats)), dict(fps, gamma=gamma, window=int(cfg.eval.window)))
@@ -330,7 +397,7 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
       v_rec = stages.run(f"{name}_{v_name}g{v_gamma}", lambda: measure_cell(
           cfg, target, tp, v_drafts, prompts, int(batch), setting, cfg.seed, v_gamma),
           dict(deps, drafts=[v], gamma=v_gamma))
-      v_comp = stages.run(f"components/c{context}_b{batch}_g{v_gamma}", lambda: lc.component_times(
+      v_comp = stages.run(f"components/c{context}_b{batch}_g{v_gamma}", lambda: component_times(
           target, tp, draft if v_name == "small" else None, dp,
           WindowedLM(target, int(cfg.eval.window), int(cfg.eval.sinks), v_gamma + 1)
           if v_name == "window" else None, int(batch), int(context), v_gamma,
@@ -340,7 +407,7 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
       summary[v]["predicted"] = predicted(summary[v], v_sum["ar_step_s"], v_comp, v, v_gamma)
       summary[v]["verify_ratio"] = v_comp["verify_s"] / v_comp["step_s"]
     cells.append({"context": int(context), "batch": int(batch), "setting": setting,
-                  "step_mb": lc.step_bytes(target.config, int(batch), int(context)) / 1e6,
+                  "step_mb": step_bytes(target.config, int(batch), int(context)) / 1e6,
                   "components": comp, "summary": summary})
     progress.update(1, " ".join(f"{d} {summary[d]['speedup']:.2f}x" for d in summary
                                 if isinstance(summary[d], dict)))
@@ -356,7 +423,7 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
          "settings": list(cfg.eval.settings), "drafts": list(drafts), "variants": variants,
          "target_params": target.config.num_params(),
          "weights_mb": 4 * target.config.num_params() / 1e6,
-         "kv_bytes_per_position": lc.kv_bytes_per_position(target.config), "cells": cells,
+         "kv_bytes_per_position": kv_bytes_per_position(target.config), "cells": cells,
          "train_s": {k: stages.get(f"timing/{k}") for k in ("train_target", "train_draft")}}
   if best:
     c, d = best
@@ -367,8 +434,8 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
   dirs = [out_dir] + ([cfg.results_dir] if cfg.results_dir else [])
   for d in dirs:
     os.makedirs(d, exist_ok=True)
-    atomic_write_text(json.dumps(res, indent=1, default=float), os.path.join(d, "results.json"))
-    atomic_write_text(render(res), os.path.join(d, "results.md"))
+    atomic_write_text(os.path.join(d, "results.json"), json.dumps(res, indent=1, default=float))
+    atomic_write_text(os.path.join(d, "results.md"), render(res))
     plot(res, os.path.join(d, "speedup_surface.png"))
   res["_out_dir"] = out_dir
   return res

@@ -24,6 +24,10 @@ from typing import Dict, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from specjax import training as tr
+from specjax.data import code as code_lib
+from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.sampling import process_logits
 
 __all__ = ["runtime", "smoke", "scratch", "tiny_trained_pair", "exact_second_token",
            "write_sample_tasks"]
@@ -54,8 +58,6 @@ def runtime() -> Dict[str, object]:
 def tiny_trained_pair(steps: int = 60, workdir: str = "", seed: int = 0):
   """((target, params), (draft, params)) trained on a synthetic copy task:
   a 2-layer target and a 1-layer draft distilled from it (vocabulary 32)."""
-  from specjax import training as tr  # pylint: disable=g-import-not-at-top
-  from specjax.models.decoder import DecoderLM, decoder_config  # pylint: disable=g-import-not-at-top
   vocab = 32
   target = DecoderLM(decoder_config("tiny", vocab_size=vocab, num_layers=2, d_model=64,
                                     num_heads=4, num_kv_heads=4, head_dim=16, mlp_dim=128))
@@ -82,7 +84,6 @@ def tiny_trained_pair(steps: int = 60, workdir: str = "", seed: int = 0):
 def exact_second_token(target, params, prompt, sampling) -> np.ndarray:
   """P(second generated token) `[V]` of the processed target after `prompt`:
   Σ_t1 q(t1 | prompt) q(t2 | prompt, t1), the target run on every t1."""
-  from specjax.sampling import process_logits  # pylint: disable=g-import-not-at-top
   v = target.vocab_size
   seqs = np.concatenate([np.tile(np.asarray(prompt, np.int32), (v, 1)),
                          np.arange(v, dtype=np.int32)[:, None]], axis=1)
@@ -100,7 +101,6 @@ def write_sample_tasks(root: str) -> Dict[str, str]:
   """Writes small local task files under `root`; returns config overrides
   ({"translate": jsonl source, "summarize": ..., "code": dir source,
   "summarize_chen": ...}) for the micro presets."""
-  from specjax.data import code as code_lib  # pylint: disable=g-import-not-at-top
   os.makedirs(root, exist_ok=True)
   rng = random.Random(0)
   for split, n in (("train", 240), ("validation", 24), ("test", 24)):

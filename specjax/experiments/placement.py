@@ -3,7 +3,7 @@
 Both reproduction launchers read the same config fields:
 
   config.mesh          "auto" (the fewest model-axis devices whose memory
-                       plan fits the target; `specjax.accelerator.choose_mesh`)
+                       plan fits the target; `specjax.planning.mesh.choose_mesh`)
                        or "DxM" (data x model axis sizes, e.g. "2x4", "1x1")
   config.distributed   True: `jax.distributed.initialize()` first (one
                        process per host of a pod slice); only process 0
@@ -16,7 +16,7 @@ Both reproduction launchers read the same config fields:
 memory plan (per-device bytes of params, caches and activations) before any
 weight is loaded; a plan that cannot fit the devices' memory is a
 ValueError naming the mesh and the shortfall. `place_models` and
-`batch_placer` put params and batches on it with `specjax.sharding`.
+`batch_placer` put params and batches on it with `specjax.parallel.sharding`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,12 @@ import jax
 from absl import logging
 from jax.sharding import Mesh
 
-from specjax import accelerator, sharding
+import specjax
+from specjax.measure import tensorboard
+from specjax.parallel import distributed
+from specjax.parallel import sharding
+from specjax.planning.memory import device_memory_bytes, memory_plan
+from specjax.planning.mesh import choose_mesh
 
 __all__ = ["parse_mesh", "experiment_mesh", "place_models", "batch_placer", "is_main_process",
            "mesh_fingerprints", "profile_decode", "write_scalars"]
@@ -59,21 +64,21 @@ def parse_mesh(spec: Any) -> MeshSpec:
 
 def is_main_process() -> bool:
   """Whether this process writes results and logs progress (process 0)."""
-  return accelerator.is_main_process()
+  return distributed.is_main_process()
 
 
 def experiment_mesh(cfg, target_config, draft_config, *, batch_size: int,
                     cache_len: int) -> Mesh:
   """Initialises `jax.distributed` when `cfg.distributed`, chooses the mesh
   (`cfg.mesh`), logs the memory plan and returns the mesh."""
-  accelerator.initialize_distributed(bool(cfg.get("distributed", False)))
+  distributed.initialize_distributed(bool(cfg.get("distributed", False)))
   spec = parse_mesh(cfg.get("mesh", "1x1"))
   draft_sharded = bool(cfg.models.get("draft_sharded", False))
-  capacity = accelerator.device_memory_bytes()
-  data, model = accelerator.choose_mesh(
+  capacity = device_memory_bytes()
+  data, model = choose_mesh(
       target_config, draft_config, num_devices=jax.device_count(), batch_size=batch_size,
       cache_len=cache_len, capacity_bytes=capacity, mesh=spec, draft_sharded=draft_sharded)
-  plan = accelerator.memory_plan(target_config, draft_config, mesh_shape=(data, model),
+  plan = memory_plan(target_config, draft_config, mesh_shape=(data, model),
                                  batch_size=batch_size, cache_len=cache_len,
                                  draft_sharded=draft_sharded)
   if is_main_process():
@@ -114,7 +119,6 @@ def profile_decode(cfg, workdir: str, target, draft, prompts, lengths, gamma: in
   speculative call of about that many decode iterations (γ + 1 tokens each)
   on the first prompt, compiled beforehand, in `<workdir>/profile`; returns
   the directory (None when off)."""
-  import specjax  # late: specjax imports this package's siblings
   steps = int(cfg.get("profile_steps", 0))
   if steps <= 0:
     return None
@@ -127,7 +131,7 @@ def profile_decode(cfg, workdir: str, target, draft, prompts, lengths, gamma: in
       sampling=specjax.GREEDY, key=k)
   jax.block_until_ready(fn())  # compile outside the trace
   logdir = os.path.join(workdir, "profile")
-  accelerator.profile_decode(fn, logdir, steps=1)
+  tensorboard.profile_decode(fn, logdir, steps=1)
   logging.info("profile of %d decode iterations in %s", steps, logdir)
   return logdir
 
@@ -137,5 +141,5 @@ def write_scalars(workdir: str, scalars: Mapping[str, float], step: int = 0) -> 
   `<workdir>/tb` (process 0 only), beside its JSON results."""
   if not is_main_process() or not scalars:
     return
-  with accelerator.ScalarWriter(os.path.join(workdir, "tb")) as tb:
+  with tensorboard.ScalarWriter(os.path.join(workdir, "tb")) as tb:
     tb.write(step, dict(scalars))

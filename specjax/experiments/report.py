@@ -10,7 +10,7 @@ from typing import Dict
 import jax
 
 from specjax.atomic_io import atomic_path
-from specjax.experiments.common import atomic_write_text
+from specjax.atomic_io import atomic_write_text
 
 __all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line"]
 
@@ -35,7 +35,8 @@ def hardware_line(results: dict) -> str:
   return f"{m['devices']}{where} · "
 
 
-def _mpl():
+def pyplot():
+  """matplotlib.pyplot on the non-interactive Agg backend."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -45,7 +46,7 @@ def _mpl():
 def plot_lines(panels: Dict[str, Dict[str, tuple]], path: str, xlabel: str, ylabel: str,
                hline: float | None = None) -> None:
   """One subplot per panel; each panel maps a label to (xs, ys)."""
-  plt = _mpl()
+  plt = pyplot()
   n = len(panels)
   fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False)
   for ax, (title, lines) in zip(axes[0], panels.items()):
@@ -70,7 +71,7 @@ def _save(fig, plt, path: str) -> None:
 
 def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str) -> None:
   """Grouped bars: groups (x positions) × series."""
-  plt = _mpl()
+  plt = pyplot()
   import numpy as np
   names = list(groups)
   series = list(next(iter(groups.values())))
@@ -221,7 +222,7 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
   lines += ["", f"Paper (T5-XXL EN-DE, temperature 0): unigram {paper3['unigram']}, bigram "
             f"{paper3['bigram']}.", "", "## Findings", ""]
   lines += _findings(results)
-  atomic_write_text("\n".join(lines) + "\n", os.path.join(out_dir, "results.md"))
+  atomic_write_text(os.path.join(out_dir, "results.md"), "\n".join(lines) + "\n")
 
   panels = {}
   for task, tr in results["tasks"].items():

@@ -1,7 +1,7 @@
 """The seeds' analysis exercises, computed, tabulated and plotted.
 
-Five exercises from the source articles (specjax BRIEF, "the seeds' analysis
-exercises"), each a call into `specjax.theory` / `specjax.analysis`:
+Five exercises on the papers' models (Leviathan et al. 2023; Chen et al. 2023;
+EAGLE-3, Li et al. 2025), each a call into `specjax.theory` / `specjax.measure.beta`:
 
   1. tokens per target call against the draft length N for α ∈ {0.5, 0.7,
      0.85}, with the N that maximises the walltime speedup under a stated
@@ -13,10 +13,10 @@ exercises"), each a call into `specjax.theory` / `specjax.analysis`:
      call and whether speculation pays (`theory.traffic_mix`), at batch-1
      overhead and at a high-concurrency overhead;
   4. the memory of an EAGLE-3 head for the Llama-3.3-70B shape against a
-     Llama-3.2-1B classic draft (`theory.eagle3_head_memory`,
-     `theory.classic_draft_memory`);
+     Llama-3.2-1B classic draft (`draft_memory.eagle3_head_memory`,
+     `draft_memory.classic_draft_memory`);
   5. α against KL(p‖q) over a temperature sweep of a real pair
-     (`analysis.alpha_vs_kl`): no trained neural pair ships with the repo,
+     (`specjax.measure.beta.alpha_vs_kl`): no trained neural pair ships with the repo,
      so the pair is fitted on real text — the target a byte bigram model of
      the Python standard library's sources, the drafts a byte unigram model
      of the same text and a bigram fitted on 2 % of it.
@@ -35,9 +35,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from specjax import theory
-from specjax.analysis import alpha_vs_kl
 from specjax.atomic_io import atomic_path, atomic_write_json, atomic_write_text
+from specjax.measure.beta import alpha_vs_kl
 from specjax.models.ngram import fit_ngram
+from specjax.planning import draft_memory
 
 __all__ = ["LLAMA_3_3_70B", "LLAMA_3_2_1B", "tokens_per_call_exercise",
            "alpha_for_speedup_exercise", "traffic_mix_exercise", "memory_exercise",
@@ -166,12 +167,12 @@ def memory_exercise(bytes_per_param: float = 2.0) -> Dict[str, Any]:
                    bytes_per_param=bytes_per_param)
   out = {
       "bytes_per_param": bytes_per_param,
-      "target_llama_3_3_70b": theory.classic_draft_memory(**t, bytes_per_param=bytes_per_param),
-      "eagle3_shared_lm_head": theory.eagle3_head_memory(**head_args),
-      "eagle3_draft_vocab_32k": theory.eagle3_head_memory(**head_args,
+      "target_llama_3_3_70b": draft_memory.classic_draft_memory(**t, bytes_per_param=bytes_per_param),
+      "eagle3_shared_lm_head": draft_memory.eagle3_head_memory(**head_args),
+      "eagle3_draft_vocab_32k": draft_memory.eagle3_head_memory(**head_args,
                                                           draft_vocab=EAGLE3_DRAFT_VOCAB),
-      "eagle3_full_vocab_head": theory.eagle3_head_memory(**head_args, draft_vocab=t["vocab"]),
-      "classic_llama_3_2_1b": theory.classic_draft_memory(**LLAMA_3_2_1B,
+      "eagle3_full_vocab_head": draft_memory.eagle3_head_memory(**head_args, draft_vocab=t["vocab"]),
+      "classic_llama_3_2_1b": draft_memory.classic_draft_memory(**LLAMA_3_2_1B,
                                                           bytes_per_param=bytes_per_param),
   }
   classic = out["classic_llama_3_2_1b"]
@@ -423,7 +424,7 @@ def _markdown(res: Dict[str, Any]) -> str:
            f"Computed by `python experiments/seeds_exercises.py` ({res['setting']} setting, "
            f"{res['date']}); every number is in `exercises.json`. Functions: "
            "`specjax.theory.tokens_per_call_curve`, `alpha_for_speedup`, `traffic_mix`, "
-           "`eagle3_head_memory`, `classic_draft_memory`; `specjax.analysis.alpha_vs_kl`.", ""]
+           "`eagle3_head_memory`, `classic_draft_memory`; `specjax.measure.beta.alpha_vs_kl`.", ""]
   # 1.
   lines += ["## 1. Tokens per target call vs N, and the optimal N", "",
             f"Cost model: an iteration costs 1 + ε + N·c target steps (c = {e1['cost_ratio']:g} "

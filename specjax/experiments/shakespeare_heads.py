@@ -38,9 +38,12 @@ from absl import logging
 import specjax
 from specjax import atomic_io
 from specjax.checkpoints import params_digest
-from specjax.drafters.medusa import Medusa, MedusaConfig, choose_tree, head_logits, init_heads
+from specjax.data.shakespeare import build_shakespeare, load_shakespeare
+from specjax.drafters.medusa import Medusa, choose_tree
 from specjax.experiments.stages import Stages, array_digest
 from specjax.models.decoder import DecoderConfig, DecoderLM
+from specjax.models.medusa_head import MedusaConfig, head_logits, init_heads
+from specjax.training import Example, LMSource, default_config, train_model
 from specjax.training.checkpoint import Checkpointer
 from specjax.training.heads import DistillData, topk_accuracy
 from specjax.training.loop import quiet_orbax_info_logs
@@ -151,7 +154,6 @@ def _eval_ce(lm: DecoderLM, params, ids: np.ndarray, seq: int, windows: int) -> 
 def _pruned_draft(cfg, lm: DecoderLM, lm_params, ids: np.ndarray, workdir: str):
   """The trained model's first `draft.layers` layers (same embeddings, norm,
   head), briefly distilled from it."""
-  from specjax.train import Example, LMSource, default_config, train_model  # pylint: disable=g-import-not-at-top
   keep = int(cfg.draft.layers)
   draft = _lm(cfg, lm.vocab_size, keep)
   init = {k: v for k, v in lm_params.items() if not k.startswith("layer_")}
@@ -203,7 +205,6 @@ def _decode(target, tp, drafter, dp, prompts, gamma, temp, max_new, seed) -> Dic
 
 def run(cfg) -> Dict[str, Any]:
   quiet_orbax_info_logs()
-  from specjax.data.shakespeare import build_shakespeare, load_shakespeare  # pylint: disable=g-import-not-at-top
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   build_shakespeare(cfg.data.cache_dir, cfg.data.source or None)

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax.bench.timing import now
+from specjax.measure.timing import now
 from specjax.experiments.common import Progress
 from specjax.experiments.stages import Stages, array_digest
 
@@ -65,7 +65,7 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   are sized for max(gammas, cache_gamma): a sweep over fewer γ with the same
   `cache_gamma` reuses another sweep's executables (same shapes).
   `place(prompts, lengths, keys)` → the same arrays placed where the
-  decoding runs (e.g. `specjax.sharding.shard_batch` over a mesh's data
+  decoding runs (e.g. `specjax.parallel.sharding.shard_batch` over a mesh's data
   axis); None leaves them on the default device.
 
   Every chunk stores AR and each cell as separate stages

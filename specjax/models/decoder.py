@@ -36,6 +36,7 @@ import numpy as np
 from specjax.models import decoder_layout, matvec_cache, rope
 from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, contract,
                                    copy_slots, replace_layer)
+from specjax._checks import check_bool, check_int, check_optional_int
 
 __all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]
 
@@ -43,10 +44,7 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _check_positive_int(name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise TypeError(f"{name} must be an int, got {value!r}")
-  if value <= 0:
-    raise ValueError(f"{name} must be > 0, got {value}")
+  check_int(name, value, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,13 +137,8 @@ class DecoderConfig:
     if w is not None:
       _check_positive_int("sliding_window", w)
     for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
-      if not isinstance(getattr(self, name), bool):
-        raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-    m = self.matvec_max_rows
-    if m is not None and (isinstance(m, bool) or not isinstance(m, int)):
-      raise TypeError(f"matvec_max_rows must be an int or None, got {m!r}")
-    if m is not None and m < 0:
-      raise ValueError(f"matvec_max_rows must be >= 0 (0: off) or None (auto), got {m}")
+      check_bool(name, getattr(self, name))
+    check_optional_int("matvec_max_rows", self.matvec_max_rows, 0)  # 0: off, None: auto
     if self.prefill_chunk is not None:
       _check_positive_int("prefill_chunk", self.prefill_chunk)
     for name in ("dtype", "param_dtype"):

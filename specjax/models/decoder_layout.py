@@ -16,7 +16,7 @@ weights in fewer, wider kernels, per layer:
 
 Everything else (norms, `o`, embeddings, `lm_head`) is unchanged. Both
 layouts give the same values up to float rounding; `DecoderLM` takes either.
-Shard after packing: `specjax.sharding` splits `qkv` over kv heads, `gate_up`
+Shard after packing: `specjax.parallel.sharding` splits `qkv` over kv heads, `gate_up`
 and `down_t` over hidden units.
 """
 

@@ -40,7 +40,7 @@ class KVCache:
   on T tokens reads each buffer once however large T is (`attend_cached`).
   (XLA copies a slice of a stacked `[L, ...]` buffer, or a transposed one,
   on every step.) The batch axis (0) and the kv-head axis (1) of every
-  buffer are the axes to shard over a mesh (`specjax.sharding`).
+  buffer are the axes to shard over a mesh (`specjax.parallel.sharding`).
   """
 
   k: Tuple[jax.Array, ...]

@@ -23,6 +23,7 @@ import logging
 import os
 import platform
 from typing import Any, Dict, Optional
+from specjax import atomic_io
 
 __all__ = ["cache_path", "machine_id", "shape_key", "lookup", "store"]
 
@@ -91,7 +92,6 @@ def lookup(config: Any, packed: bool) -> Optional[int]:
 
 def store(config: Any, packed: bool, rows: int) -> str:
   """Records `rows` for this machine and model (atomically); returns the path."""
-  from specjax import atomic_io  # pylint: disable=g-import-not-at-top
   path = cache_path()
   data = _read(path)
   data[f"{machine_id()} | {shape_key(config, packed)}"] = int(rows)

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
+from specjax._checks import check_int
 
 __all__ = ["TableCache", "UnigramLM", "BigramLM", "fit_ngram"]
 
@@ -34,8 +35,7 @@ class _TableLM:
   vocab_size: int
 
   def __post_init__(self):
-    if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 1:
-      raise ValueError(f"vocab_size must be a positive int, got {self.vocab_size!r}")
+    check_int("vocab_size", self.vocab_size, 1)
 
   def init_cache(self, batch_size: int, max_len: int, prompt_len: int = 0) -> TableCache:
     return TableCache(lengths=jnp.zeros((batch_size,), jnp.int32), max_len=int(max_len))

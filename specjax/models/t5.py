@@ -42,7 +42,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import numbers
 from typing import Any, Dict, Optional, Tuple
 
 import flax.linen as nn
@@ -54,6 +53,7 @@ from specjax.models.layers import (RMSNorm, accumulate_f32_dot, attend, attend_c
                                    copy_slots, kv_specs, replace_layer, to_cache_layout,
                                    zero_arrays)
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
+from specjax._checks import check_int
 
 __all__ = [
     "T5", "T5Cache", "T5Config", "T5Module", "T5_CONFIGS", "t5_config", "FEED_FORWARDS",
@@ -403,8 +403,7 @@ class T5:
     """An empty cache: `max_len` decoder slots, `prompt_len` encoder positions."""
     for name, value in (("batch_size", batch_size), ("max_len", max_len),
                         ("prompt_len", prompt_len)):
-      if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
+      check_int(name, value, 1)
     c = self.config
     return T5Cache.zeros(c.num_decoder_layers, int(batch_size), int(max_len), int(prompt_len),
                          c.num_heads, c.d_kv, _dtype(c.dtype))

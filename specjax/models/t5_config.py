@@ -6,19 +6,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Optional
+from typing import Dict, Optional
+from specjax._checks import check_bool, check_int, check_real
 
 __all__ = ["T5Config", "T5_CONFIGS", "t5_config", "FEED_FORWARDS"]
 
 _DTYPES = ("float32", "bfloat16", "float16")
 FEED_FORWARDS = ("relu", "gated-gelu")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-  if isinstance(value, bool) or not isinstance(value, int):
-    raise TypeError(f"{name} must be an int, got {value!r}")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,12 +62,12 @@ class T5Config:
       object.__setattr__(self, "num_decoder_layers", self.num_layers)
     for name in ("vocab_size", "d_model", "d_kv", "num_heads", "d_ff", "num_layers",
                  "num_decoder_layers"):
-      _check_int(name, getattr(self, name), 1)
-    _check_int("relative_attention_num_buckets", self.relative_attention_num_buckets, 4)
+      check_int(name, getattr(self, name), 1)
+    check_int("relative_attention_num_buckets", self.relative_attention_num_buckets, 4)
     if self.relative_attention_num_buckets % 2:
       raise ValueError("relative_attention_num_buckets must be even (half of them per "
                        f"direction in the encoder), got {self.relative_attention_num_buckets}")
-    _check_int("relative_attention_max_distance", self.relative_attention_max_distance, 1)
+    check_int("relative_attention_max_distance", self.relative_attention_max_distance, 1)
     if self.relative_attention_max_distance <= self.relative_attention_num_buckets // 2:
       raise ValueError(
           "relative_attention_max_distance must exceed relative_attention_num_buckets // 2 "
@@ -81,13 +75,11 @@ class T5Config:
           f"{self.relative_attention_max_distance}")
     if self.feed_forward not in FEED_FORWARDS:
       raise ValueError(f"feed_forward must be one of {FEED_FORWARDS}, got {self.feed_forward!r}")
-    if not isinstance(self.tie_word_embeddings, bool):
-      raise TypeError(f"tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}")
-    eps = self.layer_norm_epsilon
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
-      raise ValueError(f"layer_norm_epsilon must be a float in (0, 1), got {eps!r}")
+    check_bool("tie_word_embeddings", self.tie_word_embeddings)
+    check_real("layer_norm_epsilon", self.layer_norm_epsilon, 0.0, 1.0, lo_open=True,
+               hi_open=True)
     for name in ("pad_id", "eos_id", "decoder_start_id"):
-      _check_int(name, getattr(self, name), 0)
+      check_int(name, getattr(self, name), 0)
       if getattr(self, name) >= self.vocab_size:
         raise ValueError(f"{name} must lie in [0, vocab_size={self.vocab_size}), got "
                          f"{getattr(self, name)}")

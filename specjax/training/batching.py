@@ -60,6 +60,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
+from specjax._checks import check_int
 
 __all__ = [
     "PAD_ID", "EOS_ID", "Example", "SourceStats", "Source", "Seq2SeqSource", "LMSource",
@@ -96,11 +97,7 @@ def _as_example(ex: Any, i: int) -> Example:
 
 
 def _check_pos_int(name: str, value: Any, minimum: int = 1) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"{name} must be an int, got {value!r}")
-  if value < minimum:
-    raise ValueError(f"{name} must be >= {minimum}, got {value}")
-  return int(value)
+  return check_int(name, value, minimum)
 
 
 def _check_seed(seed: Any) -> int:

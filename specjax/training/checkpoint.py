@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from typing import Any, Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import jax
 import numpy as np
@@ -48,7 +48,7 @@ from specjax import atomic_io
 from specjax.checkpoints.integrity import first_line, quiet_asyncio_errors
 from specjax.checkpoints.orbax_io import save_params
 
-__all__ = ["Checkpointer", "save_final_params", "atomic_write_json", "move_aside",
+__all__ = ["Checkpointer", "save_final_params", "move_aside",
            "TRAIN_META"]
 
 
@@ -65,11 +65,6 @@ def move_aside(path: str, reason: str) -> str:
   os.rename(path, dest)
   logging.warning("%s: %s; moved aside to %s", path, reason, dest)
   return dest
-
-
-def atomic_write_json(obj: Any, path: str) -> None:
-  """Writes `obj` as JSON (non-JSON values as str) atomically (`specjax.atomic_io`)."""
-  atomic_io.atomic_write_json(path, obj, indent=1, default=str)
 
 
 def _host_copy(tree):
@@ -173,9 +168,9 @@ def save_final_params(workdir: str, params, model_config, meta: Optional[dict] =
   shutil.rmtree(tmp, ignore_errors=True)
   save_params(tmp, params, model_config)
   if meta is not None:
-    atomic_write_json(meta, os.path.join(tmp, TRAIN_META))
+    atomic_io.atomic_write_json(os.path.join(tmp, TRAIN_META), meta, default=str)
   for name, obj in (extra or {}).items():
-    atomic_write_json(obj, os.path.join(tmp, name))
+    atomic_io.atomic_write_json(os.path.join(tmp, name), obj, default=str)
   old = f"{final}.old-{os.getpid()}"
   if os.path.exists(final):
     os.rename(final, old)

@@ -14,12 +14,13 @@ naming the field.
 from __future__ import annotations
 
 import difflib
-import numbers
+import math
 from typing import Any
 
 import ml_collections
 
 from specjax.training.optim import OPTIMIZERS, SCHEDULES
+from specjax._checks import check_bool, check_int, check_real
 
 __all__ = ["default_config", "validate_config", "RUN_ONLY_FIELDS", "trajectory_fields"]
 
@@ -70,33 +71,13 @@ def trajectory_fields(config) -> dict:
   return {k: config[k] for k in sorted(_DEFAULTS) if k not in RUN_ONLY_FIELDS}
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _is_num(v) -> bool:
-  return isinstance(v, numbers.Real) and not isinstance(v, bool)
-
-
 def _int(config, name, minimum):
-  v = config[name]
-  if not _is_int(v):
-    raise TypeError(f"config.{name} must be an int, got {v!r} ({type(v).__name__})")
-  if v < minimum:
-    raise ValueError(f"config.{name} must be >= {minimum}, got {v}")
+  check_int(f"config.{name}", config[name], minimum)
 
 
 def _num(config, name, lo=None, hi=None, lo_open=False, hi_open=False):
-  v = config[name]
-  if not _is_num(v):
-    raise TypeError(f"config.{name} must be a number, got {v!r} ({type(v).__name__})")
-  bad = ((lo is not None and (v < lo or (lo_open and v == lo)))
-         or (hi is not None and (v > hi or (hi_open and v == hi))))
-  if bad or v != v:
-    lo_s = "(" if lo_open else "["
-    hi_s = ")" if hi_open else "]"
-    raise ValueError(f"config.{name} must lie in {lo_s}{lo if lo is not None else '-inf'}, "
-                     f"{hi if hi is not None else 'inf'}{hi_s}, got {v}")
+  check_real(f"config.{name}", config[name], -math.inf if lo is None else lo,
+             math.inf if hi is None else hi, lo_open=lo_open, hi_open=hi_open)
 
 
 def _choice(config, name, choices):
@@ -142,9 +123,7 @@ def validate_config(config: Any) -> ml_collections.ConfigDict:
   _num(config, "distill_temperature", 0, None, lo_open=True)
   _int(config, "checkpoint_every", 1)
   _int(config, "keep_checkpoints", 1)
-  if not isinstance(config["async_checkpointing"], bool):
-    raise TypeError(f"config.async_checkpointing must be a bool, got "
-                    f"{config['async_checkpointing']!r}")
+  check_bool("config.async_checkpointing", config["async_checkpointing"])
   _int(config, "log_every", 1)
   _int(config, "eval_every", 0)
   _int(config, "eval_batches", 0)

@@ -40,16 +40,15 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
-from specjax.drafters.eagle import (EagleConfig, _attend, _finish, _qkv, fuse_features,
-                                    head_logits, init_eagle, pair_inputs, shared_weights)
+from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
+                                       init_eagle, pair_inputs, qkv, shared_weights)
 from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import save_final_params
-from specjax.training.heads import DistillData, resumable_loop, target_states
+from specjax.training.heads import DistillData, head_mesh, resumable_loop, target_states
 from specjax.training.loop import quiet_orbax_info_logs
 from specjax.training.optim import OptimizerSpec, make_optimizer, state_step
 
-__all__ = ["EagleLoss", "unrolled_outputs", "eagle_loss", "train_eagle", "load_head",
-           "step_agreement"]
+__all__ = ["EagleLoss", "unrolled_outputs", "eagle_loss", "train_eagle", "step_agreement"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,14 +86,14 @@ def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, token
   k1 = v1 = None
   for j in range(1, unroll + 1):
     x = pair_inputs(params, embedding_VE, feat, tokens_pad[:, j:j + l - 1])
-    q, k, v = _qkv(config, params, x, base + (j - 1))
+    q, k, v = qkv(config, params, x, base + (j - 1))
     if j == 1:
       k1, v1 = k, v
-      att = _attend(config, q, [(k1, v1, causal)])
+      att = attend(config, q, [(k1, v1, causal)])
     else:
       diag.append((k, v))
-      att = _attend(config, q, [(k1, v1, causal)], diag)
-    out = _finish(config, params, x, att)
+      att = attend(config, q, [(k1, v1, causal)], diag)
+    out = finish(config, params, x, att)
     outs.append(out)
     feat = out
   return outs
@@ -188,16 +187,6 @@ def step_agreement(config: EagleConfig, loss: EagleLoss, params, shared, feats, 
   return hits / max(rows, 1)
 
 
-def load_head(directory: str) -> Tuple[EagleConfig, Dict[str, Any]]:
-  """(config, params) of a trained head (`<dir>` or `<dir>/final`)."""
-  from specjax.checkpoints.orbax_io import restore_params  # pylint: disable=g-import-not-at-top
-  d = directory if os.path.exists(os.path.join(directory, "config.json")) else os.path.join(
-      directory, "final")
-  params, config = restore_params(d)
-  if not isinstance(config, EagleConfig):
-    raise ValueError(f"{d} holds a {type(config).__name__}, not an EAGLE head")
-  return config, params
-
 
 def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
                 valid: Optional[DistillData], train: Any, workdir: str,
@@ -213,11 +202,7 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
   other settings are a ValueError naming the field."""
   quiet_orbax_info_logs()
   loss = loss or EagleLoss.for_version(config.version)
-  mesh_data, mesh_model = getattr(train, "mesh_data", 1), getattr(train, "mesh_model", 1)
-  mesh = mesh_lib.training_mesh(mesh_data, mesh_model, owner="train")
-  if int(train.batch_size) % mesh_data:
-    raise ValueError(f"train.batch_size ({train.batch_size}) must be divisible by "
-                     f"train.mesh_data ({mesh_data})")
+  mesh_data, mesh = head_mesh(train)
   os.makedirs(workdir, exist_ok=True)
   shared = shared_weights(target, target_params)
   spec = OptimizerSpec(optimizer="adamw", learning_rate=float(train.learning_rate),

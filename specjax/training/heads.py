@@ -40,14 +40,16 @@ import numpy as np
 from absl import logging
 
 from specjax import atomic_io
-from specjax.drafters.medusa import MedusaConfig, head_logits, init_heads, target_lm_head
+from specjax.api import generate
+from specjax.models.medusa_head import MedusaConfig, head_logits, init_heads, target_lm_head
+from specjax.sampling import SamplingConfig
 from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import Checkpointer, save_final_params
 from specjax.training.loop import meta_difference, quiet_orbax_info_logs
 from specjax.training.optim import OptimizerSpec, make_optimizer, state_step
 
 __all__ = ["DistillData", "distillation_data", "target_states", "train_medusa", "topk_accuracy",
-           "save_heads", "load_heads", "resumable_loop"]
+           "save_heads", "resumable_loop"]
 
 
 @dataclasses.dataclass
@@ -72,8 +74,6 @@ def distillation_data(target, target_params, prompts: np.ndarray, lengths: np.nd
                       max_new: int, batch_size: int = 32, temperature: float = 1.0,
                       seed: int = 0, log: Optional[Callable[[str], None]] = None) -> DistillData:
   """The target's own continuations of `prompts` (right-padded `[N, P]`)."""
-  from specjax.api import generate  # pylint: disable=g-import-not-at-top
-  from specjax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
   n, p = prompts.shape
   rows = -(-n // batch_size) * batch_size
   idx = np.arange(rows) % n
@@ -190,18 +190,17 @@ def save_heads(directory: str, config: MedusaConfig, params, accuracy: Optional[
   return save_final_params(directory, params, config, meta, extra)
 
 
-def load_heads(directory: str):
-  """(config, params, top-k accuracy `[K, R]` or None) from `<dir>` or `<dir>/final`."""
-  from specjax.checkpoints.orbax_io import restore_params  # pylint: disable=g-import-not-at-top
-  d = directory if os.path.exists(os.path.join(directory, "config.json")) else os.path.join(
-      directory, "final")
-  params, config = restore_params(d)
-  acc = None
-  path = os.path.join(d, "accuracy.json")
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      acc = np.asarray(json.load(f)["topk_accuracy"])
-  return config, params, acc
+
+def head_mesh(train: Any):
+  """`(mesh_data, mesh)`: the data x model mesh a head trainer runs on
+  (`train.mesh_data` x `train.mesh_model`, default 1 x 1), the batch checked
+  to split evenly over `data`."""
+  mesh_data, mesh_model = getattr(train, "mesh_data", 1), getattr(train, "mesh_model", 1)
+  mesh = mesh_lib.training_mesh(mesh_data, mesh_model, owner="train")
+  if int(train.batch_size) % mesh_data:
+    raise ValueError(f"train.batch_size ({train.batch_size}) must be divisible by "
+                     f"train.mesh_data ({mesh_data})")
+  return mesh_data, mesh
 
 
 def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
@@ -215,11 +214,7 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
   attribute object. Resuming with other settings is an error naming the
   field."""
   quiet_orbax_info_logs()
-  mesh_data, mesh_model = getattr(train, "mesh_data", 1), getattr(train, "mesh_model", 1)
-  mesh = mesh_lib.training_mesh(mesh_data, mesh_model, owner="train")
-  if int(train.batch_size) % mesh_data:
-    raise ValueError(f"train.batch_size ({train.batch_size}) must be divisible by "
-                     f"train.mesh_data ({mesh_data})")
+  mesh_data, mesh = head_mesh(train)
   os.makedirs(workdir, exist_ok=True)
   shared = target_lm_head(target, target_params) if config.share_lm_head else None
   spec = OptimizerSpec(optimizer="adamw", learning_rate=float(train.learning_rate),

@@ -37,14 +37,19 @@ import jax
 import numpy as np
 from absl import logging
 
+from specjax import atomic_io
 from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import config_to_dict
+from specjax.measure.tensorboard import ScalarWriter
+from specjax.models.decoder import DecoderLM
+from specjax.models.t5 import T5
+from specjax.parallel.distributed import is_main_process
 from specjax.training import batching
-from specjax.training.checkpoint import Checkpointer, atomic_write_json, save_final_params
-from specjax.training.config import trajectory_fields, validate_config
 from specjax.training import mesh as mesh_lib
-from specjax.training.optim import OptimizerSpec
 from specjax.training import steps as steps_lib
+from specjax.training.checkpoint import Checkpointer, save_final_params
+from specjax.training.config import trajectory_fields, validate_config
+from specjax.training.optim import OptimizerSpec
 from specjax.training.steps import StepSpec, TrainState, eval_step, init_state, train_step
 
 __all__ = ["train_model", "evaluate_loss", "summarize_metrics", "quiet_orbax_info_logs",
@@ -73,13 +78,8 @@ def quiet_orbax_info_logs(quiet: bool = True) -> None:
 
 def _model_format(model) -> Optional[str]:
   """"seq2seq" / "decoder" for the known model classes, None for others."""
-  from specjax.models.decoder import DecoderLM  # pylint: disable=g-import-not-at-top
   if isinstance(model, DecoderLM):
     return "decoder"
-  try:
-    from specjax.models.t5 import T5  # pylint: disable=g-import-not-at-top
-  except ImportError:  # pragma: no cover
-    return None
   return "seq2seq" if isinstance(model, T5) else None
 
 
@@ -187,14 +187,13 @@ class _Progress:
 
   def write(self, record: dict) -> None:
     """Appends `record` to metrics.jsonl and its numbers to TensorBoard
-    (`<workdir>/tb`, `specjax.accelerator.ScalarWriter`); process 0 only."""
-    from specjax import accelerator
-    if not accelerator.is_main_process():
+    (`<workdir>/tb`, `specjax.measure.tensorboard.ScalarWriter`); process 0 only."""
+    if not is_main_process():
       return
     with open(self.path, "a", encoding="utf-8") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
     if self.tb is None:
-      self.tb = accelerator.ScalarWriter(os.path.join(os.path.dirname(self.path), "tb"))
+      self.tb = ScalarWriter(os.path.join(os.path.dirname(self.path), "tb"))
     prefix = f"eval/{record['eval']}/" if "eval" in record else "train/"
     self.tb.write(int(record["step"]), {
         prefix + k: v for k, v in record.items()
@@ -411,7 +410,7 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
                  "steps_this_run": end - start, "last_train": progress.last,
                  "last_eval": progress.last_eval,
                  "data": [s.stats.__dict__ for s in mixture.sources]}
-      atomic_write_json(summary, os.path.join(workdir, "summary.json"))
+      atomic_io.atomic_write_json(os.path.join(workdir, "summary.json"), summary, default=str)
     return state.params
   finally:
     ckpt.close()

@@ -9,7 +9,7 @@ With a mesh of more than one device (`training_mesh`), `train_model` (and
   * the batch's rows (its leading axis) over `data`: data parallelism, each
     data shard takes `batch_size / mesh_data` rows;
   * every leaf of the params and of the optimizer state over `model`,
-    fsdp-style (`specjax.sharding.fsdp_spec`): split along its largest
+    fsdp-style (`specjax.parallel.sharding.fsdp_spec`): split along its largest
     dimension that `mesh_model` divides, replicated when none does; the
     step counter and the PRNG key are replicated; a distillation teacher's
     frozen params are split the same way;
@@ -18,7 +18,7 @@ and jit the step with these layouts as its output shardings, so the state
 stays split from step to step (and is donated in place). XLA (GSPMD) inserts
 the all-gathers of the weights and the reductions of the gradients.
 
-Why the fsdp rule rather than the Megatron one of `specjax.sharding.param_spec`
+Why the fsdp rule rather than the Megatron one of `specjax.parallel.sharding.param_spec`
 (heads / hidden units by kernel name): it looks at shapes only, so it covers
 any model (decoder, T5, Medusa heads) and every optimizer-state leaf without a
 table of names — Adam's moments have their parameter's shape and so get its
@@ -52,7 +52,7 @@ from typing import Any, Mapping, Optional
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from specjax.sharding import DATA, fsdp_spec, make_mesh
+from specjax.parallel.sharding import DATA, fsdp_spec, make_mesh
 from specjax.training.steps import StepSpec, TrainState, _train_step
 
 __all__ = ["training_mesh", "fsdp_shardings", "shard_tree", "state_shardings", "shard_state",

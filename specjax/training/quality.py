@@ -18,6 +18,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from specjax.api import generate
+from specjax.sampling import GREEDY
+
 __all__ = ["greedy_decode", "generation_quality"]
 
 
@@ -43,7 +46,6 @@ def greedy_decode(model, params, tokenizer, prompts: Sequence[str], *, seq2seq: 
                   max_new_tokens: int = 64, batch_size: int = 16,
                   max_prompt_len: int = 256) -> list[str]:
   """Greedy continuations of `prompts` (texts), decoded to text (EOS stops a row)."""
-  import specjax  # pylint: disable=g-import-not-at-top
   out = []
   for i in range(0, len(prompts), batch_size):
     chunk = list(prompts[i:i + batch_size])
@@ -51,8 +53,8 @@ def greedy_decode(model, params, tokenizer, prompts: Sequence[str], *, seq2seq: 
     chunk += [chunk[-1]] * (batch_size - n)  # One shape for every chunk: one compilation.
     tokens, lengths = _encode_prompts(tokenizer, chunk, seq2seq, max_prompt_len)
     tokens = np.pad(tokens, ((0, 0), (0, max_prompt_len - tokens.shape[1])))
-    res = specjax.generate(model, params, tokens, lengths, max_new_tokens=max_new_tokens,
-                           sampling=specjax.GREEDY, eos_id=tokenizer.eos_id,
+    res = generate(model, params, tokens, lengths, max_new_tokens=max_new_tokens,
+                           sampling=GREEDY, eos_id=tokenizer.eos_id,
                            pad_id=tokenizer.pad_id)
     texts = tokenizer.decode_batch(np.asarray(res.tokens), np.asarray(res.lengths))
     out += texts[:n]

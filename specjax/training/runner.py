@@ -30,10 +30,16 @@ from typing import Any
 import jax
 from absl import logging
 
+from specjax import atomic_io
+from specjax.checkpoints.orbax_io import restore_params
+from specjax.data import load_task
+from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
+from specjax.models.t5 import T5, t5_config
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 from specjax.training import batching
-from specjax.training.checkpoint import atomic_write_json
 from specjax.training.config import validate_config
 from specjax.training.loop import train_model
+from specjax.training.quality import generation_quality
 
 __all__ = ["run", "build_model", "parse_tasks", "templates_for", "DOCUMENT_TASKS"]
 
@@ -83,21 +89,16 @@ def templates_for(task: str, kind: str, data_config) -> tuple[str, str]:
 def build_model(kind: str, name: str, overrides: dict):
   """A `DecoderLM` or `T5` from a named config with fields replaced."""
   if kind == "decoder":
-    from specjax.models.decoder import DecoderLM, decoder_config  # pylint: disable=g-import-not-at-top
     return DecoderLM(decoder_config(name, **overrides))
   if kind == "t5":
-    from specjax.models.t5 import T5, t5_config  # pylint: disable=g-import-not-at-top
     return T5(t5_config(name, **overrides))
   raise ValueError(f"config.model.kind must be 'decoder' or 't5', got {kind!r}")
 
 
 def _model_from_saved(path: str):
-  from specjax.checkpoints.orbax_io import restore_params  # pylint: disable=g-import-not-at-top
   params, cfg = restore_params(path)
-  from specjax.models.decoder import DecoderConfig, DecoderLM  # pylint: disable=g-import-not-at-top
   if isinstance(cfg, DecoderConfig):
     return DecoderLM(cfg), params
-  from specjax.models.t5 import T5  # pylint: disable=g-import-not-at-top
   return T5(cfg), params
 
 
@@ -127,7 +128,6 @@ def _examples(task: str, split: str, kind: str, config, tokenizer, vocab_size: i
     if kind == "decoder":  # Prompt, then a separator (EOS), then the target.
       ex = [batching.Example(list(e.prompt) + [batching.EOS_ID], e.target) for e in ex]
     return ex, None
-  from specjax.data import load_task  # pylint: disable=g-import-not-at-top
   records = load_task(task, split, d.cache_dir)
   if limit:
     records = records[:limit]
@@ -146,13 +146,11 @@ def run(config, workdir: str, stop_at_step: int | None = None) -> dict:
   tokenizer = None
   overrides = dict(config.model.overrides)
   if not synthetic:
-    from specjax.tokenizer import SentencePieceTokenizer  # pylint: disable=g-import-not-at-top
     tokenizer = SentencePieceTokenizer(config.data.tokenizer)
     overrides.setdefault("vocab_size", tokenizer.vocab_size)
   model = build_model(kind, config.model.name, overrides)
   init_params = None
   if config.model.init_from:
-    from specjax.checkpoints.orbax_io import restore_params  # pylint: disable=g-import-not-at-top
     init_params, _ = restore_params(config.model.init_from, model.config)
   teacher = None
   if config.teacher.path:
@@ -179,7 +177,6 @@ def run(config, workdir: str, stop_at_step: int | None = None) -> dict:
   want = config.eval.bleu or config.eval.rouge
   done = stop_at_step is None or stop_at_step >= config.train.steps
   if want and done and tokenizer is not None:
-    from specjax.training.quality import generation_quality  # pylint: disable=g-import-not-at-top
     for task, recs in eval_records.items():
       recs = (recs or [])[:config.eval.num_examples]
       if not recs:
@@ -192,5 +189,5 @@ def run(config, workdir: str, stop_at_step: int | None = None) -> dict:
           max_prompt_len=config.data.input_len if kind == "t5" else config.data.seq_len)
       logging.info("%s quality: %s", task, {k: v for k, v in q.items() if k != "samples"})
       result[task] = q
-    atomic_write_json(result, os.path.join(workdir, "quality.json"))
+    atomic_io.atomic_write_json(os.path.join(workdir, "quality.json"), result, default=str)
   return result

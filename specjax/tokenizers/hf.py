@@ -3,7 +3,7 @@ draft/target compatibility check.
 
 Llama 3 and Qwen ship no SentencePiece model, only a ``tokenizer.json`` for
 the `tokenizers` library. `HFTokenizer` reads one (never downloading anything)
-and offers the batch interface of `specjax.tokenizer.SentencePieceTokenizer`:
+and offers the batch interface of `specjax.tokenizers.sentencepiece.SentencePieceTokenizer`:
 right-padded ``np.int32`` batches ``tokens [B, P]`` with ``lengths [B]``, EOS
 appended by default, rows longer than ``max_len`` an error unless
 ``truncate=True``.
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 import numpy as np
 
-from specjax.tokenizer import SentencePieceTokenizer, token_rows
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer, token_rows
 
 if TYPE_CHECKING:
   import tokenizers

@@ -15,7 +15,7 @@ inputs are placed with `jax.sharding.NamedSharding`s over a 2-D mesh
 
 Example (8 devices):
 
-  mesh = specjax.sharding.make_mesh(data=4, model=2)
+  mesh = specjax.parallel.sharding.make_mesh(data=4, model=2)
   tp = shard_params(tp, mesh); dp = shard_params(dp, mesh)
   tc = sharded_cache(target, mesh, batch, cache_len, prompt_len)
   dc = sharded_cache(draft, mesh, batch, cache_len, prompt_len)

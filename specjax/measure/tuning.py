@@ -20,7 +20,7 @@ machine. Without a stored choice, None means one matrix-matrix product per
 call.
 
 The measurement is the in-graph cost of one call on N tokens
-(`specjax.bench.timing.step_times_side_by_side`, both paths interleaved
+(`specjax.measure.timing.step_times_side_by_side`, both paths interleaved
 call by call, so the ratio of each pair is taken moments apart), at batch 1
 and T = N tokens (a verify of N tokens; a batch-N step has the same
 projections). The chosen threshold is the largest N such that the per-token
@@ -36,7 +36,7 @@ import dataclasses
 import statistics
 from typing import Callable, Dict, Mapping, Optional, Sequence
 
-from specjax.bench.timing import floor_step_seconds, step_times_side_by_side
+from specjax.measure.timing import floor_step_seconds, step_times_side_by_side
 from specjax.models import decoder_layout, matvec_cache
 from specjax.models.decoder import DecoderLM, matvec_rows
 

@@ -1,6 +1,6 @@
-"""specjax.accelerator: the memory plan (checked against hand counts), the
-mesh choice, processes (two real CPU processes), TensorBoard scalars and
-profiler traces."""
+"""specjax.planning: the memory plan (checked against hand counts) and the mesh
+choice; specjax.parallel.distributed: processes (two real CPU processes);
+specjax.measure.tensorboard: scalars and profiler traces."""
 
 import glob
 import json
@@ -17,11 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specjax import accelerator
-from specjax.accelerator import (MemoryPlan, check_fits, choose_mesh, device_memory_bytes,
-                                 memory_plan)
+from specjax.measure.tensorboard import ScalarWriter, maybe_profile, profile_decode
+from specjax.parallel.distributed import initialize_distributed, is_main_process
+from specjax.planning.memory import (MemoryPlan, check_fits, device_memory_bytes, format_bytes,
+                                     memory_plan)
 from specjax.models.decoder import DecoderConfig
 from specjax.models.t5 import t5_config
+from specjax.planning.mesh import choose_mesh
 
 F32 = 4
 
@@ -142,8 +144,8 @@ def test_check_fits_names_the_mesh_and_the_shortfall():
   assert check_fits(plan, need + 7) == 7
   assert check_fits(plan, None) is None
   with pytest.raises(ValueError, match=re.escape(
-      f"the target does not fit a data=1 x model=2 mesh: {accelerator.format_bytes(need)} per "
-      f"device needed, {accelerator.format_bytes(need - 2500)} available (short by 2.5 KB); "
+      f"the target does not fit a data=1 x model=2 mesh: {format_bytes(need)} per "
+      f"device needed, {format_bytes(need - 2500)} available (short by 2.5 KB); "
       "use more model-axis devices (config.mesh)")):
     check_fits(plan, need - 2500)
   both = memory_plan(TARGET, DRAFT, mesh_shape=(1, 2), batch_size=1, cache_len=8)
@@ -151,8 +153,8 @@ def test_check_fits_names_the_mesh_and_the_shortfall():
     check_fits(both, 1000)
   with pytest.raises(ValueError, match="capacity_bytes must be an int >= 1, got 0"):
     check_fits(plan, 0)
-  assert accelerator.format_bytes(34.2e9) == "34.2 GB"
-  assert accelerator.format_bytes(512) == "512 B"
+  assert format_bytes(34.2e9) == "34.2 GB"
+  assert format_bytes(512) == "512 B"
 
 
 def test_choose_mesh_auto_takes_the_fewest_model_devices_that_fit():
@@ -229,11 +231,11 @@ def test_device_memory_bytes():
 
 
 def test_initialize_distributed_disabled_is_a_no_op():
-  assert accelerator.initialize_distributed(False) is False
+  assert initialize_distributed(False) is False
   assert not jax.distributed.is_initialized()
-  assert jax.process_count() == 1 and accelerator.is_main_process()
-  with pytest.raises(ValueError, match="enabled .* must be a bool, got 'yes'"):
-    accelerator.initialize_distributed("yes")
+  assert jax.process_count() == 1 and is_main_process()
+  with pytest.raises(TypeError, match="enabled .* must be a bool, got 'yes'"):
+    initialize_distributed("yes")
 
 
 def _read_records(path):
@@ -264,7 +266,7 @@ def _read_records(path):
 def test_scalar_writer_events_read_back(tmp_path):
   from tensorboardX.proto import event_pb2
 
-  with accelerator.ScalarWriter(str(tmp_path / "tb")) as tb:
+  with ScalarWriter(str(tmp_path / "tb")) as tb:
     tb.write(1, {"tokens_per_s": 812.5, "acceptance": np.float32(0.75)})
     tb.write(2, {"tokens_per_s": jnp.asarray(900.0)})
     with pytest.raises(ValueError, match="step must be an int >= 0, got -1"):
@@ -280,7 +282,7 @@ def test_scalar_writer_events_read_back(tmp_path):
                      (2, "tokens_per_s", 900.0)]
   with pytest.raises(ValueError, match="is closed"):
     tb.write(4, {"x": 1.0})
-  quiet = accelerator.ScalarWriter(str(tmp_path / "off"), enabled=False)
+  quiet = ScalarWriter(str(tmp_path / "off"), enabled=False)
   quiet.write(1, {"x": 1.0})
   quiet.close()
   assert not os.path.exists(tmp_path / "off")
@@ -290,29 +292,30 @@ def test_profile_decode_writes_a_trace(tmp_path):
   step = jax.jit(lambda x: jnp.tanh(x @ x))
   x = jnp.ones((32, 32))
   step(x).block_until_ready()
-  out = accelerator.profile_decode(lambda: step(x), str(tmp_path / "prof"), steps=2)
+  out = profile_decode(lambda: step(x), str(tmp_path / "prof"), steps=2)
   np.testing.assert_allclose(out, np.tanh(np.ones((32, 32)) * 32), rtol=1e-6)
   traces = [p for p in glob.glob(str(tmp_path / "prof" / "plugins" / "profile" / "*" / "*"))
             if os.path.getsize(p) > 0]
   assert any(p.endswith(".xplane.pb") for p in traces), traces
-  with accelerator.maybe_profile(str(tmp_path / "none"), enabled=False):
+  with maybe_profile(str(tmp_path / "none"), enabled=False):
     step(x).block_until_ready()
   assert not os.path.exists(tmp_path / "none")
   with pytest.raises(ValueError, match="steps \\(config.profile_steps\\) must be an int >= 1"):
-    accelerator.profile_decode(lambda: step(x), str(tmp_path / "p2"), steps=0)
+    profile_decode(lambda: step(x), str(tmp_path / "p2"), steps=0)
 
 
 _WORKER = textwrap.dedent("""
     import json, os, sys
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from specjax import accelerator
+    from specjax.measure.tensorboard import ScalarWriter
+    from specjax.parallel.distributed import initialize_distributed, is_main_process
 
     pid, port, logdir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     kw = dict(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-    first = accelerator.initialize_distributed(True, **kw)
-    again = accelerator.initialize_distributed(True, **kw)
+    first = initialize_distributed(True, **kw)
+    again = initialize_distributed(True, **kw)
     mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "model"))
     full = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
     x = jax.make_array_from_callback(full.shape, NamedSharding(mesh, P("data", "model")),
@@ -320,7 +323,7 @@ _WORKER = textwrap.dedent("""
     whole = NamedSharding(mesh, P())
     total = jax.jit(lambda a: jnp.sum(a * a), out_shardings=whole)(x)
     gram = jax.jit(lambda a: a @ a.T, out_shardings=whole)(x)
-    with accelerator.ScalarWriter(logdir) as tb:
+    with ScalarWriter(logdir) as tb:
       tb.write(0, {"process": float(pid)})
     # A sharded generate: both checkpoints streamed onto the global mesh (each process
     # reads its own devices' slices), rows over data, heads over model.
@@ -338,7 +341,7 @@ _WORKER = textwrap.dedent("""
         put(np.array([4, 3], np.int32)), max_new_tokens=12, gamma=3, sampling=specjax.GREEDY)
     tokens = multihost_utils.process_allgather(out.tokens, tiled=True)
     print("RESULT " + json.dumps(dict(
-        first=first, again=again, main=accelerator.is_main_process(),
+        first=first, again=again, main=is_main_process(),
         processes=jax.process_count(), devices=jax.device_count(),
         local=jax.local_device_count(), total=float(total),
         gram=np.asarray(gram).tolist(), tokens=np.asarray(tokens).tolist())), flush=True)

@@ -1,8 +1,8 @@
 """The drafter protocol: what `SpeculativeDecoder` needs from a source of drafts.
 
-A drafter is a frozen (hashable) dataclass — it is a static argument of the
-jitted loop, so its fields are static choices — with pure methods over an
-explicit state pytree (a draft model's KV cache, a token history, an n-gram
+A drafter is a frozen (hashable) dataclass subclassing `Drafter` — it is a
+static argument of the jitted loop, so its fields are static choices — with
+pure methods over an explicit state pytree (a draft model's KV cache, a token history, an n-gram
 pool, ...). One speculative iteration, for every row at once:
 
   1. `propose(params, state, inp, u_BG, sampling, gamma)` → `(Proposal, state)`:
@@ -34,8 +34,9 @@ Shapes: B batch, G = γ, T tokens in the target call, K chains, N = n, V vocabul
 
 from __future__ import annotations
 
+import abc
 import dataclasses
-from typing import Any, Optional, Protocol, Tuple, runtime_checkable
+from typing import Any, Optional, Tuple
 
 import jax
 import numpy as np
@@ -147,16 +148,16 @@ def chain_layout(gamma: int) -> CallLayout:
 class DraftInput:
   """What a drafter may read of the decoding state (per row, `[B]`).
 
-  seq_len: committed positions in the target's cache (the pending token
-    goes to position seq_len); pending: the last committed token, not yet
-    fed to the target; prev: the token at position seq_len - 1; done: rows
-    that finished; step: the iteration (scalar).
+  seq_len_B: committed positions in the target's cache (the pending token
+    goes to position seq_len_B); pending_B: the last committed token, not
+    yet fed to the target; prev_B: the token at position seq_len_B - 1;
+    done_B: rows that finished; step: the iteration (scalar).
   """
 
-  seq_len: jax.Array
-  pending: jax.Array
-  prev: jax.Array
-  done: jax.Array
+  seq_len_B: jax.Array
+  pending_B: jax.Array
+  prev_B: jax.Array
+  done_B: jax.Array
   step: jax.Array
 
 
@@ -169,7 +170,7 @@ class Proposal:
       pending token, the chains' tokens at `layout.chains_KN`.
     valid_BKN: bool `[B, K, N]`, which drafted tokens a row proposes; a
       chain's valid tokens form a prefix.
-    probs_BGV: `[B, N, V]` float32 distributions the single chain (K = 1)
+    probs_BGV: `[B, G, V]` float32 distributions the single chain (K = 1, N = G)
       was drawn from, after the same temperature / top-k / top-p as the
       target; None for deterministic drafters.
     node_valid_BT, node_probs_BTV: for a token tree (`layout.is_tree`):
@@ -225,9 +226,13 @@ class DraftFeedback:
   target_hidden_BCX: Optional[jax.Array] = None
 
 
-@runtime_checkable
-class Drafter(Protocol):
-  """A source of drafts (see the module doc). Frozen and hashable.
+class Drafter(abc.ABC):
+  """The base class of drafters (see the module doc). Subclasses are frozen
+  (hashable) dataclasses: a drafter is a static argument of the jitted loop.
+
+  Capabilities are declared here with their defaults and overridden by each
+  drafter (as class attributes or properties); the loop reads them, never
+  probes for them:
 
   Attributes:
     deterministic: drafts come without proposal distributions and are
@@ -235,35 +240,59 @@ class Drafter(Protocol):
     uses_target_params: the drafter runs on the target's own weights
       (self-speculative): `speculative_generate(..., draft_params=None)`
       passes the target's.
+    needs_hidden: `update` reads the target's hidden states of the call
+      (`DraftFeedback.target_hidden_BE` / `target_hidden_BCX`).
+    needs_prompt_hidden: `start` reads the target's hidden states over the
+      prompt (`prompt_hidden_BPX`; the target must offer
+      `prefill_with_hidden`).
+    hidden_layers: the target blocks whose outputs the hidden states are
+      (None: the final-normed state).
+    fixed_gamma: the γ the drafter always uses (None: the caller's).
   """
 
-  deterministic: bool
-  uses_target_params: bool
+  deterministic: bool = False
+  uses_target_params: bool = False
+  needs_hidden: bool = False
+  needs_prompt_hidden: bool = False
+  hidden_layers: Optional[Tuple[int, ...]] = None
+  fixed_gamma: Optional[int] = None
+
+  def calls_per_iteration(self, gamma: int) -> int:
+    """Drafter forward passes per iteration (for the statistics; default 0)."""
+    del gamma
+    return 0
 
   def check(self, target: Any, gamma: int) -> None:
     """Raises ValueError / TypeError naming what does not fit (vocabulary,
-    γ, the target's kind)."""
+    γ, the target's kind). Default: nothing to check."""
+    del target, gamma
 
+  @abc.abstractmethod
   def layout(self, gamma: int) -> CallLayout:
     """The target call of one iteration (static)."""
 
+  @abc.abstractmethod
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> Any:
     """Fresh state buffers (on the host; donated to the loop)."""
 
+  @abc.abstractmethod
   def start(self, params: Any, state: Any, prompts_BP: jax.Array, lengths_B: jax.Array,
             first_B: jax.Array, target_cache: Any) -> Any:
     """The state after the prompts' prefill (in the loop's trace); `first_B`
-    is the first generated token, `target_cache` the target's prefilled cache."""
+    is the first generated token, `target_cache` the target's prefilled
+    cache. Drafters with `needs_prompt_hidden` also get `prompt_hidden_BPX`."""
 
-  def propose(self, params: Any, state: Any, inp: DraftInput, u_BG: jax.Array,
+  @abc.abstractmethod
+  def propose(self, params: Any, state: Any, inp: DraftInput, u_BG: Optional[jax.Array],
               sampling: Any, gamma: int) -> Tuple[Proposal, Any]:
     """Drafts for every row; `u_BG` are uniforms a sampling drafter may use
-    (draft j drawn with `u_BG[:, j]`)."""
+    (draft j drawn with `u_BG[:, j]`; None for deterministic drafters)."""
 
+  @abc.abstractmethod
   def update(self, params: Any, state: Any, feedback: DraftFeedback) -> Any:
     """The state after the commit."""
 
 
 def is_drafter(obj: Any) -> bool:
-  """True for objects that follow the drafter protocol (not plain models)."""
-  return all(hasattr(obj, name) for name in ("propose", "update", "layout", "alloc", "start"))
+  """True for drafters (instances of `Drafter`), False for plain models."""
+  return isinstance(obj, Drafter)

@@ -35,9 +35,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.bench.timing import now, time_call
+from specjax import theory
+from specjax.measure.timing import now, time_call
+from specjax.measure.timing import step_times
 from specjax.models.decoder import DecoderLM
+from specjax.models.decoder import decoder_config
 from specjax.models.t5 import T5
+from specjax.models.t5 import t5_config
 
 __all__ = ["param_shapes", "step_bytes", "copy_bandwidth", "random_params", "roofline_s"]
 
@@ -166,8 +170,6 @@ SMOKE_FAMILIES = {
 def build_model(family: str, spec, dtype: str = "bfloat16"):
   """A model from a config name (or (name, overrides)) in `dtype` for both
   compute and parameters."""
-  from specjax.models.decoder import decoder_config
-  from specjax.models.t5 import t5_config
   name, overrides = (spec, {}) if isinstance(spec, str) else spec
   kw = dict(overrides, dtype=dtype, param_dtype=dtype)
   if family == "t5":
@@ -182,7 +184,6 @@ def measure_model(family: str, name: str, role: str, model, *, batch: int, promp
   `bench.timing.step_times`) next to its roofline; random weights made on
   the device and freed afterwards. `packed`: a decoder's params in the
   packed decode layout (`DecoderLM.pack_params`; the same bytes)."""
-  from specjax.bench.timing import step_times
   shapes = param_shapes(model)
   t0 = now()
   params = jax.block_until_ready(random_params(model, jax.random.PRNGKey(seed), shapes))
@@ -222,7 +223,6 @@ def summarize(rows, gammas, alphas=(0.6, 0.7, 0.75, 0.9), goal: float = 1.3,
   `batch_goal[0]`, the best draft and γ predicting ≥ `batch_goal[2]`× at
   α = `batch_goal[1]` (the issue's "speculative ≥ 1.5× autoregressive at
   batch 8 when α ≥ 0.7", from the components)."""
-  from specjax import theory
   goal_batch, goal_alpha, goal_speedup = batch_goal
   alphas = tuple(sorted(set(alphas) | {goal_alpha}))
   out, goals = [], []

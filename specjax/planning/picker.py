@@ -40,7 +40,7 @@ reproduces the measured speedups; `derived_cost_per="token"` (CLI
     on T tokens as cheap as a one-token step, none does at the measured V(T);
   * no family reaches `min_speedup` (the best one and its speedup named).
 
-Usage:
+Usage (the JSON readers are `specjax.planning.picker_io`):
 
   ms = measurements_from_json("benchmarks/results/drafters.json", "code", 1, 0.0)
   vc = verify_cost_from_json("benchmarks/results/drafters.json", "code", 1, 0.0)
@@ -48,24 +48,20 @@ Usage:
              max_new_tokens=64)
   print(rec.format())
 
-or `python -m specjax.pick --results=benchmarks/results/drafters.json
+or `python -m specjax.experiments.pick --results=benchmarks/results/drafters.json
 --task=code --batch=1 --temperature=0 --context=128 --max_new=64`.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
-import math
-import numbers
-import os
-import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from specjax import theory
+from specjax._checks import check_int, check_optional_int, check_optional_real, check_real
 
 __all__ = [
     "FamilyMeasurement",
@@ -75,50 +71,10 @@ __all__ = [
     "predict_speedup",
     "draft_memory_bytes",
     "pick",
-    "measurements_from_json",
-    "verify_cost_from_json",
-    "main",
 ]
 
 BASELINE = "autoregressive"
 COST_PER = ("token", "iteration")
-
-# -----------------------------------------------------------------------------
-# Validation helpers.
-# -----------------------------------------------------------------------------
-
-
-def _int(name: str, value: Any, minimum: int) -> int:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r} of type "
-                    f"{type(value).__name__}")
-  if value < minimum:
-    raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-  return int(value)
-
-
-def _opt_int(name: str, value: Any, minimum: int) -> Optional[int]:
-  return None if value is None else _int(name, value, minimum)
-
-
-def _real(name: str, value: Any, *, minimum: float = -math.inf, strict: bool = False,
-          maximum: float = math.inf) -> float:
-  """A finite real in [minimum, maximum] (or (minimum, maximum] when strict)."""
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-    raise TypeError(f"{name} must be a real number, got {value!r} of type "
-                    f"{type(value).__name__}")
-  v = float(value)
-  low_ok = v > minimum if strict else v >= minimum
-  if not math.isfinite(v) or not low_ok or v > maximum:
-    lo = "(" if strict else "["
-    raise ValueError(f"{name} must be a finite number in {lo}{minimum:g}, {maximum:g}], "
-                     f"got {value!r}")
-  return v
-
-
-def _opt_real(name: str, value: Any, **kw) -> Optional[float]:
-  return None if value is None else _real(name, value, **kw)
-
 
 # -----------------------------------------------------------------------------
 # Inputs.
@@ -178,10 +134,10 @@ class FamilyMeasurement:
     if not isinstance(self.family, str) or not self.family:
       raise TypeError(f"family must be a non-empty string, got {self.family!r}")
     f = self.family
-    _real(f"cost_ratio of {f!r}", self.cost_ratio, minimum=0.0)
-    _opt_real(f"alpha of {f!r}", self.alpha, minimum=0.0, maximum=1.0)
-    _opt_int(f"gamma of {f!r}", self.gamma, 1)
-    _opt_int(f"tree_nodes of {f!r}", self.tree_nodes, 1)
+    check_real(f"cost_ratio of {f!r}", self.cost_ratio, minimum=0.0)
+    check_optional_real(f"alpha of {f!r}", self.alpha, minimum=0.0, maximum=1.0)
+    check_optional_int(f"gamma of {f!r}", self.gamma, 1)
+    check_optional_int(f"tree_nodes of {f!r}", self.tree_nodes, 1)
     if (self.gamma is None) == (self.tree_nodes is None):
       raise ValueError(f"exactly one of gamma and tree_nodes must be set for {f!r}, got "
                        f"gamma={self.gamma!r}, tree_nodes={self.tree_nodes!r}")
@@ -194,19 +150,19 @@ class FamilyMeasurement:
     if self.tau is not None:
       top = self.gamma + 1 if self.gamma is not None else self.tree_nodes + 1
       what = "gamma + 1" if self.gamma is not None else "tree_nodes + 1"
-      _real(f"tau of {f!r} (tokens per target call, in [1, {what} = {top}])", self.tau,
+      check_real(f"tau of {f!r} (tokens per target call, in [1, {what} = {top}])", self.tau,
             minimum=1.0, maximum=float(top))
     if self.alpha is None and self.tau is None:
       raise ValueError(f"{f!r} needs alpha or tau (tokens per target call); both are None")
     if self.tree_nodes is not None and self.tau is None:
       raise ValueError(f"{f!r} has tree_nodes={self.tree_nodes} but no tau: a tree's tokens "
                        "per call must be measured (alpha alone does not give it)")
-    _opt_int(f"draft_params_bytes of {f!r}", self.draft_params_bytes, 0)
-    _opt_int(f"draft_cache_bytes_per_token of {f!r}", self.draft_cache_bytes_per_token, 0)
-    _opt_real(f"call_cost of {f!r}", self.call_cost, minimum=0.0, strict=True)
-    _opt_real(f"measured_speedup of {f!r}", self.measured_speedup, minimum=0.0, strict=True)
-    _opt_int(f"batch of {f!r}", self.batch, 1)
-    _opt_real(f"temperature of {f!r}", self.temperature, minimum=0.0)
+    check_optional_int(f"draft_params_bytes of {f!r}", self.draft_params_bytes, 0)
+    check_optional_int(f"draft_cache_bytes_per_token of {f!r}", self.draft_cache_bytes_per_token, 0)
+    check_optional_real(f"call_cost of {f!r}", self.call_cost, minimum=0.0, lo_open=True)
+    check_optional_real(f"measured_speedup of {f!r}", self.measured_speedup, minimum=0.0, lo_open=True)
+    check_optional_int(f"batch of {f!r}", self.batch, 1)
+    check_optional_real(f"temperature of {f!r}", self.temperature, minimum=0.0)
 
   @property
   def call_tokens(self) -> int:
@@ -258,9 +214,9 @@ class VerifyCost:
       raise TypeError(f"points must be a non-empty mapping {{T: ratio}}, got {self.points!r}")
     pts = {}
     for t, r in self.points.items():
-      t = _int("points' T (tokens per call)", t, 1)
-      pts[t] = _real(f"points[{t}] (cost of a call on {t} tokens / a one-token step)", r,
-                     minimum=0.0, strict=True)
+      t = check_int("points' T (tokens per call)", t, 1)
+      pts[t] = check_real(f"points[{t}] (cost of a call on {t} tokens / a one-token step)", r,
+                     minimum=0.0, lo_open=True)
     if 1 in pts and abs(pts[1] - 1.0) > 1e-6:
       raise ValueError(f"points[1] must be 1 (a one-token call relative to itself), got "
                        f"{pts[1]!r}; divide every ratio by it")
@@ -268,7 +224,7 @@ class VerifyCost:
     for name in ("extrapolate", "monotone"):
       if not isinstance(getattr(self, name), (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
-    _opt_int("batch", self.batch, 1)
+    check_optional_int("batch", self.batch, 1)
     pts = dict(sorted(pts.items()))
     object.__setattr__(self, "points", pts)
     ratios = list(pts.values())
@@ -291,7 +247,7 @@ class VerifyCost:
     return self.extrapolate or 1 <= tokens <= self.max_tokens
 
   def __call__(self, tokens: int) -> float:
-    t = _int("tokens", tokens, 1)
+    t = check_int("tokens", tokens, 1)
     ts = np.array(list(self.curve), np.float64)
     rs = np.array(list(self.curve.values()), np.float64)
     if t <= ts[-1]:
@@ -466,7 +422,7 @@ def predict_speedup(m: FamilyMeasurement, verify_cost: VerifyCost, *, max_gamma:
     raise TypeError(f"m must be a FamilyMeasurement, got {type(m).__name__}")
   if not isinstance(verify_cost, VerifyCost):
     raise TypeError(f"verify_cost must be a VerifyCost, got {type(verify_cost).__name__}")
-  max_gamma = _int("max_gamma", max_gamma, 1)
+  max_gamma = check_int("max_gamma", max_gamma, 1)
 
   def v_at(tokens: int) -> Optional[float]:
     if m.call_cost is not None and tokens == m.call_tokens:
@@ -526,8 +482,8 @@ def draft_memory_bytes(m: FamilyMeasurement, *, batch_size: int, tokens: int) ->
     batch_size: sequences decoded together (>= 1).
     tokens: positions per sequence the draft caches (context + new tokens).
   """
-  batch_size = _int("batch_size", batch_size, 1)
-  tokens = _int("tokens", tokens, 0)
+  batch_size = check_int("batch_size", batch_size, 1)
+  tokens = check_int("tokens", tokens, 0)
   if m.draft_params_bytes is None or m.draft_cache_bytes_per_token is None:
     return None
   return m.draft_params_bytes + m.draft_cache_bytes_per_token * tokens * batch_size
@@ -584,13 +540,13 @@ def pick(measurements: Sequence[FamilyMeasurement], verify_cost: VerifyCost, *,
     names.add(m.family)
   if not isinstance(verify_cost, VerifyCost):
     raise TypeError(f"verify_cost must be a VerifyCost, got {type(verify_cost).__name__}")
-  batch_size = _int("batch_size", batch_size, 1)
-  budget = _opt_real("memory_budget_bytes", memory_budget_bytes, minimum=0.0)
-  context_tokens = _int("context_tokens", context_tokens, 0)
-  max_new_tokens = _int("max_new_tokens", max_new_tokens, 1)
-  temperature = _opt_real("temperature", temperature, minimum=0.0)
-  min_speedup = _real("min_speedup", min_speedup, minimum=0.0, strict=True)
-  min_new_tokens = _int("min_new_tokens", min_new_tokens, 0)
+  batch_size = check_int("batch_size", batch_size, 1)
+  budget = check_optional_real("memory_budget_bytes", memory_budget_bytes, minimum=0.0)
+  context_tokens = check_int("context_tokens", context_tokens, 0)
+  max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+  temperature = check_optional_real("temperature", temperature, minimum=0.0)
+  min_speedup = check_real("min_speedup", min_speedup, minimum=0.0, lo_open=True)
+  min_new_tokens = check_int("min_new_tokens", min_new_tokens, 0)
   for m in measurements:
     if m.batch is not None and m.batch != batch_size:
       raise ValueError(f"{m.family!r} was measured at batch {m.batch}, but batch_size is "
@@ -675,176 +631,3 @@ def pick(measurements: Sequence[FamilyMeasurement], verify_cost: VerifyCost, *,
     reason += f"; excluded by memory: {', '.join(p.family for _, p in excluded)}"
   return Recommendation(best.family, best.gamma, best.tree_nodes, best.speedup, reason,
                         numbers, table)
-
-
-# -----------------------------------------------------------------------------
-# Reading a results JSON (benchmarks/results/drafters.json layout).
-# -----------------------------------------------------------------------------
-
-
-def _load(source: Union[str, os.PathLike, Mapping[str, Any]]) -> Mapping[str, Any]:
-  if isinstance(source, Mapping):
-    return source
-  if not isinstance(source, (str, os.PathLike)):
-    raise TypeError(f"source must be a path or a results dict, got {type(source).__name__}")
-  with open(source, encoding="utf-8") as f:
-    return json.load(f)
-
-
-def _cell(source, task: str, batch: int, temperature: float) -> Mapping[str, Any]:
-  results = _load(source)
-  tasks = results.get("tasks")
-  if not isinstance(tasks, Mapping):
-    raise ValueError("the results have no 'tasks' mapping (expected the drafters.json layout "
-                     "{'tasks': {task: [cells]}})")
-  if task not in tasks:
-    raise ValueError(f"task must be one of {sorted(tasks)}, got {task!r}")
-  batch = _int("batch", batch, 1)
-  temperature = _real("temperature", temperature, minimum=0.0)
-  cells = tasks[task]
-  for cell in cells:
-    if cell.get("batch") == batch and abs(float(cell.get("temperature", -1)) - temperature) < 1e-9:
-      return cell
-  have = sorted((c.get("batch"), c.get("temperature")) for c in cells)
-  raise ValueError(f"task {task!r} has no cell at batch {batch}, temperature {temperature}; "
-                   f"it has (batch, temperature) {have}")
-
-
-def verify_cost_from_json(source, task: str, batch: int, temperature: float, *,
-                          extrapolate: bool = False) -> VerifyCost:
-  """V(T) from a results cell: each row's (call_tokens, call_cost).
-
-  Rows sharing a call size share its measured cost (averaged if they differ).
-  Args as `measurements_from_json`; `extrapolate` as in `VerifyCost`.
-  """
-  cell = _cell(source, task, batch, temperature)
-  per: Dict[int, List[float]] = {}
-  for row in cell["rows"]:
-    if row.get("call_tokens") is not None and row.get("call_cost") is not None:
-      per.setdefault(int(row["call_tokens"]), []).append(float(row["call_cost"]))
-  return VerifyCost({t: float(np.mean(v)) for t, v in per.items()} or {1: 1.0},
-                    extrapolate=extrapolate, batch=batch)
-
-
-def measurements_from_json(source, task: str, batch: int, temperature: float, *,
-                           derived_cost_per: str = "iteration") -> List[FamilyMeasurement]:
-  """One `FamilyMeasurement` per drafter row of a results cell.
-
-  Reads `results["tasks"][task]`, the cell at `batch` and `temperature`, and
-  each row but the autoregressive baseline:
-
-  * τ = `tokens_per_call`; α = `alpha` (None stays None: τ is used);
-  * shape: the row's `gamma` / `tree_nodes` if present; else a row with α is
-    a chain with γ = call_tokens − 1, and a row without α keeps its measured
-    call of `call_tokens` tokens (reported as tree_nodes: prompt lookup,
-    lookahead, Medusa are predicted from their measured τ and call only);
-  * c: the row's `cost_ratio` if present (per token for a chain, per
-    iteration otherwise, or the row's `cost_per`); else derived from the
-    measured speedup s and call cost V: the measured time per iteration is
-    τ / s target steps, so the draft takes τ / s − V per iteration (clipped
-    at 0). That figure holds every per-iteration overhead (host syncs,
-    sampling, acceptance bookkeeping), not only draft steps, so by default
-    (`derived_cost_per="iteration"`) it is kept per iteration and the family
-    is predicted at its measured γ only: the prediction then reproduces the
-    measured speedup exactly. With `derived_cost_per="token"` a chain with α
-    gets c = (τ / s − V) / γ and its γ is searched, which assumes all of that
-    time scales with γ (optimistic for smaller γ when the overhead is fixed);
-  * `draft_params_bytes`, `draft_cache_bytes_per_token` when present (else
-    None: unknown), `call_cost` as measured.
-
-  Args:
-    source: a path to the JSON or the loaded dict.
-    task: the task name, e.g. "code".
-    batch: the cell's batch size.
-    temperature: the cell's temperature.
-    derived_cost_per: "iteration" or "token", how a derived c is read (above).
-  """
-  if derived_cost_per not in COST_PER:
-    raise ValueError(f"derived_cost_per must be one of {COST_PER}, got {derived_cost_per!r}")
-  cell = _cell(source, task, batch, temperature)
-  out = []
-  for row in cell["rows"]:
-    name = row.get("drafter") or row.get("family")
-    if name == BASELINE:
-      continue
-    where = f"row {name!r} of task {task!r} (batch {batch}, temperature {temperature})"
-    tau, alpha = row.get("tokens_per_call"), row.get("alpha")
-    call_tokens, call_cost = row.get("call_tokens"), row.get("call_cost")
-    gamma, tree = row.get("gamma"), row.get("tree_nodes")
-    if gamma is None and tree is None:
-      if call_tokens is None:
-        raise ValueError(f"{where} has none of gamma, tree_nodes, call_tokens")
-      if alpha is not None:
-        gamma = int(call_tokens) - 1
-      else:
-        tree = int(call_tokens)
-    if gamma is not None and tree is not None:
-      tree = None  # both given: a chain
-    c = row.get("cost_ratio")
-    if c is not None:
-      cost_per = row.get("cost_per") or ("token" if gamma is not None else "iteration")
-    else:
-      speedup = row.get("speedup")
-      if speedup is None or call_cost is None or tau is None:
-        raise ValueError(f"{where} has no cost_ratio and lacks speedup / call_cost / "
-                         "tokens_per_call to derive it from")
-      per_iteration = max(0.0, tau / speedup - call_cost)
-      searchable = gamma is not None and alpha is not None
-      cost_per = derived_cost_per if searchable else "iteration"
-      c = per_iteration / gamma if cost_per == "token" else per_iteration
-    out.append(FamilyMeasurement(
-        family=name, cost_ratio=float(c), alpha=alpha, tau=tau, gamma=gamma, tree_nodes=tree,
-        cost_per=cost_per, draft_params_bytes=row.get("draft_params_bytes"),
-        draft_cache_bytes_per_token=row.get("draft_cache_bytes_per_token"),
-        call_cost=call_cost, measured_speedup=row.get("speedup"), batch=batch,
-        temperature=temperature))
-  if not out:
-    raise ValueError(f"task {task!r} at batch {batch}, temperature {temperature} has no "
-                     "drafter rows")
-  return out
-
-
-# -----------------------------------------------------------------------------
-# Command line.
-# -----------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m specjax.pick", description=__doc__.split("\n")[0])
-  p.add_argument("--results", required=True, help="results JSON (drafters.json layout)")
-  p.add_argument("--task", required=True, help="task name in the results")
-  p.add_argument("--batch", type=int, default=1, help="batch size (a measured cell)")
-  p.add_argument("--temperature", type=float, default=0.0, help="temperature (a measured cell)")
-  p.add_argument("--memory_budget_mb", type=float, default=None,
-                 help="draft memory budget in MiB (default: none)")
-  p.add_argument("--context", type=int, default=128, help="prompt tokens per sequence")
-  p.add_argument("--max_new", type=int, default=64, help="new tokens per sequence")
-  p.add_argument("--min_speedup", type=float, default=1.05, help="least speedup worth it")
-  p.add_argument("--min_new_tokens", type=int, default=50, help="shorter outputs: don't")
-  p.add_argument("--max_gamma", type=int, default=32, help="largest γ searched")
-  p.add_argument("--extrapolate", action="store_true",
-                 help="extrapolate the verify cost beyond the measured call sizes")
-  p.add_argument("--search_gamma", action="store_true",
-                 help="read a derived draft cost per drafted token and search γ for chains "
-                      "with α (default: per iteration, each family at its measured γ)")
-  return p
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Prints the recommendation for a measured cell; returns the exit status."""
-  a = _parser().parse_args(argv)
-  budget = None if a.memory_budget_mb is None else a.memory_budget_mb * 2**20
-  derived = "token" if a.search_gamma else "iteration"
-  rec = pick(measurements_from_json(a.results, a.task, a.batch, a.temperature,
-                                    derived_cost_per=derived),
-             verify_cost_from_json(a.results, a.task, a.batch, a.temperature,
-                                   extrapolate=a.extrapolate),
-             batch_size=a.batch, memory_budget_bytes=budget, context_tokens=a.context,
-             max_new_tokens=a.max_new, temperature=a.temperature, min_speedup=a.min_speedup,
-             min_new_tokens=a.min_new_tokens, max_gamma=a.max_gamma)
-  print(rec.format())
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

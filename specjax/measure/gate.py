@@ -1,6 +1,7 @@
 """The rollout gate for a drafter: measure first, then turn speculation on.
 
-The seeds' EAGLE-3 rollout plan (specjax BRIEF): deploy the target plainly
+A rollout plan for a drafter (the practice of vLLM / SGLang deployments of
+EAGLE-3): deploy the target plainly
 and measure its baseline at the production batch (TTFT, ITL P50 / P99,
 tokens/s); enable the drafter and measure α and the same latencies; gate:
 α >= 0.55 (below it speculation loses at high concurrency) and P99 ITL no
@@ -8,39 +9,21 @@ worse than the baseline's by more than a margin (rejected drafts make a
 two-pass tail: mean ITL falls while P99 can rise). This module does each
 step:
 
-  stats = latency_stats(token_times, arrivals)     # from emission times
   m = measure(target, tp, draft, dp, prompts, batch_size=8, ...)
   verdict = gate(m.baseline, m.candidate, m.alpha, min_alpha=0.55, p99_margin=0.10)
   write_plan(verdict, out_dir)                     # rollout.md + rollout.json
 
-and `python -m specjax.rollout` runs them on a built-in tiny random pair.
-
-Latency definitions (`latency_stats`). A request arrives at `arrival` and
-its tokens are emitted at `token_times` (one entry per token). Speculative
-decoding emits several tokens per target call, so they share a timestamp:
-
-  * TTFT: first emission − arrival (median and P99 over requests);
-  * ITL (inter-token latency): per token, time since the previous token of
-    the same request — tokens emitted together get ITL 0 and the zeros are
-    counted (a stream client sees them at once). P50 / P99 / mean over all
-    tokens of all requests. With speculation the P50 is often 0 and the P99
-    is the slow tail of whole iterations: exactly what the gate watches;
-  * call gap: time between successive distinct emission times (stream
-    chunks; one per target call) — the stall a reader of the stream sees.
-    For plain decoding it equals the ITL;
-  * TPOT: per request (last − first emission) / (tokens − 1), averaged;
-  * tokens/s: all tokens over the span from the first arrival to the last
-    emission.
-
-Percentiles are numpy's linear interpolation between order statistics.
+and `python -m specjax.experiments.rollout` runs them on a built-in tiny
+random pair. Latencies are `specjax.measure.latency.LatencyStats`.
 
 How `measure` times (no serving stack: static batches on this process). The
 prompts run in batches of `batch_size` rows (a partial last batch is padded
 with copies of its rows, which are not counted); every request of a batch
 arrives when the batch starts. Each decoder (`AutoregressiveDecoder`,
-`SpeculativeDecoder`) is driven from the host one jitted step at a time, the
-step's output lengths fetched after each step and stamped with `now()` (the
-clock of `specjax.bench.timing`; `use_clock` injects a fake one in tests).
+`SpeculativeDecoder`) is driven from the host one jitted step at a time
+(`specjax.streaming.stream`), the step's output lengths fetched after each
+step and stamped with `now()` (the clock of `specjax.measure.timing`;
+`use_clock` injects a fake one in tests).
 The per-step fetch adds one host sync to every step of both arms — it is
 what a streaming server pays too. The baseline and the candidate alternate
 batch by batch (machine noise hits both alike) and each arm's batches are
@@ -53,168 +36,34 @@ call comes with it.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import functools
 import math
-import numbers
 import os
-import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.api import required_cache_len, resolve_drafter
+from specjax._checks import check_int, check_prompts, check_real
+from specjax.api import resolve_drafter
 from specjax.atomic_io import atomic_write_json, atomic_write_text
-from specjax.bench.timing import now
 from specjax.drafters import ModelDrafter
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
-from specjax.protocol import check_model
+from specjax.measure.latency import LatencyStats, emission_times, latency_stats
+from specjax.measure.timing import now
+from specjax.protocol import check_model, required_cache_len
 from specjax.sampling import GREEDY, SamplingConfig
+from specjax.streaming import stream
 
-__all__ = ["LatencyStats", "latency_stats", "Measurement", "measure", "Check", "Verdict", "gate",
-           "write_plan", "VERDICTS", "ROLL_OUT", "HOLD_ALPHA", "HOLD_P99", "HOLD_THROUGHPUT",
-           "tiny_pair", "main"]
+__all__ = ["Measurement", "measure", "Check", "Verdict", "gate", "write_plan", "VERDICTS",
+           "ROLL_OUT", "HOLD_ALPHA", "HOLD_P99", "HOLD_THROUGHPUT"]
 
 ROLL_OUT = "roll out"
 HOLD_ALPHA = "hold: α below gate"
 HOLD_P99 = "hold: P99 ITL regressed"
 HOLD_THROUGHPUT = "hold: no throughput gain"
 VERDICTS = (ROLL_OUT, HOLD_ALPHA, HOLD_P99, HOLD_THROUGHPUT)
-
-
-# -----------------------------------------------------------------------------
-# Latency statistics.
-# -----------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class LatencyStats:
-  """Latencies of a set of requests (milliseconds; see the module doc).
-
-  Attributes:
-    ttft_ms, ttft_p99_ms: time to first token, median and P99 over requests.
-    itl_p50_ms, itl_p99_ms, itl_mean_ms: per-token inter-token latency over
-      every token after each request's first (tokens emitted together: 0).
-    call_gap_p50_ms, call_gap_p99_ms: time between a request's successive
-      distinct emission times.
-    tpot_ms: mean over requests of (last − first emission) / (tokens − 1)
-      (requests of one token left out).
-    tokens_per_s: all tokens / (last emission − first arrival).
-    tokens_per_emission: mean tokens per distinct emission time.
-    num_requests, num_tokens: counts.
-  """
-
-  ttft_ms: float
-  ttft_p99_ms: float
-  itl_p50_ms: float
-  itl_p99_ms: float
-  itl_mean_ms: float
-  call_gap_p50_ms: float
-  call_gap_p99_ms: float
-  tpot_ms: float
-  tokens_per_s: float
-  tokens_per_emission: float
-  num_requests: int
-  num_tokens: int
-
-  def to_dict(self) -> Dict[str, Any]:
-    """The fields as a JSON-ready dict."""
-    return dataclasses.asdict(self)
-
-  @classmethod
-  def from_dict(cls, d: Dict[str, Any]) -> "LatencyStats":
-    """The inverse of `to_dict` (unknown keys are an error)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    if not isinstance(d, dict) or set(d) != names:
-      raise ValueError(f"d must be a dict with exactly the keys {sorted(names)}, got "
-                       f"{sorted(d) if isinstance(d, dict) else type(d).__name__}")
-    return cls(**d)
-
-
-def _percentile(values: np.ndarray, q: float) -> float:
-  return float(np.percentile(values, q))  # linear interpolation (numpy's default)
-
-
-def _check_times(name: str, values: Any, index: Optional[int] = None) -> np.ndarray:
-  where = f"{name}[{index}]" if index is not None else name
-  if isinstance(values, (str, bytes)):
-    raise TypeError(f"{where} must be a sequence of seconds, got the string {values!r}")
-  try:
-    arr = np.asarray(values, dtype=np.float64)
-  except (TypeError, ValueError):
-    raise TypeError(f"{where} must be a sequence of real seconds, got {values!r}") from None
-  if arr.ndim != 1:
-    raise ValueError(f"{where} must be 1-D (one time per token), got shape {arr.shape}")
-  if not np.isfinite(arr).all():
-    raise ValueError(f"{where} must hold finite seconds, got {arr.tolist()!r}")
-  return arr
-
-
-def latency_stats(token_times: Sequence[Sequence[float]],
-                  arrivals: Optional[Sequence[float]] = None) -> LatencyStats:
-  """`LatencyStats` from per-request token emission times (seconds).
-
-  Args:
-    token_times: one sequence per request: the time each of its tokens was
-      emitted, non-decreasing, at least one token; tokens emitted together
-      (one speculative call) repeat the same time.
-    arrivals: each request's arrival time (seconds, <= its first token);
-      default 0.0 for every request.
-
-  Returns:
-    The `LatencyStats` (definitions in the module doc). Raises ValueError
-    when no request has two tokens (no inter-token latency exists).
-  """
-  if isinstance(token_times, (str, bytes)) or not isinstance(token_times, Sequence):
-    raise TypeError(f"token_times must be a sequence of per-request sequences of seconds, got "
-                    f"{type(token_times).__name__}")
-  if len(token_times) == 0:
-    raise ValueError("token_times must hold at least one request, got an empty sequence")
-  times = [_check_times("token_times", t, i) for i, t in enumerate(token_times)]
-  if arrivals is None:
-    arr = np.zeros(len(times))
-  else:
-    arr = _check_times("arrivals", arrivals)
-    if arr.shape[0] != len(times):
-      raise ValueError(f"arrivals must hold one time per request ({len(times)}), got "
-                       f"{arr.shape[0]}")
-  ttft, itl, gaps, tpot, chunks = [], [], [], [], []
-  for i, (t, a) in enumerate(zip(times, arr)):
-    if t.size == 0:
-      raise ValueError(f"token_times[{i}] must hold at least one token time, got none")
-    if np.any(np.diff(t) < 0):
-      raise ValueError(f"token_times[{i}] must be non-decreasing (emission order), got "
-                       f"{t.tolist()!r}")
-    if t[0] < a:
-      raise ValueError(f"request {i} emits its first token at {t[0]!r} s, before its arrival "
-                       f"{a!r} s")
-    ttft.append(t[0] - a)
-    distinct = np.unique(t)
-    chunks.append(t.size / distinct.size)
-    if t.size > 1:
-      itl.extend(np.diff(t))
-      gaps.extend(np.diff(distinct))
-      tpot.append((t[-1] - t[0]) / (t.size - 1))
-  if not itl:
-    raise ValueError("latency_stats needs at least one request with two or more tokens "
-                     "(inter-token latency), every request has one")
-  ttft_a, itl_a = np.asarray(ttft), np.asarray(itl)
-  gaps_a = np.asarray(gaps) if gaps else np.zeros(1)  # every token of every request at once
-  num_tokens = int(sum(t.size for t in times))
-  span = max(float(t[-1]) for t in times) - float(arr.min())
-  return LatencyStats(
-      ttft_ms=1e3 * _percentile(ttft_a, 50), ttft_p99_ms=1e3 * _percentile(ttft_a, 99),
-      itl_p50_ms=1e3 * _percentile(itl_a, 50), itl_p99_ms=1e3 * _percentile(itl_a, 99),
-      itl_mean_ms=1e3 * float(itl_a.mean()),
-      call_gap_p50_ms=1e3 * _percentile(gaps_a, 50),
-      call_gap_p99_ms=1e3 * _percentile(gaps_a, 99),
-      tpot_ms=1e3 * float(np.mean(tpot)),
-      tokens_per_s=num_tokens / span if span > 0 else math.inf,
-      tokens_per_emission=float(np.mean(chunks)),
-      num_requests=len(times), num_tokens=num_tokens)
 
 
 # -----------------------------------------------------------------------------
@@ -248,77 +97,6 @@ class Measurement:
   context: Dict[str, Any]
   traces: Dict[str, Tuple[List[float], List[List[float]]]] = dataclasses.field(repr=False)
   outputs: Dict[str, List[List[int]]] = dataclasses.field(repr=False, default_factory=dict)
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(5,))
-def _ar_init(dec, params, prompts, lengths, keys, cache):
-  return dec.init_state(params, prompts, lengths, keys, cache)
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(2,))
-def _ar_step(dec, params, state):
-  return dec.step(params, state)
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(6, 7))
-def _sp_init(dec, target_params, draft_params, prompts, lengths, keys, target_cache,
-             draft_cache):
-  return dec.init_state(target_params, draft_params, prompts, lengths, keys, target_cache,
-                        draft_cache)
-
-
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=(3,))
-def _sp_step(dec, target_params, draft_params, state):
-  return dec.step(target_params, draft_params, state)
-
-
-def _stream(init, step, max_steps: int):
-  """Runs `init()` then `step(state)` until every row is done, stamping each
-  row's new tokens with `now()` after each call. Returns (start, per-row
-  token times, final state)."""
-  start = now()
-  state = init()
-  lens, done = jax.device_get((state.out_len, state.done))
-  t = now()
-  times = [[t] * int(n) for n in lens]
-  steps = 0
-  while not np.all(done) and steps < max_steps:
-    state = step(state)
-    new, done = jax.device_get((state.out_len, state.done))
-    t = now()
-    for row, (a, b) in enumerate(zip(lens, new)):
-      times[row].extend([t] * int(b - a))
-    lens, steps = new, steps + 1
-  return start, times, state
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{name} must be an int >= {minimum}, got {value!r} "
-                    f"({type(value).__name__})")
-  if value < minimum:
-    raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-  return int(value)
-
-
-def _check_prompts(prompts, prompt_lengths) -> Tuple[np.ndarray, np.ndarray]:
-  p = np.asarray(prompts)
-  if p.ndim != 2 or p.shape[0] < 1 or p.shape[1] < 1:
-    raise ValueError(f"prompts must be 2-D [num_prompts, prompt_len] with both >= 1, got shape "
-                     f"{p.shape}")
-  if p.dtype.kind not in "iu":
-    raise TypeError(f"prompts must hold integer token ids, got dtype {p.dtype}")
-  if prompt_lengths is None:
-    lengths = np.full((p.shape[0],), p.shape[1], np.int32)
-  else:
-    lengths = np.asarray(prompt_lengths)
-    if lengths.shape != (p.shape[0],) or lengths.dtype.kind not in "iu":
-      raise ValueError(f"prompt_lengths must be integers of shape ({p.shape[0]},) (one per "
-                       f"prompt), got dtype {lengths.dtype} shape {lengths.shape}")
-    if np.any((lengths < 1) | (lengths > p.shape[1])):
-      raise ValueError(f"prompt_lengths must lie in [1, {p.shape[1]}] (the padded prompt "
-                       f"length), got {lengths.tolist()!r}")
-  return p.astype(np.int32), lengths.astype(np.int32)
 
 
 def _batches(n: int, batch_size: int) -> List[np.ndarray]:
@@ -359,13 +137,13 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
     A `Measurement`.
   """
   check_model(target, "target")
-  batch_size = _check_int("batch_size", batch_size, 1)
-  max_new = _check_int("max_new_tokens", max_new_tokens, 1)
-  gamma = _check_int("gamma", gamma, 1)
-  seed = _check_int("seed", seed, 0)
+  batch_size = check_int("batch_size", batch_size, 1)
+  max_new = check_int("max_new_tokens", max_new_tokens, 1)
+  gamma = check_int("gamma", gamma, 1)
+  seed = check_int("seed", seed, 0)
   if not isinstance(sampling, SamplingConfig):
     raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-  prompts_np, lengths_np = _check_prompts(prompts, prompt_lengths)
+  prompts_np, lengths_np = (np.asarray(a) for a in check_prompts(prompts, prompt_lengths))
   n, p = prompts_np.shape
   if batch_size > n:
     raise ValueError(f"batch_size must be at most the number of prompts ({n}), got "
@@ -385,8 +163,7 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
   def run_ar(i, rows):
     pr, ln, keys = inputs(i, rows)
     cache = target.init_cache(batch_size, required_cache_len(target, p, max_new), p)
-    return _stream(lambda: _ar_init(ar, target_params, pr, ln, keys, cache),
-                   lambda s: _ar_step(ar, target_params, s), max_new)
+    return stream(ar, target_params, pr, ln, keys, cache, clock=now)
 
   def run_sp(i, rows):
     pr, ln, keys = inputs(i, rows)
@@ -397,9 +174,8 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
           batch_size, required_cache_len(drafter.model, p, max_new, gamma), p)
     else:
       d_cache = drafter.alloc(batch_size, p, t_cache.max_len, gamma)
-    return _stream(lambda: _sp_init(sp, target_params, draft_params, pr, ln, keys, t_cache,
-                                    d_cache),
-                   lambda s: _sp_step(sp, target_params, draft_params, s), max_new)
+    return stream(sp, target_params, pr, ln, keys, t_cache, draft_params=draft_params,
+                  draft_cache=d_cache, clock=now)
 
   batches = _batches(n, batch_size)
   run_ar(0, batches[0])  # compile both arms (untimed)
@@ -411,7 +187,8 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
   for i, rows in enumerate(batches):
     real = len(set(rows.tolist()))  # padded rows are copies at the end
     for arm, fn in (("baseline", run_ar), ("candidate", run_sp)):
-      start, times, state = fn(i, rows)
+      res = fn(i, rows)
+      start, times, state = res.start, emission_times(res.events), res.state
       arrivals, all_times, offset = arms[arm]
       end = start
       for r in range(real):
@@ -504,18 +281,6 @@ class Verdict:
     return d
 
 
-def _check_real(name: str, value: Any, lo: float, hi: float = math.inf,
-                allow_nan: bool = False) -> float:
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
-  v = float(value)
-  if math.isnan(v) and allow_nan:
-    return v
-  if not (lo <= v <= hi):
-    bound = f"[{lo:g}, {hi:g}]" if math.isfinite(hi) else f">= {lo:g}"
-    raise ValueError(f"{name} must be {'in ' if math.isfinite(hi) else ''}{bound}, got {value!r}")
-  return v
-
 
 def gate(baseline: LatencyStats, candidate: LatencyStats, alpha: float, *,
          min_alpha: float = 0.55, p99_margin: float = 0.10, min_throughput_gain: float = 0.0,
@@ -550,10 +315,10 @@ def gate(baseline: LatencyStats, candidate: LatencyStats, alpha: float, *,
   for name, s in (("baseline", baseline), ("candidate", candidate)):
     if not isinstance(s, LatencyStats):
       raise TypeError(f"{name} must be a LatencyStats, got {type(s).__name__}")
-  alpha = _check_real("alpha", alpha, 0.0, 1.0, allow_nan=True)
-  min_alpha = _check_real("min_alpha", min_alpha, 0.0, 1.0)
-  p99_margin = _check_real("p99_margin", p99_margin, 0.0)
-  min_gain = _check_real("min_throughput_gain", min_throughput_gain, 0.0)
+  alpha = check_real("alpha", alpha, 0.0, 1.0, allow_nan=True)
+  min_alpha = check_real("min_alpha", min_alpha, 0.0, 1.0)
+  p99_margin = check_real("p99_margin", p99_margin, 0.0)
+  min_gain = check_real("min_throughput_gain", min_throughput_gain, 0.0)
   if context is not None and not isinstance(context, dict):
     raise TypeError(f"context must be a dict or None, got {type(context).__name__}")
   p99_limit = baseline.itl_p99_ms * (1.0 + p99_margin)
@@ -672,85 +437,3 @@ def write_plan(verdict: Verdict, out_dir: str) -> Tuple[str, str]:
   atomic_write_text(md, _plan_markdown(verdict))
   atomic_write_json(js, verdict.to_dict(), ensure_ascii=False)
   return md, js
-
-
-# -----------------------------------------------------------------------------
-# The command line: a built-in tiny random pair.
-# -----------------------------------------------------------------------------
-
-
-DRAFTERS = ("noisy", "small", "prompt_lookup")
-
-
-@functools.lru_cache(maxsize=8)
-def tiny_pair(drafter: str = "noisy", noise: float = 0.15, seed: int = 0, vocab_size: int = 64):
-  """(target, target_params, draft, draft_params): a tiny random `DecoderLM`
-  target (2 layers, width 32) and a drafter: "noisy" its own architecture
-  with perturbed weights (high, varied α), "small" a smaller random model
-  (low α), "prompt_lookup" `drafters.PromptLookup` (no weights)."""
-  from specjax import drafters  # pylint: disable=g-import-not-at-top
-  from specjax.models import decoder as dec_lib  # pylint: disable=g-import-not-at-top
-  if drafter not in DRAFTERS:
-    raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
-  target = dec_lib.DecoderLM(dec_lib.decoder_config("tiny", vocab_size=vocab_size, num_layers=2))
-  key_t, key_d = jax.random.split(jax.random.key(seed))
-  tp = jax.jit(target.init)(key_t)  # one compiled call: eager init is op-by-op slow
-  if drafter == "prompt_lookup":
-    return target, tp, drafters.PromptLookup(max_ngram=3), None
-  if drafter == "small":
-    draft = dec_lib.DecoderLM(dec_lib.decoder_config(
-        "tiny", vocab_size=vocab_size, num_layers=1, d_model=16, num_heads=2, num_kv_heads=1,
-        mlp_dim=32, tie_embeddings=True))
-    return target, tp, draft, jax.jit(draft.init)(key_d)
-  rng = np.random.default_rng(seed + 1)  # on the host: no compilation for a tiny tree
-  noisy = jax.tree_util.tree_map(
-      lambda x: jnp.asarray(np.asarray(x) + noise * np.std(np.asarray(x))
-                            * rng.standard_normal(x.shape), x.dtype), tp)
-  return target, tp, target, noisy
-
-
-def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="python -m specjax.rollout", description=(
-      "Measure a baseline and a drafter on a built-in tiny random pair, gate, write the plan."))
-  ap.add_argument("--batch", type=int, default=4, help="requests decoded together")
-  ap.add_argument("--prompts", type=int, default=8, help="number of prompts")
-  ap.add_argument("--prompt_len", type=int, default=16, help="tokens per prompt")
-  ap.add_argument("--max_new", type=int, default=32, help="tokens generated per request")
-  ap.add_argument("--gamma", type=int, default=4, help="drafts per iteration")
-  ap.add_argument("--drafter", choices=DRAFTERS, default="noisy", help="built-in drafter")
-  ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-  ap.add_argument("--min_alpha", type=float, default=0.55, help="the α gate")
-  ap.add_argument("--p99_margin", type=float, default=0.10, help="allowed P99 ITL regression")
-  ap.add_argument("--min_throughput_gain", type=float, default=0.0,
-                  help="relative tokens/s gain required")
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--out_dir", default=os.path.join("runs", "rollout"),
-                  help="where rollout.md and rollout.json go")
-  return ap
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """The CLI: tiny pair → `measure` → `gate` → `write_plan`; prints the verdict."""
-  a = _parser().parse_args(argv)
-  target, tp, draft, dp = tiny_pair(a.drafter, seed=a.seed)
-  rng = np.random.default_rng(a.seed)
-  half = rng.integers(2, target.vocab_size, size=(a.prompts, max(a.prompt_len // 2, 1)))
-  prompts = np.concatenate([half, half], axis=1)[:, :a.prompt_len]  # repeats: lookup hits
-  m = measure(target, tp, draft, dp, prompts, batch_size=a.batch, max_new_tokens=a.max_new,
-              gamma=a.gamma, sampling=SamplingConfig(a.temperature), seed=a.seed)
-  context = dict(m.context, drafter=f"{a.drafter} ({m.context['drafter']})",
-                 tokens_per_call=round(m.tokens_per_call, 3),
-                 outputs_identical=m.outputs_identical)
-  v = gate(m.baseline, m.candidate, m.alpha, min_alpha=a.min_alpha, p99_margin=a.p99_margin,
-           min_throughput_gain=a.min_throughput_gain, context=context)
-  md, js = write_plan(v, a.out_dir)
-  print(f"{v.verdict}: α {m.alpha:.3f}, P99 ITL {m.baseline.itl_p99_ms:.2f} → "
-        f"{m.candidate.itl_p99_ms:.2f} ms, {m.baseline.tokens_per_s:.0f} → "
-        f"{m.candidate.tokens_per_s:.0f} tokens/s; wrote {md} and {js}")
-  for r in v.reasons:
-    print(f"  - {r}")
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

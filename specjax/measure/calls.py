@@ -1,7 +1,7 @@
 """The fused decode loops' forward passes alone: a baseline for loop overhead.
 
 A fused loop's wall time can exceed the sum of its component times (each
-`model.extend` timed in its own loop, `specjax.bench.timing.step_times`) for
+`model.extend` timed in its own loop, `specjax.measure.timing.step_times`) for
 two different reasons: the loop's decoding logic (verify, commit, stopping,
 statistics, PRNG, the API's host work) and the composition of the components
 into one loop (a draft call that runs right after a target call finds colder
@@ -34,6 +34,7 @@ from typing import Any, Callable, Tuple
 
 import jax
 import jax.numpy as jnp
+from specjax._checks import check_int
 
 __all__ = ["model_call_loop"]
 
@@ -62,8 +63,7 @@ def model_call_loop(target: Any, draft: Any, gamma: int) -> Callable[..., Tuple]
 
   Raises ValueError for a negative `gamma` or a speculative loop without a
   draft."""
-  if not isinstance(gamma, int) or isinstance(gamma, bool) or gamma < 0:
-    raise ValueError(f"gamma must be an int >= 0 (0: autoregressive), got {gamma!r}")
+  gamma = check_int("gamma (0: autoregressive)", gamma, 0)
   if gamma and draft is None:
     raise ValueError(f"a speculative model-call loop (gamma={gamma}) needs a draft model")
 

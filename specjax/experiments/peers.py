@@ -11,18 +11,17 @@ in one process, on the same prompts:
   callable the timing loop calls (`interleaved_times` alternates them);
   `specjax_runner(..., mesh=...)`: the same on a `model`-axis mesh (target
   split Megatron-style, draft replicated: every CPU core on the target);
-* `SpecjaxStream` (jitted `init_state` / `step`, a host timestamp after each
+* `SpecjaxStream` (`specjax.streaming.stream`: a host timestamp after each
   iteration) and `TimingStreamer` (a transformers `BaseStreamer` that
-  timestamps `put`) give token arrival times; `stream_latencies` turns them
-  into TTFT and inter-token gaps: the n + 1 tokens one iteration commits all
-  arrive at its timestamp, so the first has the iteration's gap and the
-  others a gap of 0 — what a client reading the stream sees;
+  timestamps `put`) give token arrival events; `specjax.measure.latency`
+  turns them into TTFT and inter-token latencies (the n + 1 tokens one
+  iteration commits all arrive at its timestamp);
 * `loop_prediction`: autoregressive / speculative wall time predicted from
   the in-graph component times (`bench.timing.step_times`) and the measured
   iterations; measured vs predicted is the loop's overhead;
   `paired_loop_overhead` measures it in rounds, loops and components
   moments apart;
-* `memory_job` (run as `python -m specjax.bench.peers --memory_job
+* `memory_job` (run as `python -m specjax.experiments.peers --memory_job
   JSON`) / `measure_memory`: one system in a fresh process: peak RSS during a
   steady generation call (the kernel's high-water mark reset through
   /proc/self/clear_refs after a warm-up call and a `malloc_trim`) and peak RSS
@@ -39,7 +38,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
-import glob
 import json
 import os
 import statistics
@@ -52,19 +50,26 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax import sharding
-from specjax.bench.timing import StepTimer, floor_step_seconds, now, time_call
-from specjax.bench.calls import model_call_loop
+from specjax.checkpoints.hf_llama import export_hf_decoder
+from specjax.checkpoints.hf_t5 import export_hf_t5
+from specjax.checkpoints.orbax_io import restore_model
+from specjax.data import load_task
+from specjax.drafters import ModelDrafter
+from specjax.experiments.common import find_tokenizer
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
+from specjax.measure.calls import model_call_loop
+from specjax.measure.timing import StepTimer, floor_step_seconds, now, time_call
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
+from specjax.parallel import sharding
 from specjax.sampling import GREEDY
+from specjax.streaming import stream
 
 __all__ = [
     "PairSpec", "Pair", "fallback_spec", "load_pair", "pair_prompts", "Runner", "specjax_runner",
     "HFPair", "hf_runner", "interleaved_times", "SpecjaxStream", "TimingStreamer",
-    "stream_latencies", "latency_summary", "loop_prediction", "overhead_fields",
+    "loop_prediction", "overhead_fields",
     "paired_loop_overhead",
     "memory_job", "measure_memory",
     "cost_growth", "token_agreement",
@@ -164,23 +169,13 @@ def _model_for(config):
   return T5(config) if isinstance(config, T5Config) else DecoderLM(config)
 
 
-def _restore(directory: str, packed: bool = False):
-  """(model, params) from an orbax model directory; `packed`: a decoder's
-  params in the packed decode layout, packed on the host before placement."""
-  from specjax.checkpoints.orbax_io import restore_params
-  params, config = restore_params(directory)
-  model = _model_for(config)
-  if packed and isinstance(model, DecoderLM):
-    params = model.pack_params(jax.tree_util.tree_map(np.asarray, params))
-  return model, jax.tree_util.tree_map(jnp.asarray, params)
-
 
 def load_pair(spec: PairSpec) -> Pair:
   """Restores both models (trained) or initialises them (random, seeded)."""
   packed = spec.kind == "decoder" and spec.packed
   if spec.trained:
-    target, tp = _restore(spec.target_dir, packed)
-    draft, dp = _restore(spec.draft_dir, packed)
+    target, tp = restore_model(spec.target_dir, packed)
+    draft, dp = restore_model(spec.draft_dir, packed)
   else:
     cls = T5Config if spec.kind == "t5" else DecoderConfig
     target = _model_for(cls(**spec.target_config))
@@ -203,25 +198,6 @@ def load_pair(spec: PairSpec) -> Pair:
   return Pair(spec, target, tp, draft, dp)
 
 
-def _find_tokenizer(data_cache: str, prefix: str, vocab_size: int, workdir: str = ""):
-  """The run's own vocabulary (`<workdir>/results/results.json` → vocab.path) if
-  it names one, else the first `<data_cache>/vocab/<prefix>*` of this size."""
-  from specjax.tokenizer import SentencePieceTokenizer
-  hints = []
-  try:
-    with open(os.path.join(workdir, "results", "results.json")) as f:
-      hints.append(json.load(f)["vocab"]["path"])
-  except (OSError, KeyError, TypeError, ValueError):
-    pass
-  pattern = os.path.join(data_cache, "vocab", prefix + "*", "spiece.model")
-  for path in hints + sorted(glob.glob(pattern)):
-    if not os.path.exists(path):
-      continue
-    tok = SentencePieceTokenizer(path, require_t5_ids=False)
-    if tok.vocab_size == vocab_size:
-      return tok, path
-  return None, None
-
 
 def pair_prompts(pair: Pair, n: int, prompt_len: int, data_cache: str = "data_cache",
                  seed: int = 0) -> Tuple[np.ndarray, np.ndarray, str]:
@@ -238,9 +214,8 @@ def pair_prompts(pair: Pair, n: int, prompt_len: int, data_cache: str = "data_ca
   workdir = os.path.dirname(os.path.dirname(os.path.abspath(pair.spec.target_dir or ".")))
   if pair.spec.trained:
     try:
-      from specjax.data import load_task
       if pair.kind == "t5":
-        tok, path = _find_tokenizer(data_cache, "leviathan", vocab, workdir)
+        tok, path = find_tokenizer(data_cache, "leviathan", vocab, workdir)
         if tok is None:
           raise FileNotFoundError(f"no leviathan vocabulary of size {vocab} in {data_cache}")
         rows = []
@@ -249,7 +224,7 @@ def pair_prompts(pair: Pair, n: int, prompt_len: int, data_cache: str = "data_ca
           rows.append(ids[:prompt_len - 1] + [tok.eos_id] if len(ids) > prompt_len else ids)
         source = f"{T5_TASK} test[:{n}], '{T5_PREFIX}' prefix, tokenizer {path}"
       else:
-        tok, path = _find_tokenizer(data_cache, "chen", vocab, workdir)
+        tok, path = find_tokenizer(data_cache, "chen", vocab, workdir)
         if tok is None:
           raise FileNotFoundError(f"no chen vocabulary of size {vocab} in {data_cache}")
         rows = []
@@ -286,84 +261,32 @@ def groups(batch: int, b1_prompts: int) -> List[Tuple[int, int]]:
 # --------------------------------------------------------------------------- streams
 
 
-def stream_latencies(t0: float, events: Sequence[Tuple[float, np.ndarray]]
-                     ) -> Tuple[List[float], List[float]]:
-  """TTFT per row and the pooled inter-token gaps of one stream.
-
-  Args:
-    t0: when the request started (seconds, same clock as the events).
-    events: (timestamp, cumulative tokens `[B]` delivered by then), in order.
-
-  Every token delivered by an event arrives at its timestamp: a row's first
-  token defines its TTFT; each later token's gap is the time since the row's
-  previous arrival (so the 2nd..k-th tokens of one event have gap 0)."""
-  ttft: List[float] = []
-  gaps: List[float] = []
-  prev: Optional[np.ndarray] = None
-  last_t: Dict[int, float] = {}
-  for t, cum in events:
-    cum = np.asarray(cum).reshape(-1)
-    if prev is None:
-      prev = np.zeros_like(cum)
-      ttft = [float("nan")] * cum.size
-    for b in np.nonzero(cum > prev)[0]:
-      new = int(cum[b] - prev[b])
-      if b in last_t:
-        gaps.append(t - last_t[b])
-      else:
-        ttft[b] = t - t0
-      gaps.extend([0.0] * (new - 1))
-      last_t[b] = t
-    prev = cum
-  return ttft, gaps
-
-
-def latency_summary(ttfts: Sequence[float], gaps: Sequence[float]) -> Dict[str, float]:
-  """Median TTFT and the P50 / P99 / mean inter-token latency, in ms."""
-  ttfts = [t for t in ttfts if np.isfinite(t)]
-  out = {"ttft_ms": 1e3 * float(np.median(ttfts)) if ttfts else float("nan")}
-  if gaps:
-    g = np.asarray(gaps)
-    out.update(itl_p50_ms=1e3 * float(np.percentile(g, 50)),
-               itl_p99_ms=1e3 * float(np.percentile(g, 99)), itl_mean_ms=1e3 * float(g.mean()))
-  else:
-    out.update(itl_p50_ms=float("nan"), itl_p99_ms=float("nan"), itl_mean_ms=float("nan"))
-  return out
-
-
 class SpecjaxStream:
-  """Decodes with jitted `init_state` and `step` (caches and state donated),
-  fetching the committed tokens to the host after each iteration, as a
-  streaming server would. `gamma` 0: autoregressive."""
+  """One configuration of a pair decoded through `specjax.streaming.stream`
+  (jitted `init_state` / `step`, caches and state donated, the committed
+  tokens fetched to the host after each iteration, as a streaming server
+  would). `gamma` 0: autoregressive."""
 
   def __init__(self, pair: Pair, gamma: int, max_new: int, cache_len: int):
     self.pair, self.gamma, self.max_new, self.cache_len = pair, gamma, max_new, cache_len
     if gamma == 0:
-      dec = AutoregressiveDecoder(pair.target, GREEDY, max_new)
-      self._init = jax.jit(lambda tp, dp, x, n, k, tc, dc: dec.init_state(tp, x, n, k, tc),
-                           donate_argnums=(5,))
-      self._step = jax.jit(lambda tp, dp, s: dec.step(tp, s), donate_argnums=(2,))
+      self.decoder = AutoregressiveDecoder(pair.target, GREEDY, max_new)
     else:
-      dec = SpeculativeDecoder(pair.target, pair.draft, gamma, GREEDY, max_new)
-      self._init = jax.jit(dec.init_state, donate_argnums=(5, 6))
-      self._step = jax.jit(dec.step, donate_argnums=(2,))
+      self.decoder = SpeculativeDecoder(pair.target, ModelDrafter(pair.draft), gamma, GREEDY,
+                                        max_new)
 
   def run(self, prompts: np.ndarray, lengths: np.ndarray):
     """One request. Returns (t0, events, tokens `[B, N]`)."""
     p = self.pair
     b, plen = prompts.shape
-    t0 = now()
     tc = p.target.init_cache(b, self.cache_len, plen)
-    dc = p.draft.init_cache(b, self.cache_len, plen) if self.gamma else None
+    kw = {}
+    if self.gamma:
+      kw = dict(draft_params=p.dp, draft_cache=p.draft.init_cache(b, self.cache_len, plen))
     keys = jax.random.split(jax.random.key(0), b)
-    state = self._init(p.tp, p.dp, jnp.asarray(prompts), jnp.asarray(lengths), keys, tc, dc)
-    out_len, done, tokens = jax.device_get((state.out_len, state.done, state.tokens))
-    events = [(now(), out_len)]
-    while not done.all():
-      state = self._step(p.tp, p.dp, state)
-      out_len, done, tokens = jax.device_get((state.out_len, state.done, state.tokens))
-      events.append((now(), out_len))
-    return t0, events, np.asarray(tokens)[:, :self.max_new]
+    res = stream(self.decoder, p.tp, jnp.asarray(prompts), jnp.asarray(lengths), keys, tc,
+                 clock=now, **kw)
+    return res.start, res.events, res.tokens_BN
 
 
 try:
@@ -482,7 +405,7 @@ def specjax_runner(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, row_gro
 
 
 class HFPair:
-  """The pair exported with `export_hf_t5` / `export_hf_llama` and loaded by
+  """The pair exported with `export_hf_t5` / `export_hf_decoder` and loaded by
   transformers (float32, eval mode), EOS disabled so every system generates
   exactly N tokens."""
 
@@ -496,11 +419,9 @@ class HFPair:
     self.dirs = {"target": os.path.join(directory, "target"),
                  "draft": os.path.join(directory, "draft")}
     if pair.kind == "t5":
-      from specjax.checkpoints.hf_t5 import export_hf_t5 as export
-      cls = transformers.T5ForConditionalGeneration
+      cls, export = transformers.T5ForConditionalGeneration, export_hf_t5
     else:
-      from specjax.checkpoints.hf_llama import export_hf_llama as export
-      cls = transformers.LlamaForCausalLM
+      cls, export = transformers.LlamaForCausalLM, export_hf_decoder
     for (name, folder), (model, params) in zip(self.dirs.items(),
                                                ((pair.target, pair.tp), (pair.draft, pair.dp))):
       if not os.path.exists(os.path.join(folder, "config.json")):
@@ -882,7 +803,7 @@ def measure_memory(job: Dict[str, Any], timeout_s: float = 600) -> Dict[str, Any
   env = dict(os.environ)
   env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
   env.setdefault("JAX_PLATFORMS", "cpu")
-  cmd = [sys.executable, "-m", "specjax.bench.peers", "--memory_job", json.dumps(job)]
+  cmd = [sys.executable, "-m", "specjax.experiments.peers", "--memory_job", json.dumps(job)]
   try:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
   except subprocess.TimeoutExpired:
@@ -957,4 +878,4 @@ if __name__ == "__main__":
   if len(sys.argv) == 3 and sys.argv[1] == "--memory_job":
     print(json.dumps(memory_job(json.loads(sys.argv[2]))))
   else:
-    sys.exit("usage: python -m specjax.bench.peers --memory_job JSON")
+    sys.exit("usage: python -m specjax.experiments.peers --memory_job JSON")

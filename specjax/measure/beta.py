@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from numpy.typing import ArrayLike
 
-from specjax.api import required_cache_len
+from specjax.protocol import required_cache_len
 from specjax.sampling import SamplingConfig, process_logits
 
 __all__ = ["position_distributions", "measure_beta", "alpha_vs_kl"]

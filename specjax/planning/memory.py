@@ -1,69 +1,52 @@
-"""Running on accelerators, one host or many: the memory plan, the mesh, processes, logs.
+"""The memory plan: the bytes each device of a mesh holds, before anything is loaded.
 
 * `memory_plan` counts, before any weight is loaded, the bytes each device of
   a (`data`, `model`) mesh holds: the target's params, its KV cache, the
   draft's (replicated on every device unless split like the target), and an
   estimate of one call's activations. The parameter and cache layouts are
-  exactly those `specjax.sharding` gives them (`param_spec`, `cache_spec`):
-  the shapes come from `jax.eval_shape` of the model's `init` / `init_cache`,
-  nothing is allocated.
+  exactly those `specjax.parallel.sharding` gives them (`param_spec`,
+  `cache_spec`): the shapes come from `jax.eval_shape` of the model's `init` /
+  `init_cache`, nothing is allocated.
 * `device_memory_bytes` reads a device's capacity where the backend reports
   it (`memory_stats()["bytes_limit"]`: GPU, TPU; not the CPU backend);
   `check_fits` refuses a plan that exceeds it, naming the mesh and the
-  shortfall; `choose_mesh` picks the fewest model-axis devices that fit.
-* `initialize_distributed` / `is_main_process`: one process per host
-  (`jax.distributed`); only process 0 writes results and logs progress.
-* `ScalarWriter`: TensorBoard scalars (events files written by tensorboardX),
-  on process 0 only. `profile_decode` / `maybe_profile`: a `jax.profiler`
-  trace of a few decode iterations.
+  shortfall. `specjax.planning.mesh.choose_mesh` picks a mesh with it.
 
 Example (before loading a 70B target on 8 accelerators):
 
   capacity = device_memory_bytes()
-  data, model = choose_mesh(target_cfg, draft_cfg, num_devices=jax.device_count(),
-                            batch_size=8, cache_len=2048, capacity_bytes=capacity)
-  print(memory_plan(target_cfg, draft_cfg, mesh_shape=(data, model), batch_size=8,
-                    cache_len=2048).describe(capacity))
-  mesh = specjax.sharding.make_mesh(data, model)
+  plan = memory_plan(target_cfg, draft_cfg, mesh_shape=(1, 8), batch_size=8, cache_len=2048)
+  print(plan.describe(capacity))
 
 Bytes are reported in decimal units (1 GB = 10**9 bytes).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import numbers
-import os
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Optional, Sequence, Tuple, Union
 
 import jax
 import numpy as np
 from jax.sharding import AbstractMesh
 
+from specjax._checks import check_int
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
-from specjax.sharding import DATA, MODEL, cache_spec, param_spec
+from specjax.parallel.sharding import DATA, MODEL, cache_spec, param_spec
 
-__all__ = ["MemoryPlan", "memory_plan", "device_memory_bytes", "check_fits", "choose_mesh",
-           "initialize_distributed", "is_main_process", "ScalarWriter", "profile_decode",
-           "maybe_profile", "format_bytes"]
+__all__ = ["MemoryPlan", "memory_plan", "device_memory_bytes", "check_fits", "format_bytes",
+           "mesh_pair"]
 
 ModelConfig = Union[DecoderConfig, T5Config]
-MeshChoice = Union[str, Tuple[int, int]]
 
 # Activation estimate: buffers of one call alive at once (see `memory_plan`).
 _HIDDEN_BUFFERS = 4   # residual stream, its normed copy, attention output, the call's input
 _MLP_BUFFERS = 3      # gate, up and their product (relu MLPs: fewer, counted the same)
 _SCORE_BUFFERS = 2    # float32 attention scores and their softmax, one layer at a time
-
-
-def _check_int(name: str, value: Any, minimum: int = 1) -> int:
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-    raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-  return int(value)
 
 
 def format_bytes(n: float) -> str:
@@ -236,7 +219,8 @@ class MemoryPlan:
     return "\n".join(lines)
 
 
-def _mesh_pair(mesh_shape: Any, name: str = "mesh_shape") -> Tuple[int, int]:
+def mesh_pair(mesh_shape: Any, name: str = "mesh_shape") -> Tuple[int, int]:
+  """A (data, model) pair of ints >= 1, checked."""
   if not isinstance(mesh_shape, (tuple, list)) or len(mesh_shape) != 2:
     raise ValueError(f"{name} must be a (data, model) pair of ints >= 1, got {mesh_shape!r}")
   if any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1
@@ -258,7 +242,7 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
     batch_size: B rows, split over `data` where it divides.
     cache_len: S, the slots of each cache.
     draft_sharded: the draft is split like the target (False: replicated,
-      `specjax.sharding.replicate`).
+      `specjax.parallel.sharding.replicate`).
     activation_tokens: T, the tokens of the largest call (default: the
       context, `max(cache_len, prompt_len)`, an upper bound: a prefill of a
       prompt that fills the cache; a verification call is gamma + 1).
@@ -266,7 +250,7 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
       (default: cache_len); unused by decoders.
 
   Params: every leaf's shape from `jax.eval_shape(model.init)` in
-  `param_dtype`, split as `specjax.sharding.param_spec` splits it over
+  `param_dtype`, split as `specjax.parallel.sharding.param_spec` splits it over
   `model` (q/k/v/o over heads, MLP hidden units, the lm_head over the
   vocabulary; embeddings and norms, and any axis the model axis does not
   divide, replicated). Caches: `init_cache`'s buffers in `dtype` laid out by
@@ -290,15 +274,15 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
   """
   target = _as_config(target_config, "target_config")
   draft = None if draft_config is None else _as_config(draft_config, "draft_config")
-  data, model = _mesh_pair(mesh_shape)
-  batch_size = _check_int("batch_size", batch_size)
-  cache_len = _check_int("cache_len", cache_len)
-  prompt_len = cache_len if prompt_len is None else _check_int("prompt_len", prompt_len)
+  data, model = mesh_pair(mesh_shape)
+  batch_size = check_int("batch_size", batch_size, 1)
+  cache_len = check_int("cache_len", cache_len, 1)
+  prompt_len = cache_len if prompt_len is None else check_int("prompt_len", prompt_len, 1)
   if not isinstance(draft_sharded, bool):
     raise ValueError(f"draft_sharded must be a bool, got {draft_sharded!r}")
   context = max(cache_len, prompt_len)
-  tokens = context if activation_tokens is None else _check_int("activation_tokens",
-                                                                 activation_tokens)
+  tokens = context if activation_tokens is None else check_int("activation_tokens",
+                                                                activation_tokens, 1)
 
   def components(mesh: AbstractMesh, draft_mesh: AbstractMesh) -> Tuple[int, ...]:
     acts = [_activation_bytes(target, mesh, batch_size, tokens, context)]
@@ -346,7 +330,7 @@ def check_fits(plan: MemoryPlan, capacity_bytes: Optional[int]) -> Optional[int]
     raise TypeError(f"plan must be a MemoryPlan, got {type(plan).__name__}")
   if capacity_bytes is None:
     return None
-  capacity_bytes = _check_int("capacity_bytes", capacity_bytes)
+  capacity_bytes = check_int("capacity_bytes", capacity_bytes, 1)
   spare = capacity_bytes - plan.per_device_bytes
   if spare < 0:
     what = "the target and draft do not" if plan.has_draft else "the target does not"
@@ -355,190 +339,3 @@ def check_fits(plan: MemoryPlan, capacity_bytes: Optional[int]) -> Optional[int]
         f"needed, {format_bytes(capacity_bytes)} available (short by {format_bytes(-spare)}); "
         "use more model-axis devices (config.mesh) or a smaller batch / cache")
   return spare
-
-
-def _divisors(n: int) -> Tuple[int, ...]:
-  return tuple(d for d in range(1, n + 1) if n % d == 0)
-
-
-def _data_axis(batch_size: int, devices: int) -> int:
-  """The largest divisor of `batch_size` that is <= `devices`: every data
-  shard gets whole rows (a data axis that does not divide the batch
-  replicates it, and with it the caches, gaining no memory)."""
-  return max(d for d in _divisors(batch_size) if d <= devices)
-
-
-def choose_mesh(target_config: Any, draft_config: Any = None, *, num_devices: int,
-                batch_size: int, cache_len: int, capacity_bytes: Optional[int],
-                mesh: MeshChoice = "auto", draft_sharded: bool = False,
-                activation_tokens: Optional[int] = None,
-                prompt_len: Optional[int] = None) -> Tuple[int, int]:
-  """The (data, model) axis sizes to run on.
-
-  mesh="auto": the fewest model-axis devices that fit. Model axis sizes are
-  the divisors of `num_devices`, smallest first (one the heads do not divide
-  still counts: those kernels are then replicated, as the plan accounts);
-  for each, data is the largest divisor of `batch_size` that is at most
-  `num_devices // model` (so rows split evenly; devices left over are not
-  used), and the first whose `memory_plan` fits `capacity_bytes` wins. With
-  the capacity unknown (CPU), model = 1 and data as above. When even the
-  largest model axis does not fit, a ValueError names that mesh and the
-  shortfall.
-
-  mesh=(data, model): validated (ints >= 1, data * model <= num_devices)
-  and, when the capacity is known, checked with `check_fits`.
-  """
-  num_devices = _check_int("num_devices", num_devices)
-  batch_size = _check_int("batch_size", batch_size)
-  if capacity_bytes is not None:
-    capacity_bytes = _check_int("capacity_bytes", capacity_bytes)
-  plan = functools.partial(memory_plan, target_config, draft_config, batch_size=batch_size,
-                           cache_len=cache_len, draft_sharded=draft_sharded,
-                           activation_tokens=activation_tokens, prompt_len=prompt_len)
-  if isinstance(mesh, str):
-    if mesh != "auto":
-      raise ValueError(f"mesh must be 'auto' or a (data, model) pair of ints >= 1, got {mesh!r}")
-    if capacity_bytes is None:
-      plan(mesh_shape=(1, 1))  # validates the configs and sizes
-      return _data_axis(batch_size, num_devices), 1
-    last = None
-    for model in _divisors(num_devices):
-      last = plan(mesh_shape=(_data_axis(batch_size, num_devices // model), model))
-      if last.per_device_bytes <= capacity_bytes:
-        return last.mesh_shape
-    try:
-      check_fits(last, capacity_bytes)
-    except ValueError as e:
-      raise ValueError(f"no mesh of {num_devices} device(s) fits; with the largest model "
-                       f"axis, {e}") from None
-    raise AssertionError("unreachable: the last plan did not fit")
-  data, model = _mesh_pair(mesh, "mesh")
-  if data * model > num_devices:
-    raise ValueError(f"mesh data={data} x model={model} needs {data * model} devices, "
-                     f"{num_devices} are available")
-  check_fits(plan(mesh_shape=(data, model)), capacity_bytes)
-  return data, model
-
-
-# Processes.
-
-
-def _distributed_initialized() -> bool:
-  is_initialized = getattr(jax.distributed, "is_initialized", None)
-  if is_initialized is not None:
-    return bool(is_initialized())
-  from jax._src import distributed  # older jax: no public query
-  return distributed.global_state.client is not None
-
-
-def initialize_distributed(enabled: bool, **kwargs: Any) -> bool:
-  """`jax.distributed.initialize(**kwargs)` when `enabled` (one process per
-  host; on managed clusters — TPU pods, SLURM — the arguments are found by
-  jax itself). Idempotent: a second call, or one after jax was initialised
-  elsewhere, does nothing. Returns whether this call initialised it."""
-  if not isinstance(enabled, bool):
-    raise ValueError(f"enabled (config.distributed) must be a bool, got {enabled!r}")
-  if not enabled or _distributed_initialized():
-    return False
-  jax.distributed.initialize(**kwargs)
-  return True
-
-
-def is_main_process() -> bool:
-  """Whether this process writes results and logs progress (process 0)."""
-  return jax.process_index() == 0
-
-
-# TensorBoard scalars.
-
-
-class ScalarWriter:
-  """TensorBoard scalars in `logdir` (an `events.out.tfevents.*` file written
-  by tensorboardX), beside an experiment's JSONL logs. Only the main process
-  writes; on the others (or with `enabled=False`) every method is a no-op.
-
-  Example:
-    with ScalarWriter(os.path.join(workdir, "tb")) as tb:
-      tb.write(step, {"tokens_per_s": 812.5, "acceptance": 0.71})
-  """
-
-  def __init__(self, logdir: str, *, enabled: Optional[bool] = None, flush_secs: float = 30.0):
-    if not isinstance(logdir, (str, os.PathLike)) or not str(logdir):
-      raise ValueError(f"logdir must be a non-empty path, got {logdir!r}")
-    self.logdir = os.fspath(logdir)
-    self.enabled = is_main_process() if enabled is None else bool(enabled)
-    self._writer = None
-    self._closed = False
-    if self.enabled:
-      try:
-        from tensorboardX import SummaryWriter
-      except ImportError as e:
-        raise ImportError("ScalarWriter needs tensorboardX: pip install tensorboardX") from e
-      self._writer = SummaryWriter(self.logdir, flush_secs=flush_secs)
-
-  def write(self, step: int, scalars: Mapping[str, Any]) -> None:
-    """Adds each `{name: value}` (a number or a scalar array) at `step`."""
-    if self._closed:
-      raise ValueError(f"ScalarWriter({self.logdir!r}) is closed")
-    step = _check_int("step", step, minimum=0)
-    if not isinstance(scalars, Mapping):
-      raise ValueError(f"scalars must be a mapping of name to number, got {scalars!r}")
-    values = {}
-    for name, value in scalars.items():
-      if not isinstance(name, str) or not name:
-        raise ValueError(f"scalar names must be non-empty strings, got {name!r}")
-      try:
-        values[name] = float(np.asarray(value).item())
-      except (TypeError, ValueError):
-        raise ValueError(f"scalar {name!r} must be a number or a one-element array, "
-                         f"got {value!r}") from None
-    if self._writer is not None:
-      for name, value in values.items():
-        self._writer.add_scalar(name, value, global_step=step)
-
-  def flush(self) -> None:
-    if self._writer is not None:
-      self._writer.flush()
-
-  def close(self) -> None:
-    """Flushes and closes the events file (idempotent)."""
-    if self._writer is not None and not self._closed:
-      self._writer.close()
-    self._closed = True
-
-  def __enter__(self) -> "ScalarWriter":
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.close()
-
-
-# Profiling.
-
-
-@contextlib.contextmanager
-def maybe_profile(logdir: Optional[str], enabled: bool = True) -> Iterator[None]:
-  """`jax.profiler.trace(logdir)` around the block when `enabled` (and a
-  logdir is given); otherwise nothing. The trace lands in
-  `<logdir>/plugins/profile/<run>/` (TensorBoard's profile plugin, or
-  Perfetto, reads it)."""
-  if not enabled or logdir is None:
-    yield
-    return
-  with jax.profiler.trace(os.fspath(logdir)):
-    yield
-
-
-def profile_decode(fn: Callable[[], Any], logdir: str, steps: int = 3) -> Any:
-  """Calls `fn()` `steps` times under a `jax.profiler` trace written to
-  `logdir`, waiting for each result (so the trace holds the device work);
-  returns the last result. Call `fn` once before to keep compilation out
-  of the trace."""
-  if not callable(fn):
-    raise ValueError(f"fn must be callable, got {fn!r}")
-  steps = _check_int("steps (config.profile_steps)", steps)
-  out = None
-  with maybe_profile(logdir, True):
-    for _ in range(steps):
-      out = jax.block_until_ready(fn())
-  return out

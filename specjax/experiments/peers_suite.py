@@ -3,7 +3,7 @@ every pair, derives ratios, checks the goals, writes the markdown.
 
 `run_suite(SuiteConfig(...))` returns one JSON-able dict; `to_markdown` turns
 it into the report; `goals` computes the pass/fail lines. Measurement
-pieces live in `specjax.bench.peers`.
+pieces live in `specjax.experiments.peers`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from specjax.bench import peers as bp
-from specjax import sharding, theory
-from specjax.analysis import measure_beta
-from specjax.bench.timing import count_params, now, step_times
+from specjax import theory
+from specjax.experiments import peers as bp
+from specjax.measure.beta import measure_beta
+from specjax.measure.latency import emission_times, latency_stats
+from specjax.measure.timing import count_params, now, step_times
+from specjax.parallel import sharding
 from specjax.sampling import SamplingConfig
 
 __all__ = ["SuiteConfig", "run_suite", "run_pair", "goals", "to_markdown", "QUICK", "SMOKE"]
@@ -187,17 +189,27 @@ def _specjax_rows(pair, runners, streams, tt, td, prefill_t, prefill_d, cfg, bat
   return rows
 
 
+def _latency_summary(requests) -> Dict[str, float]:
+  """Median TTFT and the P50 / P99 / mean inter-token latency (ms) of streamed
+  requests `[(start, events)]` (`specjax.measure.latency`); NaN without any."""
+  times, arrivals = [], []
+  for start, events in requests:
+    rows = emission_times(events)
+    times += rows
+    arrivals += [start] * len(rows)
+  keys = ("ttft_ms", "itl_p50_ms", "itl_p99_ms", "itl_mean_ms")
+  if not any(len(t) > 1 for t in times):
+    return dict.fromkeys(keys, float("nan"))
+  stats = latency_stats([t for t in times if t], [a for a, t in zip(arrivals, times) if t])
+  return {k: getattr(stats, k) for k in keys}
+
+
 def _hf_rows(runners, reference, cfg, batch, n_groups):
   rows = []
   for r in runners:
     if r.framework != "transformers":
       continue
     med = r.last["median_s"]
-    ttfts, gaps = [], []
-    for t0, events in r.latency_events:
-      a, g = bp.stream_latencies(t0, events)
-      ttfts += a
-      gaps += g
     its = sum(r.last["stats"]["iterations"])
     mode = r.system.split()[-1]
     row = dict(system=r.system, framework="transformers", batch=batch, gamma=r.gamma,
@@ -206,7 +218,7 @@ def _hf_rows(runners, reference, cfg, batch, n_groups):
                runs=r.last["runs"], first_s=r.last["first_s"],
                warmup_s=max(r.last["first_s"] - med, 0.0),
                agreement=bp.token_agreement(r.last["tokens"], reference),
-               **bp.latency_summary(ttfts, gaps))
+               **_latency_summary(r.latency_events))
     if mode in ("assisted", "lookup"):
       row["tokens_per_iteration"] = (cfg.max_new - 1) * n_groups / its if its else float("nan")
     rows.append(row)
@@ -222,19 +234,17 @@ def _streams(pair, gammas, prompts, lengths, row_groups, cfg, cache_len, referen
     for a, b in row_groups:
       stream.run(prompts[a:b], lengths[a:b])
     first = now() - t0
-    ttfts, gaps, totals, toks = [], [], [], []
+    requests, totals, toks = [], [], []
     for _ in range(cfg.stream_repeats):
       t0 = now()
       toks = []
       for a, b in row_groups:
         start, events, tokens = stream.run(prompts[a:b], lengths[a:b])
-        x, y = bp.stream_latencies(start, events)
-        ttfts += x
-        gaps += y
+        requests.append((start, events))
         toks.append(tokens)
       totals.append(now() - t0)
     rows_total = sum(b - a for a, b in row_groups)
-    out[g] = dict(bp.latency_summary(ttfts, gaps),
+    out[g] = dict(_latency_summary(requests),
                   stream_tokens_per_s=rows_total * cfg.max_new / _median(totals),
                   stream_compile_s=max(first - _median(totals), 0.0),
                   stream_identical=bool(np.array_equal(np.concatenate(toks), reference)))
@@ -314,7 +324,7 @@ def measured_alpha(pair, prompts, lengths, tokens) -> float:
   """The pair's α = E[β] (Leviathan et al.'s α) over the target's greedy
   `tokens` `[R, N]` of prompts 0..R−1: the share of those positions where the
   draft's argmax, teacher-forced on the same prefix, equals the target's
-  (`analysis.measure_beta` at temperature 0). Unlike accepted / drafted it
+  (`specjax.measure.beta.measure_beta` at temperature 0). Unlike accepted / drafted it
   counts every position, including those after a rejection."""
   rows, n = tokens.shape
   beta, mask = measure_beta(pair.target, pair.tp, pair.draft, pair.dp,
@@ -948,7 +958,7 @@ def to_markdown(results: Dict[str, Any]) -> str:
                 "median of the rounds' overheads; the predicted, measured and AR / SP ovh "
                 "columns are medians of their own, so their ratio need not equal it. "
                 "Each round also times both loops' model calls alone "
-                "(`specjax.bench.calls.model_call_loop`: the same calls in the same "
+                "(`specjax.measure.calls.model_call_loop`: the same calls in the same "
                 "order for the same requests and iteration counts, without verify, commit, "
                 "stopping, statistics or the API's host work), which splits the overhead: "
                 "logic = model-call speedup / measured − 1 (the decoding logic), composition = "
@@ -962,7 +972,7 @@ def to_markdown(results: Dict[str, Any]) -> str:
     if mp:
       lines += ["### Every core on the target: model-parallel rows", "",
                 "The target's params split over a `model` mesh axis of one CPU device per core "
-                "(`specjax.sharding.shard_params`: heads, MLP units and vocabulary Megatron-style; "
+                "(`specjax.parallel.sharding.shard_params`: heads, MLP units and vocabulary Megatron-style; "
                 "XLA inserts the all-reduces), the draft replicated on every device "
                 "(`sharding.replicate`), the caches placed likewise and allocated inside each "
                 "timed call. Timed in the same interleaved rounds as every other batch-1 "

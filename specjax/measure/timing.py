@@ -10,9 +10,6 @@ helpers only make the measurements consistent:
   decoding loop runs it), so neither the prefill nor dispatch is counted;
   `StepTimer` builds those loops once and measures them in rounds, between
   other timings.
-* `predicted_speedup`: the speedup the measured component times and the
-  measured tokens per iteration predict; measured / predicted is the loop
-  overhead.
 
 Every timing in specjax reads one clock, `now()` (`time.perf_counter`
 unless `use_clock` injects another): tests rig it — a fake clock that the
@@ -31,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 __all__ = ["now", "use_clock", "time_call", "step_times", "StepTimer", "floor_step_seconds",
-           "step_times_side_by_side", "prefill_seconds", "predicted_speedup", "count_params",
+           "step_times_side_by_side", "prefill_seconds", "count_params",
            "cache_step_times"]
 
 
@@ -238,13 +235,6 @@ def prefill_seconds(model, params, batch_size: int, cache_len: int, prompt_len: 
   fn = jax.jit(lambda params, cache: model.prefill(params, prompt, lengths, cache)[0])
   cache = model.init_cache(batch_size, cache_len, prompt_len)
   return time_call(lambda: fn(params, cache), repeats=5)["median_s"]
-
-
-def predicted_speedup(tokens_per_iteration: float, gamma: int, t_draft_s: float,
-                      t_verify_s: float, t_target_s: float) -> float:
-  """Autoregressive time per token / speculative time per token predicted from
-  component times: tokens_per_iteration * t_target / (gamma * t_draft + t_verify)."""
-  return tokens_per_iteration * t_target_s / (gamma * t_draft_s + t_verify_s)
 
 
 def count_params(params) -> int:

@@ -1,0 +1,118 @@
+"""Argument checks shared by every entry point of specjax: one rule everywhere.
+
+A value of the wrong type is a `TypeError`, a value of the right type outside
+its range a `ValueError`; both name the argument, the value and what is
+allowed. `bool` is not an integer here (`True` is no batch size), numpy
+integer and floating scalars are accepted. Array-valued arguments of the
+closed forms (`specjax.theory`) broadcast and are checked there.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = ["check_int", "check_optional_int", "check_real", "check_optional_real",
+           "check_bool", "is_concrete", "check_prompts"]
+
+
+def _range_text(minimum, maximum, lo_open=False, hi_open=False) -> str:
+  if maximum is None or maximum == math.inf:
+    return f"> {minimum:g}" if lo_open else f">= {minimum:g}"
+  if minimum is None or minimum == -math.inf:
+    return f"< {maximum:g}" if hi_open else f"<= {maximum:g}"
+  return f"in {'(' if lo_open else '['}{minimum:g}, {maximum:g}{')' if hi_open else ']'}"
+
+
+def check_int(name: str, value: Any, minimum: Optional[int] = None,
+              maximum: Optional[int] = None) -> int:
+  """`value` as an int in [minimum, maximum] (either bound may be None)."""
+  allowed = "an int" + ("" if minimum is None and maximum is None else
+                        " " + _range_text(-math.inf if minimum is None else minimum,
+                                          math.inf if maximum is None else maximum))
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
+  if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+    raise ValueError(f"{name} must be {allowed}, got {value!r}")
+  return int(value)
+
+
+def check_optional_int(name: str, value: Any, minimum: Optional[int] = None,
+                       maximum: Optional[int] = None) -> Optional[int]:
+  """None, or `check_int`."""
+  return None if value is None else check_int(name, value, minimum, maximum)
+
+
+def check_real(name: str, value: Any, minimum: float = -math.inf, maximum: float = math.inf, *,
+               lo_open: bool = False, hi_open: bool = False, allow_nan: bool = False) -> float:
+  """`value` as a finite float in [minimum, maximum] (`lo_open` / `hi_open`:
+  the bound itself excluded; `allow_nan`: NaN passes, meaning "unknown")."""
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+  v = float(value)
+  if allow_nan and math.isnan(v):
+    return v
+  ok = (math.isfinite(v) and (v > minimum if lo_open else v >= minimum)
+        and (v < maximum if hi_open else v <= maximum))
+  if not ok:
+    raise ValueError(f"{name} must be a finite number "
+                     f"{_range_text(minimum, maximum, lo_open, hi_open)}, got {value!r}")
+  return v
+
+
+def check_optional_real(name: str, value: Any, minimum: float = -math.inf,
+                        maximum: float = math.inf, **kw) -> Optional[float]:
+  """None, or `check_real`."""
+  return None if value is None else check_real(name, value, minimum, maximum, **kw)
+
+
+def check_bool(name: str, value: Any) -> bool:
+  """`value` as a bool (True / False only, numpy's included)."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+  return bool(value)
+
+
+def is_concrete(x: Any) -> bool:
+  """Whether `x`'s values can be read on this host for a check: not a tracer,
+  and not a global array spanning other processes' devices (multi-host:
+  such checks are skipped; the jitted computation is the same)."""
+  return (not isinstance(x, jax.core.Tracer)
+          and getattr(x, "is_fully_addressable", True))
+
+
+def check_prompts(prompts: Any, prompt_lengths: Any = None) -> Tuple[jax.Array, jax.Array]:
+  """Right-padded prompts `[B, P]` of integer ids and their lengths `[B]` in
+  [1, P] (default: all P), as int32 arrays; named errors otherwise."""
+  if not hasattr(prompts, "shape") or not hasattr(prompts, "dtype"):
+    prompts = np.asarray(prompts)
+  if prompts.ndim != 2:
+    raise ValueError(f"prompts must be 2-D [batch, prompt_len], got shape {tuple(prompts.shape)}")
+  if not jnp.issubdtype(prompts.dtype, jnp.integer):
+    raise TypeError(f"prompts must hold integer token ids, got dtype {prompts.dtype}")
+  b, p = prompts.shape
+  if b < 1 or p < 1:
+    raise ValueError(f"prompts must have batch >= 1 and length >= 1, got shape {(b, p)}")
+  if prompt_lengths is None:
+    prompt_lengths = np.full((b,), p, np.int32)
+  if not hasattr(prompt_lengths, "shape"):
+    prompt_lengths = np.asarray(prompt_lengths)
+  if prompt_lengths.ndim != 1 or prompt_lengths.shape[0] != b:
+    raise ValueError(
+        f"prompt_lengths must have shape [batch] = ({b},) to match prompts {(b, p)}, "
+        f"got {tuple(prompt_lengths.shape)}")
+  if not jnp.issubdtype(prompt_lengths.dtype, jnp.integer):
+    raise TypeError(f"prompt_lengths must be integers, got dtype {prompt_lengths.dtype}")
+  if is_concrete(prompt_lengths):
+    lens = np.asarray(prompt_lengths)
+    bad = np.nonzero((lens < 1) | (lens > p))[0]
+    if bad.size:
+      raise ValueError(
+          f"prompt_lengths must lie in [1, {p}] (the padded prompt length); row {bad[0]} "
+          f"has {lens[bad[0]]} ({bad.size} rows out of range)")
+  return jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32)

@@ -1,0 +1,50 @@
+"""Loading trained draft heads: Medusa heads and EAGLE heads.
+
+A run of `experiments/train_drafter.py` writes the heads to `<dir>/final`
+(orbax params + `config.json`, and Medusa's validation `accuracy.json`);
+these load from `<dir>` itself or from `<dir>/final`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+
+from specjax.checkpoints.orbax_io import restore_params
+from specjax.models.eagle_head import EagleConfig
+from specjax.models.medusa_head import MedusaConfig
+
+__all__ = ["final_dir", "load_medusa_heads", "load_eagle_head"]
+
+
+def final_dir(directory: str) -> str:
+  """`directory` when it holds a saved model (`config.json`), else `directory/final`."""
+  if os.path.exists(os.path.join(directory, "config.json")):
+    return directory
+  return os.path.join(directory, "final")
+
+
+def load_medusa_heads(directory: str) -> Tuple[MedusaConfig, Dict[str, Any], Optional[np.ndarray]]:
+  """(config, params, top-k accuracy `[K, R]` or None) from `<dir>` or `<dir>/final`."""
+  d = final_dir(directory)
+  params, config = restore_params(d)
+  if not isinstance(config, MedusaConfig):
+    raise ValueError(f"{d} holds a {type(config).__name__}, not Medusa heads")
+  acc = None
+  path = os.path.join(d, "accuracy.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      acc = np.asarray(json.load(f)["topk_accuracy"])
+  return config, params, acc
+
+
+def load_eagle_head(directory: str) -> Tuple[EagleConfig, Dict[str, Any]]:
+  """(config, params) of a trained EAGLE head from `<dir>` or `<dir>/final`."""
+  d = final_dir(directory)
+  params, config = restore_params(d)
+  if not isinstance(config, EagleConfig):
+    raise ValueError(f"{d} holds a {type(config).__name__}, not an EAGLE head")
+  return config, params

@@ -1,0 +1,190 @@
+"""The EAGLE head network (Li et al. 2024: EAGLE-1; 2025: EAGLE-3): one decoder
+layer over the target's features, shared by the drafter
+(`specjax.drafters.eagle`) and its trainer (`specjax.training.eagle`).
+
+The head's input at position t is the pair (f_t, x_{t+1}) — the target's
+feature at t and the embedding of the next token (the target's frozen
+embedding), fused by `fc: [2E] → E` (`pair_inputs`) — and its output a
+prediction of the next feature; the target's frozen LM head turns it into
+draft logits (`head_logits`). EAGLE-1's feature is the target's final-normed
+state; EAGLE-3 fuses the outputs of several target blocks (`fuse_features`)
+and normalises its output before the LM head. The layer is `qkv` → `attend`
+(over any number of key / value sources) → `finish` (output projection,
+residual, SwiGLU MLP).
+
+Shapes: B batch, T positions, S key slots, H heads, D head dim, E target
+width, X the target's feature width (E, or len(feature_layers) * E).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from specjax._checks import check_int
+from specjax.models.layers import apply_rope
+from specjax.models.medusa_head import target_lm_head
+
+__all__ = ["EagleConfig", "init_eagle", "shared_weights", "fuse_features", "pair_inputs", "qkv",
+           "attend", "finish", "head_logits"]
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  """The head's shape.
+
+  Attributes:
+    d_model: E, the target's width (the head works at the same width).
+    vocab_size: V, the target's vocabulary (embedding and LM head shared).
+    num_heads, head_dim, mlp_dim: the head layer's attention and SwiGLU.
+    feature_layers: () for EAGLE-1 (the target's final-normed state), or
+      the target blocks whose outputs are fused (EAGLE-3: low, middle, high).
+    rope_theta, norm_eps: as the target's.
+  """
+
+  d_model: int
+  vocab_size: int
+  num_heads: int = 4
+  head_dim: int = 0
+  mlp_dim: int = 0
+  feature_layers: Tuple[int, ...] = ()
+  rope_theta: float = 10000.0
+  norm_eps: float = 1e-6
+
+  def __post_init__(self):
+    for name in ("d_model", "vocab_size", "num_heads"):
+      check_int(name, getattr(self, name), 1)
+    if not self.head_dim:
+      if self.d_model % self.num_heads:
+        raise ValueError(f"d_model ({self.d_model}) must be divisible by num_heads "
+                         f"({self.num_heads}) when head_dim is not given")
+      object.__setattr__(self, "head_dim", self.d_model // self.num_heads)
+    if not self.mlp_dim:
+      object.__setattr__(self, "mlp_dim", 4 * self.d_model)
+    check_int("head_dim", self.head_dim, 1)
+    check_int("mlp_dim", self.mlp_dim, 1)
+    layers = tuple(self.feature_layers)
+    for i in layers:
+      check_int("feature_layers entries", i, 0)
+    object.__setattr__(self, "feature_layers", tuple(int(i) for i in layers))
+
+  @property
+  def version(self) -> int:
+    """1 (final-state features) or 3 (fused multi-layer features)."""
+    return 3 if self.feature_layers else 1
+
+  @property
+  def feature_width(self) -> int:
+    """X: the width of what the target hands the head per position."""
+    return self.d_model * max(len(self.feature_layers), 1)
+
+  def num_params(self) -> int:
+    e, hd, f = self.d_model, self.num_heads * self.head_dim, self.mlp_dim
+    n = 2 * e * e + 4 * e * hd + 3 * e * f + 2 * e
+    if self.version == 3:
+      n += self.feature_width * e + e
+    return n
+
+
+def init_eagle(config: EagleConfig, key: jax.Array) -> Dict[str, jax.Array]:
+  """Fresh head parameters (float32). `fc` starts as [identity; 0]-ish plus
+  noise so that a fresh head passes the feature through."""
+  e, hd, f = config.d_model, config.num_heads * config.head_dim, config.mlp_dim
+  ks = jax.random.split(key, 8)
+  normal = lambda k, shape, fan_in: jax.random.normal(k, shape, jnp.float32) * fan_in ** -0.5
+  params = {
+      "fc": normal(ks[0], (2 * e, e), 2 * e),
+      "attn_norm": jnp.ones((e,), jnp.float32),
+      "q": normal(ks[1], (e, hd), e), "k": normal(ks[2], (e, hd), e),
+      "v": normal(ks[3], (e, hd), e), "o": jnp.zeros((hd, e), jnp.float32),
+      "mlp_norm": jnp.ones((e,), jnp.float32),
+      "gate": normal(ks[4], (e, f), e), "up": normal(ks[5], (e, f), e),
+      "down": jnp.zeros((f, e), jnp.float32),
+  }
+  params["fc"] = params["fc"] * 0.1 + jnp.concatenate(
+      [jnp.eye(e, dtype=jnp.float32), jnp.zeros((e, e), jnp.float32)], axis=0)
+  if config.version == 3:
+    x = config.feature_width
+    params["fuse"] = normal(ks[6], (x, e), x)
+    params["out_norm"] = jnp.ones((e,), jnp.float32)
+  return params
+
+
+def _rms(x, scale, eps):
+  x = x.astype(jnp.float32)
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def shared_weights(target, target_params) -> Tuple[jax.Array, jax.Array]:
+  """(embedding `[V, E]`, LM head `[E, V]`) of a decoder target (frozen, shared)."""
+  return target_params["embed"]["embedding"], target_lm_head(target, target_params)
+
+
+def fuse_features(config: EagleConfig, params, feats_xX: jax.Array) -> jax.Array:
+  """The target's per-position features `[..., X]` → the head's `[..., E]`."""
+  feats = feats_xX.astype(jnp.float32)
+  if config.version == 3:
+    return feats @ params["fuse"]
+  return feats
+
+
+def pair_inputs(params, embedding_VE, feat_xE: jax.Array, tokens_x: jax.Array) -> jax.Array:
+  """The head's input for pairs (feature, next token) → `[..., E]`."""
+  emb = jnp.take(embedding_VE, tokens_x, axis=0).astype(jnp.float32)
+  return jnp.concatenate([feat_xE.astype(jnp.float32), emb], axis=-1) @ params["fc"]
+
+
+def qkv(config: EagleConfig, params, x_BTE, positions_BT):
+  """The head layer's rotated queries and keys, and values, `[B, T, H, D]` each."""
+  b, t = x_BTE.shape[:2]
+  h = _rms(x_BTE, params["attn_norm"], config.norm_eps)
+  shape = (b, t, config.num_heads, config.head_dim)
+  q = apply_rope((h @ params["q"]).reshape(shape), positions_BT, config.rope_theta)
+  k = apply_rope((h @ params["k"]).reshape(shape), positions_BT, config.rope_theta)
+  return q, k, (h @ params["v"]).reshape(shape)
+
+
+def attend(config: EagleConfig, q_BTHD, sources, diag=()):
+  """Softmax attention of `q_BTHD` over several key/value sources at once.
+
+  sources: (k_BSHD, v_BSHD, mask) with mask broadcastable to `[B, T, S]`;
+  diag: (k_BTHD, v_BTHD) pairs each query t also attends to at its own
+  index t (training-time test: the same base position's later steps)."""
+  scale = config.head_dim ** -0.5
+  logits, values = [], []
+  for k, v, mask in sources:
+    s = jnp.einsum("bthd,bshd->bhts", q_BTHD, k) * scale
+    logits.append(jnp.where(jnp.asarray(mask)[:, None], s, -1e30))
+    values.append(("full", v))
+  for k, v in diag:
+    logits.append(jnp.einsum("bthd,bthd->bht", q_BTHD, k)[..., None] * scale)
+    values.append(("diag", v))
+  w = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1)
+  out, at = 0.0, 0
+  for (kind, v), s in zip(values, logits):
+    n = s.shape[-1]
+    part = w[..., at:at + n]
+    at += n
+    if kind == "full":
+      out = out + jnp.einsum("bhts,bshd->bthd", part, v)
+    else:
+      out = out + part[..., 0].transpose(0, 2, 1)[..., None] * v
+  return out
+
+
+def finish(config: EagleConfig, params, x_BTE, att_BTHD):
+  """The layer after attention: output projection, residual, SwiGLU MLP."""
+  b, t = x_BTE.shape[:2]
+  x = x_BTE + att_BTHD.reshape(b, t, -1) @ params["o"]
+  h = _rms(x, params["mlp_norm"], config.norm_eps)
+  return x + (jax.nn.silu(h @ params["gate"]) * (h @ params["up"])) @ params["down"]
+
+
+def head_logits(config: EagleConfig, params, lm_head_EV, out_xE: jax.Array) -> jax.Array:
+  """The head's outputs (predicted features) → float32 draft logits."""
+  if config.version == 3:
+    out_xE = _rms(out_xE, params["out_norm"], config.norm_eps)
+  return (out_xE.astype(jnp.float32) @ lm_head_EV.astype(jnp.float32)).astype(jnp.float32)
