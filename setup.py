@@ -41,6 +41,7 @@ setuptools.setup(
             "scipy>=1.10",
             "chex>=0.1.86",
             "hypothesis>=6",
+            "import-linter>=2.1",
             "torch==2.13.0",
             "transformers>=4.45",
             "nbformat>=5.9",
