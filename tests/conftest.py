@@ -40,9 +40,10 @@ def _isolated_tuning_cache(tmp_path_factory, monkeypatch):
 # The heaviest modules first (idle worker-seconds, measured): with whole
 # modules per worker, a heavy module handed out last would leave the other
 # worker idle at the end. The rest keep their collection order.
-_HEAVY_FIRST = ("test_benchmarks", "test_drafters", "test_leviathan", "test_chen",
-                "test_eagle", "test_paper_presets", "test_long_context", "test_trees",
-                "test_generation", "test_shakespeare", "test_notebooks")
+_HEAVY_FIRST = ("test_bench_drafters", "test_leviathan", "test_benchmarks", "test_drafters",
+                "test_bench_scripts", "test_chen", "test_eagle", "test_paper_presets",
+                "test_long_context", "test_trees", "test_generation", "test_shakespeare",
+                "test_notebooks", "test_properties")
 
 
 def pytest_collection_modifyitems(items):

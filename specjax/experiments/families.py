@@ -41,7 +41,7 @@ import os
 import platform
 import shutil
 import time
-from typing import Tuple
+from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -176,13 +176,22 @@ def task_prompts(opts: "FamilyOptions", task: str, tok, vocab: int, n: int, p: i
   return prompts, lengths, source
 
 
-def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, lengths):
-  """{name: (drafter, draft params, γ)} and the layer-skip choice."""
+def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, lengths,
+                   stages: Optional[Stages] = None):
+  """{name: (drafter, draft params, γ)} and the layer-skip choice (a stage of
+  `stages` when given: a resumed run does not search the layers again)."""
   smoke = opts.smoke
   g = opts.gamma
   keep = opts.skip_layers or max(target.config.num_layers // 2, 1)
-  choice = choose_layers(target, tp, prompts[:4], lengths[:4], keep,
-                                  max_new_tokens=8 if smoke else 32, log=logging.info)
+  max_new = 8 if smoke else 32
+  search = lambda: choose_layers(target, tp, prompts[:4], lengths[:4], keep,
+                                 max_new_tokens=max_new, log=logging.info)
+  if stages is None:
+    choice = search()
+  else:
+    choice = stages.run("layer_skip_choice", search, {
+        "target": params_digest(tp), "prompts": array_digest(prompts[:4], lengths[:4]),
+        "keep": keep, "max_new": max_new})
   w, n, c = (int(x) for x in opts.lookahead)
   window = min(opts.window, 8) if smoke else opts.window
   medusa = {}
@@ -605,7 +614,8 @@ def run_options(opts: "FamilyOptions") -> dict:
   prompts = {t: task_prompts(opts, t, tok, target.vocab_size, n, p, seed=i)
              for i, t in enumerate(tasks)}
   first = prompts[tasks[0]]
-  entries, choice = build_drafters(opts, target, tp, draft, dp, first[0], first[1])
+  stages = Stages(os.path.join(opts.work_dir, "smoke" if smoke else "cells"))
+  entries, choice = build_drafters(opts, target, tp, draft, dp, first[0], first[1], stages)
   results = {"meta": {
       "machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
       "pair": pair, "target_params": specjax.measure.timing.count_params(tp),
@@ -617,7 +627,6 @@ def run_options(opts: "FamilyOptions") -> dict:
       "layer_skip": {"layers": list(choice["layers"]), "alpha": choice["alpha"]},
       "load_average_at_start": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M")},
       "tasks": {}, "sources": {t: v[2] for t, v in prompts.items()}}
-  stages = Stages(os.path.join(opts.work_dir, "smoke" if smoke else "cells"))
   models = {"target": params_digest(tp), **{
       name: [repr(e[0]) if isinstance(e[0], Drafter) else repr(e[0].config),
              None if e[1] is None else params_digest(e[1]), e[2]] for name, e in entries.items()}}

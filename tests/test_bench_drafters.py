@@ -1,0 +1,72 @@
+"""The drafter families benchmark (`benchmarks/drafters_bench.py`,
+`experiments/families.py`): the smoke run's report, goals and resume, and the
+config's options."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bench_helpers import run_script as _run
+
+
+def test_drafters_bench_smoke(tmp_path):
+  """Every drafter family on tiny random models: the report's tables, goals
+  and greedy agreement (no timing is asserted); a rerun resumes from the
+  finished cells (an unreadable cell file is recomputed by `Stages`, tested with
+  the experiments' stages)."""
+  args = ["benchmarks/drafters_bench.py", "--smoke", f"--out_dir={tmp_path}",
+          f"--work_dir={tmp_path / 'work'}"]
+  _run(args)
+  results = json.loads((tmp_path / "drafters_smoke.json").read_text())
+  res = _run(args)  # resumes: every finished cell is reused as stored, nothing re-measured
+  again = json.loads((tmp_path / "drafters_smoke.json").read_text())
+  assert again["tasks"] == results["tasks"]
+  assert "cell 1/2 summarize T=0 B=2 (reused" in res.stderr
+  md = (tmp_path / "drafters_smoke.md").read_text()
+  names = {"autoregressive", "classic draft", "prompt lookup", "layer skip", "windowed KV",
+           "lookahead", "Medusa chain", "Medusa tree 6", "EAGLE-2", "EAGLE-3"}
+  # The tasks' prompts share one shape: the second task's cell runs the first one's programs.
+  assert set(results["tasks"]) == {"summarize", "code"}
+  assert results["tasks"]["summarize"][0]["warmup_traces"] >= len(names)
+  assert results["tasks"]["code"][0]["warmup_traces"] == 0
+  for cells in results["tasks"].values():
+    assert {(c["temperature"], c["batch"]) for c in cells} == {(0.0, 2)}
+    for c in cells:
+      assert {r["drafter"] for r in c["rows"]} == names
+      for r in c["rows"]:
+        assert r["tokens_per_call"] >= 1.0 and np.isfinite(r["speedup"])
+        assert r["call_cost"] > 0 and r["call_tokens"] >= 1
+        if c["temperature"] == 0 and r["drafter"] != "autoregressive":
+          assert r["identical"] is True, (r["drafter"], c["batch"])
+        if r["drafter"] in ("EAGLE-2", "EAGLE-3", "classic draft"):  # own weights and state
+          assert r["memory"]["params"] > 0 and r["memory"]["state_bytes_per_row"] > 0, r
+        if r["drafter"] == "prompt lookup":
+          assert r["memory"]["params"] == 0
+  goals = {g["goal"]: g["status"] for g in results["goals"]}
+  assert goals["one compilation per (drafter, γ, bucket): no trace while timing"] == "PASS"
+  assert goals["every drafter exact: greedy output identical to AR"] == "PASS"
+  assert "## Goals" in md and "Spec-Bench" in md and "| lookahead |" in md
+  assert "## In Spec-Bench's layout" in md and "| EAGLE-2 | " in md
+  assert (tmp_path / "drafters_smoke.png").stat().st_size > 0
+
+
+def test_families_config_maps_to_the_benchmark_options(tmp_path):
+  """configs/families.py → FamilyOptions: every preset loads, a learned
+  drafter whose directory is missing is left out (not an error later)."""
+  from configs import families as fam_config
+  from specjax.experiments import families
+  for preset in ("quick", "full", "smoke"):
+    fam_config.get_config(preset)
+  with pytest.raises(ValueError, match="unknown preset 'huge'"):
+    fam_config.get_config("huge")
+  cfg = fam_config.get_config("quick")
+  cfg.workdir = str(tmp_path / "w")
+  cfg.eagle_dir = str(tmp_path)            # exists
+  cfg.medusa_dir = str(tmp_path / "none")  # does not
+  cfg.eagle3_dir = str(tmp_path / "none3")  # (not the default: runs/ may hold one)
+  opts = families.options(cfg)
+  assert opts.eagle_dir == str(tmp_path) and opts.medusa_dir == "" and opts.eagle3_dir == ""
+  assert opts.eagle_dynamic == (4, 4, 16) and opts.tasks == ("code", "summarize", "free_text")
+  assert opts.out_dir == os.path.join(cfg.workdir, "results") and opts.name == "families"
