@@ -57,10 +57,17 @@ def test_a_failing_cell_fails_with_its_source(tmp_path):
 REUSING = {"leviathan_t5.ipynb", "chen_chinchilla.ipynb"}
 
 
+@pytest.fixture(scope="module")
+def shared_workdir(tmp_path_factory):
+  """One scratch root for this module's notebooks: the ones that train the same
+  tiny pair (quickstart, families) train it once."""
+  return tmp_path_factory.mktemp("notebooks")
+
+
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if os.path.basename(p) not in REUSING],
                          ids=os.path.basename)
-def test_notebook_runs_top_to_bottom(path, monkeypatch, tmp_path):
-  run_notebook(os.path.basename(path), monkeypatch, tmp_path)
+def test_notebook_runs_top_to_bottom(path, monkeypatch, shared_workdir):
+  run_notebook(os.path.basename(path), monkeypatch, shared_workdir)
 
 
 def test_the_reproduction_notebooks_are_executed_beside_their_micro_runs():

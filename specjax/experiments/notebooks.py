@@ -57,7 +57,9 @@ def runtime() -> Dict[str, object]:
 
 def tiny_trained_pair(steps: int = 60, workdir: str = "", seed: int = 0):
   """((target, params), (draft, params)) trained on a synthetic copy task:
-  a 2-layer target and a 1-layer draft distilled from it (vocabulary 32)."""
+  a 2-layer target and a 1-layer draft distilled from it (vocabulary 32),
+  in `workdir` (default: a scratch folder per `steps` and `seed`, which a
+  second call reuses)."""
   vocab = 32
   target = DecoderLM(decoder_config("tiny", vocab_size=vocab, num_layers=2, d_model=64,
                                     num_heads=4, num_kv_heads=4, head_dim=16, mlp_dim=128))
@@ -73,8 +75,9 @@ def tiny_trained_pair(steps: int = 60, workdir: str = "", seed: int = 0):
     c.checkpoint_every, c.log_every, c.eval_every, c.eval_batches = n, max(n // 2, 1), 0, 0
     c.distill_weight = distill
     return c
-  workdir = workdir or scratch("pair")
-  shutil.rmtree(workdir, ignore_errors=True)
+  # Finished runs are reused (train_model resumes, here from the last step): the
+  # notebooks that train the same pair share it.
+  workdir = workdir or scratch(f"pair_steps{steps}_seed{seed}")
   tp = tr.train_model(target, None, source, config(steps), os.path.join(workdir, "target"))
   dp = tr.train_model(draft, None, source, config(steps, 0.5), os.path.join(workdir, "draft"),
                       teacher=(target, tp))
