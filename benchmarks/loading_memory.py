@@ -79,8 +79,10 @@ def _write_checkpoint(directory: str, size: str) -> dict:
     save_file(tensors, os.path.join(directory, file), metadata={"format": "pt"})
     weight_map.update({n: file for n in group})
     del tensors
-  atomic_write_json(os.path.join(directory, "model.safetensors.index.json"), {"metadata": {}, "weight_map": weight_map}, indent=2)
-  atomic_write_json(os.path.join(directory, "config.json"), hf_config_from_decoder(config, max_position_embeddings=2048), indent=2)
+  atomic_write_json(os.path.join(directory, "model.safetensors.index.json"),
+                    {"metadata": {}, "weight_map": weight_map}, indent=2)
+  atomic_write_json(os.path.join(directory, "config.json"),
+                    hf_config_from_decoder(config, max_position_embeddings=2048), indent=2)
   return {"params": config.num_params()}
 
 

@@ -135,7 +135,8 @@ def main(argv):
   name = {"smoke": "peers_smoke", "quick": "peers_quick"}.get(cfg.mode, "peers")
   os.makedirs(_OUT.value, exist_ok=True)
   partial = os.path.join(_OUT.value, f".{name}.partial.json")
-  results = peers_suite.run_suite(cfg, log, on_pair=lambda pairs: atomic_write_json(partial, pairs, indent=2))
+  results = peers_suite.run_suite(
+      cfg, log, on_pair=lambda pairs: atomic_write_json(partial, pairs, indent=2))
   atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), results, indent=2)
   if os.path.exists(partial):
     os.remove(partial)

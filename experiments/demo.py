@@ -6,7 +6,7 @@ acceptance, the tokens per target call and the speedup measured side by side.
 
 import os
 
-from absl import app, flags, logging
+from absl import app, logging
 from ml_collections import config_flags
 
 from specjax.experiments import demo

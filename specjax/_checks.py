@@ -22,9 +22,9 @@ __all__ = ["check_int", "check_optional_int", "check_real", "check_optional_real
 
 
 def _range_text(minimum, maximum, lo_open=False, hi_open=False) -> str:
-  if maximum is None or maximum == math.inf:
+  if maximum == math.inf:
     return f"> {minimum:g}" if lo_open else f">= {minimum:g}"
-  if minimum is None or minimum == -math.inf:
+  if minimum == -math.inf:
     return f"< {maximum:g}" if hi_open else f"<= {maximum:g}"
   return f"in {'(' if lo_open else '['}{minimum:g}, {maximum:g}{')' if hi_open else ']'}"
 

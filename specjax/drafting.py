@@ -2,8 +2,8 @@
 
 A drafter is a frozen (hashable) dataclass subclassing `Drafter` — it is a
 static argument of the jitted loop, so its fields are static choices — with
-pure methods over an explicit state pytree (a draft model's KV cache, a token history, an n-gram
-pool, ...). One speculative iteration, for every row at once:
+pure methods over an explicit state pytree (a draft model's KV cache, a token
+history, an n-gram pool, ...). One speculative iteration, for every row at once:
 
   1. `propose(params, state, inp, u_BG, sampling, gamma)` → `(Proposal, state)`:
      the tokens of the target call (`[B, T]`, token 0 the row's pending

@@ -291,13 +291,14 @@ class SpeculativeDecoder:
 
   `drafter` is a `specjax.drafting.Drafter` (`specjax.drafters`: a draft
   model wrapped in `ModelDrafter`, prompt lookup, self-speculative,
-  lookahead, Medusa, EAGLE, ...). One iteration: the drafter proposes; the target runs once on the call
-  the drafter's `layout` describes; the drafts are verified exactly
-  (`specjax.verify`: the rejection rule for drafts with distributions, the
-  one-hot rule for deterministic drafts and candidate sets); the accepted
-  tokens and the next are committed; if the accepted tokens did not sit
-  right after the pending token in the call, their keys and values are
-  moved there (`copy_slots`); the drafter sees the result (`update`).
+  lookahead, Medusa, EAGLE, ...). One iteration: the drafter proposes; the
+  target runs once on the call the drafter's `layout` describes; the drafts
+  are verified exactly (`specjax.verify`: the rejection rule for drafts with
+  distributions, the one-hot rule for deterministic drafts and candidate
+  sets); the accepted tokens and the next are committed; if the accepted
+  tokens did not sit right after the pending token in the call, their keys
+  and values are moved there (`copy_slots`); the drafter sees the result
+  (`update`).
   """
 
   target: Any

@@ -86,7 +86,8 @@ def test_self_draft_accepts_everything(greedy_reference):
   assert out.mean_tokens_per_iteration == 5.0
 
 
-def _spec_decoder(draft, gamma, sampling, verify_fn=specjax.verify.rejection_verify, max_new=MAX_NEW):
+def _spec_decoder(draft, gamma, sampling, verify_fn=specjax.verify.rejection_verify,
+                  max_new=MAX_NEW):
   lm, _ = target()
   return SpeculativeDecoder(lm, ModelDrafter(draft), gamma, sampling, max_new, None, 0, verify_fn)
 
@@ -94,7 +95,8 @@ def _spec_decoder(draft, gamma, sampling, verify_fn=specjax.verify.rejection_ver
 def _init(dec, target_params, draft_params, prompts, lengths, keys, cache_len=64):
   b, p = prompts.shape
   return dec.init_state(target_params, draft_params, prompts, lengths, keys,
-                        dec.target.init_cache(b, cache_len, p), dec.drafter.model.init_cache(b, cache_len, p))
+                        dec.target.init_cache(b, cache_len, p),
+                        dec.drafter.model.init_cache(b, cache_len, p))
 
 
 def test_rows_commit_different_counts_in_one_iteration():

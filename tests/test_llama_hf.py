@@ -65,7 +65,8 @@ def torch_model(name):
 @functools.lru_cache(maxsize=None)
 def imported(name):
   model = torch_model(name)
-  params, config = import_hf_decoder(model.state_dict(), decoder_config_from_hf(model.config.to_dict()))
+  params, config = import_hf_decoder(model.state_dict(),
+                                     decoder_config_from_hf(model.config.to_dict()))
   return DecoderLM(config), params
 
 

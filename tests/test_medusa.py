@@ -62,7 +62,8 @@ def test_medusa_greedy_equals_autoregressive(tree):
   state = Medusa(config, tree).alloc(2, 4, 32, 3)
   prop, _ = Medusa(config, tree).propose(dp, state, specjax.drafters.DraftInput(
       seq_len_B=jnp.zeros(2, jnp.int32), pending_B=jnp.ones(2, jnp.int32),
-      prev_B=jnp.zeros(2, jnp.int32), done_B=jnp.zeros(2, bool), step=jnp.int32(0)), None, GREEDY, 3)
+      prev_B=jnp.zeros(2, jnp.int32), done_B=jnp.zeros(2, bool), step=jnp.int32(0)), None,
+      GREEDY, 3)
   assert np.asarray(prop.node_valid_BT).sum() == 2  # the roots only
 
 

@@ -446,7 +446,6 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
   return params, config
 
 
-
 def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, directory: str,
                       **hf_config_kwargs) -> None:
   """Writes `directory/model.safetensors` (float32) and `directory/config.json`
@@ -465,7 +464,6 @@ def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, director
   save_safetensors(tensors, os.path.join(directory, "model.safetensors"),
                    metadata={"format": "pt"})
   atomic_write_json(os.path.join(directory, "config.json"), hf_config, indent=2)
-
 
 
 def import_hf_llama(*args, **kwargs):

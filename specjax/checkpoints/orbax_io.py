@@ -34,8 +34,8 @@ from specjax.models import decoder, decoder_layout
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
 
-__all__ = ["save_params", "restore_params", "restore_model", "config_to_dict", "config_from_dict",
-           "CheckpointError", "read_config"]
+__all__ = ["save_params", "restore_params", "restore_model", "model_for_config", "config_to_dict",
+           "config_from_dict", "CheckpointError", "read_config"]
 
 
 def config_to_dict(config: Any) -> dict:
@@ -163,13 +163,18 @@ def restore_params(directory: str, expected_config: Optional[Any] = None, *,
   return params, config
 
 
+def model_for_config(config: Any) -> Any:
+  """The model a stored config describes: a `T5` for a `T5Config`, else a `DecoderLM`."""
+  return T5(config) if isinstance(config, T5Config) else decoder.DecoderLM(config)
+
+
 def restore_model(directory: str, packed: bool = False) -> Tuple[Any, Any]:
   """`(model, params)` from a saved model directory: a `DecoderLM` or a `T5`
   by the stored config, params on the default device; `packed`: a decoder's
   params in the packed decode layout (`DecoderLM.pack_params`), packed on
   the host before placement."""
   params, config = restore_params(directory)
-  model = T5(config) if isinstance(config, T5Config) else decoder.DecoderLM(config)
+  model = model_for_config(config)
   if packed and isinstance(model, decoder.DecoderLM):
     params = model.pack_params(jax.tree_util.tree_map(np.asarray, params))
   return model, jax.tree_util.tree_map(jax.numpy.asarray, params)

@@ -35,9 +35,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from absl import logging
 
-from specjax.data import common
-from specjax.data import tasks as tasks_lib
-from specjax.data import vocab as vocab_lib
+from specjax.data import common, tasks as tasks_lib, vocab as vocab_lib
 
 __all__ = ["CODE_TRAINER_OPTIONS", "code_sentences", "train_code_sentencepiece",
            "round_trip_failures"]

@@ -51,16 +51,14 @@ from specjax.experiments.common import (Stages, array_digest, checkpoint_fingerp
                                         pretrained_dir, train_config, train_or_restore)
 from specjax import theory
 from specjax.checkpoints.hf_common import read_json
-from specjax.checkpoints.hf_llama import decoder_config_from_hf
-from specjax.checkpoints.hf_llama import import_hf_decoder
+from specjax.checkpoints.hf_llama import decoder_config_from_hf, import_hf_decoder
 from specjax.experiments import placement
 from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.parallel.sharding import replicate
 from specjax.tokenizers.hf import check_tokenizers_compatible, load_tokenizer
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
-from specjax.training import LMSource, lm_examples
-from specjax.training import Mixture
+from specjax.training import lm_examples, LMSource, Mixture
 
 SUMMARY_PROMPT = "{inputs} Summary:"
 SUMMARY_TARGET = " {targets}"  # The vocabulary has no dummy prefix: the space is explicit.
@@ -570,7 +568,8 @@ def run(cfg) -> dict:
   placement.write_scalars(workdir, {
       f"{name}/{key}": r["cells"][head][key] for name, r in results["settings"].items()
       for key in ("speedup", "acceptance_rate", "tokens_per_iteration", "ms_per_token")})
-  atomic_write_json(os.path.join(out_dir, "results.json"), {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
+  atomic_write_json(os.path.join(out_dir, "results.json"),
+                    {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
   chen_report.write_chen(results, out_dir, PAPER_TABLE1, PAPER_K_SWEEP)
   if cfg.results_dir:
     os.makedirs(cfg.results_dir, exist_ok=True)

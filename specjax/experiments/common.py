@@ -30,14 +30,14 @@ from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import restore_params
 from specjax.experiments.stages import Stages, array_digest, fingerprint
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
-from specjax.training import default_config
-from specjax.training import train_model
+from specjax.training import default_config, train_model
 from specjax.training.checkpoint import TRAIN_META, move_aside
 from specjax.training.config import validate_config
 from specjax.training.loop import meta_difference, quiet_orbax_info_logs, training_meta
 
 __all__ = ["Stages", "enable_compilation_cache", "train_or_restore", "pad_batch", "Progress",
-           "train_config", "find_tokenizer", "array_digest", "fingerprint", "checkpoint_fingerprint",
+           "train_config", "find_tokenizer", "array_digest", "fingerprint",
+           "checkpoint_fingerprint",
            "pretrained_dir"]
 
 

@@ -28,8 +28,7 @@ from specjax import atomic_io
 from specjax.checkpoints.orbax_io import restore_model
 from specjax.data import load_task
 from specjax.drafters.medusa import choose_tree
-from specjax.experiments.common import find_tokenizer
-from specjax.experiments.common import pad_batch
+from specjax.experiments.common import find_tokenizer, pad_batch
 from specjax.experiments.stages import fingerprint
 from specjax.models.eagle_head import EagleConfig
 from specjax.models.medusa_head import MedusaConfig

@@ -58,12 +58,10 @@ from specjax.data import load_task
 from specjax.drafters.eagle import DynamicTree, Eagle
 from specjax.drafters.medusa import Medusa, choose_tree
 from specjax.drafting import Drafter
-from specjax.experiments.common import find_tokenizer
-from specjax.experiments.common import pad_batch
+from specjax.experiments.common import find_tokenizer, pad_batch
 from specjax.experiments.report import pyplot
 from specjax.experiments.stages import Stages, array_digest
-from specjax.measure.beta import measure_beta
-from specjax.measure.beta import position_distributions
+from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.compiles import DECODE_LOOPS, TraceCounter
 from specjax.measure.layers import choose_layers
 from specjax.measure.timing import StepTimer, count_params, floor_step_seconds, now
@@ -73,7 +71,8 @@ from specjax.models.medusa_head import MedusaConfig, init_heads
 from specjax.sampling import GREEDY, SamplingConfig, process_logits
 from specjax.tree import TokenTree
 
-__all__ = ["FamilyOptions", "options", "run", "run_options", "render", "goals", "measure_cell", "task_prompts",
+__all__ = ["FamilyOptions", "options", "run", "run_options", "render", "goals", "measure_cell",
+           "task_prompts",
            "build_drafters", "SPEC_BENCH"]
 
 
@@ -357,30 +356,29 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
       _run(target, tp, entries.get(name), *batches[0], sampling, max_new)
       compile_s[name] = now() - t0
   warmup_traces = warmup.decode_loops  # 0: programs reused
-  timed = TraceCounter().start()
   rec = {name: {"seconds": 0.0, "tokens": 0, "calls": 0, "accepted": 0, "drafted": 0,
                 "identical": True} for name in names}
   ar_tokens, ar_lengths = [], []
-  for i, (x, n, k) in enumerate(batches):
-    order = names if i % 2 == 0 else [names[0]] + names[:0:-1]
-    ref = None
-    for name in order:
-      t0 = now()
-      out = _run(target, tp, entries.get(name), x, n, k, sampling, max_new)
-      r = rec[name]
-      r["seconds"] += now() - t0
-      toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
-      r["tokens"] += int(lens.sum())
-      r["calls"] += int(np.asarray(out.stats.target_calls).sum())
-      r["accepted"] += int(np.asarray(out.stats.accepted).sum())
-      r["drafted"] += int(np.asarray(out.stats.drafted).sum())
-      if name == "autoregressive":
-        ref = toks
-        ar_tokens.append(toks)
-        ar_lengths.append(lens)
-      elif temp == 0:
-        r["identical"] = r["identical"] and bool(np.array_equal(toks, ref))
-  timed.stop()
+  with TraceCounter() as timed:  # nothing may compile while timing
+    for i, (x, n, k) in enumerate(batches):
+      order = names if i % 2 == 0 else [names[0]] + names[:0:-1]
+      ref = None
+      for name in order:
+        t0 = now()
+        out = _run(target, tp, entries.get(name), x, n, k, sampling, max_new)
+        r = rec[name]
+        r["seconds"] += now() - t0
+        toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
+        r["tokens"] += int(lens.sum())
+        r["calls"] += int(np.asarray(out.stats.target_calls).sum())
+        r["accepted"] += int(np.asarray(out.stats.accepted).sum())
+        r["drafted"] += int(np.asarray(out.stats.drafted).sum())
+        if name == "autoregressive":
+          ref = toks
+          ar_tokens.append(toks)
+          ar_lengths.append(lens)
+        elif temp == 0:
+          r["identical"] = r["identical"] and bool(np.array_equal(toks, ref))
   retraced = {k: v for k, v in timed.counts.items() if k in DECODE_LOOPS}
   ar_tokens, ar_lengths = np.concatenate(ar_tokens), np.concatenate(ar_lengths)
   n_rows = nb * batch

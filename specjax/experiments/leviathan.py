@@ -43,8 +43,7 @@ from specjax.experiments.common import (Stages, array_digest, checkpoint_fingerp
 from specjax.experiments.speed import (cell_name, decode_ms_per_token, summarize, sweep,
                                        sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
-from specjax.checkpoints.hf_t5 import import_hf_t5
-from specjax.checkpoints.hf_t5 import t5_config_from_hf
+from specjax.checkpoints.hf_t5 import import_hf_t5, t5_config_from_hf
 from specjax.experiments import placement
 from specjax.models.ngram import fit_ngram
 from specjax.models.t5 import T5
@@ -52,8 +51,7 @@ from specjax.models.t5_config import T5Config
 from specjax.parallel.sharding import replicate, shard_params
 from specjax.tokenizers.hf import check_tokenizers_compatible, load_tokenizer
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
-from specjax.training import Mixture
-from specjax.training import Seq2SeqSource, seq2seq_examples
+from specjax.training import Mixture, seq2seq_examples, Seq2SeqSource
 
 TASKS = {
     "translate": dict(data="translate_en_de", prefix="translate English to German: ",
@@ -395,7 +393,8 @@ def run(cfg) -> dict:
       for task, te in results["tasks"].items() for temp, tr in te["temperatures"].items()
       for d, best in tr.get("best", {}).items() for key in ("speedup", "alpha", "gamma")
       if isinstance(best.get(key), (int, float))})
-  atomic_write_json(os.path.join(out_dir, "results.json"), {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
+  atomic_write_json(os.path.join(out_dir, "results.json"),
+                    {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
   report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)
   if cfg.results_dir:
     os.makedirs(cfg.results_dir, exist_ok=True)

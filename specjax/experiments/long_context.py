@@ -21,9 +21,7 @@ from specjax.data import build_task, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
 from specjax.experiments import long_context_measure
 from specjax.experiments.chen import decoder
-from specjax.experiments.common import enable_compilation_cache
-from specjax.experiments.common import train_config
-from specjax.experiments.common import train_or_restore
+from specjax.experiments.common import enable_compilation_cache, train_config, train_or_restore
 from specjax.experiments.stages import Stages
 from specjax.models.decoder import DecoderLM
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer

@@ -18,14 +18,12 @@ import numpy as np
 
 import specjax
 from specjax import theory
-from specjax.atomic_io import atomic_path
-from specjax.atomic_io import atomic_write_text
+from specjax.atomic_io import atomic_path, atomic_write_text
 from specjax.checkpoints import params_digest
 from specjax.drafters import PromptLookup, WindowedKV
 from specjax.drafters.windowed import WindowedLM
 from specjax.experiments.common import Progress
-from specjax.experiments.report import machine_info
-from specjax.experiments.report import pyplot
+from specjax.experiments.report import machine_info, pyplot
 from specjax.experiments.stages import array_digest
 from specjax.measure.timing import cache_step_times, now
 

@@ -17,7 +17,7 @@ in one process, on the same prompts:
   turns them into TTFT and inter-token latencies (the n + 1 tokens one
   iteration commits all arrive at its timestamp);
 * `loop_prediction`: autoregressive / speculative wall time predicted from
-  the in-graph component times (`bench.timing.step_times`) and the measured
+  the in-graph component times (`specjax.measure.timing.step_times`) and the measured
   iterations; measured vs predicted is the loop's overhead;
   `paired_loop_overhead` measures it in rounds, loops and components
   moments apart;
@@ -52,7 +52,7 @@ import numpy as np
 import specjax
 from specjax.checkpoints.hf_llama import export_hf_decoder
 from specjax.checkpoints.hf_t5 import export_hf_t5
-from specjax.checkpoints.orbax_io import restore_model
+from specjax.checkpoints.orbax_io import model_for_config, restore_model
 from specjax.data import load_task
 from specjax.drafters import ModelDrafter
 from specjax.experiments.common import find_tokenizer
@@ -69,9 +69,7 @@ from specjax.streaming import stream
 __all__ = [
     "PairSpec", "Pair", "fallback_spec", "load_pair", "pair_prompts", "Runner", "specjax_runner",
     "HFPair", "hf_runner", "interleaved_times", "SpecjaxStream", "TimingStreamer",
-    "loop_prediction", "overhead_fields",
-    "paired_loop_overhead",
-    "memory_job", "measure_memory",
+    "loop_prediction", "overhead_fields", "paired_loop_overhead", "memory_job", "measure_memory",
     "cost_growth", "token_agreement",
 ]
 
@@ -165,11 +163,6 @@ class Pair:
     return self.spec.kind
 
 
-def _model_for(config):
-  return T5(config) if isinstance(config, T5Config) else DecoderLM(config)
-
-
-
 def load_pair(spec: PairSpec) -> Pair:
   """Restores both models (trained) or initialises them (random, seeded)."""
   packed = spec.kind == "decoder" and spec.packed
@@ -178,8 +171,8 @@ def load_pair(spec: PairSpec) -> Pair:
     draft, dp = restore_model(spec.draft_dir, packed)
   else:
     cls = T5Config if spec.kind == "t5" else DecoderConfig
-    target = _model_for(cls(**spec.target_config))
-    draft = _model_for(cls(**spec.draft_config))
+    target = model_for_config(cls(**spec.target_config))
+    draft = model_for_config(cls(**spec.draft_config))
     tp = jax.jit(target.init)(jax.random.PRNGKey(spec.seed))
     dp = jax.jit(draft.init)(jax.random.PRNGKey(spec.seed + 1))
   kinds = {type(target), type(draft)}
@@ -196,7 +189,6 @@ def load_pair(spec: PairSpec) -> Pair:
                      for m, rows in ((target, spec.target_matvec_rows),
                                      (draft, spec.draft_matvec_rows)))
   return Pair(spec, target, tp, draft, dp)
-
 
 
 def pair_prompts(pair: Pair, n: int, prompt_len: int, data_cache: str = "data_cache",
@@ -558,7 +550,7 @@ def overhead_fields(pred: Dict[str, float], ar_s: float, sp_s: float) -> Dict[st
 def call_loop_fields(pred: Dict[str, float], ar_s: float, sp_s: float, ar_calls_s: float,
                      sp_calls_s: float) -> Dict[str, float]:
   """Splits the loop overhead of `overhead_fields` in two with the wall times
-  of the model-call loops (`bench.calls.model_call_loop`, same
+  of the model-call loops (`specjax.measure.calls.model_call_loop`, same
   requests and iterations): `logic_overhead` = model-call speedup / measured
   speedup − 1 (what verify, commit, stopping, statistics and the API's host
   work cost the speedup) and `composition_overhead` = predicted speedup /
@@ -617,7 +609,7 @@ def paired_loop_overhead(pair: Pair, ar: "Runner", sp: "Runner", prompts: np.nda
   size gets about the same measured time, whatever its loops cost.
 
   With `model_calls`, each round also times the two loops' model calls alone
-  (`bench.calls.model_call_loop`: same requests, the round's
+  (`specjax.measure.calls.model_call_loop`: same requests, the round's
   iteration counts) and splits the overhead into the decoding logic's and
   the composition's part (`call_loop_fields`). The request groups are
   consecutive row blocks of the runners' batch (`groups`)."""

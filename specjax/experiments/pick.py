@@ -20,7 +20,8 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(prog="python -m specjax.experiments.pick", description=__doc__.split("\n")[0])
+  p = argparse.ArgumentParser(prog="python -m specjax.experiments.pick",
+                              description=__doc__.split("\n")[0])
   p.add_argument("--results", required=True, help="results JSON (drafters.json layout)")
   p.add_argument("--task", required=True, help="task name in the results")
   p.add_argument("--batch", type=int, default=1, help="batch size (a measured cell)")

@@ -31,8 +31,7 @@ from jax.sharding import Mesh
 
 import specjax
 from specjax.measure import tensorboard
-from specjax.parallel import distributed
-from specjax.parallel import sharding
+from specjax.parallel import distributed, sharding
 from specjax.planning.memory import device_memory_bytes, memory_plan
 from specjax.planning.mesh import choose_mesh
 

@@ -9,8 +9,7 @@ from typing import Dict
 
 import jax
 
-from specjax.atomic_io import atomic_path
-from specjax.atomic_io import atomic_write_text
+from specjax.atomic_io import atomic_path, atomic_write_text
 
 __all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line"]
 

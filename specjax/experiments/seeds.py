@@ -167,11 +167,13 @@ def memory_exercise(bytes_per_param: float = 2.0) -> Dict[str, Any]:
                    bytes_per_param=bytes_per_param)
   out = {
       "bytes_per_param": bytes_per_param,
-      "target_llama_3_3_70b": draft_memory.classic_draft_memory(**t, bytes_per_param=bytes_per_param),
+      "target_llama_3_3_70b": draft_memory.classic_draft_memory(
+          **t, bytes_per_param=bytes_per_param),
       "eagle3_shared_lm_head": draft_memory.eagle3_head_memory(**head_args),
       "eagle3_draft_vocab_32k": draft_memory.eagle3_head_memory(**head_args,
                                                           draft_vocab=EAGLE3_DRAFT_VOCAB),
-      "eagle3_full_vocab_head": draft_memory.eagle3_head_memory(**head_args, draft_vocab=t["vocab"]),
+      "eagle3_full_vocab_head": draft_memory.eagle3_head_memory(
+          **head_args, draft_vocab=t["vocab"]),
       "classic_llama_3_2_1b": draft_memory.classic_draft_memory(**LLAMA_3_2_1B,
                                                           bytes_per_param=bytes_per_param),
   }

@@ -281,7 +281,6 @@ class Verdict:
     return d
 
 
-
 def gate(baseline: LatencyStats, candidate: LatencyStats, alpha: float, *,
          min_alpha: float = 0.55, p99_margin: float = 0.10, min_throughput_gain: float = 0.0,
          context: Optional[Dict[str, Any]] = None) -> Verdict:

@@ -36,12 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import theory
-from specjax.measure.timing import now, time_call
-from specjax.measure.timing import step_times
-from specjax.models.decoder import DecoderLM
-from specjax.models.decoder import decoder_config
-from specjax.models.t5 import T5
-from specjax.models.t5 import t5_config
+from specjax.measure.timing import now, step_times, time_call
+from specjax.models.decoder import decoder_config, DecoderLM
+from specjax.models.t5 import T5, t5_config
 
 __all__ = ["param_shapes", "step_bytes", "copy_bandwidth", "random_params", "roofline_s"]
 
@@ -181,7 +178,7 @@ def measure_model(family: str, name: str, role: str, model, *, batch: int, promp
                   cache_len: int, token_counts, bandwidth: float, steps: int, repeats: int,
                   seed: int = 0, packed: bool = True, log=print):
   """Step latency of `model` at every T in `token_counts` (in-graph,
-  `bench.timing.step_times`) next to its roofline; random weights made on
+  `specjax.measure.timing.step_times`) next to its roofline; random weights made on
   the device and freed afterwards. `packed`: a decoder's params in the
   packed decode layout (`DecoderLM.pack_params`; the same bytes)."""
   shapes = param_shapes(model)

@@ -77,8 +77,6 @@ class ScalarWriter:
     self.close()
 
 
-
-
 @contextlib.contextmanager
 def maybe_profile(logdir: Optional[str], enabled: bool = True) -> Iterator[None]:
   """`jax.profiler.trace(logdir)` around the block when `enabled` (and a

@@ -160,7 +160,8 @@ class FamilyMeasurement:
     check_optional_int(f"draft_params_bytes of {f!r}", self.draft_params_bytes, 0)
     check_optional_int(f"draft_cache_bytes_per_token of {f!r}", self.draft_cache_bytes_per_token, 0)
     check_optional_real(f"call_cost of {f!r}", self.call_cost, minimum=0.0, lo_open=True)
-    check_optional_real(f"measured_speedup of {f!r}", self.measured_speedup, minimum=0.0, lo_open=True)
+    check_optional_real(f"measured_speedup of {f!r}", self.measured_speedup, minimum=0.0,
+                        lo_open=True)
     check_optional_int(f"batch of {f!r}", self.batch, 1)
     check_optional_real(f"temperature of {f!r}", self.temperature, minimum=0.0)
 

@@ -187,7 +187,6 @@ def step_agreement(config: EagleConfig, loss: EagleLoss, params, shared, feats, 
   return hits / max(rows, 1)
 
 
-
 def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
                 valid: Optional[DistillData], train: Any, workdir: str,
                 loss: Optional[EagleLoss] = None,

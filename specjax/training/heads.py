@@ -190,7 +190,6 @@ def save_heads(directory: str, config: MedusaConfig, params, accuracy: Optional[
   return save_final_params(directory, params, config, meta, extra)
 
 
-
 def head_mesh(train: Any):
   """`(mesh_data, mesh)`: the data x model mesh a head trainer runs on
   (`train.mesh_data` x `train.mesh_model`, default 1 x 1), the batch checked

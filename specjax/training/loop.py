@@ -44,9 +44,7 @@ from specjax.measure.tensorboard import ScalarWriter
 from specjax.models.decoder import DecoderLM
 from specjax.models.t5 import T5
 from specjax.parallel.distributed import is_main_process
-from specjax.training import batching
-from specjax.training import mesh as mesh_lib
-from specjax.training import steps as steps_lib
+from specjax.training import batching, mesh as mesh_lib, steps as steps_lib
 from specjax.training.checkpoint import Checkpointer, save_final_params
 from specjax.training.config import trajectory_fields, validate_config
 from specjax.training.optim import OptimizerSpec
