@@ -49,5 +49,8 @@ setuptools.setup(
             "ipykernel>=6.29",
         ],
         "tfds": ["tensorflow-datasets", "tensorflow-cpu"],
+        # The TPU compiler (libtpu, matched to the installed jax by jax's own extra):
+        # compile-only runs for TPU topologies (`python -m specjax.aot`), no TPU needed.
+        "tpu": ["jax[tpu]>=0.4.35"],
     },
 )

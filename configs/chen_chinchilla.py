@@ -73,6 +73,12 @@ def _train(steps, batch_size, lr, warmup, distill_weight=0.0, log_every=50):
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.preset = preset
+  # Compile-only run for a TPU slice instead of running (`python -m specjax.aot`):
+  # --config.aot_topology=v5e:4x4 compiles every program of this config there and exits.
+  c.aot_topology = ""
+  c.aot = ml_collections.ConfigDict()
+  c.aot.target = ""                   # named shapes for checkpoints not read (paper presets)
+  c.aot.drafts = ml_collections.ConfigDict()
   c.workdir = f"runs/chen_{preset}"
   c.results_dir = ""                  # also copy results here (e.g. results/chen_chinchilla)
   c.seed = 0
@@ -181,6 +187,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.models.source = "hf"
     c.mesh = "auto"
     c.dtype = "bfloat16"
+    c.aot.target = "chinchilla-70b"
+    c.aot.drafts = ml_collections.ConfigDict(dict(draft="chinchilla-4b-draft"))
     c.data.summarize_task = "xsum"
     c.data.summarize_source = "tfds:xsum"   # or jsonl:PATH with document / summary fields
     c.eval.ks = list(range(0, 8))

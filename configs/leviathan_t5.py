@@ -55,6 +55,12 @@ def _train(steps, batch_size, lr, warmup, distill_weight=0.0, log_every=50):
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.preset = preset
+  # Compile-only run for a TPU slice instead of running (`python -m specjax.aot`):
+  # --config.aot_topology=v5e:4x4 compiles every program of this config there and exits.
+  c.aot_topology = ""
+  c.aot = ml_collections.ConfigDict()
+  c.aot.target = ""                   # named shapes for checkpoints not read (paper presets)
+  c.aot.drafts = ml_collections.ConfigDict()
   c.workdir = f"runs/leviathan_{preset}"
   c.results_dir = ""                  # also copy results here (e.g. results/leviathan_t5)
   c.seed = 0
@@ -157,6 +163,9 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.models.source = "hf"
     c.mesh = "auto"
     c.dtype = "bfloat16"
+    c.aot.target = "t5-v1_1-xxl"
+    c.aot.drafts = ml_collections.ConfigDict(dict(small="t5-v1_1-small", base="t5-v1_1-base",
+                                                  large="t5-v1_1-large"))
     c.data.translate_task = "wmt14_translate/de-en"
     c.data.summarize_task = "cnn_dailymail"
     c.data.translate_source = "tfds"    # or jsonl:PATH with en / de fields

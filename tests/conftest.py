@@ -15,6 +15,9 @@ import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# libtpu (the `[tpu]` extra, for the compile-only tests) takes a lockfile per process
+# unless told not to; compiling for a topology opens no TPU, so workers may share it.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import pytest  # noqa: E402
 

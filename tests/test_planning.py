@@ -37,21 +37,22 @@ DRAFT = DecoderConfig(vocab_size=64, d_model=16, num_layers=1, num_heads=2, num_
 
 def _target_param_elems(model: int) -> int:
   """The target's parameters on one device of a model axis of 1, 2 or 4, by hand:
-  embed [V, E], final norm [E] and the layer norms [E] are whole; q / o over
-  H = 4 heads, k / v over K = 2 heads (whole at model=4, which does not divide
-  2), gate / up / down over F = 64, lm_head [E, V] over V = 64."""
+  final norm [E] and the layer norms [E] are whole; q / o over H = 4 heads,
+  k / v over K = 2 heads (at model=4, which K does not divide, each kv head is
+  stored twice — `fit_to_mesh` — so one head per device), gate / up / down over
+  F = 64, lm_head [E, V] and embed [V, E] over V = 64 (vocab-parallel)."""
   v, e, l, h, k, d, f = 64, 32, 2, 4, 2, 8, 64
-  kv_split = model if k % model == 0 else 1
-  layer = (2 * e * h * d // model    # q [E, H, D], o [H, D, E]
-           + 2 * e * k * d // kv_split  # k, v [E, K, D]
-           + 3 * e * f // model      # gate, up [E, F], down [F, E]
-           + 2 * e)                  # attn_norm, mlp_norm
-  return v * e + l * layer + e + e * v // model
+  kv_per_device = k // model if k % model == 0 else 1
+  layer = (2 * e * h * d // model       # q [E, H, D], o [H, D, E]
+           + 2 * e * kv_per_device * d  # k, v [E, K, D]
+           + 3 * e * f // model         # gate, up [E, F], down [F, E]
+           + 2 * e)                     # attn_norm, mlp_norm
+  return v * e // model + l * layer + e + e * v // model
 
 
 def test_target_params_match_hand_count():
   assert _target_param_elems(1) == TARGET.num_params() == 22688
-  assert _target_param_elems(2) == 12448 and _target_param_elems(4) == 8864
+  assert _target_param_elems(2) == 11424 and _target_param_elems(4) == 6304
   for data, model in ((1, 1), (1, 2), (1, 4), (2, 2), (4, 1)):
     plan = memory_plan(TARGET, mesh_shape=(data, model), batch_size=4, cache_len=16)
     assert plan.target_params == _target_param_elems(model) * F32, (data, model)
@@ -65,8 +66,9 @@ def test_target_cache_matches_hand_count():
   l, b, k, d, s = 2, 4, 2, 8, 16
   cases = {(1, 1): 2 * l * b * k * d * s * F32 + b * 4,
            (2, 2): 2 * l * (b // 2) * (k // 2) * d * s * F32 + (b // 2) * 4,
-           # K = 2 heads do not divide a model axis of 4: replicated.
-           (1, 4): 2 * l * b * k * d * s * F32 + b * 4,
+           # K = 2 heads do not divide a model axis of 4: each stored twice, one per device
+           # (before `fit_to_mesh`, the whole cache was on every device).
+           (1, 4): 2 * l * b * 1 * d * s * F32 + b * 4,
            # 4 rows do not divide a data axis of 3: replicated.
            (3, 2): 2 * l * b * (k // 2) * d * s * F32 + b * 4}
   for mesh, expected in cases.items():
@@ -96,8 +98,9 @@ def test_draft_replicated_or_split():
   v, e, h, k, d, f, b, s = 64, 16, 2, 1, 8, 32, 4, 16
   whole = v * e + (2 * e * h * d + 2 * e * k * d + 3 * e * f + 2 * e) + e
   assert whole == DRAFT.num_params()
-  # On model=2: q / o and the MLP split; k / v (K = 1) and the tied embedding whole.
-  split = v * e + (2 * e * h * d // 2 + 2 * e * k * d + 3 * e * f // 2 + 2 * e) + e
+  # On model=2: q / o, the MLP and the tied embedding split; k / v (K = 1) stored twice
+  # (`fit_to_mesh`), one copy per device.
+  split = v * e // 2 + (2 * e * h * d // 2 + 2 * e * k * d + 3 * e * f // 2 + 2 * e) + e
   cache_whole = 2 * b * k * d * s * F32 + b * 4
   cache_split = 2 * (b // 2) * k * d * s * F32 + (b // 2) * 4  # batch over data=2
 

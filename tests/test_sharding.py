@@ -118,3 +118,56 @@ def test_packed_layout_shards_and_decodes_like_the_standard_one():
 def test_replicate_needs_a_mesh():
   with pytest.raises(TypeError, match="mesh must be a jax.sharding.Mesh"):
     sharding.replicate({"w": np.ones(2)}, jax.devices()[0])
+
+
+def test_embedding_and_lm_head_are_vocab_parallel():
+  mesh = sharding.make_mesh(data=4, model=2)
+  lm, params = target()
+  sp = sharding.shard_params(params, mesh)
+  P = jax.sharding.PartitionSpec
+  assert sp["embed"]["embedding"].sharding.spec == P("model", None)
+  if "lm_head" in sp:
+    assert sp["lm_head"]["kernel"].sharding.spec == P(None, "model")
+  # A vocabulary the axis does not divide stays whole.
+  odd = sharding.param_spec(("embed", "embedding"), (63, 32), mesh)
+  assert odd == P(None, None)
+
+
+def test_kv_head_repeats_rule():
+  assert sharding.kv_head_repeats(64, 8, 16) == 2      # Llama-3.1-70B on 16 chips
+  assert sharding.kv_head_repeats(64, 8, 8) == 1       # divides already
+  assert sharding.kv_head_repeats(64, 8, 1) == 1
+  assert sharding.kv_head_repeats(32, 8, 64) == 1      # the axis exceeds the query heads
+  assert sharding.kv_head_repeats(48, 8, 12) == 1      # 12 is not a multiple of 8
+
+
+def test_repeated_kv_heads_split_the_cache_and_decode_exactly():
+  """K = 2 kv heads on a model axis of 4: `fit_to_mesh` stores each twice, the cache
+  splits (a quarter of the repeated cache, half the original, per device instead of all
+  of it) and sampled speculative decoding equals the unsharded run token for token."""
+  mesh = sharding.make_mesh(data=2, model=4)
+  lm, params = target()
+  assert lm.config.num_kv_heads == 2 and lm.config.num_heads % 4 == 0
+  draft, draft_params = noisy_draft()
+  prompts, lengths = ragged_prompts(batch=4)
+  kw = dict(max_new_tokens=10, gamma=3, sampling=specjax.SamplingConfig(1.0), eos_id=EOS)
+  keys = jax.random.split(jax.random.key(3), 4)  # the keys `_run_sharded` uses
+  ref = specjax.speculative_generate(lm, params, draft, draft_params, prompts, lengths, key=keys,
+                                     **kw)
+  fm, fp = sharding.fit_to_mesh(lm, params, mesh)
+  assert fm.config.num_kv_heads == 4
+  # The unsharded repeated model is the same function.
+  one = specjax.speculative_generate(fm, fp, draft, draft_params, prompts, lengths, key=keys,
+                                     **kw)
+  np.testing.assert_array_equal(one.tokens, ref.tokens)
+  b, p = prompts.shape
+  need = specjax.required_cache_len(lm, p, kw["max_new_tokens"], kw["gamma"])
+  before = sharding.sharded_cache(lm, mesh, b, need, p).k[0]
+  after = sharding.sharded_cache(fm, mesh, b, need, p).k[0]
+  assert before.sharding.shard_shape(before.shape)[1] == 2      # whole: replicated
+  assert after.sharding.shard_shape(after.shape)[1] == 1        # one head per device
+  out = _run_sharded(fm, fp, draft, draft_params, prompts, lengths, mesh, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.stats.accepted, ref.stats.accepted)
+  with pytest.raises(ValueError, match="must divide num_heads"):
+    lm.repeat_kv_heads(params, 3)

@@ -55,7 +55,6 @@ from specjax.checkpoints.hf_llama import decoder_config_from_hf, import_hf_decod
 from specjax.experiments import placement
 from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
 from specjax.models.decoder import DecoderConfig, DecoderLM
-from specjax.parallel.sharding import replicate
 from specjax.tokenizers.hf import check_tokenizers_compatible, load_tokenizer
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 from specjax.training import lm_examples, LMSource, Mixture
@@ -525,10 +524,8 @@ def run(cfg) -> dict:
     t0 = time.time()
     tp, _ = import_hf_decoder(dirs["target"], target_lm.config, mesh=mesh)
     dp, _ = import_hf_decoder(dirs[DRAFT], draft_lm.config, mesh=mesh if draft_sharded else None)
-    if not draft_sharded:
-      dp = replicate(dp, mesh)
     stages.note("timing/load_checkpoints", time.time() - t0)
-    target, draft = (target_lm, tp), (draft_lm, dp)
+    target, draft = placement.place_models(mesh, (target_lm, tp), (draft_lm, dp), draft_sharded)
     fingerprints = {name: checkpoint_fingerprint(d) + f"|{cfg.dtype}" for name, d in dirs.items()}
   else:
     target, draft = train_models(cfg, tok, workdir, stages)
@@ -539,8 +536,7 @@ def run(cfg) -> dict:
     if cfg.eval.packed_layout:  # The same weights, in DecoderLM.pack_params's decode layout.
       target, draft = ((m, m.pack_params(p)) for m, p in (target, draft))
     if on_mesh:
-      tp, dp = placement.place_models(mesh, target[1], draft[1], draft_sharded)
-      target, draft = (target[0], tp), (draft[0], dp)
+      target, draft = placement.place_models(mesh, target, draft, draft_sharded)
   fingerprints = placement.mesh_fingerprints(fingerprints, mesh)
   place = placement.batch_placer(mesh)
   if cfg.get("profile_steps", 0):

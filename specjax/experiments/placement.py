@@ -86,12 +86,21 @@ def experiment_mesh(cfg, target_config, draft_config, *, batch_size: int,
   return sharding.make_mesh(data=data, model=model)
 
 
-def place_models(mesh: Mesh, target_params, draft_params, draft_sharded: bool = False):
-  """(target params split over `mesh`, draft params replicated or split)."""
-  tp = sharding.shard_params(target_params, mesh)
-  dp = (sharding.shard_params(draft_params, mesh) if draft_sharded
-        else sharding.replicate(draft_params, mesh))
-  return tp, dp
+def place_models(mesh: Mesh, target, draft, draft_sharded: bool = False):
+  """((target model, params split over `mesh`), (draft model, params
+  replicated or split)). A decoder whose kv heads do not divide the model
+  axis is first laid out for it (`sharding.fit_to_mesh`: kv heads repeated,
+  the same outputs), so its KV cache splits instead of being copied whole to
+  every device; already placed params are re-placed where needed."""
+  (tm, tp), (dm, dp) = target, draft
+  tm, tp = sharding.fit_to_mesh(tm, tp, mesh)
+  tp = sharding.shard_params(tp, mesh)
+  if draft_sharded:
+    dm, dp = sharding.fit_to_mesh(dm, dp, mesh)
+    dp = sharding.shard_params(dp, mesh)
+  else:
+    dp = sharding.replicate(dp, mesh)
+  return (tm, tp), (dm, dp)
 
 
 def batch_placer(mesh: Optional[Mesh]):

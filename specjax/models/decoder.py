@@ -181,6 +181,16 @@ DECODER_CONFIGS: Dict[str, DecoderConfig] = {
                           num_kv_heads=32, head_dim=128, mlp_dim=11008),
     "draft-0.5b-like": _cfg(vocab_size=32000, d_model=1024, num_layers=24, num_heads=16,
                             num_kv_heads=16, head_dim=64, mlp_dim=2816),
+    # Llama 3.x shapes (Meta's published configs; rotary scaling left out: shapes only).
+    "llama-3.1-70b": _cfg(vocab_size=128256, d_model=8192, num_layers=80, num_heads=64,
+                          num_kv_heads=8, head_dim=128, mlp_dim=28672, rope_theta=500000.0,
+                          norm_eps=1e-5),
+    "llama-3.1-8b": _cfg(vocab_size=128256, d_model=4096, num_layers=32, num_heads=32,
+                         num_kv_heads=8, head_dim=128, mlp_dim=14336, rope_theta=500000.0,
+                         norm_eps=1e-5),
+    "llama-3.2-1b": _cfg(vocab_size=128256, d_model=2048, num_layers=16, num_heads=32,
+                         num_kv_heads=8, head_dim=64, mlp_dim=8192, rope_theta=500000.0,
+                         norm_eps=1e-5, tie_embeddings=True),
     # Small CPU sizes.
     "cpu-target-27m": _cfg(vocab_size=8192, d_model=512, num_layers=6, num_heads=8,
                            num_kv_heads=8, head_dim=64, mlp_dim=1536),
@@ -382,6 +392,38 @@ class DecoderLM:
   def unpack_params(self, params) -> Dict[str, Any]:
     """The packed decode layout back to the standard tree (exact)."""
     return decoder_layout.unpack_params(params, self.config)
+
+  def repeat_kv_heads(self, params, repeats: int) -> Tuple["DecoderLM", Dict[str, Any]]:
+    """The same model with every key/value head stored `repeats` times.
+
+    Returns (a `DecoderLM` with `num_kv_heads * repeats` kv heads, its params):
+    kv head j of the result is a copy of head `j // repeats`, and query head
+    h reads kv head `h // (H / (K * repeats))` = a copy of `h // (H / K)`, so
+    the outputs are exactly the original's. Used to split the KV cache over a
+    model axis larger than K (`specjax.parallel.sharding.fit_to_mesh`): each
+    device then holds one copy of one head instead of the whole cache.
+    Takes either layout (a packed tree is unpacked, repeated, repacked)."""
+    check_int("repeats", repeats, 1)
+    c = self.config
+    if c.num_heads % (c.num_kv_heads * repeats):
+      raise ValueError(f"repeats={repeats} gives {c.num_kv_heads * repeats} kv heads, which "
+                       f"must divide num_heads ({c.num_heads})")
+    model = DecoderLM(c.replace(num_kv_heads=c.num_kv_heads * repeats))
+    if repeats == 1:
+      return model, params
+    packed = decoder_layout.is_packed(params)
+    tree = self.unpack_params(params) if packed else params
+    out = dict(tree)
+    for i in range(c.num_layers):
+      layer = dict(out[f"layer_{i}"])
+      for name in ("k", "v"):
+        sub = dict(layer[name])
+        sub["kernel"] = jnp.repeat(sub["kernel"], repeats, axis=1)    # [E, K, D]
+        if "bias" in sub:
+          sub["bias"] = jnp.repeat(sub["bias"], repeats, axis=0)      # [K, D]
+        layer[name] = sub
+      out[f"layer_{i}"] = layer
+    return model, (model.pack_params(out) if packed else out)
 
   def init_cache(self, batch_size: int, max_len: int, prompt_len: int = 0) -> KVCache:
     """An empty `KVCache` with `max_len` slots (prompt_len is unused)."""

@@ -7,8 +7,15 @@ inputs are placed with `jax.sharding.NamedSharding`s over a 2-D mesh
 
 * batch rows (prompts, lengths, keys, every cache's batch axis) go over `data`;
 * attention heads (q/k/v/o kernels, the cache's kv-head axis), MLP hidden
-  units and the vocabulary of the output projection go over `model`
+  units and the vocabulary — of the output projection and of the embedding
+  table (vocab-parallel: a token's row lives on one device; XLA masks the
+  lookup and sums it over `model`, and the logits come out split over the
+  vocabulary, gathered where the sampler needs them whole) — go over `model`
   (Megatron-style). An axis that does not divide evenly is replicated.
+* a model axis larger than the kv heads (8 kv heads, 16 devices) would
+  replicate the whole KV cache on every device; `fit_to_mesh` stores each kv
+  head `model / K` times instead (`DecoderLM.repeat_kv_heads`, exact), so
+  each device holds one head: the cache per device is 1/K of it, not all.
   A decoder's packed decode layout (`DecoderLM.pack_params`) shards the same
   way: pack first, then shard (`qkv` over kv heads, `gate_up` and `down_t`
   over hidden units).
@@ -41,13 +48,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch",
-           "replicate", "fsdp_spec"]
+           "replicate", "fsdp_spec", "kv_head_repeats", "fit_to_mesh"]
 
 DATA, MODEL = "data", "model"
 
 _HEAD_KERNELS = {"q", "k", "v"}            # [E, H, D]: heads on axis 1
 _OUT_KERNELS = {"o"}                       # [H, D, E]: heads on axis 0
 _COLUMN_KERNELS = {"gate", "up", "wi", "wi_0", "wi_1", "lm_head"}  # [E, F]: axis 1
+_EMBEDDINGS = {"embed", "shared"}          # embedding [V, E]: the vocabulary (axis 0)
 _ROW_KERNELS = {"down", "wo"}              # [F, E]: axis 0
 # The packed decode layout (`specjax.models.decoder_layout`): the axis of kv
 # heads / hidden units, by kernel name and rank.
@@ -85,12 +93,46 @@ def param_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
       spec[0] = MODEL
     elif (owner, len(shape)) in _PACKED_KERNELS:
       spec[_PACKED_KERNELS[owner, len(shape)]] = MODEL
+  elif names[-1] == "embedding" and owner in _EMBEDDINGS and len(shape) == 2:
+    spec[0] = MODEL
   elif names[-1] == "bias" and owner in _HEAD_KERNELS | {"qkv"} and len(shape) in (2, 3):
     spec[0] = MODEL  # q/k/v biases [H | K, D], packed [K, G + 2, D]: heads first
   for axis, name in enumerate(spec):
     if name is not None and not _divisible(shape, axis, mesh, name):
       spec[axis] = None
   return P(*spec)
+
+
+def kv_head_repeats(num_heads: int, num_kv_heads: int, model_axis: int) -> int:
+  """How many times to store each kv head so the cache splits over `model_axis`.
+
+  1 when K divides the axis (or the axis is 1); `model_axis // K` when K
+  divides the axis and the axis divides the query heads H (each device then
+  holds one copy of one kv head and the query heads that read it); 1
+  otherwise (the cache stays replicated: no exact split exists)."""
+  if model_axis <= 1 or num_kv_heads % model_axis == 0:
+    return 1
+  if model_axis % num_kv_heads == 0 and num_heads % model_axis == 0:
+    return model_axis // num_kv_heads
+  return 1
+
+
+def fit_to_mesh(model, params, mesh: Mesh):
+  """(model, params) laid out for `mesh`'s model axis: a decoder whose kv heads
+  do not divide the axis gets them repeated (`kv_head_repeats`,
+  `DecoderLM.repeat_kv_heads`: the same outputs), so `sharded_cache` splits
+  its cache instead of copying it whole to every device. Anything else is
+  returned as is. Call before `shard_params` / `sharded_cache`; `params` may
+  be None (a shapes-only plan)."""
+  config = getattr(model, "config", None)
+  if not hasattr(model, "repeat_kv_heads") or config is None:
+    return model, params
+  r = kv_head_repeats(config.num_heads, config.num_kv_heads, mesh.shape[MODEL])
+  if r == 1:
+    return model, params
+  if params is None:
+    return type(model)(config.replace(num_kv_heads=config.num_kv_heads * r)), None
+  return model.repeat_kv_heads(params, r)
 
 
 def fsdp_spec(shape: Sequence[int], mesh: Mesh, axis: str = MODEL) -> P:

@@ -36,7 +36,7 @@ from specjax._checks import check_int
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
-from specjax.parallel.sharding import DATA, MODEL, cache_spec, param_spec
+from specjax.parallel.sharding import DATA, MODEL, cache_spec, kv_head_repeats, param_spec
 
 __all__ = ["MemoryPlan", "memory_plan", "device_memory_bytes", "check_fits", "format_bytes",
            "mesh_pair"]
@@ -103,13 +103,24 @@ def _shard_bytes(shape: Sequence[int], itemsize: int, spec, mesh: AbstractMesh) 
   return n
 
 
+def _fitted(config: ModelConfig, mesh: AbstractMesh) -> ModelConfig:
+  """The config as `specjax.parallel.sharding.fit_to_mesh` lays it out: a
+  decoder's kv heads repeated so its cache splits over the model axis."""
+  if not isinstance(config, DecoderConfig):
+    return config
+  r = kv_head_repeats(config.num_heads, config.num_kv_heads, mesh.shape[MODEL])
+  return config if r == 1 else config.replace(num_kv_heads=config.num_kv_heads * r)
+
+
 def _params_bytes(config: ModelConfig, mesh: AbstractMesh) -> int:
+  config = _fitted(config, mesh)
   return sum(_shard_bytes(shape, itemsize, param_spec(path, shape, mesh), mesh)
              for path, shape, itemsize in _param_shapes(config))
 
 
 def _cache_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, cache_len: int,
                  prompt_len: int) -> int:
+  config = _fitted(config, mesh)
   return sum(_shard_bytes(x.shape, np.dtype(x.dtype).itemsize, cache_spec(x, mesh), mesh)
              for x in _cache_shapes(config, batch_size, cache_len, prompt_len))
 
@@ -251,9 +262,11 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
 
   Params: every leaf's shape from `jax.eval_shape(model.init)` in
   `param_dtype`, split as `specjax.parallel.sharding.param_spec` splits it over
-  `model` (q/k/v/o over heads, MLP hidden units, the lm_head over the
-  vocabulary; embeddings and norms, and any axis the model axis does not
-  divide, replicated). Caches: `init_cache`'s buffers in `dtype` laid out by
+  `model` (q/k/v/o over heads, MLP hidden units, the lm_head and the
+  embedding over the vocabulary; norms, and any axis the model axis does not
+  divide, replicated), after `fit_to_mesh` (a decoder whose kv heads do not
+  divide the model axis stores each `model / K` times: k / v and the cache
+  then split too). Caches: `init_cache`'s buffers in `dtype` laid out by
   `cache_spec` (batch over `data`, heads over `model`, where they divide;
   T5: self-attention plus cross-attention keys and values).
 

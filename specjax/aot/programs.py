@@ -1,0 +1,217 @@
+"""The programs of a run, lowered with abstract, sharded arguments (nothing allocated).
+
+`abstract_params(model, mesh)` / `abstract_cache(...)` give trees of
+`jax.ShapeDtypeStruct`s carrying the `NamedSharding`s a run would give the
+real arrays (`specjax.parallel.sharding.param_spec` / `cache_spec`; a
+replicated draft: `P()`). The `lower_*` functions lower the very jitted
+functions a run executes — `generation.run_prefill`, the autoregressive
+loop, the speculative loop for a drafter and γ, a draft's sharded train step
+— so `.compile()` on their results compiles for whatever devices the mesh
+holds (a TPU topology from `specjax.aot.chips.topology_devices`, or the
+local devices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from specjax import generation
+from specjax.drafters.model import ModelDrafter
+from specjax.parallel.sharding import DATA, cache_spec, param_spec
+from specjax.sampling import SamplingConfig
+from specjax.training.optim import OptimizerSpec
+from specjax.training.mesh import sharded_train_step, state_shardings
+from specjax.training.steps import StepSpec, init_state
+
+__all__ = ["abstract_params", "abstract_cache", "abstract_rows", "Lowered", "lower_prefill",
+           "lower_ar_loop", "lower_speculative_loop", "lower_train_step"]
+
+
+def _struct(x, sharding) -> jax.ShapeDtypeStruct:
+  return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def abstract_params(model, mesh: Mesh, replicated: bool = False):
+  """`jax.eval_shape(model.init)` with the run's shardings (`param_spec`;
+  `replicated`: whole on every device)."""
+  shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  if replicated:
+    return jax.tree_util.tree_map(lambda x: _struct(x, NamedSharding(mesh, P())), shapes)
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: _struct(x, NamedSharding(mesh, param_spec(path, x.shape, mesh))), shapes)
+
+
+def abstract_cache(model, mesh: Mesh, batch_size: int, cache_len: int, prompt_len: int,
+                   replicated: bool = False):
+  """`model.init_cache(...)`'s shapes with the run's shardings (`cache_spec`)."""
+  shapes = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len, prompt_len))
+  rows = lambda x: cache_spec(x, mesh) if not replicated else _rows_only(x, mesh)
+  return jax.tree_util.tree_map(lambda x: _struct(x, NamedSharding(mesh, rows(x))), shapes)
+
+
+def _rows_only(x, mesh: Mesh) -> P:
+  """A replicated model's state: only the batch axis over `data`."""
+  if x.ndim >= 1 and x.shape[0] % mesh.shape[DATA] == 0 and mesh.shape[DATA] > 1:
+    return P(DATA, *([None] * (x.ndim - 1)))
+  return P()
+
+
+def abstract_rows(mesh: Mesh, batch_size: int, prompt_len: int):
+  """(prompts `[B, P]` int32, lengths `[B]` int32, keys `[B, 2]` uint32),
+  their rows over `data` where it divides B."""
+  def rows(shape, dtype):
+    split = batch_size % mesh.shape[DATA] == 0
+    spec = P(DATA, *([None] * (len(shape) - 1))) if split else P()
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+  return (rows((batch_size, prompt_len), jnp.int32), rows((batch_size,), jnp.int32),
+          rows((batch_size, 2), jnp.uint32))
+
+
+@dataclasses.dataclass
+class Lowered:
+  """A lowered program and what it was lowered for.
+
+  Attributes:
+    name: e.g. "ar", "prefill target", "speculative draft-small γ=7".
+    lowered: the `jax.stages.Lowered`.
+    kind: "prefill" | "ar" | "speculative" | "train".
+    tokens_per_call: T of the target call of one iteration (1 for AR).
+    draft_calls: draft (or head) calls per iteration.
+    draft_model: the model whose weights each draft call reads (None: no
+      weights, e.g. prompt lookup).
+    draft_replicated: whether the draft's weights are whole on every device.
+  """
+
+  name: str
+  lowered: Any
+  kind: str
+  tokens_per_call: int = 1
+  draft_calls: int = 0
+  draft_model: Any = None
+  draft_replicated: bool = True
+  slices: dict = dataclasses.field(default_factory=dict)
+
+
+def device_bytes(tree) -> int:
+  """Bytes one device holds of a tree of sharded `ShapeDtypeStruct`s (the
+  largest shard of each leaf)."""
+  total = 0
+  for x in jax.tree_util.tree_leaves(tree):
+    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+    total += int(np.prod(shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
+  return total
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _prefill(model, params, sampling, prompts_BP, lengths_B, keys_B, cache):
+  return generation.run_prefill(model, params, sampling, prompts_BP, lengths_B, keys_B, cache)
+
+
+def lower_prefill(model, mesh: Mesh, *, batch_size: int, prompt_len: int, cache_len: int,
+                  sampling: SamplingConfig = SamplingConfig(), name: str = "prefill target",
+                  replicated: bool = False) -> Lowered:
+  """The prefill of `model` on `[B, P]` prompts into a cache of `cache_len` slots."""
+  params = abstract_params(model, mesh, replicated)
+  cache = abstract_cache(model, mesh, batch_size, cache_len, prompt_len, replicated)
+  prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
+  return Lowered(name, _prefill.lower(model, params, sampling, prompts, lengths, keys, cache),
+                 "prefill", tokens_per_call=prompt_len,
+                 slices={"target_params": device_bytes(params),
+                         "target_cache": device_bytes(cache)})
+
+
+def lower_ar_loop(model, mesh: Mesh, *, batch_size: int, prompt_len: int, max_new_tokens: int,
+                  cache_len: int, sampling: SamplingConfig = SamplingConfig(),
+                  eos_id: Optional[int] = None) -> Lowered:
+  """`generation.autoregressive_loop` (prefill, the decode loop, finalize)."""
+  dec = generation.AutoregressiveDecoder(model, sampling, max_new_tokens, eos_id, 0)
+  params = abstract_params(model, mesh)
+  cache = abstract_cache(model, mesh, batch_size, cache_len, prompt_len)
+  prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
+  return Lowered("ar", generation.autoregressive_loop.lower(dec, params, prompts, lengths, keys,
+                                                            cache), "ar",
+                 slices={"target_params": device_bytes(params),
+                         "target_cache": device_bytes(cache)})
+
+
+def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_size: int,
+                           prompt_len: int, max_new_tokens: int, cache_len: int,
+                           draft_params_fn: Optional[Callable] = None,
+                           draft_replicated: bool = True,
+                           sampling: SamplingConfig = SamplingConfig(),
+                           eos_id: Optional[int] = None, name: Optional[str] = None,
+                           draft_model: Any = None) -> Lowered:
+  """`generation.speculative_loop` for a drafter and γ.
+
+  `drafter`: a `specjax.drafting.Drafter`. Its params: a `ModelDrafter`'s
+  model's (replicated or split per `draft_replicated`); otherwise
+  `draft_params_fn(target_params)` builds the abstract tree (e.g. EAGLE's
+  {"head": ..., "target": target_params}), None for drafters without params.
+  """
+  tp = abstract_params(target, mesh)
+  call_len = drafter.layout(gamma).length
+  tcache = abstract_cache(target, mesh, batch_size, cache_len, prompt_len)
+  if isinstance(drafter, ModelDrafter) and not drafter.shares_target_params:
+    dp = abstract_params(drafter.model, mesh, draft_replicated)
+    dcache = abstract_cache(drafter.model, mesh, batch_size, cache_len, prompt_len,
+                            draft_replicated)
+    draft_model = drafter.model
+  else:
+    dp = draft_params_fn(tp) if draft_params_fn is not None else None
+    shapes = jax.eval_shape(lambda: drafter.alloc(batch_size, prompt_len, cache_len, gamma))
+    dcache = jax.tree_util.tree_map(
+        lambda x: _struct(x, NamedSharding(mesh, _rows_only(x, mesh))), shapes)
+  prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
+  dec = generation.SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, 0)
+  lowered = generation.speculative_loop.lower(dec, tp, dp, prompts, lengths, keys, tcache, dcache)
+  return Lowered(name or f"speculative {type(drafter).__name__} γ={gamma}", lowered,
+                 "speculative", tokens_per_call=call_len,
+                 draft_calls=drafter.calls_per_iteration(gamma), draft_model=draft_model,
+                 draft_replicated=draft_replicated,
+                 slices={"target_params": device_bytes(tp), "target_cache": device_bytes(tcache),
+                         "draft_params": _own_bytes(dp, tp), "draft_cache": device_bytes(dcache)})
+
+
+def _own_bytes(draft_params, target_params) -> int:
+  """Per-device bytes of a drafter's params not shared with the target (an
+  EAGLE / Medusa tree holds the target's params as a subtree)."""
+  if draft_params is None:
+    return 0
+  shared = {id(x) for x in jax.tree_util.tree_leaves(target_params)}
+  own = [x for x in jax.tree_util.tree_leaves(draft_params) if id(x) not in shared]
+  return device_bytes(own)
+
+
+def lower_train_step(model, mesh: Mesh, *, batch_size: int, seq_len: int,
+                     name: str = "train draft") -> Lowered:
+  """The sharded train step of `model` (`specjax.training.mesh.sharded_train_step`:
+  params and optimizer state split over `model` along their largest axis,
+  rows over `data`) on `[B, T]` token batches (T5: T encoder and T decoder
+  positions)."""
+  spec = StepSpec(model, OptimizerSpec())
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
+  state = jax.eval_shape(lambda p: init_state(spec, p, 0), params)
+  shardings = state_shardings(state, mesh)
+  state = jax.tree_util.tree_map(_struct, state, shardings)
+  split = batch_size % mesh.shape[DATA] == 0
+
+  def rows(shape, dtype):
+    spec_ = P(DATA, *([None] * (len(shape) - 1))) if split else P()
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec_))
+  tokens = rows((batch_size, seq_len), jnp.int32)
+  batch = {"targets": tokens, "loss_mask": rows((batch_size, seq_len), jnp.float32)}
+  if hasattr(model.config, "d_kv"):  # T5: encoder inputs, their lengths, decoder inputs
+    batch.update(inputs=tokens, input_lengths=rows((batch_size,), jnp.int32),
+                 decoder_inputs=tokens)
+  else:
+    batch["tokens"] = tokens
+  step = sharded_train_step(spec, mesh, state)
+  return Lowered(name, step.lower(state, batch, None), "train", tokens_per_call=seq_len,
+                 slices={"train_state": device_bytes(state)})

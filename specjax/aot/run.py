@@ -1,0 +1,307 @@
+"""Compile-only runs: every program an experiment would execute, for a TPU topology.
+
+`AotRun` names a run's shapes (target, drafts, γ values, batch, lengths) and
+the slice; `run_aot` lowers every program of it with abstract sharded
+arguments (`specjax.aot.programs`), compiles each for the slice's devices
+(`specjax.aot.chips.topology_devices`: no TPU needed, no memory allocated),
+and reports per program (`specjax.aot.report`): memory against the chip's
+HBM, per-iteration bytes against the slices each call must read,
+collectives, host transfers, cache-sized copies, the predicted iteration
+time — plus the memory plan's (`specjax.planning.memory`) agreement with the
+compiler and, where acceptance rates are given, the speedup the theory
+predicts from the compiled programs' predicted times.
+
+Example:
+
+  run = AotRun(topology="v5e:2x4", target=DecoderLM(decoder_config("llama-3.1-8b", ...)),
+               drafts=(("1b", DecoderLM(decoder_config("llama-3.2-1b", ...))),),
+               gammas=(4,), batch_size=1, prompt_len=1024, max_new_tokens=128)
+  result = run_aot(run)
+  print(result["markdown"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from specjax import theory
+from specjax.aot.chips import chip_of_device, num_hosts, topology_devices
+from specjax.aot.programs import (Lowered, lower_ar_loop, lower_prefill, lower_speculative_loop,
+                                  lower_train_step)
+from specjax.aot.report import ProgramReport, compile_program, format_reports
+from specjax.drafters.eagle import DynamicTree, Eagle
+from specjax.drafters.medusa import Medusa
+from specjax.drafters.model import ModelDrafter
+from specjax.drafters.prompt_lookup import PromptLookup
+from specjax.models.eagle_head import EagleConfig, init_eagle
+from specjax.models.medusa_head import MedusaConfig
+from specjax.parallel.sharding import DATA, MODEL
+from specjax.planning.memory import memory_plan
+from specjax.tree import TokenTree
+from specjax._checks import check_int
+
+__all__ = ["AotRun", "run_aot", "PROGRAM_KINDS"]
+
+PROGRAM_KINDS = ("prefill", "ar", "draft", "prompt_lookup", "eagle_chain", "eagle_tree",
+                 "medusa", "train")
+
+
+@dataclasses.dataclass(frozen=True)
+class AotRun:
+  """The shapes of a run and the slice to compile it for.
+
+  Attributes:
+    topology: a TPU slice ("v5e:2x4", "v4:2x2x4", ...).
+    target: the target model (`DecoderLM` or `T5`).
+    drafts: (name, model) draft models (classic speculative decoding).
+    gammas: γ values of the speculative loop.
+    batch_size, prompt_len, max_new_tokens: the run's batch and lengths.
+    cache_len: cache slots (default prompt_len + max_new_tokens + max γ + 1).
+    mesh: (data, model) axis sizes (default: data = gcd(B, devices) when B > 1
+      split over rows first? no — model over every chip, data 1: one
+      replica of the weights, the decode-latency layout).
+    programs: which kinds of program to compile (`PROGRAM_KINDS`; the
+      decoder-only drafters apply to decoder targets).
+    eagle_features: the target blocks an EAGLE-3 head fuses (() = EAGLE-1).
+    eagle_tree: (top_k, depth, nodes) of EAGLE-2's dynamic tree.
+    medusa_heads: Medusa heads (a chain of that depth).
+    draft_replicated: draft weights whole on every device (else split like
+      the target).
+    train_batch, train_seq_len: the draft train step's batch.
+    alphas: {draft name: acceptance rate} for the predicted speedup.
+  """
+
+  topology: str
+  target: Any
+  drafts: Tuple[Tuple[str, Any], ...] = ()
+  gammas: Tuple[int, ...] = (4,)
+  batch_size: int = 1
+  prompt_len: int = 128
+  max_new_tokens: int = 128
+  cache_len: Optional[int] = None
+  mesh: Optional[Tuple[int, int]] = None
+  programs: Tuple[str, ...] = ("prefill", "ar", "draft")
+  eagle_features: Tuple[int, ...] = ()
+  eagle_tree: Tuple[int, int, int] = (4, 5, 24)
+  medusa_heads: int = 4
+  draft_replicated: bool = True
+  train_batch: int = 8
+  train_seq_len: int = 512
+  alphas: Tuple[Tuple[str, float], ...] = ()
+
+  def __post_init__(self):
+    bad = [k for k in self.programs if k not in PROGRAM_KINDS]
+    if bad:
+      raise ValueError(f"programs must be among {PROGRAM_KINDS}, got {bad}")
+    for name in ("batch_size", "prompt_len", "max_new_tokens"):
+      check_int(name, getattr(self, name), 1)
+    for g in self.gammas:
+      check_int("gammas[i]", g, 1)
+
+  @property
+  def slots(self) -> int:
+    if self.cache_len is not None:
+      return self.cache_len
+    return self.prompt_len + self.max_new_tokens + max(self.gammas + (self.medusa_heads,
+                                                                       self.eagle_tree[2])) + 1
+
+
+def _mesh(run: AotRun, devices) -> Mesh:
+  n = len(devices)
+  data, model = run.mesh if run.mesh is not None else (1, n)
+  if data * model != n:
+    raise ValueError(f"mesh {data}x{model} needs {data * model} devices; topology "
+                     f"{run.topology!r} has {n}")
+  return Mesh(np.array(devices).reshape(data, model), (DATA, MODEL))
+
+
+def _is_decoder(model) -> bool:
+  return not hasattr(model.config, "d_kv")
+
+
+def _lowerings(run: AotRun, mesh: Mesh):
+  """(name, thunk) of every program of the run, in order."""
+  t, b, p, n, s = run.target, run.batch_size, run.prompt_len, run.max_new_tokens, run.slots
+  common = dict(batch_size=b, prompt_len=p, max_new_tokens=n, cache_len=s)
+  out = []
+  if "prefill" in run.programs:
+    out.append(lambda: lower_prefill(t, mesh, batch_size=b, prompt_len=p, cache_len=s))
+    for name, d in run.drafts:
+      out.append(lambda d=d, name=name: lower_prefill(
+          d, mesh, batch_size=b, prompt_len=p, cache_len=s, name=f"prefill draft {name}",
+          replicated=run.draft_replicated))
+  if "ar" in run.programs:
+    out.append(lambda: lower_ar_loop(t, mesh, **common))
+  if "draft" in run.programs:
+    for name, d in run.drafts:
+      for g in run.gammas:
+        out.append(lambda d=d, g=g, name=name: lower_speculative_loop(
+            t, ModelDrafter(d), mesh, gamma=g, draft_replicated=run.draft_replicated,
+            name=f"speculative draft {name} γ={g}", **common))
+  dec = _is_decoder(t)
+  if "prompt_lookup" in run.programs and dec:
+    for g in run.gammas:
+      out.append(lambda g=g: lower_speculative_loop(
+          t, PromptLookup(max_ngram=3, min_ngram=1), mesh, gamma=g,
+          name=f"speculative prompt lookup γ={g}", **common))
+  if dec and ("eagle_chain" in run.programs or "eagle_tree" in run.programs):
+    c = t.config
+    ecfg = EagleConfig(c.d_model, c.vocab_size, num_heads=c.num_heads, head_dim=c.head_dim,
+                       mlp_dim=c.mlp_dim, feature_layers=tuple(run.eagle_features),
+                       rope_theta=c.rope_theta, norm_eps=c.norm_eps)
+    head = jax.eval_shape(lambda: init_eagle(ecfg, jax.random.PRNGKey(0)))
+    label = "EAGLE-3" if run.eagle_features else "EAGLE-1"
+
+    def eagle_params(tp, head=head):
+      rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      return {"head": jax.tree_util.tree_map(
+          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), head), "target": tp}
+    if "eagle_chain" in run.programs:
+      for g in run.gammas:
+        out.append(lambda g=g: lower_speculative_loop(
+            t, Eagle(ecfg, TokenTree.chain(g), t), mesh, gamma=g, draft_params_fn=eagle_params,
+            name=f"speculative {label} chain γ={g}", **common))
+    if "eagle_tree" in run.programs:
+      tree = DynamicTree(*run.eagle_tree)
+      out.append(lambda: lower_speculative_loop(
+          t, Eagle(ecfg, tree, t), mesh, gamma=tree.depth, draft_params_fn=eagle_params,
+          name=f"speculative {label} dynamic tree {tree.nodes + 1} nodes", **common))
+  if "medusa" in run.programs and dec:
+    c = t.config
+    mcfg = MedusaConfig(run.medusa_heads, c.d_model, c.vocab_size, share_lm_head=True)
+
+    def medusa_params(tp):
+      rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+      k, e = mcfg.num_heads, mcfg.d_model
+      heads = {"w": jax.ShapeDtypeStruct((k, e, e), np.float32, sharding=rep),
+               "b": jax.ShapeDtypeStruct((k, e), np.float32, sharding=rep)}
+      return {"heads": heads, "target": tp}
+    out.append(lambda: lower_speculative_loop(
+        t, Medusa(mcfg, TokenTree.chain(run.medusa_heads), t), mesh, gamma=run.medusa_heads,
+        draft_params_fn=medusa_params, name=f"speculative Medusa chain {run.medusa_heads}",
+        **common))
+  if "train" in run.programs:
+    for name, d in run.drafts:
+      out.append(lambda d=d, name=name: lower_train_step(
+          d, mesh, batch_size=run.train_batch, seq_len=run.train_seq_len,
+          name=f"train draft {name}"))
+  return out
+
+
+def _plan_check(run: AotRun, mesh: Mesh, lowered: Lowered, report: ProgramReport,
+                draft) -> Optional[Dict[str, Any]]:
+  """The memory plan of this program's models against the compiler's figures."""
+  if report.error or lowered.kind == "train":
+    return None
+  plan = memory_plan(run.target.config, None if draft is None else draft.config,
+                     mesh_shape=(mesh.shape[DATA], mesh.shape[MODEL]), batch_size=run.batch_size,
+                     cache_len=run.slots, draft_sharded=not run.draft_replicated,
+                     activation_tokens=run.prompt_len, prompt_len=run.prompt_len)
+  held = plan.target_params + plan.target_cache + plan.draft_params + plan.draft_cache
+  if lowered.kind == "prefill" and lowered.name != "prefill target":
+    held = plan.draft_params + plan.draft_cache
+  elif lowered.kind in ("prefill", "ar"):
+    held = plan.target_params + plan.target_cache
+  compiler_held = sum(lowered.slices.values())
+  return {"plan_params_and_caches": held, "compiler_arguments": report.argument_bytes,
+          "abstract_arguments": compiler_held,
+          "ratio": report.argument_bytes / held if held else None,
+          "plan_total": plan.per_device_bytes, "compiler_peak": report.peak_bytes,
+          "total_ratio": report.peak_bytes / plan.per_device_bytes}
+
+
+def run_aot(run: AotRun, progress: Callable[[str], None] = print,
+            devices: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
+  """Compiles every program of `run` for its topology and reports them.
+
+  Returns {"topology", "chip", "hosts", "mesh", "programs": [report dicts],
+  "speedups": [...], "markdown": str}. `devices` overrides the topology's
+  devices (e.g. local CPU devices, to check the programs without libtpu)."""
+  devices = list(devices) if devices is not None else topology_devices(run.topology)
+  chip = chip_of_device(devices[0]) if devices[0].platform == "tpu" else None
+  if chip is None:
+    from specjax.aot.chips import chip as chip_named  # pylint: disable=g-import-not-at-top
+    chip = chip_named(run.topology.split(":")[0])
+  mesh = _mesh(run, devices)
+  data, model = mesh.shape[DATA], mesh.shape[MODEL]
+  rows = -(-run.batch_size // data) if run.batch_size % data == 0 else run.batch_size
+  tcfg = run.target.config
+  group = max(getattr(tcfg, "num_heads", 1) // max(getattr(tcfg, "num_kv_heads",
+                                                           getattr(tcfg, "num_heads", 1)), 1), 1)
+  reports, plans = [], []
+  thunks = _lowerings(run, mesh)
+  start = time.perf_counter()
+  for i, thunk in enumerate(thunks):
+    try:
+      lowered = thunk()
+    except Exception as e:  # a lowering error is a finding, reported
+      msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:500]
+      reports.append(ProgramReport(f"program {i}", "lowering", 0.0, 0, 0, 0, 0, 0,
+                                   chip.hbm_bytes, {}, None, 0, None, 0.0, {}, error=msg))
+      plans.append(None)
+      progress(f"[{i + 1}/{len(thunks)}] lowering failed: {msg}")
+      continue
+    cache_buffer = _cache_buffer_bytes(run, mesh)
+    rep = compile_program(lowered, chip, batch_rows=rows, group=group,
+                          copy_threshold=cache_buffer)
+    reports.append(rep)
+    draft = lowered.draft_model if lowered.kind == "speculative" else None
+    if lowered.kind == "prefill" and lowered.name.startswith("prefill draft"):
+      draft = dict(run.drafts)[lowered.name[len("prefill draft "):]]
+    plans.append(_plan_check(run, mesh, lowered, rep, draft))
+    elapsed = time.perf_counter() - start
+    eta = elapsed / (i + 1) * (len(thunks) - i - 1)
+    progress(f"[{i + 1}/{len(thunks)}] {rep.name}: "
+             + (f"FAILED {rep.error}" if rep.error else
+                f"compiled in {rep.compile_s:.0f} s, peak {rep.peak_bytes / 1e9:.2f} GB of "
+                f"{chip.hbm_bytes / 1e9:.1f}") + f" (elapsed {elapsed:.0f} s, ETA {eta:.0f} s)")
+  out = {"topology": run.topology, "chip": dataclasses.asdict(chip),
+         "hosts": num_hosts(devices), "devices": len(devices), "mesh": [data, model],
+         "batch_size": run.batch_size, "prompt_len": run.prompt_len,
+         "max_new_tokens": run.max_new_tokens, "cache_len": run.slots,
+         "programs": [dict(r.to_dict(), plan=p) for r, p in zip(reports, plans)]}
+  out["speedups"] = predicted_speedups(reports, dict(run.alphas))
+  out["markdown"] = format_reports(reports, f"{run.topology} ({len(devices)} chips, "
+                                   f"{num_hosts(devices)} host(s)), mesh data={data} x "
+                                   f"model={model}, batch {run.batch_size}, prompt "
+                                   f"{run.prompt_len}, {run.slots} cache slots")
+  return out
+
+
+def _cache_buffer_bytes(run: AotRun, mesh: Mesh) -> int:
+  """Per-device bytes of one of the target's cache buffers (one layer's keys)."""
+  cache = jax.eval_shape(lambda: run.target.init_cache(run.batch_size, run.slots,
+                                                       run.prompt_len))
+  leaves = [x for x in jax.tree_util.tree_leaves(cache) if x.ndim == 4]
+  if not leaves:
+    return 1 << 62
+  x = leaves[0]
+  return int(np.prod(x.shape) * x.dtype.itemsize // max(mesh.shape[MODEL], 1)) // 2
+
+
+def predicted_speedups(reports, alphas: Dict[str, float]):
+  """Theory's speedup from each speculative program's predicted iteration time
+  against the AR step's: E[tokens per iteration](α, γ) × t_AR / t_iteration."""
+  ar = next((r for r in reports if r.kind == "ar" and not r.error and r.predicted_s), None)
+  rows = []
+  if ar is None:
+    return rows
+  t_ar = ar.predicted_s["total_s"]
+  for r in reports:
+    if r.kind != "speculative" or r.error or not r.predicted_s:
+      continue
+    name = r.name.split(" γ=")[0].replace("speculative draft ", "")
+    gamma = int(r.name.split("γ=")[1]) if "γ=" in r.name else None
+    row = {"program": r.name, "iteration_cost_vs_ar": r.predicted_s["total_s"] / t_ar}
+    if name in alphas and gamma is not None:
+      tokens = float(theory.expected_tokens_per_call(alphas[name], gamma))
+      row.update(alpha=alphas[name], gamma=gamma, tokens_per_iteration=tokens,
+                 predicted_speedup=tokens * t_ar / r.predicted_s["total_s"])
+    rows.append(row)
+  return rows

@@ -1,0 +1,197 @@
+"""Compile-only runs for TPU topologies (libtpu's compiler, no TPU attached)."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from specjax.aot import chips, hlo_cost
+from specjax.aot.programs import lower_ar_loop
+from specjax.aot.report import compile_program
+from specjax.aot.run import AotRun, run_aot
+from specjax.models.decoder import DecoderConfig, DecoderLM
+from specjax.models.t5 import T5, t5_config
+
+
+# A hand-written module: every accounting rule of `hlo_cost`, with known answers.
+_HLO = """HloModule m
+
+%fused_dus (param_0.1: f32[4,1024], param_1.1: f32[4,1], param_2.1: s32[]) -> f32[4,1024] {
+  %param_0.1 = f32[4,1024]{1,0} parameter(0)
+  %param_1.1 = f32[4,1]{1,0} parameter(1)
+  %param_2.1 = s32[] parameter(2)
+  %c0 = s32[] constant(0)
+  ROOT %dus.1 = f32[4,1024]{1,0} dynamic-update-slice(%param_0.1, %param_1.1, %c0, %param_2.1)
+}
+
+%fused_slice (param_0.2: f32[1000,256], param_1.2: s32[]) -> f32[1,256] {
+  %param_0.2 = f32[1000,256]{1,0} parameter(0)
+  %param_1.2 = s32[] parameter(1)
+  %c1 = s32[] constant(0)
+  ROOT %ds.1 = f32[1,256]{1,0} dynamic-slice(%param_0.2, %param_1.2, %c1), dynamic_slice_sizes={1,256}
+}
+
+%inner_body (p.3: (s32[], f32[512])) -> (s32[], f32[512]) {
+  %p.3 = (s32[], f32[512]{0}) parameter(0)
+  %i.3 = s32[] get-tuple-element(%p.3), index=0
+  %x.3 = f32[512]{0} get-tuple-element(%p.3), index=1
+  %neg.3 = f32[512]{0} negate(%x.3)
+  ROOT %t.3 = (s32[], f32[512]{0}) tuple(%i.3, %neg.3)
+}
+
+%inner_cond (p.4: (s32[], f32[512])) -> pred[] {
+  %p.4 = (s32[], f32[512]{0}) parameter(0)
+  %i.4 = s32[] get-tuple-element(%p.4), index=0
+  %n.4 = s32[] constant(3)
+  ROOT %lt.4 = pred[] compare(%i.4, %n.4), direction=LT
+}
+
+%body (p.5: (s32[], f32[4,1024], f32[1000,256], f32[512])) -> (s32[], f32[4,1024], f32[1000,256], f32[512]) {
+  %p.5 = (s32[], f32[4,1024]{1,0}, f32[1000,256]{1,0}, f32[512]{0}) parameter(0)
+  %i.5 = s32[] get-tuple-element(%p.5), index=0
+  %cache.5 = f32[4,1024]{1,0} get-tuple-element(%p.5), index=1
+  %table.5 = f32[1000,256]{1,0} get-tuple-element(%p.5), index=2
+  %v.5 = f32[512]{0} get-tuple-element(%p.5), index=3
+  %row.5 = f32[1,256]{1,0} fusion(%table.5, %i.5), kind=kLoop, calls=%fused_slice
+  %upd.5 = f32[4,1]{1,0} slice(%cache.5), slice={[0:4], [0:1]}
+  %new.5 = f32[4,1024]{1,0} fusion(%cache.5, %upd.5, %i.5), kind=kLoop, calls=%fused_dus
+  %ar.5 = f32[1,256]{1,0} all-reduce(%row.5), replica_groups={}, to_apply=%add
+  %vm.5 = f32[512]{0:S(1)} copy(%v.5)
+  %cs.5 = (f32[4,1024]{1,0}, f32[4,1024]{1,0}, u32[]) copy-start(%new.5)
+  %cd.5 = f32[4,1024]{1,0} copy-done(%cs.5)
+  %init.5 = (s32[], f32[512]{0}) tuple(%i.5, %v.5)
+  %w.5 = (s32[], f32[512]{0}) while(%init.5), condition=%inner_cond, body=%inner_body
+  %one = s32[] constant(1)
+  %next = s32[] add(%i.5, %one)
+  ROOT %t.5 = (s32[], f32[4,1024]{1,0}, f32[1000,256]{1,0}, f32[512]{0}) tuple(%next, %cd.5, %table.5, %v.5)
+}
+
+%cond (p.6: (s32[], f32[4,1024], f32[1000,256], f32[512])) -> pred[] {
+  %p.6 = (s32[], f32[4,1024]{1,0}, f32[1000,256]{1,0}, f32[512]{0}) parameter(0)
+  %i.6 = s32[] get-tuple-element(%p.6), index=0
+  %lim = s32[] constant(100)
+  %lt.6 = pred[] compare(%i.6, %lim), direction=LT
+  ROOT %and.6 = pred[] and(%lt.6, %lt.6)
+}
+
+ENTRY %main (a: (s32[], f32[4,1024], f32[1000,256], f32[512])) -> (s32[], f32[4,1024], f32[1000,256], f32[512]) {
+  %a = (s32[], f32[4,1024]{1,0}, f32[1000,256]{1,0}, f32[512]{0}) parameter(0)
+  ROOT %w = (s32[], f32[4,1024]{1,0}, f32[1000,256]{1,0}, f32[512]{0}) while(%a), condition=%cond, body=%body
+}
+"""
+
+
+def test_hlo_accounting_rules_on_a_known_module():
+  cost = hlo_cost.loop_cost(_HLO, copy_threshold=16 * 1024)
+  assert cost.body == "body" and cost.trip_count is None
+  # Reads: the table only sliced (one 256-float row, not 1000 rows) plus the s32 index;
+  # `slice` reads the [4, 1] slice (16 B), not the cache; the in-place update reads the
+  # update and the index, the cache itself not at all; the all-reduce reads its row; the
+  # copy of `v` reads 512 floats and writes to on-chip memory (S(1): no HBM write); the
+  # copy-start moves the 16 KiB cache HBM -> HBM; the inner loop runs 3 times (its
+  # condition counts to 3): a negate of 512 floats and a compare of two s32 each; the
+  # add reads two s32; the condition: a compare (two s32) and an `and` (two preds).
+  row, upd, vec, cache, s32 = 256 * 4, 4 * 4, 512 * 4, 4 * 1024 * 4, 4
+  assert cost.bytes_read == ((row + s32) + upd + (upd + s32) + row + vec + cache
+                             + 3 * (vec + 2 * s32) + 2 * s32 + (2 * s32 + 2))
+  assert cost.bytes_written == (row + upd + upd + row + 0 + cache + 3 * (vec + 1) + s32
+                                + (1 + 1))
+  assert cost.collectives == {"all-reduce": (1, row)}
+  assert cost.hbm_copies == [("cs.5", cache, True)]
+  assert cost.host_transfers == 0 and cost.unknown_trips == 0
+  with pytest.raises(ValueError, match="no ENTRY"):
+    hlo_cost.loop_cost("not hlo")
+
+
+def test_shape_bytes():
+  assert hlo_cost.shape_bytes("bf16[8,4096]{1,0:T(8,128)(2,1)}") == 8 * 4096 * 2
+  assert hlo_cost.shape_bytes("(f32[2], s32[3], pred[])") == 8 + 12 + 1
+  assert hlo_cost.shape_bytes("f32[64]{0:S(1)}", hbm_only=True) == 0
+
+
+def test_topologies_and_chips():
+  assert chips.parse_topology("v5e:2x4") == ("v5e", (2, 4))
+  assert chips.parse_topology("v4:2x2x4") == ("v4", (2, 2, 4))
+  for bad in ("v5e", "v9:2x2", "v5e:2", "v5e:0x2"):
+    with pytest.raises(ValueError, match="topology"):
+      chips.parse_topology(bad)
+  with pytest.raises(TypeError, match="topology must be a string"):
+    chips.parse_topology(8)
+  with pytest.raises(ValueError, match="chip must be one of"):
+    chips.chip("v3")
+  devices = chips.topology_devices("v5e:2x2")
+  assert len(devices) == 4 and chips.chip_of_device(devices[0]).name == "v5e"
+  v4 = chips.topology_devices("v4:2x2x1")      # one device per chip (megacore)
+  assert len(v4) == 4 and chips.chip_of_device(v4[0]).hbm_bytes == 32 << 30
+  assert len(chips.topology_devices("v4:1x1x1")) == 1
+  assert chips.num_hosts(chips.topology_devices("v5e:4x4")) == 2
+
+
+# Tile-friendly tiny shapes (TPU tiles are 8 x 128): the compiler's figures are then
+# the arrays' own bytes, comparable with the memory plan.
+_DEC = DecoderConfig(vocab_size=1024, d_model=256, num_layers=2, num_heads=4, num_kv_heads=4,
+                     head_dim=128, mlp_dim=512, dtype="bfloat16", param_dtype="bfloat16")
+_DRAFT = DecoderConfig(vocab_size=1024, d_model=128, num_layers=1, num_heads=2, num_kv_heads=2,
+                       head_dim=128, mlp_dim=256, dtype="bfloat16", param_dtype="bfloat16",
+                       tie_embeddings=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder_report():
+  run = AotRun("v5e:2x2", DecoderLM(_DEC), (("draft", DecoderLM(_DRAFT)),), gammas=(3,),
+               batch_size=8, prompt_len=120, max_new_tokens=8, cache_len=256,
+               programs=("ar", "draft", "prompt_lookup"), alphas=(("draft", 0.8),))
+  return run_aot(run, progress=lambda m: None)
+
+
+def test_tiny_decoder_compiles_for_v5e_and_fits(tiny_decoder_report):
+  r = tiny_decoder_report
+  assert r["devices"] == 4 and r["mesh"] == [1, 4] and r["chip"]["name"] == "v5e"
+  by = {p["name"]: p for p in r["programs"]}
+  assert set(by) == {"ar", "speculative draft draft γ=3", "speculative prompt lookup γ=3"}
+  for p in by.values():
+    assert p["error"] is None and p["fits"], p["name"]
+    loop = p["loop"]
+    assert loop["host_transfers"] == 0, p["name"]          # the loop stays on the device
+    assert loop["hbm_copies"] == [], p["name"]             # no cache-sized copy per iteration
+    assert loop["collectives"]["all-reduce"]["count"] >= 2 * _DEC.num_layers
+    assert p["predicted_s"]["total_s"] > 0
+  # The donated cache is updated in place: the aliased bytes cover it.
+  assert by["ar"]["alias_bytes"] >= 0.99 * by["ar"]["slices"]["target_cache"]
+  # The memory plan agrees with the compiler's arguments within 10% per device.
+  for p in by.values():
+    if p["plan"] is not None:
+      assert 0.9 <= p["plan"]["ratio"] <= 1.1, (p["name"], p["plan"])
+  speed = {s["program"]: s for s in r["speedups"]}
+  assert speed["speculative draft draft γ=3"]["alpha"] == 0.8
+  assert "| ar |" in r["markdown"]
+
+
+def test_tiny_t5_compiles_for_v5e():
+  t5 = T5(t5_config("t5-v1_1-tiny", dtype="bfloat16", param_dtype="bfloat16"))
+  devices = chips.topology_devices("v5e:2x2")
+  mesh = Mesh(np.array(devices).reshape(1, 4), ("data", "model"))
+  lowered = lower_ar_loop(t5, mesh, batch_size=4, prompt_len=16, max_new_tokens=4, cache_len=24)
+  rep = compile_program(lowered, chips.chip("v5e"))
+  assert rep.error is None and rep.fits and rep.loop is not None
+  assert rep.loop["host_transfers"] == 0
+
+
+def test_compile_errors_are_reported_not_raised():
+  class Broken:
+    name, kind, slices = "broken", "ar", {}
+    tokens_per_call, draft_calls = 1, 0
+
+    class lowered:  # noqa: N801 - stands in for jax.stages.Lowered
+      @staticmethod
+      def compile():
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of HBM\nmore")
+  rep = compile_program(Broken(), chips.chip("v5e"))
+  assert rep.error == "RESOURCE_EXHAUSTED: out of HBM" and not rep.fits
+
+
+def test_bad_runs_are_refused():
+  with pytest.raises(ValueError, match="programs must be among"):
+    AotRun("v5e:2x2", DecoderLM(_DEC), programs=("ar", "nope"))
+  with pytest.raises(ValueError, match="mesh 2x4 needs 8 devices"):
+    run_aot(AotRun("v5e:2x2", DecoderLM(_DEC), mesh=(2, 4)), progress=lambda m: None)
