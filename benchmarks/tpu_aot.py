@@ -35,12 +35,18 @@ _OUT = flags.DEFINE_string("out", "results/tpu_aot", "Output directory.")
 BF16 = dict(dtype="bfloat16", param_dtype="bfloat16")
 
 
-def _dec(name):
-  return DecoderLM(decoder_config(name, **BF16))
+def _dec(name, **kw):
+  return DecoderLM(decoder_config(name, **BF16, **kw))
 
 
 def _t5(name):
   return T5(t5_config(name, **BF16))
+
+
+def _chunk(ctx):
+  """Long prompts prefill in chunks of 512 positions (attention scores of one chunk at a
+  time: `DecoderConfig.prefill_chunk`)."""
+  return 512 if ctx > 4096 else None
 
 
 def cases():
@@ -67,7 +73,8 @@ def cases():
         continue
       out.append(("today", f"today_llama-3.1-8b_{topo.replace(':', '-')}_b{batch}_ctx{ctx}",
                   lambda topo=topo, batch=batch, ctx=ctx: AotRun(
-                      topo, _dec("llama-3.1-8b"), (("llama-3.2-1b", _dec("llama-3.2-1b")),),
+                      topo, _dec("llama-3.1-8b", prefill_chunk=_chunk(ctx)),
+                      (("llama-3.2-1b", _dec("llama-3.2-1b", prefill_chunk=_chunk(ctx))),),
                       gammas=(4,), batch_size=batch, prompt_len=ctx - 256, max_new_tokens=128,
                       cache_len=ctx, programs=("ar", "draft", "eagle_chain"),
                       eagle_features=(2, 16, 29), alphas=(("llama-3.2-1b", 0.8),))))

@@ -17,6 +17,7 @@ from specjax.drafters.model import ModelDrafter
 from specjax.drafting import Drafter
 from specjax.generation import (AutoregressiveDecoder, GenerationOutput, Prefill,
                                 SpeculativeDecoder, run_prefill)
+from specjax.parallel.sharding import place_cache_like
 from specjax.protocol import check_model, required_cache_len
 from specjax.sampling import SamplingConfig
 from specjax.verify import rejection_verify
@@ -44,7 +45,7 @@ def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
                    f"got key shape {tuple(key.shape)}")
 
 
-def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len):
+def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len, params=None):
   need = required_cache_len(model, prompt_len, max_new, gamma)
   if cache is None:
     if cache_len is None:
@@ -55,7 +56,8 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
           f"cache_len={cache_len} is too short: prompt ({prompt_len} tokens → "
           f"{model.prefill_positions(prompt_len)} positions) + max_new_tokens ({max_new}) "
           f"+ gamma ({gamma}) needs {need} slots")
-    return model.init_cache(batch, cache_len, prompt_len)
+    # Placed like the params: on their mesh, split, never whole on every device.
+    return place_cache_like(model.init_cache(batch, cache_len, prompt_len), params)
   cache_b = cache.lengths.shape[0]
   if cache_b != batch:
     raise ValueError(f"{name} has batch {cache_b}, prompts have batch {batch}")
@@ -110,7 +112,7 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
   prompts, prompt_lengths = check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape
   if prefilled is None:
-    cache = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len)
+    cache = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len, params)
   else:
     _check_prefilled(prefilled, cache, model, b, p, max_new_tokens, 0)
   keys = _row_keys(key, b, sampling)
@@ -151,7 +153,7 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
   gamma = check_int("gamma", gamma, 0)
   prompts, prompt_lengths = check_prompts(prompts, prompt_lengths)
   b, p = prompts.shape
-  cache = _check_cache("cache", model, None, b, p, max_new_tokens, gamma, cache_len)
+  cache = _check_cache("cache", model, None, b, p, max_new_tokens, gamma, cache_len, params)
   return run_prefill(model, params, sampling, prompts, prompt_lengths,
                      _row_keys(key, b, sampling), cache)
 
@@ -229,7 +231,7 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       _check_prefilled(prefilled, target_cache, target, b, p, max_new_tokens, call_len - 1)
     else:
       target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens,
-                                  call_len - 1, cache_len)
+                                  call_len - 1, cache_len, target_params)
   except ValueError as e:
     if call_len == gamma + 1:
       raise
@@ -238,7 +240,7 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                      "token, not gamma)") from None
   if isinstance(drafter, ModelDrafter) and not drafter.shares_target_params:
     draft_cache = _check_cache("draft_cache", drafter.model, draft_cache, b, p, max_new_tokens,
-                               gamma, cache_len)
+                               gamma, cache_len, draft_params)
   else:
     if draft_cache is not None and not isinstance(drafter, ModelDrafter):
       raise ValueError(f"draft_cache is for a draft model; {type(drafter).__name__} allocates "

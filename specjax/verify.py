@@ -242,9 +242,13 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
   for d in range(depth):
     hit_B = jnp.zeros((b,), bool)
     acc_B = jnp.zeros((b,), jnp.int32)
+    # The current node's children, one row per batch row `[B, C]` (a per-row gather; a
+    # static column below: no gather whose indices mix an iota and constants, which
+    # libtpu 0.0.42's gather simplification mis-shapes).
+    kids_BC = (children_NC[cur_B] if children_NC.ndim == 2
+               else jnp.take_along_axis(children_NC, cur_B[:, None, None], axis=1)[:, 0])
     for k in range(c):
-      child_B = (children_NC[cur_B, k] if children_NC.ndim == 2
-                 else children_NC[jnp.arange(b), cur_B, k])
+      child_B = kids_BC[:, k]
       safe_B = jnp.maximum(child_B, 0)
       trial_B = (child_B >= 0) & jnp.take_along_axis(valid_BN, safe_B[:, None], axis=1)[:, 0] \
           & ~hit_B & ~stopped_B

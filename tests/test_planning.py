@@ -105,7 +105,9 @@ def test_draft_replicated_or_split():
   cache_split = 2 * (b // 2) * k * d * s * F32 + (b // 2) * 4  # batch over data=2
 
   replicated = memory_plan(TARGET, DRAFT, mesh_shape=(2, 2), batch_size=b, cache_len=s)
-  assert (replicated.draft_params, replicated.draft_cache) == (whole * F32, cache_whole)
+  # Replicated: the weights whole on every device, the cache's rows over data like every cache.
+  assert (replicated.draft_params, replicated.draft_cache) == (whole * F32, cache_split)
+  assert replicated.unsharded[3] == cache_whole
   sharded = memory_plan(TARGET, DRAFT, mesh_shape=(2, 2), batch_size=b, cache_len=s,
                         draft_sharded=True)
   assert (sharded.draft_params, sharded.draft_cache) == (split * F32, cache_split)

@@ -171,3 +171,28 @@ def test_repeated_kv_heads_split_the_cache_and_decode_exactly():
   np.testing.assert_array_equal(out.stats.accepted, ref.stats.accepted)
   with pytest.raises(ValueError, match="must divide num_heads"):
     lm.repeat_kv_heads(params, 3)
+
+
+def test_caches_the_api_allocates_are_placed_like_the_params():
+  """No caches passed: the target's is split like `cache_spec` lays it out (batch over
+  data, kv heads over model) and a replicated draft's has its rows over data — neither
+  is whole on every device — and the tokens equal the single-device run."""
+  mesh = sharding.make_mesh(data=4, model=2)
+  lm, params = target()
+  draft, draft_params = noisy_draft()
+  prompts, lengths = ragged_prompts(batch=8)
+  kw = dict(max_new_tokens=8, gamma=2, sampling=specjax.GREEDY, eos_id=EOS)
+  ref = specjax.speculative_generate(lm, params, draft, draft_params, prompts, lengths, **kw)
+  sp, ln = sharding.shard_batch(mesh, prompts, lengths)
+  out = specjax.speculative_generate(lm, sharding.shard_params(params, mesh), draft,
+                                     sharding.replicate(draft_params, mesh), sp, ln, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  P = jax.sharding.PartitionSpec
+  k = out.target_cache.k[0]
+  assert k.sharding.shard_shape(k.shape)[:2] == (k.shape[0] // 4, k.shape[1] // 2)
+  d = out.draft_cache.k[0]
+  assert d.sharding.shard_shape(d.shape)[0] == d.shape[0] // 4
+  assert sharding.place_cache_like({"x": np.zeros(4)}, {"w": np.ones(2)})["x"].shape == (4,)
+  assert sharding.params_mesh(params) is None
+  assert P("data") == sharding.place_cache_like(
+      lm.init_cache(8, 16), sharding.replicate(params, mesh)).lengths.sharding.spec

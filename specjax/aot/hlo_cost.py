@@ -15,7 +15,8 @@ iteration of it:
   count (`known_trip_count`) times; a conditional counts its largest branch.
   A nested loop without the annotation whose condition is `counter < N`
   (a `lax.scan` / `fori_loop`) counts N times.
-  Buffers in on-chip memory (layout memory space `S(1)`) are not HBM traffic.
+  Buffers in on-chip memory (a layout memory space `S(n)`, n > 0: vector,
+  scalar or — on v4 — common memory) are not HBM traffic.
 * **collectives** by kind (all-reduce, all-gather, reduce-scatter,
   all-to-all, collective-permute): count and bytes per iteration.
 * **host transfers** inside the loop (send / recv / infeed / outfeed, host
@@ -43,6 +44,9 @@ _ITEMSIZE = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16":
              "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1, "f8e4m3fnuz": 1,
              "f8e5m2fnuz": 1}
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
+# A layout's memory space other than 0 (HBM): S(1) vector memory, S(2) scalar / sync
+# memory, S(3) v4's common memory (CMEM).
+_ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 _NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
                "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
                "copy-done", "all-reduce-done", "all-gather-done", "collective-permute-done",
@@ -70,12 +74,12 @@ class Instr:
 
 def shape_bytes(type_str: str, hbm_only: bool = False) -> int:
   """Bytes of an HLO type (a tuple: the sum of its arrays). `hbm_only`:
-  leave out arrays placed in on-chip memory (layout `S(1)`)."""
+  leave out arrays placed in on-chip memory (a layout memory space `S(n)`, n > 0)."""
   total = 0.0
   for dtype, dims, layout in _ARRAY.findall(type_str):
     if dtype not in _ITEMSIZE:
       continue
-    if hbm_only and layout and "S(1)" in layout:
+    if hbm_only and layout and _ON_CHIP.search(layout):
       continue
     n = math.prod(int(d) for d in dims.split(",")) if dims else 1
     total += n * _ITEMSIZE[dtype]

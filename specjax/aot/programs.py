@@ -137,7 +137,7 @@ def lower_ar_loop(model, mesh: Mesh, *, batch_size: int, prompt_len: int, max_ne
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
   return Lowered("ar", generation.autoregressive_loop.lower(dec, params, prompts, lengths, keys,
                                                             cache), "ar",
-                 slices={"target_params": device_bytes(params),
+                 slices={"target_params": decode_bytes(params),
                          "target_cache": device_bytes(cache)})
 
 
@@ -175,8 +175,16 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
                  "speculative", tokens_per_call=call_len,
                  draft_calls=drafter.calls_per_iteration(gamma), draft_model=draft_model,
                  draft_replicated=draft_replicated,
-                 slices={"target_params": device_bytes(tp), "target_cache": device_bytes(tcache),
+                 slices={"target_params": decode_bytes(tp), "target_cache": device_bytes(tcache),
                          "draft_params": _own_bytes(dp, tp), "draft_cache": device_bytes(dcache)})
+
+
+def decode_bytes(params) -> int:
+  """Per-device bytes of the params a decode step reads: all of a decoder's;
+  an encoder-decoder's without its encoder (run once, in the prefill)."""
+  if isinstance(params, dict) and "encoder" in params:
+    params = {k: v for k, v in params.items() if k != "encoder"}
+  return device_bytes(params)
 
 
 def _own_bytes(draft_params, target_params) -> int:
@@ -186,6 +194,8 @@ def _own_bytes(draft_params, target_params) -> int:
     return 0
   shared = {id(x) for x in jax.tree_util.tree_leaves(target_params)}
   own = [x for x in jax.tree_util.tree_leaves(draft_params) if id(x) not in shared]
+  if isinstance(draft_params, dict) and "encoder" in draft_params:
+    return decode_bytes(draft_params)
   return device_bytes(own)
 
 

@@ -146,7 +146,9 @@ def compile_program(lowered: Lowered, chip: Chip, *, batch_rows: int = 1, group:
       code_bytes=int(mem.generated_code_size_in_bytes), hbm_bytes=chip.hbm_bytes,
       slices=dict(lowered.slices), loop=None if cost is None else _loop_dict(cost),
       expected_bytes=exp,
-      read_ratio=None if cost is None or not exp else cost.bytes_read / exp,
+      # The per-iteration goal applies to loops; a prefill or a train step is one call.
+      read_ratio=(None if cost is None or not exp or lowered.kind not in ("ar", "speculative")
+                  else cost.bytes_read / exp),
       flops=flops, predicted_s=pred)
 
 

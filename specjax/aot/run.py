@@ -43,6 +43,7 @@ from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig
 from specjax.parallel.sharding import DATA, MODEL
 from specjax.planning.memory import memory_plan
+from specjax.planning.mesh import choose_mesh
 from specjax.tree import TokenTree
 from specjax._checks import check_int
 
@@ -202,18 +203,21 @@ def _plan_check(run: AotRun, mesh: Mesh, lowered: Lowered, report: ProgramReport
   plan = memory_plan(run.target.config, None if draft is None else draft.config,
                      mesh_shape=(mesh.shape[DATA], mesh.shape[MODEL]), batch_size=run.batch_size,
                      cache_len=run.slots, draft_sharded=not run.draft_replicated,
-                     activation_tokens=run.prompt_len, prompt_len=run.prompt_len)
+                     activation_tokens=_prefill_tokens(run), prompt_len=run.prompt_len,
+                     logit_tokens=max(1, lowered.tokens_per_call if lowered.kind != "prefill"
+                                      else 1))
   held = plan.target_params + plan.target_cache + plan.draft_params + plan.draft_cache
-  if lowered.kind == "prefill" and lowered.name != "prefill target":
+  holds_target = not lowered.name.startswith("prefill draft")
+  if not holds_target:
     held = plan.draft_params + plan.draft_cache
   elif lowered.kind in ("prefill", "ar"):
     held = plan.target_params + plan.target_cache
-  compiler_held = sum(lowered.slices.values())
-  return {"plan_params_and_caches": held, "compiler_arguments": report.argument_bytes,
-          "abstract_arguments": compiler_held,
-          "ratio": report.argument_bytes / held if held else None,
-          "plan_total": plan.per_device_bytes, "compiler_peak": report.peak_bytes,
-          "total_ratio": report.peak_bytes / plan.per_device_bytes}
+  out = {"plan_params_and_caches": held, "compiler_arguments": report.argument_bytes,
+         "ratio": report.argument_bytes / held if held else None}
+  if holds_target:  # the plan's activation estimate is the target's prefill (or the draft's)
+    out.update(plan_total=plan.per_device_bytes, compiler_peak=report.peak_bytes,
+               total_ratio=report.peak_bytes / plan.per_device_bytes)
+  return out
 
 
 def run_aot(run: AotRun, progress: Callable[[str], None] = print,
@@ -267,11 +271,39 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
          "max_new_tokens": run.max_new_tokens, "cache_len": run.slots,
          "programs": [dict(r.to_dict(), plan=p) for r, p in zip(reports, plans)]}
   out["speedups"] = predicted_speedups(reports, dict(run.alphas))
+  out["fits"] = all(r.fits for r in reports)
+  if not out["fits"]:
+    out["smallest_fitting"] = smallest_fitting_slice(run, chip)
   out["markdown"] = format_reports(reports, f"{run.topology} ({len(devices)} chips, "
                                    f"{num_hosts(devices)} host(s)), mesh data={data} x "
                                    f"model={model}, batch {run.batch_size}, prompt "
                                    f"{run.prompt_len}, {run.slots} cache slots")
   return out
+
+
+def _prefill_tokens(run: AotRun) -> int:
+  """Positions of the largest call: the prompt, or one prefill chunk of it."""
+  chunk = getattr(run.target.config, "prefill_chunk", None)
+  return min(run.prompt_len, chunk) if chunk else run.prompt_len
+
+
+def smallest_fitting_slice(run: AotRun, chip, max_chips: int = 256) -> Optional[Dict[str, Any]]:
+  """The fewest chips of this generation (powers of two) whose best mesh fits the
+  run by the memory plan (`specjax.planning.mesh.choose_mesh`: the fewest model-axis
+  devices that fit, rows over data), or None within `max_chips`."""
+  draft = run.drafts[0][1].config if run.drafts else None
+  n = 1
+  while n <= max_chips:
+    try:
+      mesh = choose_mesh(run.target.config, draft, num_devices=n, batch_size=run.batch_size,
+                         cache_len=run.slots, capacity_bytes=chip.hbm_bytes,
+                         draft_sharded=not run.draft_replicated,
+                         activation_tokens=_prefill_tokens(run), prompt_len=run.prompt_len,
+                         logit_tokens=max(run.gammas) + 1)
+      return {"chips": n, "mesh": list(mesh)}
+    except ValueError:
+      n *= 2
+  return None
 
 
 def _cache_buffer_bytes(run: AotRun, mesh: Mesh) -> int:

@@ -270,7 +270,7 @@ class Eagle(Drafter):
     pool_parent = [jnp.full((b, k), -1, jnp.int32)]               # pool index, -1: root
     # The current level's candidates: pool indices, their parent's output
     # and side ancestors.
-    lvl_idx = jnp.broadcast_to(jnp.arange(k, dtype=jnp.int32)[None], (b, k))
+    lvl_base = 0                                                 # pool index of the level's first
     lvl_feat = jnp.broadcast_to(out[:, :1], (b, k, out.shape[-1]))
     lvl_anc = jnp.broadcast_to(eye[0][None, None], (b, k, m))   # their parents' ancestors
     lvl_score, lvl_tok = top_lp, top_tok
@@ -281,9 +281,12 @@ class Eagle(Drafter):
       take = lambda a: jnp.take_along_axis(a, pick.reshape(b, k, *([1] * (a.ndim - 2))),
                                            axis=1)
       feats, toks, anc = take(lvl_feat), take(lvl_tok), take(lvl_anc)
-      pidx = take(lvl_idx)
+      # The picked candidates' pool indices (the level's are consecutive from `lvl_base`):
+      # arithmetic, not a gather from a broadcast iota (which the TPU compiler's gather
+      # simplification mis-shapes: an hlo_verifier RET_CHECK in libtpu 0.0.42).
+      pidx = lvl_base + pick.astype(jnp.int32)
       slots = 1 + (d - 1) * k + np.arange(k)
-      anc = anc | eye[slots][None]
+      anc = anc | np.eye(m, dtype=bool)[slots][None]   # host-side rows: no gather
       out, logp, side_k, side_v = self._level(params, state, feats, toks, d, side_k, side_v,
                                               slots, anc)
       c_lp, c_tok = jax.lax.top_k(logp, k)                         # [B, k, k]
@@ -291,7 +294,7 @@ class Eagle(Drafter):
       pool_tok.append(c_tok.reshape(b, k * k))
       pool_score.append(c_score)
       pool_parent.append(jnp.repeat(pidx, k, axis=1))
-      lvl_idx = base + jnp.broadcast_to(jnp.arange(k * k, dtype=jnp.int32)[None], (b, k * k))
+      lvl_base = base
       lvl_feat = jnp.repeat(out, k, axis=1)
       lvl_anc = jnp.repeat(anc, k, axis=1)
       lvl_score, lvl_tok = c_score, c_tok.reshape(b, k * k)

@@ -187,4 +187,7 @@ def head_logits(config: EagleConfig, params, lm_head_EV, out_xE: jax.Array) -> j
   """The head's outputs (predicted features) → float32 draft logits."""
   if config.version == 3:
     out_xE = _rms(out_xE, params["out_norm"], config.norm_eps)
-  return (out_xE.astype(jnp.float32) @ lm_head_EV.astype(jnp.float32)).astype(jnp.float32)
+  # The shared head is read in its own dtype (a bf16 target's 1-2 GB table is not copied
+  # to float32 every draft step), accumulating in float32.
+  return jnp.matmul(out_xE.astype(lm_head_EV.dtype), lm_head_EV,
+                    preferred_element_type=jnp.float32)

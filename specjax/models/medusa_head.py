@@ -61,5 +61,7 @@ def head_logits(config: MedusaConfig, params, h_xE: jax.Array, shared_lm_head=No
   h = h_xE.astype(jnp.float32)
   z = h[..., None, :] + jax.nn.silu(jnp.einsum("...e,kef->...kf", h, params["w"]) + params["b"])
   if config.share_lm_head:
-    return jnp.einsum("...ke,ev->...kv", z, shared_lm_head.astype(jnp.float32))
+    # Read in its own dtype (no float32 copy of a bf16 table per step), float32 sums.
+    return jnp.einsum("...ke,ev->...kv", z.astype(shared_lm_head.dtype), shared_lm_head,
+                      preferred_element_type=jnp.float32)
   return jnp.einsum("...ke,kev->...kv", z, params["lm_head"])

@@ -41,14 +41,15 @@ them puts every core on the target's matrix-vector products at batch 1
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch",
-           "replicate", "fsdp_spec", "kv_head_repeats", "fit_to_mesh"]
+           "replicate", "fsdp_spec", "kv_head_repeats", "fit_to_mesh", "params_mesh",
+           "place_cache_like"]
 
 DATA, MODEL = "data", "model"
 
@@ -202,3 +203,34 @@ def replicate(tree, mesh: Mesh):
     raise TypeError(f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}")
   sharding = NamedSharding(mesh, P())
   return jax.tree_util.tree_map(lambda x: jax.device_put(x, sharding), tree)
+
+
+def params_mesh(params) -> Optional[Mesh]:
+  """The mesh a params tree is placed on (its first leaf with a `NamedSharding`
+  over more than one device), or None (one device, or not placed)."""
+  for x in jax.tree_util.tree_leaves(params):
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+      return sharding.mesh
+  return None
+
+
+def place_cache_like(cache, params):
+  """A fresh cache placed the way its model's `params` are: on their mesh, laid
+  out by `cache_spec` (batch over `data`, kv heads over `model`) when the params
+  are split over `model`, only its rows over `data` when the params are whole on
+  every device (a replicated draft); returned as is when the params are on one
+  device. `generate` / `speculative_generate` place the caches they allocate
+  with it, so a run on a mesh never holds a whole cache per device by default."""
+  mesh = params_mesh(params)
+  if mesh is None:
+    return cache
+  split = any(not getattr(x, "sharding", None).is_fully_replicated
+              for x in jax.tree_util.tree_leaves(params) if hasattr(x, "sharding"))
+
+  def spec(x):
+    if split:
+      return cache_spec(x, mesh)
+    ok = getattr(x, "ndim", 0) >= 1 and x.shape[0] % mesh.shape[DATA] == 0
+    return P(DATA, *([None] * (x.ndim - 1))) if ok and mesh.shape[DATA] > 1 else P()
+  return jax.tree_util.tree_map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), cache)

@@ -132,7 +132,7 @@ def _split(n: int, mesh: AbstractMesh, axis: str) -> int:
 
 
 def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, tokens: int,
-                      context: int) -> int:
+                      context: int, logit_tokens: Optional[int] = None) -> int:
   """The activation estimate of one call (see `memory_plan`)."""
   if isinstance(config, DecoderConfig):
     width, hidden, heads = config.d_model, config.mlp_dim, config.num_heads
@@ -140,7 +140,8 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
     width, hidden, heads = config.d_model, config.d_ff, config.num_heads
   itemsize = np.dtype(config.dtype).itemsize
   rows = _split(batch_size, mesh, DATA) * tokens
-  logits = rows * config.vocab_size * 4
+  logits = _split(batch_size, mesh, DATA) * (tokens if logit_tokens is None else logit_tokens) \
+      * config.vocab_size * 4
   states = _HIDDEN_BUFFERS * rows * width * itemsize
   mlp = _MLP_BUFFERS * rows * _split(hidden, mesh, MODEL) * itemsize
   scores = _SCORE_BUFFERS * rows * _split(heads, mesh, MODEL) * context * 4
@@ -243,7 +244,8 @@ def mesh_pair(mesh_shape: Any, name: str = "mesh_shape") -> Tuple[int, int]:
 def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tuple[int, int],
                 batch_size: int, cache_len: int, draft_sharded: bool = False,
                 activation_tokens: Optional[int] = None,
-                prompt_len: Optional[int] = None) -> MemoryPlan:
+                prompt_len: Optional[int] = None,
+                logit_tokens: Optional[int] = None) -> MemoryPlan:
   """Per-device bytes of params, caches and activations on a (data, model) mesh.
 
   Args:
@@ -259,6 +261,8 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
       prompt that fills the cache; a verification call is gamma + 1).
     prompt_len: encoder positions a T5 cache holds for cross-attention
       (default: cache_len); unused by decoders.
+    logit_tokens: the positions of that call whose logits are computed
+      (default: all T; a prefill projects only each row's last position: 1).
 
   Params: every leaf's shape from `jax.eval_shape(model.init)` in
   `param_dtype`, split as `specjax.parallel.sharding.param_spec` splits it over
@@ -274,7 +278,7 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
   (B when data does not divide B), with F' / H' the MLP hidden units / heads
   over `model` where it divides, s the itemsize of `dtype`:
 
-    logits           B' T V * 4            (float32, the vocabulary whole)
+    logits           B' T_l V * 4          (float32, the vocabulary whole; T_l = logit_tokens)
     hidden states    4 B' T E * s          (residual, normed, attention out, input)
     MLP              3 B' T F' * s         (gate, up, their product)
     attention        2 B' H' T C * 4       (float32 scores and softmax of one
@@ -296,20 +300,24 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
   context = max(cache_len, prompt_len)
   tokens = context if activation_tokens is None else check_int("activation_tokens",
                                                                 activation_tokens, 1)
+  if logit_tokens is not None:
+    logit_tokens = check_int("logit_tokens", logit_tokens, 1)
 
   def components(mesh: AbstractMesh, draft_mesh: AbstractMesh) -> Tuple[int, ...]:
-    acts = [_activation_bytes(target, mesh, batch_size, tokens, context)]
+    acts = [_activation_bytes(target, mesh, batch_size, tokens, context, logit_tokens)]
     row = [_params_bytes(target, mesh),
            _cache_bytes(target, mesh, batch_size, cache_len, prompt_len), 0, 0]
     if draft is not None:
       row[2] = _params_bytes(draft, draft_mesh)
       row[3] = _cache_bytes(draft, draft_mesh, batch_size, cache_len, prompt_len)
-      acts.append(_activation_bytes(draft, draft_mesh, batch_size, tokens, context))
+      acts.append(_activation_bytes(draft, draft_mesh, batch_size, tokens, context,
+                                    logit_tokens))
     return tuple(row) + (max(acts),)
 
   mesh = _abstract_mesh(data, model)
-  # A replicated draft is whole on every device: the same bytes as on a single device.
-  per_device = components(mesh, mesh if draft_sharded else _abstract_mesh(1, 1))
+  # A replicated draft's weights are whole on every device (a mesh of `data` x 1); its
+  # cache, like every cache, has its rows over `data` (`sharding.place_cache_like`).
+  per_device = components(mesh, mesh if draft_sharded else _abstract_mesh(data, 1))
   single = _abstract_mesh(1, 1)
   unsharded = components(single, single)
   return MemoryPlan(mesh_shape=(data, model), batch_size=batch_size, cache_len=cache_len,

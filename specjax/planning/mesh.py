@@ -28,7 +28,8 @@ def choose_mesh(target_config: Any, draft_config: Any = None, *, num_devices: in
                 batch_size: int, cache_len: int, capacity_bytes: Optional[int],
                 mesh: MeshChoice = "auto", draft_sharded: bool = False,
                 activation_tokens: Optional[int] = None,
-                prompt_len: Optional[int] = None) -> Tuple[int, int]:
+                prompt_len: Optional[int] = None,
+                logit_tokens: Optional[int] = None) -> Tuple[int, int]:
   """The (data, model) axis sizes to run on.
 
   mesh="auto": the fewest model-axis devices that fit. Model axis sizes are
@@ -50,7 +51,8 @@ def choose_mesh(target_config: Any, draft_config: Any = None, *, num_devices: in
     capacity_bytes = check_int("capacity_bytes", capacity_bytes, 1)
   plan = functools.partial(memory_plan, target_config, draft_config, batch_size=batch_size,
                            cache_len=cache_len, draft_sharded=draft_sharded,
-                           activation_tokens=activation_tokens, prompt_len=prompt_len)
+                           activation_tokens=activation_tokens, prompt_len=prompt_len,
+                           logit_tokens=logit_tokens)
   if isinstance(mesh, str):
     if mesh != "auto":
       raise ValueError(f"mesh must be 'auto' or a (data, model) pair of ints >= 1, got {mesh!r}")

@@ -27,9 +27,14 @@ orbax cannot read (a truncated or missing file) is logged, moved aside to
 `<workdir>/checkpoints.corrupt/<step>` and the next older one is tried, so a
 damaged checkpoint costs the steps since the one before it, nothing else.
 
-Saves are asynchronous by default: the state is first copied to host numpy
-arrays (so the donated device buffers can be reused at once) and orbax writes
-them in a background thread; `close()` waits for it.
+Saves are asynchronous by default: the state is first copied (so the donated
+device buffers can be reused at once) and orbax writes it in a background
+thread; `close()` waits for it. On one host the copy is host numpy arrays; a
+state split over several processes (a multi-host mesh) is copied on its
+devices and saved sharded — every process writes its own slices and restores
+read them back into the same layout (`restore` with a sharded `like` state),
+nothing is gathered to one host. Every process of a multi-host run must call
+`save` / `restore` (orbax coordinates them).
 """
 
 from __future__ import annotations
@@ -67,8 +72,21 @@ def move_aside(path: str, reason: str) -> str:
   return dest
 
 
-def _host_copy(tree):
-  return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), tree)
+_device_copy = jax.jit(lambda x: jax.numpy.copy(x))
+
+
+def _save_copy(tree):
+  """What an asynchronous save writes while training goes on: a copy the next
+  step's donation cannot touch. Arrays whose devices this process holds all of
+  are copied to host numpy; an array split over several processes (a
+  multi-host mesh) is copied on its devices, keeping its sharding, and orbax
+  writes it sharded — each process its own slices, nothing gathered to one
+  host."""
+  def copy(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return _device_copy(x)
+    return np.array(x, copy=True)
+  return jax.tree_util.tree_map(copy, tree)
 
 
 class Checkpointer:
@@ -92,7 +110,7 @@ class Checkpointer:
   def save(self, step: int, state_dict: dict, meta: dict) -> None:
     ocp = self._ocp
     self.manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(_host_copy(state_dict)), meta=ocp.args.JsonSave(meta)),
+        state=ocp.args.StandardSave(_save_copy(state_dict)), meta=ocp.args.JsonSave(meta)),
         force=True)
 
   def restore_meta(self, step: int) -> dict:
