@@ -1,6 +1,5 @@
 """Compile-only runs for TPU topologies (libtpu's compiler, no TPU attached)."""
 
-import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh

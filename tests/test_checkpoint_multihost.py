@@ -1,11 +1,9 @@
 """Train states split over two processes are saved and restored sharded (orbax)."""
 
-import json
 import os
-import socket
-import subprocess
-import sys
 import textwrap
+
+from multiprocess import run_two_processes
 
 _WORKER = textwrap.dedent("""
     import json, sys
@@ -51,40 +49,14 @@ _WORKER = textwrap.dedent("""
     """)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_save_and_restore_a_sharded_train_state(tmp_path):
   """Two local CPU processes of 4 devices each, a train state fsdp-split over a
   model axis spanning both: `Checkpointer.save` writes it without gathering it
   to one host (each process holds and writes half of every split leaf),
   `restore` into a sharded state of other values brings back every leaf
   exactly, in the same layout."""
-  script = tmp_path / "worker.py"
-  script.write_text(_WORKER)
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
-  port, workdir = _free_port(), str(tmp_path / "run")
-  procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), workdir], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  outputs = []
-  try:
-    for p in procs:
-      outputs.append(p.communicate(timeout=180)[0])
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  for p, out in zip(procs, outputs):
-    assert p.returncode == 0, out[-3000:]
-    line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
-    r = json.loads(line[len("RESULT "):])
+  workdir = str(tmp_path / "run")
+  for r in run_two_processes(_WORKER, tmp_path, workdir):
     assert r["split"], "the embedding should span both processes"
     # Each process holds its 4 devices' slices of the [64, 32] embedding: 64 / 8 rows each.
     assert r["local_shapes"] == [[8, 32]] * 4

@@ -3,13 +3,9 @@ choice; specjax.parallel.distributed: processes (two real CPU processes);
 specjax.measure.tensorboard: scalars and profiler traces."""
 
 import glob
-import json
 import os
 import re
-import socket
 import struct
-import subprocess
-import sys
 import textwrap
 
 import jax
@@ -24,6 +20,7 @@ from specjax.planning.memory import (MemoryPlan, check_fits, device_memory_bytes
 from specjax.models.decoder import DecoderConfig
 from specjax.models.t5 import t5_config
 from specjax.planning.mesh import choose_mesh
+from multiprocess import run_two_processes
 
 F32 = 4
 
@@ -354,19 +351,11 @@ _WORKER = textwrap.dedent("""
     """)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_share_one_mesh(tmp_path):
   """Two local CPU processes of 4 devices each: one 2 x 4 mesh over all 8
   devices, a jitted computation over an array split across both processes,
   and a greedy speculative generate from checkpoints streamed onto that mesh
   (each process reading its own slices) equal to one process's."""
-  script = tmp_path / "worker.py"
-  script.write_text(_WORKER)
   import jax
   import specjax
   from specjax.checkpoints.hf_llama import export_hf_decoder
@@ -381,29 +370,8 @@ def test_two_processes_share_one_mesh(tmp_path):
   want = specjax.speculative_generate(
       target, tp, draft, dp, jnp.array([[3, 4, 5, 6], [7, 8, 9, 0]]), jnp.array([4, 3]),
       max_new_tokens=12, gamma=3, sampling=specjax.GREEDY).tokens
-  # The workers import specjax from this checkout whatever the install (a worker
-  # once failed with "No module named 'specjax'" mid-suite on an editable install).
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
-  port, logdir = _free_port(), str(tmp_path / "tb")
-  procs = [subprocess.Popen([sys.executable, str(script), str(i), str(port), logdir], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-           for i in range(2)]
-  outputs = []
-  try:
-    for p in procs:
-      outputs.append(p.communicate(timeout=120)[0])
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-  results = []
-  for p, out in zip(procs, outputs):
-    assert p.returncode == 0, out[-3000:]
-    line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")][-1]
-    results.append(json.loads(line[len("RESULT "):]))
+  logdir = str(tmp_path / "tb")
+  results = run_two_processes(_WORKER, tmp_path, logdir, timeout=120)
   full = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
   for pid, r in enumerate(results):
     assert (r["first"], r["again"], r["main"]) == (True, False, pid == 0)

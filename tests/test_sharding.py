@@ -69,14 +69,20 @@ def test_sharded_t5_greedy_equals_unsharded():
   np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
-def test_split_target_with_replicated_draft_equals_unsharded():
-  """The model-parallel benchmark layout: target over `model`, draft whole on every device."""
-  mesh = sharding.make_mesh(data=1, model=2)
+def _reference(data, model, batch, **kw):
+  """(mesh, (lm, params), (draft, draft_params), prompts, lengths, single-device output)."""
+  mesh = sharding.make_mesh(data=data, model=model)
   lm, params = target()
   draft, draft_params = noisy_draft()
-  prompts, lengths = ragged_prompts(batch=2)
-  kw = dict(max_new_tokens=12, gamma=3, sampling=specjax.GREEDY, eos_id=EOS)
+  prompts, lengths = ragged_prompts(batch=batch)
   ref = specjax.speculative_generate(lm, params, draft, draft_params, prompts, lengths, **kw)
+  return mesh, (lm, params), (draft, draft_params), prompts, lengths, ref
+
+
+def test_split_target_with_replicated_draft_equals_unsharded():
+  """The model-parallel benchmark layout: target over `model`, draft whole on every device."""
+  kw = dict(max_new_tokens=12, gamma=3, sampling=specjax.GREEDY, eos_id=EOS)
+  mesh, (lm, params), (draft, draft_params), prompts, lengths, ref = _reference(1, 2, 2, **kw)
   need = specjax.required_cache_len(lm, prompts.shape[1], 12, 3)
   dp = sharding.replicate(draft_params, mesh)
   for leaf in jax.tree_util.tree_leaves(dp):
@@ -177,12 +183,8 @@ def test_caches_the_api_allocates_are_placed_like_the_params():
   """No caches passed: the target's is split like `cache_spec` lays it out (batch over
   data, kv heads over model) and a replicated draft's has its rows over data — neither
   is whole on every device — and the tokens equal the single-device run."""
-  mesh = sharding.make_mesh(data=4, model=2)
-  lm, params = target()
-  draft, draft_params = noisy_draft()
-  prompts, lengths = ragged_prompts(batch=8)
   kw = dict(max_new_tokens=8, gamma=2, sampling=specjax.GREEDY, eos_id=EOS)
-  ref = specjax.speculative_generate(lm, params, draft, draft_params, prompts, lengths, **kw)
+  mesh, (lm, params), (draft, draft_params), prompts, lengths, ref = _reference(4, 2, 8, **kw)
   sp, ln = sharding.shard_batch(mesh, prompts, lengths)
   out = specjax.speculative_generate(lm, sharding.shard_params(params, mesh), draft,
                                      sharding.replicate(draft_params, mesh), sp, ln, **kw)
