@@ -180,11 +180,21 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
 
 
 def decode_bytes(params) -> int:
-  """Per-device bytes of the params a decode step reads: all of a decoder's;
-  an encoder-decoder's without its encoder (run once, in the prefill)."""
-  if isinstance(params, dict) and "encoder" in params:
-    params = {k: v for k, v in params.items() if k != "encoder"}
-  return device_bytes(params)
+  """Per-device bytes of the params one decode step reads whole: all but an
+  encoder (run once, in the prefill), cross-attention key / value kernels
+  (their keys and values are cached by the prefill) and an untied embedding
+  table (a step gathers its rows; a tied one is also the LM head, read whole)."""
+  untied = isinstance(params, dict) and ("lm_head" in params)
+
+  def read(path) -> bool:
+    names = [str(getattr(k, "key", k)) for k in path]
+    if names and names[0] == "encoder":
+      return False
+    if "cross_attn" in names and names[-2:-1] in (["k"], ["v"]):
+      return False
+    return not (untied and names[-1] == "embedding")
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  return device_bytes([x for path, x in leaves if read(path)])
 
 
 def _own_bytes(draft_params, target_params) -> int:
