@@ -194,3 +194,42 @@ def test_bad_runs_are_refused():
     AotRun("v5e:2x2", DecoderLM(_DEC), programs=("ar", "nope"))
   with pytest.raises(ValueError, match="mesh 2x4 needs 8 devices"):
     run_aot(AotRun("v5e:2x2", DecoderLM(_DEC), mesh=(2, 4)), progress=lambda m: None)
+
+
+def test_runs_from_the_launchers_configs():
+  """What `python -m specjax.aot --config=...` compiles: the shapes the launcher would
+  run (trained here: the config's model sections; paper presets: the named shapes)."""
+  from configs import chen_chinchilla, leviathan_t5
+  from specjax.aot.from_config import run_from_config
+  chen = chen_chinchilla.get_config("micro")
+  run = run_from_config(chen, "v5e:2x2")
+  assert run.topology == "v5e:2x2" and run.gammas == (2,) and run.batch_size == 2
+  assert run.prompt_len == 32 and run.max_new_tokens == 8
+  assert run.target.config.d_model == 32 and run.drafts[0][1].config.d_model == 16
+  assert run.target.config.vocab_size == chen.data.vocab_size
+  paper = run_from_config(chen_chinchilla.get_config("paper"), "v4:2x2x4")
+  assert paper.target.config.num_layers == 80 and paper.target.config.dtype == "bfloat16"
+  assert dict(paper.drafts)["draft"].config.d_model == 6144
+  lev = run_from_config(leviathan_t5.get_config("paper"), "v4:1x1x1", programs=("ar",))
+  assert lev.target.config.d_model == 4096 and sorted(dict(lev.drafts)) == ["base", "large",
+                                                                              "small"]
+  assert lev.gammas == (1, 2, 3, 5, 7) and lev.programs == ("ar",)
+  with pytest.raises(ValueError, match="no topology"):
+    run_from_config(chen)
+
+
+def test_tree_drafters_compile_for_v5e():
+  """EAGLE's static and dynamic trees and Medusa compile for a TPU (EAGLE-2's dynamic
+  tree once hit a libtpu gather-simplifier RET_CHECK; `verify.tree_verify` and the
+  drafter avoid the gathers that triggered it)."""
+  small = DecoderConfig(vocab_size=512, d_model=128, num_layers=1, num_heads=2, num_kv_heads=2,
+                        head_dim=64, mlp_dim=256, dtype="bfloat16", param_dtype="bfloat16")
+  run = AotRun("v5e:2x2", DecoderLM(small), gammas=(2,), batch_size=2, prompt_len=16,
+               max_new_tokens=4, programs=("eagle_static", "eagle_tree", "medusa"),
+               eagle_tree=(2, 2, 4), medusa_heads=2)
+  r = run_aot(run, progress=lambda m: None)
+  names = [p["name"] for p in r["programs"]]
+  assert names == ["speculative EAGLE-1 static tree 8 nodes",
+                   "speculative EAGLE-1 dynamic tree 5 nodes", "speculative Medusa chain 2"]
+  for p in r["programs"]:
+    assert p["error"] is None and p["fits"] and p["loop"]["host_transfers"] == 0, p["name"]

@@ -49,8 +49,12 @@ from specjax._checks import check_int
 
 __all__ = ["AotRun", "run_aot", "PROGRAM_KINDS"]
 
-PROGRAM_KINDS = ("prefill", "ar", "draft", "prompt_lookup", "eagle_chain", "eagle_tree",
-                 "medusa", "train")
+PROGRAM_KINDS = ("prefill", "ar", "draft", "prompt_lookup", "eagle_chain", "eagle_static",
+                 "eagle_tree", "medusa", "train")
+
+# EAGLE-1's static tree: two children at each of the first two depths, then chains (7 nodes
+# past the root, depth 3).
+_STATIC_TREE_PATHS = ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (1, 0, 0))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +155,7 @@ def _lowerings(run: AotRun, mesh: Mesh):
       out.append(lambda g=g: lower_speculative_loop(
           t, PromptLookup(max_ngram=3, min_ngram=1), mesh, gamma=g,
           name=f"speculative prompt lookup γ={g}", **common))
-  if dec and ("eagle_chain" in run.programs or "eagle_tree" in run.programs):
+  if dec and any(k in run.programs for k in ("eagle_chain", "eagle_static", "eagle_tree")):
     c = t.config
     ecfg = EagleConfig(c.d_model, c.vocab_size, num_heads=c.num_heads, head_dim=c.head_dim,
                        mlp_dim=c.mlp_dim, feature_layers=tuple(run.eagle_features),
@@ -168,6 +172,11 @@ def _lowerings(run: AotRun, mesh: Mesh):
         out.append(lambda g=g: lower_speculative_loop(
             t, Eagle(ecfg, TokenTree.chain(g), t), mesh, gamma=g, draft_params_fn=eagle_params,
             name=f"speculative {label} chain γ={g}", **common))
+    if "eagle_static" in run.programs:
+      static = TokenTree.from_paths(_STATIC_TREE_PATHS)
+      out.append(lambda: lower_speculative_loop(
+          t, Eagle(ecfg, static, t), mesh, gamma=static.depth, draft_params_fn=eagle_params,
+          name=f"speculative {label} static tree {static.size} nodes", **common))
     if "eagle_tree" in run.programs:
       tree = DynamicTree(*run.eagle_tree)
       out.append(lambda: lower_speculative_loop(
