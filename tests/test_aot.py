@@ -219,17 +219,18 @@ def test_runs_from_the_launchers_configs():
 
 
 def test_tree_drafters_compile_for_v5e():
-  """EAGLE's static and dynamic trees and Medusa compile for a TPU (EAGLE-2's dynamic
+  """EAGLE's static and dynamic trees, Medusa and the EAGLE head's sharded train step
+  compile for a TPU (EAGLE-2's dynamic
   tree once hit a libtpu gather-simplifier RET_CHECK; `verify.tree_verify` and the
   drafter avoid the gathers that triggered it)."""
   small = DecoderConfig(vocab_size=512, d_model=128, num_layers=1, num_heads=2, num_kv_heads=2,
                         head_dim=64, mlp_dim=256, dtype="bfloat16", param_dtype="bfloat16")
   run = AotRun("v5e:2x2", DecoderLM(small), gammas=(2,), batch_size=2, prompt_len=16,
-               max_new_tokens=4, programs=("eagle_static", "eagle_tree", "medusa"),
-               eagle_tree=(2, 2, 4), medusa_heads=2)
+               max_new_tokens=4, programs=("eagle_static", "eagle_tree", "medusa", "train_eagle"),
+               eagle_tree=(2, 2, 4), medusa_heads=2, train_batch=4, train_seq_len=16)
   r = run_aot(run, progress=lambda m: None)
   names = [p["name"] for p in r["programs"]]
-  assert names == ["speculative EAGLE-1 static tree 8 nodes",
+  assert names == ["train EAGLE-1 head", "speculative EAGLE-1 static tree 8 nodes",
                    "speculative EAGLE-1 dynamic tree 5 nodes", "speculative Medusa chain 2"]
   for p in r["programs"]:
     assert p["error"] is None and p["fits"] and p["loop"]["host_transfers"] == 0, p["name"]

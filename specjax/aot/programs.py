@@ -24,14 +24,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from specjax import generation
 from specjax.drafters.model import ModelDrafter
-from specjax.parallel.sharding import DATA, cache_spec, param_spec
+from specjax.parallel.sharding import DATA, cache_spec, fsdp_spec, param_spec
 from specjax.sampling import SamplingConfig
 from specjax.training.optim import OptimizerSpec
-from specjax.training.mesh import sharded_train_step, state_shardings
+from specjax.models.eagle_head import init_eagle, shared_weights
+from specjax.training.eagle import EagleLoss, _step_fn as eagle_step_fn
+from specjax.training.mesh import sharded_jit, sharded_train_step, state_shardings
+from specjax.training.optim import make_optimizer
 from specjax.training.steps import StepSpec, init_state
 
 __all__ = ["abstract_params", "abstract_cache", "abstract_rows", "Lowered", "lower_prefill",
-           "lower_ar_loop", "lower_speculative_loop", "lower_train_step"]
+           "lower_ar_loop", "lower_speculative_loop", "lower_train_step",
+           "lower_eagle_train_step"]
 
 
 def _struct(x, sharding) -> jax.ShapeDtypeStruct:
@@ -235,3 +239,38 @@ def lower_train_step(model, mesh: Mesh, *, batch_size: int, seq_len: int,
   step = sharded_train_step(spec, mesh, state)
   return Lowered(name, step.lower(state, batch, None), "train", tokens_per_call=seq_len,
                  slices={"train_state": device_bytes(state)})
+
+
+def lower_eagle_train_step(target, config, mesh: Mesh, *, batch_size: int, seq_len: int,
+                           name: str = "train EAGLE head") -> Lowered:
+  """The EAGLE head's sharded train step (`specjax.training.eagle`: the head, its
+  optimizer state and the target's shared embedding / LM head fsdp over `model`,
+  rows over `data`) on `[B, L]` rows of target features."""
+  loss = EagleLoss.for_version(config.version)
+  spec = OptimizerSpec()
+  head = jax.eval_shape(lambda: init_eagle(config, jax.random.key(0)))
+  opt = jax.eval_shape(make_optimizer(spec).init, head)
+  rep = NamedSharding(mesh, P())
+  fsdp = lambda tree: jax.tree_util.tree_map(
+      lambda x: _struct(x, NamedSharding(mesh, fsdp_spec(x.shape, mesh))), tree)
+  state = {"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=rep), "params": fsdp(head),
+           "opt_state": fsdp(opt)}
+  tp = jax.eval_shape(target.init, jax.random.PRNGKey(0))
+  shared = fsdp(jax.eval_shape(lambda p: shared_weights(target, p), tp))
+  split = batch_size % mesh.shape[DATA] == 0
+
+  def rows(shape, dtype):
+    spec_ = P(DATA, *([None] * (len(shape) - 1))) if split else P()
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec_))
+  c = target.config
+  width = c.d_model * max(len(config.feature_layers), 1)
+  act = jnp.dtype(c.dtype)
+  feats = rows((batch_size, seq_len, width), act)
+  final = rows((batch_size, seq_len, c.d_model), act)
+  tokens = rows((batch_size, seq_len), jnp.int32)
+  valid = rows((batch_size, seq_len), jnp.bool_)
+  layout = jax.tree_util.tree_map(lambda x: x.sharding, state)
+  step = sharded_jit(eagle_step_fn, (config, loss, spec), (layout, rep))
+  return Lowered(name, step.lower(state, shared, feats, final, tokens, valid), "train",
+                 tokens_per_call=seq_len,
+                 slices={"train_state": device_bytes(state) + device_bytes(shared)})

@@ -32,8 +32,8 @@ from jax.sharding import Mesh
 
 from specjax import theory
 from specjax.aot.chips import chip_of_device, num_hosts, topology_devices
-from specjax.aot.programs import (Lowered, lower_ar_loop, lower_prefill, lower_speculative_loop,
-                                  lower_train_step)
+from specjax.aot.programs import (Lowered, lower_ar_loop, lower_eagle_train_step, lower_prefill,
+                                  lower_speculative_loop, lower_train_step)
 from specjax.aot.report import ProgramReport, compile_program, format_reports
 from specjax.drafters.eagle import DynamicTree, Eagle
 from specjax.drafters.medusa import Medusa
@@ -50,7 +50,7 @@ from specjax._checks import check_int
 __all__ = ["AotRun", "run_aot", "PROGRAM_KINDS"]
 
 PROGRAM_KINDS = ("prefill", "ar", "draft", "prompt_lookup", "eagle_chain", "eagle_static",
-                 "eagle_tree", "medusa", "train")
+                 "eagle_tree", "medusa", "train", "train_eagle")
 
 # EAGLE-1's static tree: two children at each of the first two depths, then chains (7 nodes
 # past the root, depth 3).
@@ -155,7 +155,8 @@ def _lowerings(run: AotRun, mesh: Mesh):
       out.append(lambda g=g: lower_speculative_loop(
           t, PromptLookup(max_ngram=3, min_ngram=1), mesh, gamma=g,
           name=f"speculative prompt lookup γ={g}", **common))
-  if dec and any(k in run.programs for k in ("eagle_chain", "eagle_static", "eagle_tree")):
+  if dec and any(k in run.programs for k in ("eagle_chain", "eagle_static", "eagle_tree",
+                                              "train_eagle")):
     c = t.config
     ecfg = EagleConfig(c.d_model, c.vocab_size, num_heads=c.num_heads, head_dim=c.head_dim,
                        mlp_dim=c.mlp_dim, feature_layers=tuple(run.eagle_features),
@@ -167,6 +168,10 @@ def _lowerings(run: AotRun, mesh: Mesh):
       rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
       return {"head": jax.tree_util.tree_map(
           lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), head), "target": tp}
+    if "train_eagle" in run.programs:
+      out.append(lambda: lower_eagle_train_step(t, ecfg, mesh, batch_size=run.train_batch,
+                                                seq_len=run.train_seq_len,
+                                                name=f"train {label} head"))
     if "eagle_chain" in run.programs:
       for g in run.gammas:
         out.append(lambda g=g: lower_speculative_loop(
