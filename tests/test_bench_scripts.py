@@ -37,7 +37,9 @@ def test_step_bytes_t5_hand_computed():
   # t5-v1_1-tiny in bfloat16: V 128, E 32, H 4 × D 8, F 64 (gated), 2 + 2 layers, 8 buckets.
   model = T5(t5_config("t5-v1_1-tiny", dtype="bfloat16", param_dtype="bfloat16"))
   b = roofline.step_bytes(model, batch=1, tokens=4, context=1, cache_len=32, encoder_len=10)
-  layer = 2 * 4 * 32 * 32 + 3 * 32 * 64 + 3 * 32  # self + cross attention, gated MLP, 3 norms
+  # self attention (q, k, v, o), cross attention (q, o: its keys and values are cached by the
+  # prefill, their kernels not read by a step), gated MLP, 3 norms
+  layer = 6 * 32 * 32 + 3 * 32 * 64 + 3 * 32
   weights = 2 * layer + 8 * 4 + 32 + 32 * 128 + 4 * 32  # relpos, final norm, lm_head, 4 rows
   assert b["weights"] == 2 * weights  # the encoder is never read by a decoder step
   slot = 2 * 2 * 1 * 4 * 8 * 2

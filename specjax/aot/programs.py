@@ -27,6 +27,7 @@ from specjax.drafters.model import ModelDrafter
 from specjax.parallel.sharding import DATA, cache_spec, fsdp_spec, param_spec
 from specjax.sampling import SamplingConfig
 from specjax.training.optim import OptimizerSpec
+from specjax.measure.roofline import decode_reads
 from specjax.models.eagle_head import init_eagle, shared_weights
 from specjax.training.eagle import EagleLoss, _step_fn as eagle_step_fn
 from specjax.training.mesh import sharded_jit, sharded_train_step, state_shardings
@@ -184,21 +185,14 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
 
 
 def decode_bytes(params) -> int:
-  """Per-device bytes of the params one decode step reads whole: all but an
-  encoder (run once, in the prefill), cross-attention key / value kernels
-  (their keys and values are cached by the prefill) and an untied embedding
-  table (a step gathers its rows; a tied one is also the LM head, read whole)."""
-  untied = isinstance(params, dict) and ("lm_head" in params)
-
-  def read(path) -> bool:
-    names = [str(getattr(k, "key", k)) for k in path]
-    if names and names[0] == "encoder":
-      return False
-    if "cross_attn" in names and names[-2:-1] in (["k"], ["v"]):
-      return False
-    return not (untied and names[-1] == "embedding")
+  """Per-device bytes of the params one decode step reads whole
+  (`specjax.measure.roofline.decode_reads`: not an encoder, not cross-attention
+  key / value kernels, and of an untied embedding only the gathered rows,
+  which are left out here)."""
+  tied = not (isinstance(params, dict) and "lm_head" in params)
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-  return device_bytes([x for path, x in leaves if read(path)])
+  return device_bytes([x for path, x in leaves
+                       if decode_reads([getattr(k, "key", k) for k in path], tied) == "whole"])
 
 
 def _own_bytes(draft_params, target_params) -> int:

@@ -57,6 +57,23 @@ def _nbytes(leaf) -> int:
   return int(math.prod(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
 
 
+def decode_reads(names, tied: bool) -> str:
+  """How one decode step reads the parameter at path `names` (its keys):
+  "whole"; "rows" — an untied input embedding, of which a step gathers its
+  B·T rows (a tied one is also the output layer: read whole); "none" — an
+  encoder's parameters and the decoder's cross-attention key / value kernels,
+  used once by the prefill (whose cross-attention keys and values are cached).
+  The one rule for `step_bytes` and `specjax.aot`'s per-device accounting."""
+  names = [str(n) for n in names]
+  if names and names[0] == "encoder":
+    return "none"
+  if "cross_attn" in names and len(names) >= 2 and names[-2] in ("k", "v"):
+    return "none"
+  if names[-1] == "embedding" and not tied:
+    return "rows"
+  return "whole"
+
+
 def step_bytes(model, batch: int, tokens: int, context: int, cache_len: int,
                encoder_len: int = 0, shapes: Any = None) -> Dict[str, int]:
   """Bytes one `extend` call of `tokens` tokens per row reads and writes.
@@ -72,6 +89,8 @@ def step_bytes(model, batch: int, tokens: int, context: int, cache_len: int,
     shapes: the parameter tree (arrays or ShapeDtypeStructs); default
       `param_shapes(model)`.
 
+  The weights are those `decode_reads` says a step reads.
+
   Returns:
     weights, kv_read (valid context), kv_read_buffer (all S slots, T5's cross
     K/V included in both), kv_write, total (weights + kv_read + kv_write) and
@@ -81,21 +100,22 @@ def step_bytes(model, batch: int, tokens: int, context: int, cache_len: int,
   c = model.config
   cache_item = jnp.dtype(c.dtype).itemsize
   if isinstance(model, T5):
-    embed, used = "shared/embedding", [k for k in flat if not k.startswith("encoder/")]
     tied = c.tie_word_embeddings
     layers, kv_heads, head_dim = c.num_decoder_layers, c.num_heads, c.d_kv
     cross = 2 * layers * batch * encoder_len * kv_heads * head_dim * cache_item
   elif isinstance(model, DecoderLM):
-    embed, used = "embed/embedding", list(flat)
     tied = c.tie_embeddings
     layers, kv_heads, head_dim = c.num_layers, c.num_kv_heads, c.head_dim
     cross = 0
   else:
     raise TypeError(f"step_bytes knows DecoderLM and T5, got {type(model).__name__}")
-  weights = sum(_nbytes(flat[k]) for k in used if k != embed)
-  table = flat[embed]
-  row_bytes = _nbytes(table) // table.shape[0]
-  weights += _nbytes(table) if tied else batch * tokens * row_bytes
+  weights = 0
+  for k, x in flat.items():
+    how = decode_reads(k.split("/"), tied)
+    if how == "whole":
+      weights += _nbytes(x)
+    elif how == "rows":
+      weights += batch * tokens * (_nbytes(x) // x.shape[0])
   per_slot = 2 * layers * batch * kv_heads * head_dim * cache_item
   kv_read = per_slot * (context + tokens) + cross
   kv_read_buffer = per_slot * cache_len + cross
