@@ -8,7 +8,8 @@ Cases (bf16, greedy, every program compiled by the TPU compiler from libtpu):
   one TPU v4 chip (the paper's setup) and on v5e-8.
 * chen: the chinchilla-70b shape with the chinchilla-4b draft, and the
   Llama-3.1-70B shape with a Llama-3.2-1B draft, K = 4, batch 1, on 16 TPU v4
-  chips (the paper's setup) and v5e-16.
+  chips (the paper's setup) and v5e-16, the draft replicated (the launchers'
+  default); chen_sharded: on the 16 v4 chips with the draft split too.
 * today: Llama-3.1-8B with a Llama-3.2-1B draft and an EAGLE-3 head (chain,
   γ = 4) on v5e-8 and v6e-8, batch 1 / 32, contexts 2k / 32k.
 
@@ -18,6 +19,7 @@ cases) and the tables are collected into `<out>/README.md`.
 
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -29,8 +31,12 @@ from specjax.experiments.leviathan import PAPER_TABLE2
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
-_ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "today"], "Case groups to run.")
+_ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "chen_sharded", "today"],
+                          "Case groups to run.")
 _OUT = flags.DEFINE_string("out", "results/tpu_aot", "Output directory.")
+_CASE = flags.DEFINE_string("case", "", "Run this one case in this process (the driver runs "
+                            "each case in a process of its own: the TPU compiler's memory "
+                            "for an 80-layer program is returned to the system only at exit).")
 
 BF16 = dict(dtype="bfloat16", param_dtype="bfloat16")
 
@@ -67,6 +73,15 @@ def cases():
                       topo, _dec(tgt), ((draft, _dec(draft)),), gammas=(4,), batch_size=1,
                       prompt_len=1024, max_new_tokens=128, programs=("ar", "draft"),
                       alphas=((draft, 0.8),))))
+  # The paper's setup splits the draft over the 16 chips too: a replicated 4B draft reads
+  # all 8 GB on every chip at every draft step.
+  for tgt, draft in (("chinchilla-70b", "chinchilla-4b-draft"), ("llama-3.1-70b",
+                                                                  "llama-3.2-1b")):
+    out.append(("chen_sharded", f"chen_{tgt}_v4-2x2x4_draft-split",
+                lambda tgt=tgt, draft=draft: AotRun(
+                    "v4:2x2x4", _dec(tgt), ((draft, _dec(draft)),), gammas=(4,), batch_size=1,
+                    prompt_len=1024, max_new_tokens=128, programs=("ar", "draft"),
+                    draft_replicated=False, alphas=((draft, 0.8),))))
   for topo in ("v5e:2x4", "v6e:2x4"):
     for batch, ctx in ((1, 2048), (32, 2048), (1, 32768), (32, 32768)):
       if topo.startswith("v6e") and (batch, ctx) not in ((1, 2048), (32, 32768)):
@@ -84,32 +99,68 @@ def cases():
 def main(argv):
   del argv
   os.makedirs(_OUT.value, exist_ok=True)
+  if _CASE.value:
+    group, name, thunk = next(c for c in cases() if c[1] == _CASE.value)
+    result = run_aot(thunk(), progress=lambda m: print("  " + m, flush=True))
+    result.update(case=name, group=group)
+    atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), result)
+    return
   todo = [c for c in cases() if c[0] in _ONLY.value]
   t0 = time.time()
-  for i, (group, name, thunk) in enumerate(todo):
+  for i, (group, name, _) in enumerate(todo):
     path = os.path.join(_OUT.value, f"{name}.json")
     if os.path.exists(path):
       continue
     print(f"== [{i + 1}/{len(todo)}] {name} (elapsed {time.time() - t0:.0f} s)", flush=True)
-    result = run_aot(thunk(), progress=lambda m: print("  " + m, flush=True))
-    result.update(case=name, group=group)
-    atomic_write_json(path, result)
-  tables = []
+    rc = subprocess.call([sys.executable, os.path.abspath(__file__), f"--case={name}",
+                          f"--out={_OUT.value}"])
+    if rc != 0:
+      print(f"   {name} failed (exit {rc}); the report names what was not measured", flush=True)
+  results = []
   for group, name, _ in cases():
     path = os.path.join(_OUT.value, f"{name}.json")
     if os.path.exists(path):
       with open(path, encoding="utf-8") as f:
-        r = json.load(f)
-      tables.append(f"## {name}\n\n{r['markdown']}\n")
-      if r.get("speedups"):
-        tables.append("| program | iteration / AR step | α | γ | E[tokens] | predicted speedup |\n"
-                      "|---|---|---|---|---|---|\n" + "\n".join(
-                          f"| {s['program']} | {s['iteration_cost_vs_ar']:.2f} "
-                          f"| {s.get('alpha', '')} | {s.get('gamma', '')} "
-                          f"| {s.get('tokens_per_iteration', 0):.2f} "
-                          f"| {s.get('predicted_speedup', 0):.2f} |" for s in r["speedups"])
-                      + "\n")
-  atomic_write_text(os.path.join(_OUT.value, "tables.md"), "\n".join(tables))
+        results.append(json.load(f))
+  atomic_write_text(os.path.join(_OUT.value, "tables.md"), render(results))
+
+
+def _ms(x):
+  return f"{x * 1e3:.2f}" if x else ""
+
+
+def render(results) -> str:
+  """A summary table (one row per program, the numbers that decide whether a run
+  fits and how fast it can go) and each case's full table."""
+  lines = ["| case | program | fits | peak / HBM GB | plan / compiler | read / expected "
+           "| collectives / iter | HBM copies | host | predicted ms | speedup (α) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in results:
+    speed = {x["program"]: x for x in r.get("speedups", [])}
+    for p in r["programs"]:
+      plan = p.get("plan") or {}
+      loop = p.get("loop") or {}
+      sp = speed.get(p["name"], {})
+      fits = "**no**" if not p["fits"] else "yes"
+      if p.get("error"):
+        fits = f"**no**: {p['error'][:80]}"
+      ratio = f"{p['read_ratio']:.2f}" if p.get("read_ratio") else ""
+      planr = f"{1 / plan['ratio']:.3f}" if plan.get("ratio") else ""
+      coll = loop.get("collective_count", "")
+      pred = _ms(p.get("predicted_s", {}).get("total_s"))
+      spd = (f"{sp['predicted_speedup']:.2f} ({sp['alpha']})" if "predicted_speedup" in sp
+             else "")
+      lines.append(f"| {r['case']} | {p['name']} | {fits} "
+                   f"| {p['peak_bytes'] / 1e9:.2f} / {p['hbm_bytes'] / 1e9:.1f} | {planr} "
+                   f"| {ratio} | {coll} | {len(loop.get('hbm_copies', []))} "
+                   f"| {loop.get('host_transfers', '')} | {pred} | {spd} |")
+    if r.get("smallest_fitting") is not None or not r.get("fits", True):
+      lines.append(f"| {r['case']} | *smallest slice that fits (memory plan)* | "
+                   f"{r.get('smallest_fitting')} | | | | | | | | |")
+  out = ["# Summary", "", "\n".join(lines), ""]
+  for r in results:
+    out.append(f"## {r['case']}\n\n{r['markdown']}\n")
+  return "\n".join(out)
 
 
 if __name__ == "__main__":

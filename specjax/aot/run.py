@@ -41,7 +41,7 @@ from specjax.drafters.model import ModelDrafter
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig
-from specjax.parallel.sharding import DATA, MODEL
+from specjax.parallel.sharding import DATA, MODEL, fit_to_mesh
 from specjax.planning.memory import memory_plan
 from specjax.planning.mesh import choose_mesh
 from specjax.tree import TokenTree
@@ -131,8 +131,14 @@ def _is_decoder(model) -> bool:
 
 
 def _lowerings(run: AotRun, mesh: Mesh):
-  """(name, thunk) of every program of the run, in order."""
-  t, b, p, n, s = run.target, run.batch_size, run.prompt_len, run.max_new_tokens, run.slots
+  """(name, thunk) of every program of the run, in order. Models are laid out for the
+  mesh as a run lays them out (`sharding.fit_to_mesh`: kv heads repeated where they do
+  not divide the model axis; a split draft too)."""
+  t = fit_to_mesh(run.target, None, mesh)[0]
+  if not run.draft_replicated:
+    run = dataclasses.replace(run, drafts=tuple((name, fit_to_mesh(d, None, mesh)[0])
+                                                for name, d in run.drafts))
+  b, p, n, s = run.batch_size, run.prompt_len, run.max_new_tokens, run.slots
   common = dict(batch_size=b, prompt_len=p, max_new_tokens=n, cache_len=s)
   out = []
   if "prefill" in run.programs:
