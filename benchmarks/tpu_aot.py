@@ -25,7 +25,7 @@ import time
 
 from absl import app, flags
 
-from specjax.aot.run import AotRun, run_aot
+from specjax.aot.run import AotRun, replan, run_aot
 from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.experiments.leviathan import PAPER_TABLE2
 from specjax.models.decoder import DecoderLM, decoder_config
@@ -34,6 +34,8 @@ from specjax.models.t5 import T5, t5_config
 _ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "chen_sharded", "today"],
                           "Case groups to run.")
 _OUT = flags.DEFINE_string("out", "results/tpu_aot", "Output directory.")
+_REPLAN = flags.DEFINE_bool("replan", False, "Compile nothing: recompute the memory-plan "
+                            "comparisons of the finished cases with the current plan code.")
 _CASE = flags.DEFINE_string("case", "", "Run this one case in this process (the driver runs "
                             "each case in a process of its own: the TPU compiler's memory "
                             "for an 80-layer program is returned to the system only at exit).")
@@ -96,15 +98,8 @@ def cases():
   return out
 
 
-def main(argv):
-  del argv
-  os.makedirs(_OUT.value, exist_ok=True)
-  if _CASE.value:
-    group, name, thunk = next(c for c in cases() if c[1] == _CASE.value)
-    result = run_aot(thunk(), progress=lambda m: print("  " + m, flush=True))
-    result.update(case=name, group=group)
-    atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), result)
-    return
+def run_cases() -> None:
+  """Every case of the --only groups not finished yet, each in a process of its own."""
   todo = [c for c in cases() if c[0] in _ONLY.value]
   t0 = time.time()
   for i, (group, name, _) in enumerate(todo):
@@ -116,6 +111,25 @@ def main(argv):
                           f"--out={_OUT.value}"])
     if rc != 0:
       print(f"   {name} failed (exit {rc}); the report names what was not measured", flush=True)
+
+
+def main(argv):
+  del argv
+  os.makedirs(_OUT.value, exist_ok=True)
+  if _CASE.value:
+    group, name, thunk = next(c for c in cases() if c[1] == _CASE.value)
+    result = run_aot(thunk(), progress=lambda m: print("  " + m, flush=True))
+    result.update(case=name, group=group)
+    atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), result)
+    return
+  if _REPLAN.value:
+    for group, name, thunk in cases():
+      path = os.path.join(_OUT.value, f"{name}.json")
+      if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+          atomic_write_json(path, replan(json.load(f), thunk()))
+  else:
+    run_cases()
   results = []
   for group, name, _ in cases():
     path = os.path.join(_OUT.value, f"{name}.json")
@@ -132,7 +146,7 @@ def _ms(x):
 def render(results) -> str:
   """A summary table (one row per program, the numbers that decide whether a run
   fits and how fast it can go) and each case's full table."""
-  lines = ["| case | program | fits | peak / HBM GB | plan / compiler | read / expected "
+  lines = ["| case | program | fits | peak / HBM GB | plan / compiler (held, peak) | read / expected "
            "| collectives / iter | HBM copies | host | predicted ms | speedup (α) |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for r in results:
@@ -146,6 +160,8 @@ def render(results) -> str:
         fits = f"**no**: {p['error'][:80]}"
       ratio = f"{p['read_ratio']:.2f}" if p.get("read_ratio") else ""
       planr = f"{1 / plan['ratio']:.3f}" if plan.get("ratio") else ""
+      if plan.get("total_ratio"):
+        planr += f", {1 / plan['total_ratio']:.3f}"
       coll = loop.get("collective_count", "")
       pred = _ms(p.get("predicted_s", {}).get("total_s"))
       spd = (f"{sp['predicted_speedup']:.2f} ({sp['alpha']})" if "predicted_speedup" in sp

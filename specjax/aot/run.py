@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import types
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -47,7 +48,7 @@ from specjax.planning.mesh import choose_mesh
 from specjax.tree import TokenTree
 from specjax._checks import check_int
 
-__all__ = ["AotRun", "run_aot", "PROGRAM_KINDS"]
+__all__ = ["AotRun", "run_aot", "replan", "PROGRAM_KINDS"]
 
 PROGRAM_KINDS = ("prefill", "ar", "draft", "prompt_lookup", "eagle_chain", "eagle_static",
                  "eagle_tree", "medusa", "train", "train_eagle")
@@ -299,6 +300,31 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
                                    f"model={model}, batch {run.batch_size}, prompt "
                                    f"{run.prompt_len}, {run.slots} cache slots")
   return out
+
+
+def replan(result: Dict[str, Any], run: AotRun) -> Dict[str, Any]:
+  """`result` (a `run_aot` result, e.g. read back from JSON) with every program's
+  memory-plan comparison recomputed by the current plan code against the
+  compiler figures it holds — no compilation (how a plan change reaches committed
+  results)."""
+  mesh = types.SimpleNamespace(shape={DATA: result["mesh"][0], MODEL: result["mesh"][1]})
+  drafts = dict(run.drafts)
+  for p in result["programs"]:
+    if p.get("error") or p["kind"] not in ("prefill", "ar", "speculative"):
+      continue
+    tokens = 1
+    if p["kind"] == "speculative" and "γ=" in p["name"]:
+      tokens = int(p["name"].split("γ=")[1]) + 1
+    draft = None
+    if p["kind"] == "speculative" and p["name"].startswith("speculative draft "):
+      draft = drafts.get(p["name"][len("speculative draft "):].split(" γ=")[0])
+    elif p["name"].startswith("prefill draft "):
+      draft = drafts.get(p["name"][len("prefill draft "):])
+    lowered = types.SimpleNamespace(kind=p["kind"], name=p["name"], tokens_per_call=tokens)
+    rep = types.SimpleNamespace(error=None, argument_bytes=p["argument_bytes"],
+                                peak_bytes=p["peak_bytes"])
+    p["plan"] = _plan_check(run, mesh, lowered, rep, draft)
+  return result
 
 
 def _prefill_tokens(run: AotRun) -> int:
