@@ -171,10 +171,15 @@ def _lowerings(run: AotRun, mesh: Mesh):
     head = jax.eval_shape(lambda: init_eagle(ecfg, jax.random.PRNGKey(0)))
     label = "EAGLE-3" if run.eagle_features else "EAGLE-1"
 
+    # The head as deployed next to a bf16 target: in the target's parameter dtype (it is
+    # trained in float32; `specjax.models.cast_params` casts it), whole on every device.
+    head_dtype = np.dtype(getattr(c, "param_dtype", "float32"))
+
     def eagle_params(tp, head=head):
       rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
       return {"head": jax.tree_util.tree_map(
-          lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep), head), "target": tp}
+          lambda x: jax.ShapeDtypeStruct(x.shape, head_dtype, sharding=rep), head),
+              "target": tp}
     if "train_eagle" in run.programs:
       out.append(lambda: lower_eagle_train_step(t, ecfg, mesh, batch_size=run.train_batch,
                                                 seq_len=run.train_seq_len,
@@ -233,11 +238,17 @@ def _plan_check(run: AotRun, mesh: Mesh, lowered: Lowered, report: ProgramReport
     held = plan.draft_params + plan.draft_cache
   elif lowered.kind in ("prefill", "ar"):
     held = plan.target_params + plan.target_cache
+  elif draft is None:  # a drafter that is not a model (EAGLE, Medusa, prompt lookup): the
+    # plan has the target; the drafter's own params and state come from their shapes
+    own = lowered.slices.get("draft_params", 0) + lowered.slices.get("draft_cache", 0)
+    held = plan.target_params + plan.target_cache + own
   out = {"plan_params_and_caches": held, "compiler_arguments": report.argument_bytes,
          "ratio": report.argument_bytes / held if held else None}
   if holds_target:  # the plan's activation estimate is the target's prefill (or the draft's)
-    out.update(plan_total=plan.per_device_bytes, compiler_peak=report.peak_bytes,
-               total_ratio=report.peak_bytes / plan.per_device_bytes)
+    total = plan.per_device_bytes + (held - plan.target_params - plan.target_cache
+                                     if draft is None and lowered.kind == "speculative" else 0)
+    out.update(plan_total=total, compiler_peak=report.peak_bytes,
+               total_ratio=report.peak_bytes / total)
   return out
 
 
@@ -320,7 +331,8 @@ def replan(result: Dict[str, Any], run: AotRun) -> Dict[str, Any]:
       draft = drafts.get(p["name"][len("speculative draft "):].split(" γ=")[0])
     elif p["name"].startswith("prefill draft "):
       draft = drafts.get(p["name"][len("prefill draft "):])
-    lowered = types.SimpleNamespace(kind=p["kind"], name=p["name"], tokens_per_call=tokens)
+    lowered = types.SimpleNamespace(kind=p["kind"], name=p["name"], tokens_per_call=tokens,
+                                    slices=p.get("slices", {}))
     rep = types.SimpleNamespace(error=None, argument_bytes=p["argument_bytes"],
                                 peak_bytes=p["peak_bytes"])
     p["plan"] = _plan_check(run, mesh, lowered, rep, draft)
