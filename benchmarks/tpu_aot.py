@@ -77,8 +77,9 @@ def cases():
                       alphas=((draft, 0.8),))))
   # The paper's setup splits the draft over the 16 chips too: a replicated 4B draft reads
   # all 8 GB on every chip at every draft step.
-  for tgt, draft in (("chinchilla-70b", "chinchilla-4b-draft"), ("llama-3.1-70b",
-                                                                  "llama-3.2-1b")):
+  # (Llama-3.1-70B with a split Llama-3.2-1B is left out: its speculative loop did not
+  # compile here, the TPU compiler was killed at 24 GB of host memory.)
+  for tgt, draft in (("chinchilla-70b", "chinchilla-4b-draft"),):
     out.append(("chen_sharded", f"chen_{tgt}_v4-2x2x4_draft-split",
                 lambda tgt=tgt, draft=draft: AotRun(
                     "v4:2x2x4", _dec(tgt), ((draft, _dec(draft)),), gammas=(4,), batch_size=1,
