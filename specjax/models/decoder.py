@@ -507,12 +507,32 @@ class DecoderLM:
     p = prompts_BP.shape[1]
     if p > cache.max_len:
       raise ValueError(f"prompts length {p} exceeds the cache's {cache.max_len} slots")
-    chunk = self.config.prefill_chunk or p
+    chunk = min(self.config.prefill_chunk or p, p)
     pieces, hidden = [], []
-    for start in range(0, p, chunk):  # One call unless config.prefill_chunk < P.
+
+    def piece(start, cache, tokens_BC):
       cache = cache.replace(lengths=jnp.full_like(cache.lengths, start))
-      h_BCE, x_BCX, cache = self._hidden(params, prompts_BP[:, start:start + chunk], cache,
-                                         start == 0, None, None, layers)
+      return self._hidden(params, tokens_BC, cache, isinstance(start, int) and start == 0,
+                          None, None, layers)
+    # One call unless config.prefill_chunk < P. Chunks after the first run in one
+    # `lax.scan` (one compiled chunk however long the prompt: 64 unrolled chunks of a 32k
+    # prompt exhausted the TPU compiler's memory), the remainder after it.
+    full = p // chunk
+    h_BCE, x_BCX, cache = piece(0, cache, prompts_BP[:, :chunk])
+    pieces.append(h_BCE)
+    hidden.append(x_BCX)
+    if full > 1:
+      def body(cache, start):
+        tokens_BC = jax.lax.dynamic_slice_in_dim(prompts_BP, start, chunk, axis=1)
+        h_BCE, x_BCX, cache = piece(start, cache, tokens_BC)
+        return cache, (h_BCE, x_BCX)
+      cache, (h_NBCE, x_NBCX) = jax.lax.scan(
+          body, cache, jnp.arange(1, full, dtype=jnp.int32) * chunk)
+      for stacked, out in ((h_NBCE, pieces), (x_NBCX, hidden)):
+        out.append(jnp.moveaxis(stacked, 0, 1).reshape(
+            stacked.shape[1], -1, *stacked.shape[3:]))
+    if p % chunk:
+      h_BCE, x_BCX, cache = piece(full * chunk, cache, prompts_BP[:, full * chunk:])
       pieces.append(h_BCE)
       hidden.append(x_BCX)
     h_BPE = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
