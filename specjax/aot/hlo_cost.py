@@ -379,13 +379,14 @@ class _Accountant:
 def loop_cost(hlo: str, copy_threshold: int = 1 << 62) -> Optional[LoopCost]:
   """Accounting of one iteration of the program's main loop (None: no loop).
 
-  The main loop is the top-level `while` of the entry computation (or of a
-  computation it calls) whose body moves the most bytes per iteration."""
+  The main loop is the top-level `while` of the entry computation whose trip
+  count is data-dependent (the decode loop; a chunked prefill's scan has a known
+  one) moving the most bytes per iteration, or else the one moving the most."""
   comps, entry = parse_module(hlo)
   if entry is None:
     raise ValueError("not an HLO module: no ENTRY computation")
   acc = _Accountant(comps, copy_threshold)
-  best = None
+  best, best_open = None, None
   for ins in comps[entry]:
     if ins.opcode != "while":
       continue
@@ -396,7 +397,12 @@ def loop_cost(hlo: str, copy_threshold: int = 1 << 62) -> Optional[LoopCost]:
       acc.account(cond, cost)
     if best is None or cost.bytes_accessed > best.bytes_accessed:
       best = cost
-  return best
+    # The decode loop runs until every row is done: no known or counted trip count (a
+    # chunked prefill's scan, run before it, has one).
+    if cost.trip_count is None and acc._counted_trips(cond) is None:
+      if best_open is None or cost.bytes_accessed > best_open.bytes_accessed:
+        best_open = cost
+  return best_open or best
 
 
 def program_cost(hlo: str) -> LoopCost:
