@@ -9,6 +9,8 @@ import os
 from absl import app, logging
 from ml_collections import config_flags
 
+from specjax.aot.from_config import run_from_config
+from specjax.aot.run import run_aot
 from specjax.experiments import chen
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -20,8 +22,6 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.INFO)
   if _CONFIG.value.get("aot_topology", ""):  # compile-only for a TPU slice (specjax.aot)
-    from specjax.aot.from_config import run_from_config  # pylint: disable=g-import-not-at-top
-    from specjax.aot.run import run_aot  # pylint: disable=g-import-not-at-top
     print(run_aot(run_from_config(_CONFIG.value), progress=logging.info)["markdown"])
     return
   results_md = os.path.join(chen.run(_CONFIG.value)["_out_dir"], "results.md")

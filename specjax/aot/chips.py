@@ -23,7 +23,8 @@ from typing import Dict, List, Sequence
 
 import jax
 
-__all__ = ["Chip", "CHIPS", "chip", "chip_of_device", "topology_devices", "parse_topology"]
+__all__ = ["Chip", "CHIPS", "chip", "chip_of_device", "topology_devices", "parse_topology",
+           "num_hosts"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,9 +48,8 @@ _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
 # memory, S(3) v4's common memory (CMEM).
 _ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 _NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
-               "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain",
-               "copy-done", "all-reduce-done", "all-gather-done", "collective-permute-done",
-               "async-done", "send-done", "recv-done"}
+               "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
+# (and every `*-done`: its `*-start` carries the traffic)
 _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
                 "ragged-all-to-all")
 _HOST = {"send", "recv", "infeed", "outfeed"}
@@ -304,8 +303,9 @@ class _Accountant:
         if best is not None:
           self._add(cost, best, times)
         continue
-      if op in ("call", "async-start") and _attr(ins.attrs, "to_apply|calls"):
-        self.account(_attr(ins.attrs, "to_apply|calls"), cost, times, depth + 1)
+      called = _attr(ins.attrs, "(?:to_apply|calls)") if op in ("call", "async-start") else None
+      if called:
+        self.account(called, cost, times, depth + 1)
         continue
       base = op[:-6] if op.endswith("-start") else op
       if base in _COLLECTIVES:

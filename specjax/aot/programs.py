@@ -24,14 +24,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from specjax import generation
 from specjax.drafters.model import ModelDrafter
-from specjax.parallel.sharding import DATA, cache_spec, fsdp_spec, param_spec
-from specjax.sampling import SamplingConfig
-from specjax.training.optim import OptimizerSpec
 from specjax.measure.roofline import decode_reads
 from specjax.models.eagle_head import init_eagle, shared_weights
+from specjax.parallel.sharding import cache_spec, fsdp_spec, param_spec, rows_spec
+from specjax.sampling import SamplingConfig
 from specjax.training.eagle import EagleLoss, _step_fn as eagle_step_fn
 from specjax.training.mesh import sharded_jit, sharded_train_step, state_shardings
-from specjax.training.optim import make_optimizer
+from specjax.training.optim import OptimizerSpec, make_optimizer
 from specjax.training.steps import StepSpec, init_state
 
 __all__ = ["abstract_params", "abstract_cache", "abstract_rows", "Lowered", "lower_prefill",
@@ -57,26 +56,20 @@ def abstract_cache(model, mesh: Mesh, batch_size: int, cache_len: int, prompt_le
                    replicated: bool = False):
   """`model.init_cache(...)`'s shapes with the run's shardings (`cache_spec`)."""
   shapes = jax.eval_shape(lambda: model.init_cache(batch_size, cache_len, prompt_len))
-  rows = lambda x: cache_spec(x, mesh) if not replicated else _rows_only(x, mesh)
-  return jax.tree_util.tree_map(lambda x: _struct(x, NamedSharding(mesh, rows(x))), shapes)
+  spec = (lambda x: rows_spec(x.shape, mesh)) if replicated else (lambda x: cache_spec(x, mesh))
+  return jax.tree_util.tree_map(lambda x: _struct(x, NamedSharding(mesh, spec(x))), shapes)
 
 
-def _rows_only(x, mesh: Mesh) -> P:
-  """A replicated model's state: only the batch axis over `data`."""
-  if x.ndim >= 1 and x.shape[0] % mesh.shape[DATA] == 0 and mesh.shape[DATA] > 1:
-    return P(DATA, *([None] * (x.ndim - 1)))
-  return P()
+def _rows(mesh: Mesh, shape, dtype) -> jax.ShapeDtypeStruct:
+  """An abstract array of rows `[B, ...]` laid out by `sharding.rows_spec`."""
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, rows_spec(shape, mesh)))
 
 
 def abstract_rows(mesh: Mesh, batch_size: int, prompt_len: int):
   """(prompts `[B, P]` int32, lengths `[B]` int32, keys `[B, 2]` uint32),
   their rows over `data` where it divides B."""
-  def rows(shape, dtype):
-    split = batch_size % mesh.shape[DATA] == 0
-    spec = P(DATA, *([None] * (len(shape) - 1))) if split else P()
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
-  return (rows((batch_size, prompt_len), jnp.int32), rows((batch_size,), jnp.int32),
-          rows((batch_size, 2), jnp.uint32))
+  return (_rows(mesh, (batch_size, prompt_len), jnp.int32), _rows(mesh, (batch_size,), jnp.int32),
+          _rows(mesh, (batch_size, 2), jnp.uint32))
 
 
 @dataclasses.dataclass
@@ -151,8 +144,7 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
                            draft_params_fn: Optional[Callable] = None,
                            draft_replicated: bool = True,
                            sampling: SamplingConfig = SamplingConfig(),
-                           eos_id: Optional[int] = None, name: Optional[str] = None,
-                           draft_model: Any = None) -> Lowered:
+                           eos_id: Optional[int] = None, name: Optional[str] = None) -> Lowered:
   """`generation.speculative_loop` for a drafter and γ.
 
   `drafter`: a `specjax.drafting.Drafter`. Its params: a `ModelDrafter`'s
@@ -172,7 +164,8 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
     dp = draft_params_fn(tp) if draft_params_fn is not None else None
     shapes = jax.eval_shape(lambda: drafter.alloc(batch_size, prompt_len, cache_len, gamma))
     dcache = jax.tree_util.tree_map(
-        lambda x: _struct(x, NamedSharding(mesh, _rows_only(x, mesh))), shapes)
+        lambda x: _struct(x, NamedSharding(mesh, rows_spec(x.shape, mesh))), shapes)
+    draft_model = None
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
   dec = generation.SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, 0)
   lowered = generation.speculative_loop.lower(dec, tp, dp, prompts, lengths, keys, tcache, dcache)
@@ -200,11 +193,10 @@ def _own_bytes(draft_params, target_params) -> int:
   EAGLE / Medusa tree holds the target's params as a subtree)."""
   if draft_params is None:
     return 0
-  shared = {id(x) for x in jax.tree_util.tree_leaves(target_params)}
-  own = [x for x in jax.tree_util.tree_leaves(draft_params) if id(x) not in shared]
-  if isinstance(draft_params, dict) and "encoder" in draft_params:
+  if isinstance(draft_params, dict) and "encoder" in draft_params:  # a T5 draft model
     return decode_bytes(draft_params)
-  return device_bytes(own)
+  shared = {id(x) for x in jax.tree_util.tree_leaves(target_params)}
+  return device_bytes([x for x in jax.tree_util.tree_leaves(draft_params) if id(x) not in shared])
 
 
 def lower_train_step(model, mesh: Mesh, *, batch_size: int, seq_len: int,
@@ -218,11 +210,7 @@ def lower_train_step(model, mesh: Mesh, *, batch_size: int, seq_len: int,
   state = jax.eval_shape(lambda p: init_state(spec, p, 0), params)
   shardings = state_shardings(state, mesh)
   state = jax.tree_util.tree_map(_struct, state, shardings)
-  split = batch_size % mesh.shape[DATA] == 0
-
-  def rows(shape, dtype):
-    spec_ = P(DATA, *([None] * (len(shape) - 1))) if split else P()
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec_))
+  rows = functools.partial(_rows, mesh)
   tokens = rows((batch_size, seq_len), jnp.int32)
   batch = {"targets": tokens, "loss_mask": rows((batch_size, seq_len), jnp.float32)}
   if hasattr(model.config, "d_kv"):  # T5: encoder inputs, their lengths, decoder inputs
@@ -251,11 +239,7 @@ def lower_eagle_train_step(target, config, mesh: Mesh, *, batch_size: int, seq_l
            "opt_state": fsdp(opt)}
   tp = jax.eval_shape(target.init, jax.random.PRNGKey(0))
   shared = fsdp(jax.eval_shape(lambda p: shared_weights(target, p), tp))
-  split = batch_size % mesh.shape[DATA] == 0
-
-  def rows(shape, dtype):
-    spec_ = P(DATA, *([None] * (len(shape) - 1))) if split else P()
-    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec_))
+  rows = functools.partial(_rows, mesh)
   c = target.config
   width = c.d_model * max(len(config.feature_layers), 1)
   act = jnp.dtype(c.dtype)

@@ -112,7 +112,7 @@ def compile_program(lowered: Lowered, chip: Chip, *, batch_rows: int = 1, group:
 
   batch_rows: rows of the batch on one device (B / data); group: query heads
   per kv head (for the attention FLOPs); copy_threshold: the size from which a
-  per-iteration copy counts as cache-sized (default: one cache buffer)."""
+  per-iteration copy counts as cache-sized (default: none is)."""
   t0 = time.perf_counter()
   try:
     compiled = lowered.lowered.compile()

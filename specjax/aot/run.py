@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from specjax import theory
-from specjax.aot.chips import chip_of_device, num_hosts, topology_devices
+from specjax.aot.chips import chip as chip_named, chip_of_device, num_hosts, topology_devices
 from specjax.aot.programs import (Lowered, lower_ar_loop, lower_eagle_train_step, lower_prefill,
                                   lower_speculative_loop, lower_train_step)
 from specjax.aot.report import ProgramReport, compile_program, format_reports
@@ -69,9 +69,8 @@ class AotRun:
     gammas: γ values of the speculative loop.
     batch_size, prompt_len, max_new_tokens: the run's batch and lengths.
     cache_len: cache slots (default prompt_len + max_new_tokens + max γ + 1).
-    mesh: (data, model) axis sizes (default: data = gcd(B, devices) when B > 1
-      split over rows first? no — model over every chip, data 1: one
-      replica of the weights, the decode-latency layout).
+    mesh: (data, model) axis sizes (default: data 1 x model over every chip —
+      one copy of the weights, the decode-latency layout).
     programs: which kinds of program to compile (`PROGRAM_KINDS`; the
       decoder-only drafters apply to decoder targets).
     eagle_features: the target blocks an EAGLE-3 head fuses (() = EAGLE-1).
@@ -260,16 +259,14 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
   "speedups": [...], "markdown": str}. `devices` overrides the topology's
   devices (e.g. local CPU devices, to check the programs without libtpu)."""
   devices = list(devices) if devices is not None else topology_devices(run.topology)
-  chip = chip_of_device(devices[0]) if devices[0].platform == "tpu" else None
-  if chip is None:
-    from specjax.aot.chips import chip as chip_named  # pylint: disable=g-import-not-at-top
-    chip = chip_named(run.topology.split(":")[0])
+  chip = (chip_of_device(devices[0]) if devices[0].platform == "tpu"
+          else chip_named(run.topology.split(":")[0]))
   mesh = _mesh(run, devices)
   data, model = mesh.shape[DATA], mesh.shape[MODEL]
-  rows = -(-run.batch_size // data) if run.batch_size % data == 0 else run.batch_size
-  tcfg = run.target.config
-  group = max(getattr(tcfg, "num_heads", 1) // max(getattr(tcfg, "num_kv_heads",
-                                                           getattr(tcfg, "num_heads", 1)), 1), 1)
+  rows = run.batch_size // data if run.batch_size % data == 0 else run.batch_size
+  tcfg = run.target.config  # query heads per kv head (T5: multi-head)
+  group = tcfg.num_heads // getattr(tcfg, "num_kv_heads", tcfg.num_heads)
+  cache_buffer = _cache_buffer_bytes(run, mesh)
   reports, plans = [], []
   thunks = _lowerings(run, mesh)
   start = time.perf_counter()
@@ -283,7 +280,6 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
       plans.append(None)
       progress(f"[{i + 1}/{len(thunks)}] lowering failed: {msg}")
       continue
-    cache_buffer = _cache_buffer_bytes(run, mesh)
     rep = compile_program(lowered, chip, batch_rows=rows, group=group,
                           copy_threshold=cache_buffer)
     reports.append(rep)
@@ -365,7 +361,8 @@ def smallest_fitting_slice(run: AotRun, chip, max_chips: int = 256) -> Optional[
 
 
 def _cache_buffer_bytes(run: AotRun, mesh: Mesh) -> int:
-  """Per-device bytes of one of the target's cache buffers (one layer's keys)."""
+  """The size from which a per-iteration copy counts as cache-sized: half the
+  per-device bytes of one of the target's cache buffers (one layer's keys)."""
   cache = jax.eval_shape(lambda: run.target.init_cache(run.batch_size, run.slots,
                                                        run.prompt_len))
   leaves = [x for x in jax.tree_util.tree_leaves(cache) if x.ndim == 4]

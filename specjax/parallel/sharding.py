@@ -49,7 +49,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 __all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch",
            "replicate", "fsdp_spec", "kv_head_repeats", "fit_to_mesh", "params_mesh",
-           "place_cache_like"]
+           "place_cache_like", "rows_spec"]
 
 DATA, MODEL = "data", "model"
 
@@ -187,14 +187,16 @@ def sharded_cache(model, mesh: Mesh, batch_size: int, max_len: int, prompt_len: 
       lambda x: jax.device_put(x, NamedSharding(mesh, cache_spec(x, mesh))), cache)
 
 
+def rows_spec(shape: Sequence[int], mesh) -> P:
+  """An array of rows `[B, ...]`: its leading axis over `data` where `data`
+  divides B, else replicated (scalars too)."""
+  return P(DATA) if len(shape) >= 1 and shape[0] % mesh.shape[DATA] == 0 else P()
+
+
 def shard_batch(mesh: Mesh, *arrays):
   """Places per-row arrays (prompts `[B, P]`, lengths `[B]`, keys `[B]`)
   with their leading axis over `data`."""
-  out = []
-  for x in arrays:
-    spec = P(DATA) if x.shape[0] % mesh.shape[DATA] == 0 else P()
-    out.append(jax.device_put(x, NamedSharding(mesh, spec)))
-  return tuple(out)
+  return tuple(jax.device_put(x, NamedSharding(mesh, rows_spec(x.shape, mesh))) for x in arrays)
 
 
 def replicate(tree, mesh: Mesh):
@@ -228,9 +230,5 @@ def place_cache_like(cache, params):
   split = any(not getattr(x, "sharding", None).is_fully_replicated
               for x in jax.tree_util.tree_leaves(params) if hasattr(x, "sharding"))
 
-  def spec(x):
-    if split:
-      return cache_spec(x, mesh)
-    ok = getattr(x, "ndim", 0) >= 1 and x.shape[0] % mesh.shape[DATA] == 0
-    return P(DATA, *([None] * (x.ndim - 1))) if ok and mesh.shape[DATA] > 1 else P()
+  spec = (lambda x: cache_spec(x, mesh)) if split else (lambda x: rows_spec(x.shape, mesh))
   return jax.tree_util.tree_map(lambda x: jax.device_put(x, NamedSharding(mesh, spec(x))), cache)

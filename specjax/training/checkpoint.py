@@ -72,7 +72,7 @@ def move_aside(path: str, reason: str) -> str:
   return dest
 
 
-_device_copy = jax.jit(lambda x: jax.numpy.copy(x))
+_device_copy = jax.jit(jax.numpy.copy)
 
 
 def _save_copy(tree):
