@@ -15,7 +15,9 @@ results; `specjax.parallel.sharding` places everything on a
 transformers-format checkpoints (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, T5)
 straight into their shardings; `load_tokenizer` reads a `tokenizer.json` or
 a SentencePiece model; `measure_beta` measures α of a pair;
-`tune_matvec_rows` picks a decoder's CPU product path for this machine.
+`tune_matvec_rows` picks a decoder's CPU product path for this machine;
+`clear_compiled` / `set_max_compiled_programs` bound how many compiled
+decoding programs a long-lived process keeps (`specjax.compiled`).
 The package map (what may import what) is in the README's "Architecture".
 
 Shape names: B batch, P prompt, T tokens per call, S cache slots, V vocab,
@@ -26,6 +28,8 @@ from specjax import drafters, parallel, theory
 from specjax.api import generate, prefill, speculative_generate
 from specjax.checkpoints.hf_llama import export_hf_decoder, import_hf_decoder
 from specjax.checkpoints.hf_t5 import export_hf_t5, import_hf_t5
+from specjax.compiled import (clear_compiled, compiled_programs, max_compiled_programs,
+                              set_max_compiled_programs)
 from specjax.generation import (AutoregressiveDecoder, DecodeState, DecodeStats,
                                 GenerationOutput, Prefill, SpeculativeDecoder)
 from specjax.measure.beta import measure_beta
@@ -51,4 +55,5 @@ __all__ = [
     "T5_CONFIGS", "UnigramLM", "BigramLM", "theory", "tune_matvec_rows", "MatvecChoice",
     "import_hf_decoder", "export_hf_decoder", "import_hf_t5", "export_hf_t5", "HFTokenizer",
     "SentencePieceTokenizer", "load_tokenizer", "check_tokenizers_compatible",
+    "clear_compiled", "compiled_programs", "max_compiled_programs", "set_max_compiled_programs",
 ]

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["check_int", "check_optional_int", "check_real", "check_optional_real",
-           "check_bool", "is_concrete", "check_prompts"]
+           "check_bool", "is_concrete", "check_prompts", "check_token_ids"]
 
 
 def _range_text(minimum, maximum, lo_open=False, hi_open=False) -> str:
@@ -86,11 +86,24 @@ def is_concrete(x: Any) -> bool:
           and getattr(x, "is_fully_addressable", True))
 
 
-def check_prompts(prompts: Any, prompt_lengths: Any = None) -> Tuple[jax.Array, jax.Array]:
+def _as_array(name: str, value: Any) -> np.ndarray:
+  """`value` as a numpy array; a named ValueError for what numpy cannot make
+  one of (ragged nested lists)."""
+  try:
+    return np.asarray(value)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{name} must be an array (or nested lists of one shape), got a "
+                     f"{type(value).__name__} that is not one: {e}") from None
+
+
+def check_prompts(prompts: Any, prompt_lengths: Any = None,
+                  vocab_size: Optional[int] = None) -> Tuple[jax.Array, jax.Array]:
   """Right-padded prompts `[B, P]` of integer ids and their lengths `[B]` in
-  [1, P] (default: all P), as int32 arrays; named errors otherwise."""
+  [1, P] (default: all P), as int32 arrays; named errors otherwise. With
+  `vocab_size`, the ids within the lengths must lie in [0, vocab_size)
+  (`check_token_ids`)."""
   if not hasattr(prompts, "shape") or not hasattr(prompts, "dtype"):
-    prompts = np.asarray(prompts)
+    prompts = _as_array("prompts", prompts)
   if prompts.ndim != 2:
     raise ValueError(f"prompts must be 2-D [batch, prompt_len], got shape {tuple(prompts.shape)}")
   if not jnp.issubdtype(prompts.dtype, jnp.integer):
@@ -101,7 +114,7 @@ def check_prompts(prompts: Any, prompt_lengths: Any = None) -> Tuple[jax.Array, 
   if prompt_lengths is None:
     prompt_lengths = np.full((b,), p, np.int32)
   if not hasattr(prompt_lengths, "shape"):
-    prompt_lengths = np.asarray(prompt_lengths)
+    prompt_lengths = _as_array("prompt_lengths", prompt_lengths)
   if prompt_lengths.ndim != 1 or prompt_lengths.shape[0] != b:
     raise ValueError(
         f"prompt_lengths must have shape [batch] = ({b},) to match prompts {(b, p)}, "
@@ -115,4 +128,47 @@ def check_prompts(prompts: Any, prompt_lengths: Any = None) -> Tuple[jax.Array, 
       raise ValueError(
           f"prompt_lengths must lie in [1, {p}] (the padded prompt length); row {bad[0]} "
           f"has {lens[bad[0]]} ({bad.size} rows out of range)")
+  if vocab_size is not None:
+    check_token_ids("prompts", prompts, prompt_lengths, vocab_size)
   return jnp.asarray(prompts, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32)
+
+
+@jax.jit
+def _first_invalid(tokens_BP, lengths_B, vocab_size):
+  """(row, position, id) of the first id outside [0, vocab_size) within the
+  rows' lengths, row -1 if none: a reduction on the device."""
+  b, p = tokens_BP.shape
+  bad_BP = (((tokens_BP < 0) | (tokens_BP >= vocab_size))
+            & (jnp.arange(p)[None] < lengths_B[:, None]))
+  flat = jnp.argmax(bad_BP.reshape(-1))
+  row, pos = flat // p, flat % p
+  found = jnp.any(bad_BP)
+  return (jnp.where(found, row, -1), pos, tokens_BP[row, pos],
+          jnp.sum(bad_BP, dtype=jnp.int32))
+
+
+def check_token_ids(name: str, tokens: Any, lengths: Any, vocab_size: int) -> None:
+  """ValueError naming the row, the position and the id of the first token
+  of `tokens` `[B, P]` (the first `lengths[b]` of row b; padding is not
+  read) outside the vocabulary [0, vocab_size): an embedding lookup would
+  clamp it silently. Host tokens are checked on the host (an int64 id would
+  wrap to int32 on the device), whatever the lengths are; device tokens by
+  one jitted reduction whose three scalars are read back. Tracers (a call
+  inside an outer `jit`) and multi-host global arrays cannot be read and
+  are not checked."""
+  if not (is_concrete(tokens) and is_concrete(lengths)):
+    return
+  if isinstance(tokens, jax.Array):
+    row, pos, tok, count = (int(v) for v in jax.device_get(
+        _first_invalid(jnp.asarray(tokens), jnp.asarray(lengths), vocab_size)))
+  else:
+    t = np.asarray(tokens)
+    bad = ((t < 0) | (t >= vocab_size)) & (np.arange(t.shape[1])[None]
+                                           < np.asarray(lengths)[:, None])
+    count = int(bad.sum())
+    row, pos = (int(i) for i in np.unravel_index(np.argmax(bad), bad.shape)) if count else (-1, 0)
+    tok = int(t[row, pos]) if count else 0
+  if row >= 0:
+    raise ValueError(
+        f"{name} must hold token ids in [0, {vocab_size}) (the model's vocabulary); row {row} "
+        f"position {pos} holds {tok} ({count} ids out of range)")

@@ -7,22 +7,28 @@ rather than an XLA error (or a silent clamp) from deep inside.
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from specjax._checks import check_int, check_prompts
+from specjax._checks import check_int, check_prompts, is_concrete
+from specjax.compiled import enforce_limit
 from specjax.drafters.model import ModelDrafter
 from specjax.drafting import Drafter
 from specjax.generation import (AutoregressiveDecoder, GenerationOutput, Prefill,
                                 SpeculativeDecoder, run_prefill)
 from specjax.parallel.sharding import place_cache_like
-from specjax.protocol import check_model, required_cache_len
+from specjax.protocol import check_model, check_params, required_cache_len
 from specjax.sampling import SamplingConfig
 from specjax.verify import rejection_verify
 
 __all__ = ["generate", "speculative_generate", "prefill", "required_cache_len"]
+
+_NONFINITE = ("raise", "warn", "ignore")
+_MAX_SLOTS = 2**31 - 1  # cache positions and lengths are int32
 
 
 def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
@@ -31,12 +37,23 @@ def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
       raise ValueError("key is required when sampling (temperature > 0); pass "
                        "jax.random.key(seed) or one key per row")
     key = jax.random.key(0)
-  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if not isinstance(key, jax.Array):
+    try:
+      key = jnp.asarray(key)
+    except (TypeError, ValueError):
+      raise TypeError(f"key must be a PRNG key (jax.random.key / PRNGKey) or one per row, got "
+                      f"{key!r} ({type(key).__name__})") from None
   if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
     if key.dtype != jnp.uint32 or key.ndim not in (1, 2):
       raise TypeError(f"key must be a PRNG key (jax.random.key / PRNGKey) or one per row, got "
                       f"dtype {key.dtype} shape {tuple(key.shape)}")
-    key = jax.random.wrap_key_data(key)
+    try:
+      key = jax.random.wrap_key_data(key)
+    except (TypeError, ValueError):  # not the default PRNG's key shape
+      one = tuple(jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0))).shape)
+      raise TypeError(f"key must be a PRNG key (jax.random.key / PRNGKey) or one per row: "
+                      f"uint32 key data of shape {one} or {(batch,) + one}, got shape "
+                      f"{tuple(key.shape)}") from None
   if key.ndim == 0:
     return jax.random.split(key, batch)
   if key.shape == (batch,):
@@ -48,9 +65,17 @@ def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
 def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len, params=None):
   need = required_cache_len(model, prompt_len, max_new, gamma)
   if cache is None:
+    if need > _MAX_SLOTS:
+      raise ValueError(
+          f"prompt ({prompt_len} tokens → {model.prefill_positions(prompt_len)} positions) + "
+          f"max_new_tokens ({max_new}) + gamma ({gamma}) needs {need} cache slots, more than "
+          f"the {_MAX_SLOTS} (2**31 - 1) that int32 positions can index")
     if cache_len is None:
       cache_len = need
     cache_len = check_int("cache_len", cache_len, 1)
+    if cache_len > _MAX_SLOTS:
+      raise ValueError(f"cache_len must be at most {_MAX_SLOTS} (2**31 - 1: positions are "
+                       f"int32), got {cache_len}")
     if cache_len < need:
       raise ValueError(
           f"cache_len={cache_len} is too short: prompt ({prompt_len} tokens → "
@@ -58,6 +83,9 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
           f"+ gamma ({gamma}) needs {need} slots")
     # Placed like the params: on their mesh, split, never whole on every device.
     return place_cache_like(model.init_cache(batch, cache_len, prompt_len), params)
+  if np.ndim(getattr(cache, "lengths", None)) != 1 or not hasattr(cache, "max_len"):
+    raise TypeError(f"{name} must be a cache from {type(model).__name__}.init_cache, got "
+                    f"{type(cache).__name__}")
   cache_b = cache.lengths.shape[0]
   if cache_b != batch:
     raise ValueError(f"{name} has batch {cache_b}, prompts have batch {batch}")
@@ -65,10 +93,36 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
     raise ValueError(
         f"{name} has {cache.max_len} slots; prompt ({prompt_len} tokens) + max_new_tokens "
         f"({max_new}) + gamma ({gamma}) needs {need}")
+  _check_cache_fits(name, model, cache, prompt_len)
   return cache
 
 
-def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size):
+def _check_cache_fits(name, model, cache, prompt_len) -> None:
+  """ValueError naming `name` when `cache`'s buffers are not those
+  `model.init_cache` makes for its batch and slots: another model's cache
+  (other layers, heads or head size) would fail inside the trace. Compared
+  abstractly (`jax.eval_shape`); axes that follow the prompt length (T5's
+  encoder positions, of which a cache may hold more) and dtypes are not."""
+  batch, slots = cache.lengths.shape[0], cache.max_len
+  want = jax.eval_shape(lambda: model.init_cache(batch, slots, prompt_len))
+  longer = jax.eval_shape(lambda: model.init_cache(batch, slots, prompt_len + 1))
+  got, got_tree = jax.tree_util.tree_flatten_with_path(cache)
+  want_leaves, want_tree = jax.tree_util.tree_flatten(want)
+  what = f"{name} is not a cache of this {type(model).__name__} (from its init_cache)"
+  if got_tree != want_tree:
+    raise ValueError(f"{what}: a {type(cache).__name__} of {len(got)} arrays, the model's is "
+                     f"a {type(want).__name__} of {len(want_leaves)}")
+  for (path, x), w, w_longer in zip(got, want_leaves, jax.tree_util.tree_leaves(longer)):
+    shape = tuple(np.shape(x))
+    if len(shape) != len(w.shape) or any(  # axes that change with the prompt length: skipped
+        g != n and n == n_longer for g, n, n_longer in zip(shape, w.shape, w_longer.shape)):
+      raise ValueError(f"{what}: {jax.tree_util.keystr(path)} has shape {shape}, the model's "
+                       f"{tuple(w.shape)} (another model's cache?)")
+
+
+def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size, nonfinite="raise"):
+  if not isinstance(nonfinite, str) or nonfinite not in _NONFINITE:
+    raise ValueError(f"nonfinite must be one of {_NONFINITE}, got {nonfinite!r}")
   max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
   if not isinstance(sampling, SamplingConfig):
     raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
@@ -83,7 +137,7 @@ def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size):
 def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
              sampling: SamplingConfig = SamplingConfig(), key=None, eos_id: Optional[int] = None,
              pad_id: int = 0, cache=None, cache_len: Optional[int] = None,
-             prefilled: Optional[Prefill] = None) -> GenerationOutput:
+             prefilled: Optional[Prefill] = None, nonfinite: str = "raise") -> GenerationOutput:
   """Autoregressive decoding, one jitted `lax.while_loop`.
 
   Args:
@@ -102,14 +156,26 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
     prefilled: a `Prefill` of these prompts (`specjax.prefill`, donated):
       decoding starts from it instead of prefilling (`cache` must be None);
       the tokens are those `generate` would give with the same key.
+    nonfinite: what to do when the target's logits held a NaN or +inf
+      (`DecodeStats.nonfinite`; a broken checkpoint, a bfloat16 overflow):
+      "raise" (default) a `FloatingPointError` naming the rows, "warn", or
+      "ignore". Checking waits for the result; inside an outer `jit`
+      nothing can be raised and the counts are only in the stats.
 
   Returns:
     `GenerationOutput` (tokens `[B, N]`, lengths `[B]`, stats, final cache).
+
+  Raises:
+    ValueError / TypeError naming the argument for bad input: token ids
+    outside [0, vocab) within the prompt lengths (row, position and id
+    named), params that are not the model's tree (`protocol.check_params`),
+    lengths, sizes, keys or caches out of range.
   """
   check_model(model, "model")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
-                                                 model.vocab_size)
-  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths)
+                                                 model.vocab_size, nonfinite)
+  check_params(model, params, "params")
+  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, model.vocab_size)
   b, p = prompts.shape
   if prefilled is None:
     cache = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len, params)
@@ -117,7 +183,29 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
     _check_prefilled(prefilled, cache, model, b, p, max_new_tokens, 0)
   keys = _row_keys(key, b, sampling)
   dec = AutoregressiveDecoder(model, sampling, max_new_tokens, eos_id, pad_id)
-  return dec.run(params, prompts, prompt_lengths, keys, cache, prefilled)
+  out = dec.run(params, prompts, prompt_lengths, keys, cache, prefilled)
+  enforce_limit()
+  return _check_finite(out, nonfinite, "params")
+
+
+def _check_finite(out: GenerationOutput, nonfinite: str, params_name: str) -> GenerationOutput:
+  """Raises / warns (per `nonfinite`) when some row's target logits were not finite."""
+  if nonfinite == "ignore" or not is_concrete(out.stats.nonfinite):
+    return out
+  bad = np.asarray(out.stats.nonfinite)
+  rows = np.nonzero(bad)[0]
+  if rows.size == 0:
+    return out
+  calls = np.asarray(out.stats.target_calls)
+  shown = ", ".join(f"row {r}: {bad[r]} of {calls[r]} calls" for r in rows[:8])
+  msg = (f"the target's logits held NaN or inf in {rows.size} of {bad.size} rows ({shown}"
+         f"{', ...' if rows.size > 8 else ''}): the tokens drawn from them mean nothing. "
+         f"Check {params_name} (a broken or overflowed checkpoint; bfloat16 overflows "
+         "where float32 does not); nonfinite='warn' returns the output anyway")
+  if nonfinite == "raise":
+    raise FloatingPointError(msg)
+  warnings.warn(msg, RuntimeWarning, stacklevel=3)
+  return out
 
 
 def _check_prefilled(prefilled, cache, model, batch, prompt_len, max_new, gamma) -> None:
@@ -151,11 +239,14 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
   check_model(model, "model")
   max_new_tokens, _, _ = _check_common(max_new_tokens, sampling, None, 0, model.vocab_size)
   gamma = check_int("gamma", gamma, 0)
-  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths)
+  check_params(model, params, "params")
+  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, model.vocab_size)
   b, p = prompts.shape
   cache = _check_cache("cache", model, None, b, p, max_new_tokens, gamma, cache_len, params)
-  return run_prefill(model, params, sampling, prompts, prompt_lengths,
-                     _row_keys(key, b, sampling), cache)
+  out = run_prefill(model, params, sampling, prompts, prompt_lengths,
+                    _row_keys(key, b, sampling), cache)
+  enforce_limit()
+  return out
 
 
 def resolve_drafter(target, target_params, draft, draft_params, gamma):
@@ -177,7 +268,39 @@ def resolve_drafter(target, target_params, draft, draft_params, gamma):
   drafter.check(target, gamma)
   if drafter.uses_target_params and draft_params is None:
     draft_params = target_params
+  drafter.check_params(draft_params)
   return drafter, draft_params, gamma
+
+
+def usable_gamma(target, drafter: Drafter, gamma: int, max_new_tokens: int) -> int:
+  """γ, or the largest γ whose drafts can all be used, with a warning.
+
+  After the prefill's token N - 1 tokens remain, so at most N - 1 drafts can
+  be committed in one iteration: a chain drafter's γ beyond max(1, N - 1)
+  only drafts tokens that are always cut (and sizes caches for them). Such a
+  γ is lowered to that value (greedy output unchanged; a sampled output
+  keeps its law), with a warning naming both values. A tree deeper than
+  that, or a drafter that fixes its own γ, is kept as it is and warned
+  about."""
+  useful = max(1, max_new_tokens - 1)
+  lay = drafter.layout(gamma)
+  if lay.chain_len <= useful:
+    return gamma
+  what = (f"the {useful} drafts per iteration that max_new_tokens={max_new_tokens} can use "
+          f"(max(1, max_new_tokens - 1))")
+  if drafter.fixed_gamma is None and not lay.is_tree and lay.num_chains == 1:
+    try:
+      drafter.check(target, useful)
+    except ValueError:
+      pass
+    else:
+      warnings.warn(f"gamma={gamma} is more than {what}: using gamma={useful}", UserWarning,
+                    stacklevel=3)
+      return useful
+  warnings.warn(f"{type(drafter).__name__} drafts {lay.chain_len} deep (gamma={gamma}), more "
+                f"than {what}: the deeper drafts are computed and never committed",
+                UserWarning, stacklevel=3)
+  return gamma
 
 
 def speculative_generate(target, target_params, draft, draft_params, prompts,
@@ -186,7 +309,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                          eos_id: Optional[int] = None, pad_id: int = 0, target_cache=None,
                          draft_cache=None, cache_len: Optional[int] = None,
                          verify_fn: Callable = rejection_verify,
-                         prefilled: Optional[Prefill] = None) -> GenerationOutput:
+                         prefilled: Optional[Prefill] = None,
+                         nonfinite: str = "raise") -> GenerationOutput:
   """Exact speculative decoding (draft, verify once per iteration), one jitted while_loop.
 
   The output has exactly the distribution of `generate(target, ...)` with the
@@ -203,7 +327,9 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id:
       as in `generate`.
     gamma: γ ≥ 1 drafted tokens per iteration (static: one compilation per
-      value); lookahead decoding fixes its own (`Lookahead.chain_len`).
+      value); lookahead decoding fixes its own (`Lookahead.chain_len`). A γ
+      above max(1, max_new_tokens - 1), whose extra drafts could never be
+      committed, is lowered to it with a warning (`usable_gamma`).
     target_cache, draft_cache: caches to reuse (donated; `draft_cache` only
       for a draft model), or `cache_len` for both (default: the minimum).
     verify_fn: the accept/reject rule for drafts with distributions
@@ -211,19 +337,25 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     prefilled: a `Prefill` of the target on these prompts (`specjax.prefill`
       with `gamma`, donated): decoding starts from it (`target_cache` must be
       None); a draft model still prefills its own cache.
+    nonfinite: as in `generate` (the target's logits of every call).
 
   Returns:
     `GenerationOutput` with acceptance statistics; its `draft_cache` is the
     drafter's final state (a draft model's cache).
+
+  Raises:
+    As `generate`; `draft_params` are checked against a draft model's tree.
   """
   check_model(target, "target")
+  check_params(target, target_params, "target_params")
   drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
                                                  gamma)
   if not callable(verify_fn):
     raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
-                                                 target.vocab_size)
-  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths)
+                                                 target.vocab_size, nonfinite)
+  gamma = usable_gamma(target, drafter, gamma, max_new_tokens)
+  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, target.vocab_size)
   b, p = prompts.shape
   call_len = drafter.layout(gamma).length
   try:
@@ -251,5 +383,7 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   keys = _row_keys(key, b, sampling)
   dec = SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, pad_id,
                            verify_fn)
-  return dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
-                 draft_cache, prefilled)
+  out = dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
+                draft_cache, prefilled)
+  enforce_limit()
+  return _check_finite(out, nonfinite, "target_params")

@@ -36,14 +36,16 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Optional, Tuple
+from typing import Any, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
 from flax import struct
 
+from specjax.protocol import check_params
+
 __all__ = ["Drafter", "Proposal", "CallLayout", "DraftInput", "DraftFeedback", "is_drafter",
-           "chain_layout"]
+           "chain_layout", "check_head_params"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +269,12 @@ class Drafter(abc.ABC):
     γ, the target's kind). Default: nothing to check."""
     del target, gamma
 
+  def check_params(self, params: Any) -> None:
+    """Raises ValueError / TypeError naming `draft_params` when `params` (a
+    call's draft params, after self-drafters got the target's) do not fit
+    the drafter. Default: nothing to check."""
+    del params
+
   @abc.abstractmethod
   def layout(self, gamma: int) -> CallLayout:
     """The target call of one iteration (static)."""
@@ -291,6 +299,18 @@ class Drafter(abc.ABC):
   @abc.abstractmethod
   def update(self, params: Any, state: Any, feedback: DraftFeedback) -> Any:
     """The state after the commit."""
+
+
+def check_head_params(params: Any, keys: Tuple[str, ...], loader: str, target: Any) -> None:
+  """A draft head's params: a dict with exactly `keys` (as `loader` returns
+  them), whose "target" entry, where there is one, is `target`'s tree
+  (`protocol.check_params`). Named errors otherwise."""
+  if not isinstance(params, Mapping) or set(params) != set(keys):
+    got = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+    raise TypeError(f"draft_params must be a dict with keys {list(keys)} (what {loader} "
+                    f"returns), got {got}")
+  if target is not None and params.get("target") is not None:
+    check_params(target, params["target"], "draft_params['target']")
 
 
 def is_drafter(obj: Any) -> bool:

@@ -80,6 +80,11 @@ class DecodeStats:
     accepted_hist: `[B, G + 1]` iterations that accepted exactly k drafts —
       the acceptance per draft position: P(position i accepted) =
       sum(hist[k] for k >= i) / sum(hist).
+    nonfinite: `[B]` target calls (the prefill included) whose logits held a
+      NaN or +inf, or no finite value, at some position of the call (a
+      broken checkpoint, a bfloat16 overflow): the tokens drawn from them
+      mean nothing. `specjax.generate` / `speculative_generate` raise on it
+      by default (`nonfinite=`).
   """
 
   target_calls: jax.Array
@@ -87,11 +92,12 @@ class DecodeStats:
   drafted: jax.Array
   accepted: jax.Array
   accepted_hist: jax.Array
+  nonfinite: jax.Array
 
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> "DecodeStats":
     z = jnp.zeros((batch,), jnp.int32)
-    return cls(z, z, z, z, jnp.zeros((batch, gamma + 1), jnp.int32))
+    return cls(z, z, z, z, jnp.zeros((batch, gamma + 1), jnp.int32), z)
 
 
 @struct.dataclass
@@ -155,6 +161,18 @@ class DecodeState:
   stats: DecodeStats
 
 
+def nonfinite_rows(logits_BV: jax.Array) -> jax.Array:
+  """int32 `[B]`: 1 where row b's logits (`[B, V]` or `[B, T, V]`) hold a
+  NaN or +inf, or no finite value, at some position; -inf alone (a token
+  ruled out) is fine. One max over V per position (NaN propagates)."""
+  top = jnp.max(logits_BV, axis=-1).reshape(logits_BV.shape[0], -1)
+  return jnp.any(~jnp.isfinite(top), axis=1).astype(jnp.int32)
+
+
+def _count_nonfinite(dec, logits_BTV: jax.Array):
+  return nonfinite_rows(logits_BTV) if dec.count_nonfinite else 0
+
+
 def _fold_keys(keys_B: jax.Array, data) -> jax.Array:
   return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys_B)
 
@@ -195,18 +213,20 @@ class Prefill:
   first `[B]` int32: the first generated token (drawn from the prefill
   logits with the rows' keys, as a decoder's own prefill draws it); last
   `[B]` int32: each prompt's last token; cache: the target's cache holding
-  the prompts (lengths = the prompt lengths)."""
+  the prompts (lengths = the prompt lengths); nonfinite `[B]` int32: 1 where
+  the prefill logits were not finite (`DecodeStats.nonfinite`)."""
 
   first: jax.Array
   last: jax.Array
   cache: Any
+  nonfinite: jax.Array
 
 
 def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B, prefilled=None):
   if prefilled is not None:
-    return prefilled.first, prefilled.last, prefilled.cache
+    return prefilled.first, prefilled.last, prefilled.cache, prefilled.nonfinite
   logits_BV, last_B, cache = model.prefill(params, prompts_BP, lengths_B, cache)
-  return _first_token(logits_BV, sampling, keys_B), last_B, cache
+  return _first_token(logits_BV, sampling, keys_B), last_B, cache, nonfinite_rows(logits_BV)
 
 
 def _first_token(logits_BV, sampling, keys_B):
@@ -223,14 +243,14 @@ def run_prefill(model, params, sampling: SamplingConfig, prompts_BP, lengths_B, 
 
 
 def _initial_state(first_B, last_B, target_cache, draft_cache, keys_B, max_new, width,
-                   gamma, pad_id, eos_id) -> DecodeState:
+                   gamma, pad_id, eos_id, nonfinite_B) -> DecodeState:
   b = first_B.shape[0]
   tokens = jnp.full((b, max_new + width), pad_id, jnp.int32).at[:, 0].set(first_B)
   done = jnp.full((b,), max_new <= 1)
   if eos_id is not None:
     done = done | (first_B == eos_id)
   stats = DecodeStats.zeros(b, gamma)
-  stats = stats.replace(target_calls=stats.target_calls + 1)
+  stats = stats.replace(target_calls=stats.target_calls + 1, nonfinite=nonfinite_B)
   return DecodeState(
       step=jnp.zeros((), jnp.int32), tokens=tokens, out_len=jnp.ones((b,), jnp.int32),
       seq_len=target_cache.lengths.astype(jnp.int32), pending=first_B, prev=last_B,
@@ -252,20 +272,26 @@ def _loop(step_fn, state: DecodeState, max_iters: int) -> DecodeState:
 
 @dataclasses.dataclass(frozen=True)
 class AutoregressiveDecoder:
-  """Plain decoding: one target call per token. Static configuration."""
+  """Plain decoding: one target call per token. Static configuration.
+
+  `count_nonfinite`: count each call's non-finite logits in
+  `DecodeStats.nonfinite` (False: only the prefill's; for measuring what
+  the count costs).
+  """
 
   model: Any
   sampling: SamplingConfig
   max_new_tokens: int
   eos_id: Optional[int] = None
   pad_id: int = 0
+  count_nonfinite: bool = True
 
   def init_state(self, params, prompts_BP, lengths_B, keys_B, cache,
                  prefilled: Optional[Prefill] = None) -> DecodeState:
-    first_B, last_B, cache = _prefill(self.model, params, self.sampling, prompts_BP,
-                                      lengths_B, cache, keys_B, prefilled)
+    first_B, last_B, cache, bad_B = _prefill(self.model, params, self.sampling, prompts_BP,
+                                             lengths_B, cache, keys_B, prefilled)
     return _initial_state(first_B, last_B, cache, None, keys_B, self.max_new_tokens, 1, 0,
-                          self.pad_id, self.eos_id)
+                          self.pad_id, self.eos_id, bad_B)
 
   def step(self, params, state: DecodeState) -> DecodeState:
     active_B = ~state.done
@@ -276,7 +302,9 @@ class AutoregressiveDecoder:
     state, _ = _commit(state, next_B[:, None], jnp.ones_like(next_B), self.max_new_tokens,
                        self.eos_id)
     a = active_B.astype(jnp.int32)
-    stats = state.stats.replace(target_calls=state.stats.target_calls + a)
+    stats = state.stats.replace(target_calls=state.stats.target_calls + a,
+                                nonfinite=state.stats.nonfinite
+                                + _count_nonfinite(self, logits_B1V) * a)
     return state.replace(step=state.step + 1, target_cache=cache, stats=stats)
 
   def run(self, params, prompts_BP, lengths_B, keys_B, cache,
@@ -312,6 +340,7 @@ class SpeculativeDecoder:
   # The rules for deterministic drafts / candidate sets and for token trees.
   candidates_fn: Callable = candidates_verify
   tree_fn: Callable = tree_verify
+  count_nonfinite: bool = True  # as in AutoregressiveDecoder
 
   def __post_init__(self):
     if not isinstance(self.drafter, Drafter):
@@ -335,17 +364,18 @@ class SpeculativeDecoder:
           target_params, prompts_BP, lengths_B, target_cache,
           layers=drafter.hidden_layers)
       first_B = _first_token(logits_BV, self.sampling, keys_B)
+      bad_B = nonfinite_rows(logits_BV)
       draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
                                   target_cache, prompt_hidden_BPX=hidden_BPX)
     else:
-      first_B, last_B, target_cache = _prefill(self.target, target_params, self.sampling,
-                                               prompts_BP, lengths_B, target_cache, keys_B,
-                                               prefilled)
+      first_B, last_B, target_cache, bad_B = _prefill(
+          self.target, target_params, self.sampling, prompts_BP, lengths_B, target_cache,
+          keys_B, prefilled)
       draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
                                   target_cache)
     n = self.layout.chain_len
     return _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
-                          self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id)
+                          self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
 
   @property
   def _verify(self) -> Callable:
@@ -467,7 +497,8 @@ class SpeculativeDecoder:
     stats = s.replace(
         target_calls=s.target_calls + a, draft_calls=s.draft_calls + calls * a,
         drafted=s.drafted + drafted_B * a, accepted=s.accepted + n_B * a,
-        accepted_hist=s.accepted_hist + jax.nn.one_hot(n_B, n + 1, dtype=jnp.int32) * a[:, None])
+        accepted_hist=s.accepted_hist + jax.nn.one_hot(n_B, n + 1, dtype=jnp.int32) * a[:, None],
+        nonfinite=s.nonfinite + _count_nonfinite(self, logits_BTV) * a)
     return state.replace(step=state.step + 1, target_cache=target_cache,
                          draft_cache=draft_state, stats=stats)
 

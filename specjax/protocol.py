@@ -59,6 +59,14 @@ lookahead decoding; `DecoderLM` and `T5` implement them):
       tree moved into contiguous slots).
   extend_with_hidden(params, tokens_BT, cache, ...) -> (logits_BTV, hidden_BTE, cache)
       Also the final hidden states (draft heads such as Medusa read them).
+
+Optional, declared by `DecoderLM`, `T5` and the table models (`DeclaresParams`):
+
+  expected_params(params) -> a pytree of `jax.ShapeDtypeStruct`
+      The parameter tree the model takes, in the layout `params` is in
+      (e.g. `DecoderLM`'s packed decode layout): `generate` and
+      `speculative_generate` check the params they are given against it
+      (`check_params`) before anything is traced.
 """
 
 from __future__ import annotations
@@ -66,8 +74,10 @@ from __future__ import annotations
 from typing import Any, Protocol, Tuple, runtime_checkable
 
 import jax
+import numpy as np
 
-__all__ = ["LanguageModel", "check_model", "required_cache_len"]
+__all__ = ["LanguageModel", "DeclaresParams", "check_model", "check_params", "check_tree",
+           "required_cache_len"]
 
 Params = Any
 Cache = Any
@@ -119,3 +129,69 @@ def required_cache_len(model: Any, prompt_len: int, max_new_tokens: int, gamma: 
   """Slots a cache needs for `max_new_tokens` after a prompt of padded length
   `prompt_len`, with `gamma` drafts per iteration (0 for autoregressive)."""
   return model.prefill_positions(prompt_len) + max_new_tokens + gamma - 1
+
+
+@runtime_checkable
+class DeclaresParams(Protocol):
+  """A model that declares its parameter tree (see the module doc)."""
+
+  def expected_params(self, params: Params) -> Any:
+    ...
+
+
+def _leaf_spec(x: Any):
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    x = np.asarray(x)
+  return tuple(x.shape), np.dtype(x.dtype)
+
+
+def check_params(model: Any, params: Any, name: str) -> None:
+  """Raises naming `name` when `params` is not the parameter tree `model`
+  declares (`DeclaresParams.expected_params`): see `check_tree`. Models that
+  declare nothing are not checked."""
+  if not isinstance(model, DeclaresParams):
+    return
+  if params is None:
+    raise TypeError(f"{name} must be the parameter tree of {type(model).__name__} "
+                    f"(e.g. its init(key) or a restored checkpoint), got None")
+  try:
+    expected = model.expected_params(params)
+  except ValueError as e:
+    raise ValueError(f"{name} is not a parameter tree of this {type(model).__name__}: {e}") \
+        from None
+  check_tree(expected, params, name, f"the model ({type(model).__name__}")
+
+
+def check_tree(expected: Any, params: Any, name: str, owner: str) -> None:
+  """Raises naming `name` when `params` differs from the tree `expected` (of
+  `jax.ShapeDtypeStruct`s or arrays): a leaf missing or extra, or a leaf of
+  another shape, or of another kind of dtype (any floating dtype may stand
+  for another: layers cast their weights, `specjax.models.cast_params`).
+  The message names `owner` (e.g. "the model (DecoderLM"), the first
+  differing path with both shapes and how many leaves differ."""
+  keystr = jax.tree_util.keystr
+  want = {keystr(p): _leaf_spec(x)
+          for p, x in jax.tree_util.tree_flatten_with_path(expected)[0]}
+  try:
+    got = {keystr(p): _leaf_spec(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  except (TypeError, ValueError) as e:
+    raise TypeError(f"{name} must be a tree of arrays, got a leaf that is not: {e}") from None
+  problems = []
+  for path, (shape, dtype) in want.items():
+    if path not in got:
+      problems.append(f"{path} is missing (expected {shape} {dtype})")
+      continue
+    g_shape, g_dtype = got[path]
+    same_kind = g_dtype == dtype or (_is_float(dtype) and _is_float(g_dtype))
+    if g_shape != shape or not same_kind:
+      problems.append(f"{path} has shape {g_shape} {g_dtype}, expected {shape} {dtype}")
+  problems += [f"{path} is not a parameter (extra leaf, shape {got[path][0]})"
+               for path in got if path not in want]
+  if problems:
+    more = f" (and {len(problems) - 1} more differing leaves)" if len(problems) > 1 else ""
+    raise ValueError(f"{name} do not match {owner}, {len(want)} parameter arrays): "
+                     f"{problems[0]}{more}")
+
+
+def _is_float(dtype) -> bool:
+  return bool(jax.numpy.issubdtype(dtype, jax.numpy.floating))

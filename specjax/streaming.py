@@ -29,6 +29,7 @@ from typing import Any, Callable, List, Optional, Tuple
 import jax
 import numpy as np
 
+from specjax.compiled import enforce_limit, register
 from specjax.generation import AutoregressiveDecoder, DecodeState, SpeculativeDecoder
 
 __all__ = ["StreamResult", "stream"]
@@ -55,16 +56,19 @@ class StreamResult:
   lengths_B: np.ndarray
 
 
+@register
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(5,))
 def _ar_init(dec, params, prompts_BP, lengths_B, keys_B, cache):
   return dec.init_state(params, prompts_BP, lengths_B, keys_B, cache)
 
 
+@register
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(2,))
 def _ar_step(dec, params, state):
   return dec.step(params, state)
 
 
+@register
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(6, 7))
 def _sp_init(dec, target_params, draft_params, prompts_BP, lengths_B, keys_B, target_cache,
              draft_cache):
@@ -72,6 +76,7 @@ def _sp_init(dec, target_params, draft_params, prompts_BP, lengths_B, keys_B, ta
                         target_cache, draft_cache)
 
 
+@register
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=(3,))
 def _sp_step(dec, target_params, draft_params, state):
   return dec.step(target_params, draft_params, state)
@@ -122,5 +127,6 @@ def stream(decoder: Any, params: Any, prompts_BP: Any, lengths_B: Any, keys_B: A
     events.append((clock(), np.asarray(out_len)))
     steps += 1
   tokens = np.asarray(jax.device_get(state.tokens))[:, :decoder.max_new_tokens]
+  enforce_limit()
   return StreamResult(start=start, events=events, state=state, tokens_BN=tokens,
                       lengths_B=np.asarray(out_len))

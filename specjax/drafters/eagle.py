@@ -45,6 +45,7 @@ X the target's feature width (E, or len(feature_layers) * E), N tree nodes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -54,9 +55,11 @@ from flax import struct
 
 from specjax._checks import check_int
 from specjax.checkpoints.heads import load_eagle_head
-from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
+from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
+                              check_head_params)
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
-                                       pair_inputs, qkv, shared_weights)
+                                       init_eagle, pair_inputs, qkv, shared_weights)
+from specjax.protocol import check_tree
 from specjax.tree import TokenTree
 
 __all__ = ["Eagle", "EagleState", "DynamicTree", "load_eagle"]
@@ -108,6 +111,11 @@ def _write(buf_BSHD, new_BTHD, start_B):
       buf_BSHD, new_BTHD, start_B)
 
 
+@functools.lru_cache(maxsize=16)
+def _eagle_shapes(config: EagleConfig):
+  return jax.eval_shape(lambda: init_eagle(config, jax.random.PRNGKey(0)))
+
+
 @dataclasses.dataclass(frozen=True)
 class Eagle(Drafter):
   """The EAGLE drafter: `config`, the `tree` (a static `TokenTree`, or a
@@ -133,6 +141,11 @@ class Eagle(Drafter):
   @property
   def hidden_layers(self) -> Optional[Tuple[int, ...]]:
     return self.config.feature_layers or None
+
+  def check_params(self, params: Any) -> None:
+    check_head_params(params, ("head", "target"), "load_eagle", self.target)
+    check_tree(_eagle_shapes(self.config), params["head"], "draft_params['head']",
+               "the EAGLE head (init_eagle")
 
   @property
   def fixed_gamma(self) -> int:

@@ -37,8 +37,10 @@ import numpy as np
 from flax import struct
 
 from specjax.checkpoints.heads import load_medusa_heads
-from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
+from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
+                              check_head_params)
 from specjax.models.medusa_head import MedusaConfig, head_logits, target_lm_head
+from specjax.protocol import check_tree
 from specjax.tree import TokenTree
 from specjax._checks import check_int
 
@@ -93,6 +95,19 @@ class Medusa(Drafter):
 
   def layout(self, gamma: int) -> CallLayout:
     return self.tree.layout()
+
+  def check_params(self, params: Any) -> None:
+    check_head_params(params, ("heads", "target"), "load_medusa", self.target)
+    c = self.config
+    k, e = c.num_heads, c.d_model
+    want = {"w": jax.ShapeDtypeStruct((k, e, e), jnp.float32),
+            "b": jax.ShapeDtypeStruct((k, e), jnp.float32)}
+    if not c.share_lm_head:
+      want["lm_head"] = jax.ShapeDtypeStruct((k, e, c.vocab_size), jnp.float32)
+    elif params["target"] is None:
+      raise TypeError("draft_params['target'] must be the target's params: these heads share "
+                      "its LM head (MedusaConfig.share_lm_head)")
+    check_tree(want, params["heads"], "draft_params['heads']", "the Medusa heads (init_heads")
 
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> MedusaState:
     return MedusaState(hidden=jnp.zeros((batch_size, self.config.d_model), jnp.float32),

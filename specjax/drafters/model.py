@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               chain_layout)
-from specjax.protocol import check_model
+from specjax.protocol import check_model, check_params
 from specjax.sampling import SamplingConfig, draw, process_logits
 
 __all__ = ["ModelDrafter"]
@@ -58,6 +58,10 @@ class ModelDrafter(Drafter):
       raise ValueError(
           f"draft vocab_size ({self.model.vocab_size}) must equal target vocab_size "
           f"({target.vocab_size}): both must share one tokenizer")
+
+  def check_params(self, params: Any) -> None:
+    if not self.shares_target_params:  # the target's were checked as target_params
+      check_params(self.model, params, "draft_params")
 
   def layout(self, gamma: int) -> CallLayout:
     return chain_layout(gamma)

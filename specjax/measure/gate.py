@@ -52,7 +52,7 @@ from specjax.drafters import ModelDrafter
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
 from specjax.measure.latency import LatencyStats, emission_times, latency_stats
 from specjax.measure.timing import now
-from specjax.protocol import check_model, required_cache_len
+from specjax.protocol import check_model, check_params, required_cache_len
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.streaming import stream
 
@@ -143,7 +143,9 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
   seed = check_int("seed", seed, 0)
   if not isinstance(sampling, SamplingConfig):
     raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-  prompts_np, lengths_np = (np.asarray(a) for a in check_prompts(prompts, prompt_lengths))
+  check_params(target, target_params, "target_params")
+  prompts_np, lengths_np = (np.asarray(a) for a in check_prompts(prompts, prompt_lengths,
+                                                                 target.vocab_size))
   n, p = prompts_np.shape
   if batch_size > n:
     raise ValueError(f"batch_size must be at most the number of prompts ({n}), got "

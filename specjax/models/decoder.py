@@ -355,6 +355,12 @@ class DecoderModule(nn.Module):
     return logits.astype(jnp.float32)
 
 
+@functools.lru_cache(maxsize=32)
+def _expected_params(model: "DecoderLM", packed: bool):
+  init = (lambda k: model.pack_params(model.init(k))) if packed else model.init
+  return jax.eval_shape(init, jax.random.PRNGKey(0))
+
+
 @dataclasses.dataclass(frozen=True)
 class DecoderLM:
   """A decoder-only LM following `specjax.protocol.LanguageModel`.
@@ -381,6 +387,12 @@ class DecoderLM:
     variables = self.module.init(key, jnp.zeros((1, 2), jnp.int32), cache,
                                  method=DecoderModule.init_all)
     return variables["params"]
+
+  def expected_params(self, params=None) -> Dict[str, Any]:
+    """The parameter tree as `jax.ShapeDtypeStruct`s, in the layout of
+    `params` (standard, or packed by `pack_params`): what
+    `specjax.protocol.check_params` compares a call's params to."""
+    return _expected_params(self, params is not None and decoder_layout.is_packed(params))
 
   def pack_params(self, params) -> Dict[str, Any]:
     """The same weights in the packed decode layout (fewer, wider kernels:

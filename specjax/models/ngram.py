@@ -46,6 +46,13 @@ class _TableLM:
   def _logits(self, params, tokens):
     raise NotImplementedError
 
+  def _table_shape(self) -> Tuple[int, ...]:
+    raise NotImplementedError
+
+  def expected_params(self, params=None) -> Dict[str, jax.ShapeDtypeStruct]:
+    """`{"logits": the table}` (any floating dtype; float32 here)."""
+    return {"logits": jax.ShapeDtypeStruct(self._table_shape(), jnp.float32)}
+
   def extend(self, params, tokens_BT, cache: TableCache) -> Tuple[jax.Array, TableCache]:
     logits = self._logits(params, tokens_BT)
     return logits, cache.replace(lengths=cache.lengths + tokens_BT.shape[1])
@@ -61,6 +68,9 @@ class _TableLM:
 class UnigramLM(_TableLM):
   """Next-token logits independent of the context."""
 
+  def _table_shape(self):
+    return (self.vocab_size,)
+
   def _logits(self, params, tokens_BT):
     b, t = tokens_BT.shape
     return jnp.broadcast_to(params["logits"].astype(jnp.float32), (b, t, self.vocab_size))
@@ -69,6 +79,9 @@ class UnigramLM(_TableLM):
 @dataclasses.dataclass(frozen=True)
 class BigramLM(_TableLM):
   """Next-token logits given by the previous token: `logits[prev]`."""
+
+  def _table_shape(self):
+    return (self.vocab_size, self.vocab_size)
 
   def _logits(self, params, tokens_BT):
     return params["logits"].astype(jnp.float32)[tokens_BT]

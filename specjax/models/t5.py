@@ -374,6 +374,11 @@ class T5Module(nn.Module):
     return self.project(h_BTE)
 
 
+@functools.lru_cache(maxsize=32)
+def _expected_params(model: "T5"):
+  return jax.eval_shape(model.init, jax.random.PRNGKey(0))
+
+
 @dataclasses.dataclass(frozen=True)
 class T5:
   """A T5 model following `specjax.protocol.LanguageModel`.
@@ -398,6 +403,11 @@ class T5:
   def init(self, key: jax.Array) -> Dict[str, Any]:
     """Random parameters (the `params` collection); jitted."""
     return _init(self, key)
+
+  def expected_params(self, params=None) -> Dict[str, Any]:
+    """The parameter tree as `jax.ShapeDtypeStruct`s: what
+    `specjax.protocol.check_params` compares a call's params to."""
+    return _expected_params(self)
 
   def init_cache(self, batch_size: int, max_len: int, prompt_len: int) -> T5Cache:
     """An empty cache: `max_len` decoder slots, `prompt_len` encoder positions."""
