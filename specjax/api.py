@@ -7,8 +7,9 @@ rather than an XLA error (or a silent clamp) from deep inside.
 
 from __future__ import annotations
 
+import numbers
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ from specjax._checks import check_int, check_prompts, is_concrete
 from specjax.compiled import enforce_limit
 from specjax.drafters.model import ModelDrafter
 from specjax.drafting import Drafter
-from specjax.generation import (AutoregressiveDecoder, GenerationOutput, Prefill,
+from specjax.generation import (AutoregressiveDecoder, EosIds, GenerationOutput, Prefill,
                                 SpeculativeDecoder, run_prefill)
 from specjax.parallel.sharding import place_cache_like
 from specjax.protocol import check_model, check_params, required_cache_len
@@ -126,16 +127,37 @@ def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size, nonfinit
   max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
   if not isinstance(sampling, SamplingConfig):
     raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
-  if eos_id is not None:
-    eos_id = check_int("eos_id", eos_id, 0)
-    if eos_id >= vocab_size:
-      raise ValueError(f"eos_id must lie in [0, {vocab_size}) (the vocabulary), got {eos_id}")
+  eos_id = _check_eos(eos_id, vocab_size)
   pad_id = check_int("pad_id", pad_id, 0)
   return max_new_tokens, eos_id, pad_id
 
 
+def _check_eos(eos_id, vocab_size: int) -> EosIds:
+  """None, one id, or a sorted tuple of ≥ 2 distinct ids, each in [0, vocab)."""
+  if eos_id is None:
+    return None
+  if isinstance(eos_id, (str, bytes)) or not (
+      isinstance(eos_id, (numbers.Integral, np.ndarray, jax.Array, list, tuple, set, frozenset))):
+    raise TypeError(f"eos_id must be a token id or a sequence of token ids, got {eos_id!r} "
+                    f"({type(eos_id).__name__})")
+  if np.ndim(eos_id) == 0 and not isinstance(eos_id, (set, frozenset)):
+    ids = [check_int("eos_id", eos_id.item() if hasattr(eos_id, "item") else eos_id, 0)]
+  else:
+    values = list(np.asarray(eos_id).reshape(-1)) if hasattr(eos_id, "shape") else list(eos_id)
+    if not values:
+      raise ValueError("eos_id must be a token id or a non-empty sequence of ids, got an empty "
+                       f"{type(eos_id).__name__}")
+    ids = [check_int("eos_id", v.item() if hasattr(v, "item") else v, 0) for v in values]
+  bad = [i for i in ids if i >= vocab_size]
+  if bad:
+    raise ValueError(f"eos_id must lie in [0, {vocab_size}) (the vocabulary), got {bad[0]}")
+  ids = sorted(set(ids))
+  return ids[0] if len(ids) == 1 else tuple(ids)
+
+
 def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
-             sampling: SamplingConfig = SamplingConfig(), key=None, eos_id: Optional[int] = None,
+             sampling: SamplingConfig = SamplingConfig(), key=None,
+             eos_id: Union[None, int, Sequence[int]] = None,
              pad_id: int = 0, cache=None, cache_len: Optional[int] = None,
              prefilled: Optional[Prefill] = None, nonfinite: str = "raise") -> GenerationOutput:
   """Autoregressive decoding, one jitted `lax.while_loop`.
@@ -149,7 +171,10 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
     sampling: a `SamplingConfig` (temperature 0 = greedy).
     key: a PRNG key, or one per row (`[B]`) for batch-independent rows;
       required unless greedy.
-    eos_id: a row stops after emitting it; None: rows run to N.
+    eos_id: a row stops after emitting it (EOS included in its tokens);
+      a sequence of ids: after emitting any of them (instruct checkpoints,
+      e.g. the `eos_ids` of `HFTokenizer`, read from the checkpoint's
+      `generation_config.json`); None: rows run to N.
     pad_id: fills output slots past each row's length.
     cache: a cache from `model.init_cache` to reuse (donated); or
     cache_len: slots of the cache to allocate (default: the minimum).
@@ -306,8 +331,8 @@ def usable_gamma(target, drafter: Drafter, gamma: int, max_new_tokens: int) -> i
 def speculative_generate(target, target_params, draft, draft_params, prompts,
                          prompt_lengths=None, *, max_new_tokens: int, gamma: int = 4,
                          sampling: SamplingConfig = SamplingConfig(), key=None,
-                         eos_id: Optional[int] = None, pad_id: int = 0, target_cache=None,
-                         draft_cache=None, cache_len: Optional[int] = None,
+                         eos_id: Union[None, int, Sequence[int]] = None, pad_id: int = 0,
+                         target_cache=None, draft_cache=None, cache_len: Optional[int] = None,
                          verify_fn: Callable = rejection_verify,
                          prefilled: Optional[Prefill] = None,
                          nonfinite: str = "raise") -> GenerationOutput:

@@ -49,7 +49,7 @@ so the number of calls per iteration is kept constant (not growing with G).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -65,7 +65,22 @@ from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_
 __all__ = [
     "DecodeStats", "GenerationOutput", "DecodeState", "AutoregressiveDecoder",
     "SpeculativeDecoder", "Prefill", "run_prefill", "autoregressive_loop", "speculative_loop",
+    "EosIds", "is_eos",
 ]
+
+# End-of-sequence ids: none, one id, or a tuple of ids (instruct checkpoints
+# end on any of several, e.g. Llama-3.x's <|eot_id|> and <|end_of_text|>).
+EosIds = Optional[Union[int, Tuple[int, ...]]]
+
+
+def is_eos(tokens: jax.Array, eos_id: EosIds) -> jax.Array:
+  """bool, `tokens`' shape: where a token is one of the EOS ids (`eos_id`
+  not None)."""
+  ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
+  hit = tokens == ids[0]
+  for e in ids[1:]:
+    hit = hit | (tokens == e)
+  return hit
 
 
 @struct.dataclass
@@ -178,14 +193,14 @@ def _fold_keys(keys_B: jax.Array, data) -> jax.Array:
 
 
 def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: int,
-            eos_id: Optional[int]) -> Tuple[DecodeState, jax.Array]:
+            eos_id: EosIds) -> Tuple[DecodeState, jax.Array]:
   """Appends the first count_B[b] of new_BC[b] to each active row's output,
   cut at EOS and at max_new. Returns the state (caches untouched) and the
   committed counts (0 for done rows)."""
   c = new_BC.shape[1]
   j_C = jnp.arange(c)
   if eos_id is not None:
-    is_eos_BC = (new_BC == eos_id) & (j_C[None] < count_B[:, None])
+    is_eos_BC = is_eos(new_BC, eos_id) & (j_C[None] < count_B[:, None])
     first_eos_B = jnp.argmax(is_eos_BC, axis=1)
     count_B = jnp.where(jnp.any(is_eos_BC, axis=1), first_eos_B + 1, count_B)
     hit_eos_B = jnp.any(is_eos_BC, axis=1)
@@ -248,7 +263,7 @@ def _initial_state(first_B, last_B, target_cache, draft_cache, keys_B, max_new, 
   tokens = jnp.full((b, max_new + width), pad_id, jnp.int32).at[:, 0].set(first_B)
   done = jnp.full((b,), max_new <= 1)
   if eos_id is not None:
-    done = done | (first_B == eos_id)
+    done = done | is_eos(first_B, eos_id)
   stats = DecodeStats.zeros(b, gamma)
   stats = stats.replace(target_calls=stats.target_calls + 1, nonfinite=nonfinite_B)
   return DecodeState(
@@ -282,7 +297,7 @@ class AutoregressiveDecoder:
   model: Any
   sampling: SamplingConfig
   max_new_tokens: int
-  eos_id: Optional[int] = None
+  eos_id: EosIds = None
   pad_id: int = 0
   count_nonfinite: bool = True
 
@@ -334,7 +349,7 @@ class SpeculativeDecoder:
   gamma: int
   sampling: SamplingConfig
   max_new_tokens: int
-  eos_id: Optional[int] = None
+  eos_id: EosIds = None
   pad_id: int = 0
   verify_fn: Callable = rejection_verify
   # The rules for deterministic drafts / candidate sets and for token trees.

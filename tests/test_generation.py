@@ -319,3 +319,35 @@ def test_exact_minimum_cache_is_enough():
     specjax.speculative_generate(lm, params, draft, draft_params, prompts, lengths,
                                  max_new_tokens=MAX_NEW, gamma=4, sampling=GREEDY,
                                  cache_len=need - 1)
+
+
+# ---------------------------------------------------------------- several EOS ids
+def _chain_table(v=16):
+  """Bigram logits: token i → i + 1 (mod v), by 35 nats."""
+  t = np.full((v, v), -30.0, np.float32)
+  t[np.arange(v), (np.arange(v) + 1) % v] = 5.0
+  return {"logits": jnp.asarray(t)}
+
+
+@pytest.mark.parametrize("eos", [(6, 11), [11, 6, 6], np.array([6, 11])],
+                         ids=["tuple", "list-with-repeats", "array"])
+def test_rows_stop_at_the_first_of_several_eos_ids(eos):
+  lm, table = BigramLM(16), _chain_table()
+  prompts = np.array([[1], [4], [9]], np.int32)
+  want = [[2, 3, 4, 5, 6, 0, 0, 0], [5, 6, 0, 0, 0, 0, 0, 0], [10, 11, 0, 0, 0, 0, 0, 0]]
+  out = specjax.generate(lm, table, prompts, max_new_tokens=8, sampling=GREEDY, eos_id=eos)
+  np.testing.assert_array_equal(out.tokens, want)
+  np.testing.assert_array_equal(out.lengths, [5, 2, 2])
+  spec = specjax.speculative_generate(lm, table, lm, table, prompts, max_new_tokens=8, gamma=3,
+                                      sampling=GREEDY, eos_id=eos)
+  np.testing.assert_array_equal(spec.tokens, want)
+
+
+@pytest.mark.parametrize("eos, exc, needle", [
+    ((), ValueError, "non-empty sequence"), ("5", TypeError, "eos_id must be a token id"),
+    (2.0, TypeError, "eos_id"), ([3, 99], ValueError, r"\[0, 16\).*got 99"),
+    ([-1], ValueError, "eos_id must be an int >= 0")])
+def test_bad_eos_ids_are_named(eos, exc, needle):
+  with pytest.raises(exc, match=needle):
+    specjax.generate(BigramLM(16), _chain_table(), np.array([[1]], np.int32), max_new_tokens=4,
+                     sampling=GREEDY, eos_id=eos)

@@ -341,3 +341,96 @@ def test_sentencepiece_against_hf(sp_model, tmp_path):
                                        f"'{pieces[10]}', target "
                                        f"'{pieces[11]}'"):
     check_tokenizers_compatible(sp, other)
+
+
+# -----------------------------------------------------------------------------
+# Instruct checkpoints: several EOS ids, chat templates; AutoTokenizer parity.
+# -----------------------------------------------------------------------------
+
+CHAT_SPECIALS = ["<|start|>", "<|end|>", "<|eot|>"]
+# A Llama-3-style template: BOS, a header per turn, the content trimmed, an
+# end-of-turn token, a default system message, the assistant header to
+# continue from, and a refusal that goes through raise_exception.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] != 'system' %}<|start|>system<|end|>\n\n"
+    "You are terse.<|eot|>{% endif %}{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role ' + message['role']) }}{% endif %}"
+    "<|start|>{{ message['role'] }}<|end|>\n\n{{ message['content'] | trim }}<|eot|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant<|end|>\n\n{% endif %}")
+MESSAGES = [{"role": "user", "content": "  Where does the cat sleep? "},
+            {"role": "assistant", "content": "On the sofa."},
+            {"role": "user", "content": "naïve café — 😀"}]
+
+
+@pytest.fixture(scope="module")
+def instruct_dir(tmp_path_factory):
+  """An instruct checkpoint's tokenizer files: chat specials, a chat template,
+  generation_config.json ending on <|eot|> or <|eos|>."""
+  tok = _byte_level_bpe()
+  tok.add_special_tokens(CHAT_SPECIALS)
+  eot = tok.token_to_id("<|eot|>")
+  return _save(tmp_path_factory.mktemp("instruct"), tok,
+               tokenizer_config={"bos_token": "<|bos|>", "eos_token": "<|eos|>",
+                                 "chat_template": CHAT_TEMPLATE},
+               generation_config={"bos_token_id": 0, "eos_token_id": [eot, 1]})
+
+
+def test_eos_ids_from_generation_config_then_config(instruct_dir, bpe, tmp_path):
+  tok = HFTokenizer(instruct_dir)
+  assert tok.eos_ids == (tok.token_to_id("<|eot|>"), 1) and tok.eos_id == 1
+  path = _save(tmp_path / "cfg", bpe, tokenizer_config=LLAMA_LIKE,
+               config={"eos_token_id": [2, 1]})
+  assert HFTokenizer(path).eos_ids == (2, 1)  # no generation_config.json: config.json's
+  assert HFTokenizer(_save(tmp_path / "plain", bpe, tokenizer_config=LLAMA_LIKE)).eos_ids \
+      == (1,)
+  path = _save(tmp_path / "bad", bpe, generation_config={"eos_token_id": [1, 4000]})
+  with pytest.raises(ValueError, match=r"generation_config.json: eos_token_id must be an id "
+                     r"in \[0, 400\)"):
+    HFTokenizer(path)
+
+
+def test_tokenizer_matches_autotokenizer_from_the_same_directory(instruct_dir, bpe, tmp_path):
+  """transformers reads tokenizer_config.json / special_tokens_map.json too:
+  the same special ids, BOS default and ids for every text."""
+  transformers = pytest.importorskip("transformers")
+  legacy = _save(tmp_path / "legacy", bpe, tokenizer_config={  # Llama 2's serialised form
+      "bos_token": {"__type": "AddedToken", "content": "<|bos|>", "special": True},
+      "eos_token": {"__type": "AddedToken", "content": "<|eos|>", "special": True}},
+      special_tokens_map={"pad_token": "<|pad|>"})
+  qwen = _save(tmp_path / "qwen", _byte_level_bpe(bos_template=False),
+               tokenizer_config={"bos_token": None, "eos_token": "<|eos|>",
+                                 "pad_token": "<|pad|>", "add_bos_token": False})
+  for directory in (legacy, instruct_dir, qwen):
+    ours = HFTokenizer(directory)
+    hf = transformers.AutoTokenizer.from_pretrained(directory)
+    assert (hf.bos_token_id, hf.eos_token_id) == (ours.bos_id, ours.eos_id), directory
+    assert hf.pad_token_id == (None if ours.pad_token is None else ours.pad_id), directory
+    for text in TEXTS:
+      assert hf(text)["input_ids"] == ours.encode(text, add_eos=False), (directory, text)
+
+
+def test_chat_template_matches_transformers(instruct_dir):
+  transformers = pytest.importorskip("transformers")
+  tok = HFTokenizer(instruct_dir)
+  hf = transformers.AutoTokenizer.from_pretrained(instruct_dir)
+  for prompt in (True, False):
+    for messages in (MESSAGES, MESSAGES[:1], [{"role": "system", "content": "Be kind."}]
+                     + MESSAGES):
+      text = tok.apply_chat_template(messages, add_generation_prompt=prompt, tokenize=False)
+      assert text == hf.apply_chat_template(messages, add_generation_prompt=prompt,
+                                            tokenize=False)
+      ids = hf.apply_chat_template(messages, add_generation_prompt=prompt)
+      ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+      assert tok.apply_chat_template(messages, add_generation_prompt=prompt) == list(ids)
+  assert text.startswith("<|bos|><|start|>system<|end|>\n\nBe kind.<|eot|>")
+  with pytest.raises(ValueError, match="the chat template refused the conversation: "
+                     "unknown role tool"):
+    tok.apply_chat_template([{"role": "tool", "content": "x"}])
+  with pytest.raises(TypeError, match="messages must be a list of"):
+    tok.apply_chat_template("hello")
+
+
+def test_no_chat_template_is_named(llama_dir):
+  with pytest.raises(ValueError, match="has no chat template"):
+    HFTokenizer(llama_dir).apply_chat_template(MESSAGES)

@@ -184,6 +184,29 @@ def test_greedy_generate_matches_transformers():
   np.testing.assert_array_equal(np.asarray(out.tokens), ref)
 
 
+def test_several_eos_ids_stop_where_transformers_stops():
+  """An instruct checkpoint ends on any of several ids (generation_config's
+  eos_token_id list): `eos_id=(a, b)` stops every row where transformers'
+  `generate(eos_token_id=[a, b])` does, EOS included, pad after."""
+  model = torch_model("mha")
+  lm, params = imported("mha")
+  prompts = _tokens(2, (8, PROMPT_LEN))
+  free = np.asarray(specjax.generate(lm, params, jnp.asarray(prompts, jnp.int32),
+                                     max_new_tokens=NEW, sampling=GREEDY, pad_id=PAD).tokens)
+  eos = [int(free[0, 3]), int(free[1, 6])]  # tokens the rows do emit, at different places
+  with torch.no_grad():
+    ref = model.generate(torch.as_tensor(prompts), attention_mask=torch.ones(
+        prompts.shape, dtype=torch.long), max_new_tokens=NEW, do_sample=False,
+                         pad_token_id=PAD, eos_token_id=eos)
+  ref = ref[:, PROMPT_LEN:].numpy()
+  ref = np.pad(ref, ((0, 0), (0, NEW - ref.shape[1])), constant_values=PAD)
+  out = specjax.generate(lm, params, jnp.asarray(prompts, jnp.int32), max_new_tokens=NEW,
+                         sampling=GREEDY, pad_id=PAD, eos_id=eos)
+  np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+  lengths = np.asarray(out.lengths)
+  assert lengths[0] <= 4 and lengths[1] <= 7 and np.any(lengths < NEW)
+
+
 def test_speculative_greedy_with_llama_format_draft(tmp_path):
   target, target_params = imported("mha")
   # The draft goes through a file: safetensors written by transformers itself.

@@ -312,7 +312,9 @@ def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str
   ks = [int(k) for k in cfg.eval.ks]
   gammas = [k for k in ks if k > 0]
   head = int(cfg.eval.headline_k)
-  eos = None if cfg.eval.ignore_eos else tok.eos_id
+  # Every id the checkpoint ends on (an instruct model's generation_config lists several).
+  eos = None if cfg.eval.ignore_eos else (
+      tok.eos_ids[0] if len(tok.eos_ids) == 1 else tok.eos_ids)
   results = {"settings": {}, "tasks": {}}
   prompts_by_task = {}
   for task in ("xsum", "humaneval"):

@@ -27,6 +27,7 @@ import specjax
 from specjax.measure.timing import now
 from specjax.experiments.common import Progress
 from specjax.experiments.stages import Stages, array_digest
+from specjax.generation import EosIds
 
 __all__ = ["sweep", "summarize", "cell_name"]
 
@@ -52,7 +53,7 @@ def sweep_cache_len(target, drafts: Sequence[object], prompt_len: int, max_new_t
 
 def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           prompts_NP: np.ndarray, lengths_N: np.ndarray, *, gammas: Sequence[int],
-          sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: int, stages: Stages,
+          sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: EosIds, stages: Stages,
           prefix: str, fingerprints: Mapping[str, str], batch_size: int = 1, chunk: int = 25,
           seed: int = 0, keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = (),
           cache_gamma: int = 0, place=None) -> List[dict]:
@@ -109,7 +110,8 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   per_chunk = max(chunk // batch_size, 1)
   chunks = [batches[i:i + per_chunk] for i in range(0, len(batches), per_chunk)]
   base = {"target": fingerprints["target"], "sampling": dataclasses.asdict(sampling),
-          "max_new_tokens": int(max_new_tokens), "eos_id": eos_id, "seed": int(seed),
+          "max_new_tokens": int(max_new_tokens),
+          "eos_id": list(eos_id) if isinstance(eos_id, tuple) else eos_id, "seed": int(seed),
           "batch_size": int(batch_size), "cache_len": int(cache_len),
           "keep_ar_tokens": bool(keep_ar_tokens)}
   plan = []  # Per chunk: (name, deps) of AR and every cell, and what is stored.

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 import numpy as np
 
+from specjax.tokenizers.chat import read_chat_template, read_eos_ids, render_chat
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer, token_rows
 
 if TYPE_CHECKING:
@@ -107,6 +108,12 @@ class HFTokenizer:
     add_bos_by_default: whether ``encode`` adds BOS when `add_bos` is None:
       ``tokenizer_config.json``'s ``add_bos_token`` when present, otherwise
       whether the file's post-processor prepends BOS.
+    eos_ids: every id that ends generation (`specjax.tokenizers.chat`:
+      ``generation_config.json``'s ``eos_token_id`` list, else
+      ``config.json``'s, else the EOS id): pass it as `eos_id` to
+      `specjax.generate` for an instruct checkpoint.
+    chat_template: the checkpoint's Jinja chat template, or None
+      (`apply_chat_template` renders it).
   """
 
   def __init__(self, path: str | os.PathLike, *, bos_token: str | None = None,
@@ -148,6 +155,9 @@ class HFTokenizer:
     self._vocab_size = max(vocab.values()) + 1
     self._resolve_special_tokens(
         {"bos": bos_token, "eos": eos_token, "pad": pad_token})
+    directory = os.path.dirname(os.path.abspath(path))
+    self.eos_ids = read_eos_ids(directory, self._vocab_size, self.eos_id)
+    self.chat_template = read_chat_template(directory)
 
   # ---------------------------------------------------------------------------
   # Loading.
@@ -295,6 +305,31 @@ class HFTokenizer:
   # ---------------------------------------------------------------------------
   # Single sequences.
   # ---------------------------------------------------------------------------
+
+  def apply_chat_template(self, messages: Sequence[dict[str, Any]], *,
+                          add_generation_prompt: bool = True, tokenize: bool = True,
+                          **variables: Any) -> list[int] | str:
+    """A conversation as the model's prompt: `messages` (``[{"role": "user",
+    "content": "..."}, ...]``) rendered by `chat_template` as transformers'
+    ``apply_chat_template`` renders it, then (`tokenize`) encoded without
+    adding BOS / EOS (the template writes its own). `variables` reach the
+    template (``tools``, ``date_string``, ...).
+
+    Raises:
+      ValueError: the tokenizer has no chat template, or the template
+        refused the conversation.
+    """
+    if self.chat_template is None:
+      raise ValueError(f"{self.path} has no chat template (no chat_template in "
+                       "tokenizer_config.json, no chat_template.jinja): not an instruct "
+                       "checkpoint? Encode the prompt text with encode()")
+    text = render_chat(self.chat_template, messages,
+                       add_generation_prompt=add_generation_prompt,
+                       special_tokens={f"{n}_token": getattr(self, f"{n}_token")
+                                       for n in _SPECIAL_NAMES}, **variables)
+    if not tokenize:
+      return text
+    return self._tok.encode(text, add_special_tokens=False).ids
 
   def _specials_for(self, add_bos: bool | None, add_eos: bool
                     ) -> tuple[list[int], list[int]]:

@@ -104,6 +104,11 @@ class SentencePieceTokenizer:
     return int(self._sp.eos_id())
 
   @property
+  def eos_ids(self) -> tuple:
+    """Every id that ends generation: `(eos_id,)` (as `HFTokenizer.eos_ids`)."""
+    return (self.eos_id,)
+
+  @property
   def unk_id(self) -> int:
     """The unknown-piece id."""
     return int(self._sp.unk_id())

@@ -1,0 +1,135 @@
+"""What instruct checkpoints add next to ``tokenizer.json``: several EOS ids and a chat template.
+
+An instruct model ends a turn on any of several ids (Llama-3.x Instruct:
+``<|eot_id|>``, ``<|eom_id|>`` and ``<|end_of_text|>``), listed as
+``eos_token_id`` in the checkpoint's ``generation_config.json`` (or, without
+one, ``config.json``) — the ids transformers' ``generate`` stops on. Its
+prompts are conversations rendered by the ``chat_template`` (a Jinja template
+in ``tokenizer_config.json``, or the file ``chat_template.jinja``).
+
+`HFTokenizer` reads both (`eos_ids`, `chat_template`, `apply_chat_template`);
+`specjax.generate(..., eos_id=tok.eos_ids)` then stops where transformers
+does. The template is rendered as transformers renders it (a sandboxed Jinja
+environment with ``trim_blocks`` / ``lstrip_blocks``, ``raise_exception`` and
+``strftime_now``), and its text tokenized without adding special tokens (the
+template writes them).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+
+__all__ = ["read_eos_ids", "read_chat_template", "render_chat"]
+
+GENERATION_CONFIG = "generation_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def _read_json(path: str) -> Optional[dict]:
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path} is not valid JSON: {e}") from None
+  if not isinstance(value, dict):
+    raise ValueError(f"{path} must hold a JSON object, got {type(value).__name__}")
+  return value
+
+
+def read_eos_ids(directory: str, vocab_size: int, fallback: Optional[int]) -> Tuple[int, ...]:
+  """The ids that end generation for the checkpoint in `directory`:
+  ``eos_token_id`` (an int or a list) of ``generation_config.json``, else of
+  ``config.json``, else `fallback` (the tokenizer's EOS id; none: ()).
+  An id outside [0, vocab_size) is a ValueError naming the file."""
+  for name in (GENERATION_CONFIG, "config.json"):
+    path = os.path.join(directory, name)
+    config = _read_json(path)
+    if config is None or config.get("eos_token_id") is None:
+      continue
+    value = config["eos_token_id"]
+    ids = value if isinstance(value, list) else [value]
+    for i in ids:
+      if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
+        raise ValueError(f"{path}: eos_token_id must be an id in [0, {vocab_size}) or a list "
+                         f"of them, got {value!r}")
+    return tuple(dict.fromkeys(ids))
+  return () if fallback is None else (fallback,)
+
+
+def read_chat_template(directory: str) -> Optional[str]:
+  """The checkpoint's chat template: ``chat_template.jinja``, else
+  ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of
+  ``{"name", "template"}`` of which "default" is taken); None if neither."""
+  path = os.path.join(directory, CHAT_TEMPLATE_FILE)
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  config_path = os.path.join(directory, "tokenizer_config.json")
+  template = (_read_json(config_path) or {}).get("chat_template")
+  if template is None or isinstance(template, str):
+    return template
+  if isinstance(template, list):
+    named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+    if "default" in named:
+      return named["default"]
+    raise ValueError(f"{config_path}: chat_template lists {sorted(named)} but no 'default'")
+  raise ValueError(f"{config_path}: chat_template must be a string or a list of named "
+                   f"templates, got {type(template).__name__}")
+
+
+def _raise(message: str):
+  raise ValueError(f"the chat template refused the conversation: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+  return datetime.datetime.now().strftime(fmt)
+
+
+def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
+                add_generation_prompt: bool = True,
+                special_tokens: Optional[Dict[str, Optional[str]]] = None,
+                **variables: Any) -> str:
+  """`messages` (``[{"role": ..., "content": ...}, ...]``) rendered by the
+  Jinja `template`, as transformers' ``apply_chat_template`` renders it;
+  `special_tokens` (``bos_token`` / ``eos_token`` / ``pad_token``) and
+  `variables` (e.g. ``tools``, ``date_string``) are visible to the template.
+
+  Raises:
+    ImportError: jinja2 is not installed.
+    TypeError: `messages` is not a list of dicts with a role.
+    ValueError: the template raised (its `raise_exception`), or is invalid.
+  """
+  try:
+    import jinja2  # pylint: disable=import-outside-toplevel
+    from jinja2 import sandbox  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ImportError("chat templates need jinja2 (pip install jinja2)") from e
+  if isinstance(messages, (str, bytes)) or not all(
+      isinstance(m, Mapping) and "role" in m for m in messages):
+    raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts, got "
+                    f"{messages!r}")
+  env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                              extensions=["jinja2.ext.loopcontrols"])
+  env.filters["tojson"] = _tojson
+  env.globals["raise_exception"] = _raise
+  env.globals["strftime_now"] = _strftime_now
+  try:
+    compiled = env.from_string(template)
+  except jinja2.TemplateError as e:
+    raise ValueError(f"the chat template is not valid Jinja: {e}") from None
+  context: Dict[str, Any] = dict(special_tokens or {})
+  context.update(variables)
+  return compiled.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                         **context)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
+            separators: Optional[Tuple[str, str]] = None, sort_keys: bool = False) -> str:
+  # Jinja's own tojson escapes HTML characters; transformers' does not.
+  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                    sort_keys=sort_keys)
