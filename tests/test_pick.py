@@ -6,6 +6,7 @@ import os
 
 import numpy as np
 import pytest
+from absl import flags
 
 from specjax import theory
 from specjax.experiments.pick import main
@@ -367,3 +368,11 @@ def test_cli_prints_the_recommendation_and_the_table(capsys):
   main([f"--results={DRAFTERS_JSON}", "--task=code", "--batch=1", "--temperature=0",
         "--max_new=20"])
   assert "don't speculate" in capsys.readouterr().out
+
+
+def test_cli_flags_are_parsed_by_absl_per_call():
+  with pytest.raises(flags.IllegalFlagValueError, match="--results"):
+    main(["--task=code"])  # --results and --task are required
+  with pytest.raises(flags.UnrecognizedFlagError, match="gama"):
+    main([f"--results={DRAFTERS_JSON}", "--task=code", "--gama=4"])
+  assert "results" not in flags.FLAGS  # defined on a FlagValues of the call's own

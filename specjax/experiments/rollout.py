@@ -1,4 +1,5 @@
-"""The rollout gate on a built-in tiny random pair: `python -m specjax.experiments.rollout`.
+"""The rollout gate on a built-in tiny random pair: `specjax-rollout` (or
+`python -m specjax.experiments.rollout`).
 
 Measures a baseline and a drafter (`specjax.measure.gate.measure`), gates
 (`gate`) and writes the plan (`write_plan`: rollout.md + rollout.json) — the
@@ -8,22 +9,22 @@ to run anywhere in seconds.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import os
-import sys
 from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import flags
 
 from specjax import drafters
+from specjax.experiments import cli
 from specjax.measure.gate import gate, measure, write_plan
 from specjax.models import decoder as dec_lib
 from specjax.sampling import SamplingConfig
 
-__all__ = ["DRAFTERS", "tiny_pair", "main"]
+__all__ = ["DRAFTERS", "tiny_pair", "main", "run"]
 
 
 DRAFTERS = ("noisy", "small", "prompt_lookup")
@@ -54,29 +55,35 @@ def tiny_pair(drafter: str = "noisy", noise: float = 0.15, seed: int = 0, vocab_
   return target, tp, target, noisy
 
 
-def _parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(prog="python -m specjax.experiments.rollout", description=(
-      "Measure a baseline and a drafter on a built-in tiny random pair, gate, write the plan."))
-  ap.add_argument("--batch", type=int, default=4, help="requests decoded together")
-  ap.add_argument("--prompts", type=int, default=8, help="number of prompts")
-  ap.add_argument("--prompt_len", type=int, default=16, help="tokens per prompt")
-  ap.add_argument("--max_new", type=int, default=32, help="tokens generated per request")
-  ap.add_argument("--gamma", type=int, default=4, help="drafts per iteration")
-  ap.add_argument("--drafter", choices=DRAFTERS, default="noisy", help="built-in drafter")
-  ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-  ap.add_argument("--min_alpha", type=float, default=0.55, help="the α gate")
-  ap.add_argument("--p99_margin", type=float, default=0.10, help="allowed P99 ITL regression")
-  ap.add_argument("--min_throughput_gain", type=float, default=0.0,
-                  help="relative tokens/s gain required")
-  ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--out_dir", default=os.path.join("runs", "rollout"),
-                  help="where rollout.md and rollout.json go")
-  return ap
+_PROG = "specjax-rollout"
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """The CLI: tiny pair → `measure` → `gate` → `write_plan`; prints the verdict."""
-  a = _parser().parse_args(argv)
+def _define_flags(fv: flags.FlagValues) -> list[str]:
+  """Defines the CLI's flags on `fv`; returns their names. Defined on demand, not at import:
+  `specjax.experiments.pick` has flags of the same names, and importing both must work."""
+  holders = [
+      flags.DEFINE_integer("batch", 4, "requests decoded together", flag_values=fv),
+      flags.DEFINE_integer("prompts", 8, "number of prompts", flag_values=fv),
+      flags.DEFINE_integer("prompt_len", 16, "tokens per prompt", flag_values=fv),
+      flags.DEFINE_integer("max_new", 32, "tokens generated per request", flag_values=fv),
+      flags.DEFINE_integer("gamma", 4, "drafts per iteration", flag_values=fv),
+      flags.DEFINE_enum("drafter", "noisy", DRAFTERS, "built-in drafter", flag_values=fv),
+      flags.DEFINE_float("temperature", 0.0, "0: greedy", flag_values=fv),
+      flags.DEFINE_float("min_alpha", 0.55, "the α gate", flag_values=fv),
+      flags.DEFINE_float("p99_margin", 0.10, "allowed P99 ITL regression", flag_values=fv),
+      flags.DEFINE_float("min_throughput_gain", 0.0, "relative tokens/s gain required",
+                         flag_values=fv),
+      flags.DEFINE_integer("seed", 0, "seed of the pair, the prompts and the sampling",
+                           flag_values=fv),
+      flags.DEFINE_string("out_dir", os.path.join("runs", "rollout"),
+                          "where rollout.md and rollout.json go", flag_values=fv),
+  ]
+  return [h.name for h in holders]
+
+
+def _rollout(a: flags.FlagValues) -> None:
+  """Tiny pair → `measure` → `gate` → `write_plan` for the parsed flags `a`; prints the
+  verdict."""
   target, tp, draft, dp = tiny_pair(a.drafter, seed=a.seed)
   rng = np.random.default_rng(a.seed)
   half = rng.integers(2, target.vocab_size, size=(a.prompts, max(a.prompt_len // 2, 1)))
@@ -94,8 +101,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{m.candidate.tokens_per_s:.0f} tokens/s; wrote {md} and {js}")
   for r in v.reasons:
     print(f"  - {r}")
-  return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  """The CLI: tiny pair → `measure` → `gate` → `write_plan`; prints the verdict and
+  returns the exit status.
+
+  `argv`: the flags as on the command line, without the program name (default
+  `sys.argv[1:]`), parsed by absl into a fresh `FlagValues` (absl's global FLAGS is
+  untouched, so calls are independent). Bad flags raise `absl.flags.Error`.
+  """
+  return cli.call(_PROG, _define_flags, _rollout, argv)
+
+
+def run() -> None:
+  """The command line (`specjax-rollout`, `python -m specjax.experiments.rollout`): absl's
+  `app.run`, so --help, --flagfile and usage errors work as in every specjax CLI."""
+  cli.run(_define_flags, _rollout, __doc__)
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  run()
