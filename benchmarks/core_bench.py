@@ -30,6 +30,7 @@ import numpy as np
 from absl import app, flags, logging
 
 import specjax
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.measure.timing import count_params, step_times, time_call
 from specjax.models.decoder import DecoderLM, decoder_config
 
@@ -103,7 +104,7 @@ def to_markdown(meta, rows):
       f"({meta['target_params'] / 1e6:.1f}M params) · draft {meta['draft']} "
       f"({meta['draft_params'] / 1e6:.2f}M, ratio {meta['ratio']:.0f}x) · prompt "
       f"{rows[0]['prompt_len']} · {rows[0]['max_new_tokens']} new tokens · median of "
-      f"{meta['repeats']} interleaved runs", "",
+      f"{meta['repeats']} interleaved runs." + provenance_sentence(meta), "",
       "Times per row-step (a batch step advances every row). `overhead` = predicted speedup / "
       "measured speedup − 1 (the loop's cost beyond its components); `AR ovh` / `SP ovh` = wall "
       "time / time predicted from components − 1.", "",
@@ -132,6 +133,7 @@ def main(argv):
   dp = jax.jit(draft.init)(jax.random.PRNGKey(1))
   batches, gammas, max_new = ([1], [4], 16) if _QUICK.value else ([1, 8], [2, 4, 7], 64)
   meta = {
+      **provenance(),
       "machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
       "backend": jax.default_backend(), "target": _TARGET.value, "draft": _DRAFT.value,
       "target_params": count_params(tp), "draft_params": count_params(dp),

@@ -35,6 +35,7 @@ import jax
 from absl import app, flags
 
 from specjax.measure import roofline
+from specjax.measure.provenance import provenance
 
 _OUT = flags.DEFINE_string("out", "benchmarks/results/gpu_roofline.json", "JSON output path.")
 _SMOKE = flags.DEFINE_bool("cpu_smoke", False, "Tiny shapes on CPU (a smoke run for the test).")
@@ -78,7 +79,7 @@ def main(argv):
                                      token_counts=[1, 2], **common)
   summary, goals = roofline.summarize(rows, gammas)
   print(roofline.format_table(rows, summary, goals, bw["bandwidth"]))
-  result = {"meta": {"device": str(dev), "device_kind": dev.device_kind,
+  result = {"meta": {**provenance(), "device": str(dev), "device_kind": dev.device_kind,
                      "platform": dev.platform, "jax": jax.__version__,
                      "date": time.strftime("%Y-%m-%d %H:%M"), "cpu_smoke": smoke,
                      "batch": _BATCH.value, "prompt_len": prompt_len, "cache_len": cache_len,

@@ -157,12 +157,15 @@ def main(argv):
   result = {"size": size, "shapes": SIZES[size], "params": info["params"],
             "devices": 8, "dtype_on_disk": "bfloat16", "rows": rows}
   from specjax.atomic_io import atomic_write_json, atomic_write_text
+  from specjax.measure.provenance import provenance, provenance_sentence
+  result["provenance"] = provenance()
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   stem = "loading_memory" if size == "full" else "loading_memory_quick"
   atomic_write_json(os.path.join(FLAGS.out_dir, stem + ".json"), result, indent=2)
   lines = [f"# Peak host memory while loading ({info['params'] / 1e6:.0f}M params, bf16 on "
            f"disk, 4 safetensors shards, 8 CPU devices)", "",
-           "`python benchmarks/loading_memory.py" + (" --quick" if FLAGS.quick else "") + "`",
+           "`python benchmarks/loading_memory.py" + (" --quick" if FLAGS.quick else "") + "`"
+           + provenance_sentence(result["provenance"]),
            "", "| mode | baseline MB | peak MB | placed MB | overhead MB | largest tensor MB "
            "| stored MB | s |", "|---|---|---|---|---|---|---|---|"]
   for r in rows:

@@ -51,6 +51,7 @@ from absl import app, flags, logging
 from specjax import theory
 from specjax.atomic_io import atomic_write_text
 from specjax.drafters.windowed import WindowedLM
+from specjax.measure.provenance import provenance_sentence
 from specjax.measure.timing import cache_step_times, now
 from specjax.experiments.long_context_measure import (component_times,
                                                       kv_bytes_per_position)
@@ -186,7 +187,8 @@ def render(res: dict) -> str:
   out = ["# Long contexts × batch: what a step, a verify and a draft step cost", "",
          res["hardware"] + f"; random weights, float32; γ = {g}; self-draft window "
          f"{res['window']} + {res['sinks']} sinks; medians of {res['repeats']} interleaved "
-         "rounds; no prefill in the timed loop.", "",
+         "rounds; no prefill in the timed loop." + provenance_sentence(res.get("machine", {})),
+         "",
          "Target: 8 layers × 384 (17.3M params, 69 MB); classic draft: 1 layer × 160 (1.0M).", "",
          "| B | context | weights + KV MB | step ms | GB/s | verify (γ+1) / step | "
          "window draft c | small draft c | predicted α=0.6 / 0.8 / 0.9: window | small draft |",

@@ -52,6 +52,7 @@ from absl import app, flags, logging
 
 import specjax
 from specjax.atomic_io import atomic_write_text
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.measure.timing import step_times_side_by_side, time_call
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 
@@ -134,7 +135,8 @@ def main(argv):
     rows.append(_row(f"generate B={b}, ms per step (N={max_new}, P={prompt_len})", per_token,
                      "matrix-vector (every variant)" if b == 1 else
                      "one product per row (tuned: if B <= its rows; matmul: one B-row product)"))
-  meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
+  meta = {**provenance(),
+          "machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
           "model": "tiny" if quick else "Chen target shape (17.3M)", "params": config.num_params(),
           "repeats": repeats, "cache_len": cache_len, "matvec_max_rows": rows_max,
           "tuned_matvec_max_rows": choice.rows, "tuning": choice.to_dict(),
@@ -151,7 +153,8 @@ def main(argv):
            + ", ".join(f"N={n} {v:.2f}×" for n, v in choice.speedups.items())
            + f"); standard = the standard layout, products up to {rows_max} tokens; matmul = the "
            f"standard layout, one matrix-matrix product per call (`matvec_max_rows=0`). Greedy "
-           f"tokens identical across the variants: {'yes' if same else 'NO'}.", "",
+           f"tokens identical across the variants: {'yes' if same else 'NO'}."
+           + provenance_sentence(meta), "",
            "| measurement | " + " | ".join(f"{k} ms" for k in VARIANTS) + " | "
            + " | ".join(f"{k} speedup" for k in VARIANTS if k != BASELINE)
            + " | products (packed, standard) |", "|---" * (2 * len(VARIANTS) + 1) + "|"]

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from absl import app, flags, logging
 
 from specjax.atomic_io import atomic_write_text
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.measure.timing import now
 from specjax.sampling import SamplingConfig, process_logits, sample_tokens
 
@@ -107,7 +108,8 @@ def to_markdown(rows, meta):
       "# Sampling: per-token work outside the model call",
       "",
       f"{meta['machine']}; jax {meta['jax']}; in-graph (one jitted fori_loop of "
-      f"{meta['iters']} calls), median of {meta['repeats']} loops; µs per call.",
+      f"{meta['iters']} calls), median of {meta['repeats']} loops; µs per call."
+      + provenance_sentence(meta),
       "",
       "| shape [B, (T,) V] | draw: categorical | draw: specjax | × | top-p 0.8: sort | "
       "top-p 0.8: specjax | × | softmax | same kept set |",
@@ -134,7 +136,8 @@ def main(argv):
                  r["draw_categorical_us"], r["draw_specjax_us"], r["top_p_sort_us"],
                  r["top_p_specjax_us"])
     rows.append(r)
-  meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
+  meta = {**provenance(),
+          "machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
           "iters": _ITERS.value, "repeats": _REPEATS.value,
           "load_average_at_start": os.getloadavg()[0]}
   os.makedirs(_OUT.value, exist_ok=True)

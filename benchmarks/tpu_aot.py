@@ -28,6 +28,7 @@ from absl import app, flags
 from specjax.aot.run import AotRun, replan, run_aot
 from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.experiments.leviathan import PAPER_TABLE2
+from specjax.measure.provenance import provenance
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
@@ -120,7 +121,7 @@ def main(argv):
   if _CASE.value:
     group, name, thunk = next(c for c in cases() if c[1] == _CASE.value)
     result = run_aot(thunk(), progress=lambda m: print("  " + m, flush=True))
-    result.update(case=name, group=group)
+    result.update(case=name, group=group, provenance=provenance())
     atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), result)
     return
   if _REPLAN.value:

@@ -57,6 +57,7 @@ from absl import app, flags, logging
 
 from specjax.atomic_io import atomic_write_text
 from specjax.measure.hlo import computations, while_bodies
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.measure.timing import StepTimer, floor_step_seconds, now
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 from specjax.models.t5 import T5
@@ -334,7 +335,7 @@ def render(results: dict) -> str:
            f"load average at start {meta['load_average_at_start']:.2f}; "
            f"run {meta.get('label') or '(unlabelled)'}"
            + (f", before = {results['before']['meta'].get('label') or 'an earlier run'}"
-              if before else "") + ".", ""]
+              if before else "") + "." + provenance_sentence(meta), ""]
   lines += ["## Goals", "", "| goal | measured | status |", "|---|---|---|"]
   lines += _goal_lines(results["cells"], before) or ["| (no goal cells measured) | | |"]
   tokens = list(results["cells"][0]["ratio"]) if results["cells"] else ["1"]
@@ -430,7 +431,8 @@ def main(argv):
     atomic_write_text(_CELLS_JSON.value, json.dumps(cells))
     return
   repeats = 2 if quick else _REPEATS.value
-  meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores ({_cpu_name()})",
+  meta = {**provenance(),
+          "machine": f"{platform.machine()} {os.cpu_count()} cores ({_cpu_name()})",
           "jax": jax.__version__, "repeats": repeats, "label": _LABEL.value, "quick": quick,
           "load_average_at_start": os.getloadavg()[0]}
   models = ["chen", "t5"] if quick else list(_MODELS.value)

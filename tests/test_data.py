@@ -19,6 +19,7 @@ from specjax.data import debian
 from specjax.data import gettext_mo
 from specjax.data import sources
 from specjax.data import tasks
+from data_helpers import lists_dir
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "data")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -378,16 +379,8 @@ def test_atomic_write_leaves_no_temp_files(tmp_path):
 # -----------------------------------------------------------------------------
 
 
-def _lists_dir(tmp_path):
-  lists = tmp_path / "lists"
-  lists.mkdir()
-  shutil.copy(os.path.join(FIXTURES, "Translation-en"),
-              lists / "example_dists_main_i18n_Translation-en")
-  return str(lists)
-
-
 def test_summarize_debian_build_and_cache_reuse(tmp_path, monkeypatch):
-  lists = _lists_dir(tmp_path)
+  lists = lists_dir(tmp_path)
   calls = []
   real_read = debian.read_translation_en
 

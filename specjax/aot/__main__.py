@@ -11,6 +11,7 @@ predicted times) and, with --out, writes report.json and report.md there.
 """
 
 import os
+import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -18,6 +19,7 @@ from ml_collections import config_flags
 from specjax.aot.from_config import run_from_config
 from specjax.aot.run import PROGRAM_KINDS, run_aot
 from specjax.atomic_io import atomic_write_json, atomic_write_text
+from specjax.measure.provenance import provenance
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config (file:preset).")
 _TOPOLOGY = flags.DEFINE_string("topology", "", "TPU slice, e.g. v5e:2x4, v4:2x2x4.")
@@ -42,9 +44,21 @@ def main(argv):
   if _OUT.value:
     os.makedirs(_OUT.value, exist_ok=True)
     atomic_write_json(os.path.join(_OUT.value, "report.json"),
-                      {k: v for k, v in result.items() if k != "markdown"})
+                      {**{k: v for k, v in result.items() if k != "markdown"},
+                       "provenance": provenance()})
     atomic_write_text(os.path.join(_OUT.value, "report.md"), result["markdown"] + "\n")
 
 
-if __name__ == "__main__":
+def run():
+  """The `specjax-aot` console script and `python -m specjax.aot`: absl's `app.run(main)`."""
+  # --help lists the main module's flags and prints its docstring; under a console script
+  # the main module is the installed wrapper, so name ours its key flags and lend it our doc.
+  for holder in (_CONFIG, _TOPOLOGY, _PROGRAMS, _MESH, _OUT):
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
+  if not getattr(sys.modules["__main__"], "__doc__", None):
+    sys.modules["__main__"].__doc__ = __doc__
   app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -5,6 +5,8 @@ One interface for every task (see `specjax.data.tasks` for the table):
   build_task(task, cache_dir, options=None, *, overwrite=False,
              show_progress=True, **option_overrides) -> BuildResult
   load_task(task, split, cache_dir, build_if_missing=False) -> list[dict]
+  is_built(task, cache_dir, options=None, **option_overrides) -> bool
+  host_problems(task, cache_dir, options=None, **option_overrides) -> list[str]
   train_sentencepiece(task_names, cache_dir, vocab_size=8000, ...) -> path
 
 (`build_task` / `load_task` are `specjax.data.tasks.build` / `.load`; the
@@ -34,6 +36,8 @@ from specjax.data.tasks import build as build_task
 from specjax.data.tasks import BuildOptions
 from specjax.data.tasks import BuildResult
 from specjax.data.tasks import get_builder
+from specjax.data.tasks import host_problems
+from specjax.data.tasks import is_built
 from specjax.data.tasks import load as load_task
 from specjax.data.tasks import task_dir
 from specjax.data.tasks import task_names
@@ -52,6 +56,8 @@ __all__ = [
     "TaskBuilder",
     "build_task",
     "get_builder",
+    "host_problems",
+    "is_built",
     "load_task",
     "read_jsonl",
     "records_from_examples",

@@ -41,6 +41,7 @@ __all__ = [
     "translation_en_files",
     "read_translation_en",
     "apt_update",
+    "apt_problems",
     "LocalCatalog",
     "local_catalogs",
     "packages_index_files",
@@ -220,6 +221,34 @@ def apt_update(languages: str = "en", extra_args: Sequence[str] = ()) -> None:
     raise RuntimeError(
         f"`{' '.join(cmd)}` failed with exit code {result.returncode} (root "
         f"is needed):\n{result.stderr.strip()}")
+
+
+def apt_problems(update: bool = False, download: bool = False,
+                 lists_dir: str = APT_LISTS_DIR) -> list[str]:
+  """What this host lacks to run `apt_update` (`update`) and `download_catalogs`
+  of packages picked from apt's index (`download`), one sentence each.
+
+  Checks only: runs nothing and touches no network. [] when nothing is missing
+  (or nothing is asked).
+  """
+  if not (update or download):
+    return []
+  if shutil.which("apt-get") is None:
+    return ["this host has no apt-get (it is not Debian/Ubuntu, or apt-get is "
+            "not on PATH)"]
+  problems = []
+  geteuid = getattr(os, "geteuid", None)
+  if update and geteuid is not None and geteuid() != 0:
+    problems.append(f"`apt-get update` needs root and this process runs as uid "
+                    f"{geteuid()}")
+  if download:
+    if shutil.which("dpkg-deb") is None:
+      problems.append("this host has no dpkg-deb (it unpacks the downloaded "
+                      "packages)")
+    if not packages_index_files(lists_dir) and shutil.which("apt-cache") is None:
+      problems.append(f"no Packages index under {lists_dir} and no apt-cache "
+                      f"(to pick the packages to download)")
+  return problems
 
 
 # -----------------------------------------------------------------------------

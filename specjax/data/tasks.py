@@ -69,6 +69,8 @@ __all__ = [
     "get_builder",
     "task_names",
     "task_dir",
+    "is_built",
+    "host_problems",
     "build",
     "load",
 ]
@@ -218,6 +220,13 @@ class TaskBuilder(abc.ABC):
                       ) -> tuple[Iterable[common.Record], str, dict[str, Any]]:
     """The task's own sources (Debian, stdlib, TFDS...)."""
 
+  def host_problems(self, spec: sources.SourceSpec, options: BuildOptions
+                    ) -> list[str]:
+    """What this host lacks to read `spec` with `options`, one sentence each
+    ([] here: the tasks that need system tools override it). Checks only."""
+    del spec, options
+    return []
+
 
 def _unsupported(builder: TaskBuilder, spec: sources.SourceSpec,
                  supported: str) -> ValueError:
@@ -298,6 +307,20 @@ class TranslateEnDe(TaskBuilder):
     extra = {"downloaded_packages": downloaded, "catalog_pairs": per_catalog}
     return records(), description, extra
 
+  def host_problems(self, spec, options):
+    if spec.kind != "debian":
+      return []
+    download = bool(options.max_packages or options.packages)
+    problems = debian.apt_problems(update=options.apt_update, download=download,
+                                   lists_dir=options.lists_dir)
+    if not download and not any(
+        debian.local_catalogs([root], exclude_domains=options.exclude_domains)
+        for root in options.locale_roots):
+      problems.append(
+          f"no German gettext catalogs (de*/LC_MESSAGES/*.mo) under "
+          f"{', '.join(options.locale_roots)}, and max_packages is 0")
+    return problems
+
 
 class SummarizeDebian(TaskBuilder):
   """Debian long descriptions -> one-line synopses (XSum-like)."""
@@ -331,6 +354,16 @@ class SummarizeDebian(TaskBuilder):
 
     return records(), f"apt: {len(files)} Translation-en index(es)", {
         "index_files": [os.path.basename(f) for f in files]}
+
+  def host_problems(self, spec, options):
+    if spec.kind != "apt":
+      return []
+    if options.apt_update:
+      return debian.apt_problems(update=True)
+    if debian.translation_en_files(options.lists_dir):
+      return []
+    return [f"no *_i18n_Translation-en* index under {options.lists_dir} "
+            f"(apt's English descriptions) and apt_update is off"]
 
 
 class CodePython(TaskBuilder):
@@ -475,6 +508,34 @@ def _existing_build(directory: str, config: Mapping[str, Any]
              for s in common.SPLITS):
     return None
   return meta
+
+
+def is_built(task: str, cache_dir: str | os.PathLike,
+             options: BuildOptions | None = None, **overrides: Any) -> bool:
+  """True when `build` with these options would reuse the cache (reads no
+  source)."""
+  builder = get_builder(task)
+  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  return _existing_build(task_dir(task, cache_dir),
+                         options.cache_config(builder)) is not None
+
+
+def host_problems(task: str, cache_dir: str | os.PathLike,
+                  options: BuildOptions | None = None,
+                  **overrides: Any) -> list[str]:
+  """What this host lacks to `build` `task` with these options, one sentence
+  each: [] when the build is already cached (`is_built`), when the source
+  needs no system tools, or when nothing is missing.
+
+  Checks only (tools on PATH, the user id, files): runs no apt and touches no
+  network, so a program can call it before it starts any long work.
+  """
+  builder = get_builder(task)
+  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  if is_built(task, cache_dir, options):
+    return []
+  spec = sources.parse_source(options.source or builder.default_source)
+  return builder.host_problems(spec, options)
 
 
 def build(task: str, cache_dir: str | os.PathLike,

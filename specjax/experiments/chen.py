@@ -41,14 +41,15 @@ from absl import logging
 import specjax
 from specjax.atomic_io import atomic_write_json
 from specjax.checkpoints import params_digest
-from specjax.data import build_task, load_task
+from specjax.data import build_task, debian, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
 from specjax.experiments import chen_quality, chen_report, report
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.timing import count_params, prefill_seconds, step_times
-from specjax.experiments.common import (Stages, array_digest, checkpoint_fingerprint,
-                                        enable_compilation_cache, fingerprint, pad_batch,
-                                        pretrained_dir, train_config, train_or_restore)
+from specjax.experiments.common import (Stages, array_digest, check_data_host,
+                                        checkpoint_fingerprint, enable_compilation_cache,
+                                        fingerprint, pad_batch, pretrained_dir, train_config,
+                                        train_or_restore)
 from specjax import theory
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_llama import decoder_config_from_hf, import_hf_decoder
@@ -95,23 +96,40 @@ def decoder(mcfg, vocab_size: int) -> DecoderLM:
       mlp_dim=mcfg.mlp_dim, tie_embeddings=bool(mcfg.tie_embeddings)))
 
 
-def _have_descriptions(lists_dir: str = "/var/lib/apt/lists") -> bool:
-  return os.path.isdir(lists_dir) and any("Translation-en" in f for f in os.listdir(lists_dir))
-
-
 def summarize_task(cfg) -> str:
   """The summarisation dataset: `config.data.summarize_task` when set (the
   paper preset: xsum), else the CPU presets' Debian synopses."""
   return cfg.data.get("summarize_task", "") or "summarize_debian"
 
 
+def _summarize_options(cfg) -> dict:
+  """The `build_task` options of the summarisation task."""
+  opts = {"source": cfg.data.summarize_source or None}
+  if not cfg.data.summarize_source and summarize_task(cfg) == "summarize_debian":
+    opts["apt_update"] = bool(cfg.data.apt_update) and not debian.translation_en_files()
+  return opts
+
+
+# What to configure instead of the Debian default (DataHostError's message).
+DATA_ALTERNATIVES = (
+    "local files: --config.data.summarize_source=jsonl:PATH (fields document / summary; "
+    "tsv:PATH and inputs / targets work too); TFDS (pip install -e \".[tfds]\", network): "
+    "--config.data.summarize_task=xsum --config.data.summarize_source=tfds; or a data cache "
+    "built on a Debian host, copied to --config.data.cache_dir.")
+
+
+def preflight_data(cfg) -> None:
+  """Before any work: `DataHostError` when the summarisation data is not cached and this
+  host cannot build it (the Debian default without apt-get, or without root for apt-get
+  update). The code and HumanEval tasks need no system tools."""
+  check_data_host({summarize_task(cfg): _summarize_options(cfg)}, cfg.data.cache_dir,
+                  DATA_ALTERNATIVES)
+
+
 def prepare_tasks(cfg) -> None:
   """Builds the evaluation tasks: summarisation (XSum-like) and HumanEval."""
   cache = cfg.data.cache_dir
-  sum_opts = {"source": cfg.data.summarize_source or None}
-  if not cfg.data.summarize_source and summarize_task(cfg) == "summarize_debian":
-    sum_opts["apt_update"] = bool(cfg.data.apt_update) and not _have_descriptions()
-  build_task(summarize_task(cfg), cache, **sum_opts)
+  build_task(summarize_task(cfg), cache, **_summarize_options(cfg))
   build_task("humaneval", cache, source=cfg.data.humaneval_source or None)
 
 
@@ -491,10 +509,11 @@ def run(cfg) -> dict:
   vocabulary, train both models) or "hf" (the paper preset: a local pair of
   transformers-format checkpoints, streamed onto the mesh in
   `config.dtype`)."""
+  check_config(cfg)
+  preflight_data(cfg)  # the data this host cannot build stops the run before anything starts
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
-  check_config(cfg)
   stages = Stages(os.path.join(workdir, "stages"))
   source = cfg.models.get("source", "train")
   if source not in ("train", "hf"):

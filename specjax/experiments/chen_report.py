@@ -8,6 +8,7 @@ from typing import Dict, List, Optional
 from specjax import theory
 from specjax.atomic_io import atomic_write_text
 from specjax.experiments.report import hardware_line, plot_lines
+from specjax.measure.provenance import provenance_sentence
 
 __all__ = ["write_chen", "findings", "best_k"]
 
@@ -170,7 +171,8 @@ def write_chen(results: dict, out_dir: str, paper: Dict[str, dict],
       f"JAX {m['jax']} ({m['backend']}) · "
       f"{m['date']} "
       f"· batch 1 unless stated · {ev['max_new_tokens']} tokens per sample"
-      f"{' (EOS ignored, as in the K sweep of the paper)' if ev['ignore_eos'] else ''}.", "",
+      f"{' (EOS ignored, as in the K sweep of the paper)' if ev['ignore_eos'] else ''}."
+      + provenance_sentence(m), "",
       "## Models", "",
       "| model | params | layers | d_model | heads × dim | MLP | tied emb. | trained on "
       "(steps, positions, min) | val. CE code / synopsis |",

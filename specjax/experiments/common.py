@@ -11,7 +11,9 @@
   damaged `final/` is set aside and rebuilt from the newest intact step
   checkpoint;
 * `pad_batch`: token lists → right-padded `[B, P]` + lengths;
-* `Progress`: absl logging of done/total with rate and ETA.
+* `Progress`: absl logging of done/total with rate and ETA;
+* `check_data_host`: before any work, a `DataHostError` naming what this host
+  lacks to build the configured data (apt-get, root, ...) and the alternatives.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import glob
 import json
 import os
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -28,6 +30,7 @@ from absl import logging
 
 from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import restore_params
+from specjax.data import host_problems
 from specjax.experiments.stages import Stages, array_digest, fingerprint
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 from specjax.training import default_config, train_model
@@ -38,7 +41,30 @@ from specjax.training.loop import meta_difference, quiet_orbax_info_logs, traini
 __all__ = ["Stages", "enable_compilation_cache", "train_or_restore", "pad_batch", "Progress",
            "train_config", "find_tokenizer", "array_digest", "fingerprint",
            "checkpoint_fingerprint",
-           "pretrained_dir"]
+           "pretrained_dir", "DataHostError", "check_data_host"]
+
+
+class DataHostError(RuntimeError):
+  """The configured data cannot be built on this host (raised before any training)."""
+
+
+def check_data_host(builds: Mapping[str, Mapping[str, Any]], cache_dir: str,
+                    alternatives: str) -> None:
+  """Raises `DataHostError` when a dataset of `builds` ({task: build_task options}, as the
+  program will build them) is not in `cache_dir` yet and this host lacks what building it
+  needs (`specjax.data.host_problems`: apt-get, root, the Debian files); the message names
+  what is missing and `alternatives` (the config fields for other sources). Runs nothing."""
+  missing = {task: host_problems(task, cache_dir, **opts) for task, opts in builds.items()}
+  missing = {task: p for task, p in missing.items() if p}
+  if not missing:
+    return
+  raise DataHostError(
+      "the built-in default data (Debian package descriptions and German gettext catalogs) "
+      "needs apt-get on a Debian/Ubuntu host (root and network to the Debian mirrors for "
+      "`apt-get update` / `apt-get download`) the first time it is built; it is then cached "
+      f"in {os.path.abspath(cache_dir)}, which does not hold it yet. Missing here: "
+      + "; ".join(f"{task}: {', '.join(p)}" for task, p in missing.items())
+      + f". Nothing was trained. Alternatives: {alternatives}")
 
 
 def train_config(section) -> Any:

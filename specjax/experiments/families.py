@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import shutil
 import time
 from typing import Optional, Tuple
@@ -64,6 +63,7 @@ from specjax.experiments.stages import Stages, array_digest
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.compiles import DECODE_LOOPS, TraceCounter
 from specjax.measure.layers import choose_layers
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.measure.timing import StepTimer, count_params, floor_step_seconds, now
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.eagle_head import EagleConfig, init_eagle
@@ -439,7 +439,8 @@ def render(results: dict) -> str:
            f"sinks + {m['window']} recent; lookahead W/N/G = {m['lookahead']}; load average at "
            f"start {m['load_average_at_start']:.2f}. α = E[β] along the target's greedy tokens "
            "(drafters with distributions); τ = tokens per target call; speedup = AR ms/token ÷ "
-           "drafter ms/token, measured in the same run, batch by batch.", "", "## Goals", "",
+           "drafter ms/token, measured in the same run, batch by batch." + provenance_sentence(m),
+           "", "## Goals", "",
            "| goal | measured | status |", "|---|---|---|"]
   for g in results["goals"]:
     lines.append(f"| {g['goal']} | {g['measured']} | {g['status']} |")
@@ -615,8 +616,7 @@ def run_options(opts: "FamilyOptions") -> dict:
   stages = Stages(os.path.join(opts.work_dir, "smoke" if smoke else "cells"))
   entries, choice = build_drafters(opts, target, tp, draft, dp, first[0], first[1], stages)
   results = {"meta": {
-      "machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
-      "pair": pair, "target_params": specjax.measure.timing.count_params(tp),
+      **provenance(), "pair": pair, "target_params": specjax.measure.timing.count_params(tp),
       "draft_params": specjax.measure.timing.count_params(dp), "prompts": n, "prompt_len": p,
       "max_new": max_new, "gamma": opts.gamma, "lookup_gamma": opts.lookup_gamma,
       "window": min(opts.window, 8) if smoke else opts.window, "sinks": opts.sinks,

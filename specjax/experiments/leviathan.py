@@ -33,13 +33,14 @@ import specjax
 from specjax import theory
 from specjax.atomic_io import atomic_write_json
 from specjax.checkpoints import params_digest
-from specjax.data import build_task, load_task, train_sentencepiece
+from specjax.data import build_task, debian, load_task, train_sentencepiece
 from specjax.experiments import report
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.timing import count_params, prefill_seconds, step_times
-from specjax.experiments.common import (Stages, array_digest, checkpoint_fingerprint,
-                                        enable_compilation_cache, pad_batch, pretrained_dir,
-                                        train_config, train_or_restore)
+from specjax.experiments.common import (Stages, array_digest, check_data_host,
+                                        checkpoint_fingerprint, enable_compilation_cache,
+                                        pad_batch, pretrained_dir, train_config,
+                                        train_or_restore)
 from specjax.experiments.speed import (cell_name, decode_ms_per_token, summarize, sweep,
                                        sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
@@ -85,18 +86,41 @@ def _t5(cfg, vocab_size: int) -> T5:
                      feed_forward="gated-gelu", tie_word_embeddings=False))
 
 
-def prepare_tasks(cfg) -> None:
-  """Builds both tasks (translation, summarisation)."""
-  cache = cfg.data.cache_dir
+def task_options(cfg) -> Dict[str, dict]:
+  """{dataset: `build_task` options} of both tasks (translation, summarisation)."""
   sources = {"translate": cfg.data.translate_source, "summarize": cfg.data.summarize_source}
-  for name, spec in TASKS.items():
+  out = {}
+  for name in TASKS:
     opts = dict(source=sources[name] or None)
     data = task_data(cfg, name)
     if data == "translate_en_de" and not sources[name]:
       opts["max_packages"] = cfg.data.max_packages
     if data == "summarize_debian" and not sources[name]:
-      opts["apt_update"] = bool(cfg.data.apt_update) and not _have_descriptions()
-    res = build_task(data, cache, **opts)
+      opts["apt_update"] = bool(cfg.data.apt_update) and not debian.translation_en_files()
+    out[data] = opts
+  return out
+
+
+# What to configure instead of the Debian default (DataHostError's message).
+DATA_ALTERNATIVES = (
+    "local files: --config.data.translate_source=jsonl:PATH (fields en / de) and "
+    "--config.data.summarize_source=jsonl:PATH (fields document / summary; tsv:PATH and "
+    "inputs / targets work too); TFDS (pip install -e \".[tfds]\", network): "
+    "--config.data.translate_task=wmt14_translate/de-en --config.data.translate_source=tfds "
+    "--config.data.summarize_task=cnn_dailymail --config.data.summarize_source=tfds; or a "
+    "data cache built on a Debian host, copied to --config.data.cache_dir.")
+
+
+def preflight_data(cfg) -> None:
+  """Before any work: `DataHostError` when the configured data is not cached and this host
+  cannot build it (the Debian default without apt-get, or without root for apt-get update)."""
+  check_data_host(task_options(cfg), cfg.data.cache_dir, DATA_ALTERNATIVES)
+
+
+def prepare_tasks(cfg) -> None:
+  """Builds both tasks (translation, summarisation)."""
+  for data, opts in task_options(cfg).items():
+    res = build_task(data, cfg.data.cache_dir, **opts)
     logging.info("task %s: %s", data, res.meta.get("counts", res.meta))
 
 
@@ -108,11 +132,6 @@ def prepare_data(cfg) -> str:
                              vocab_size=cfg.data.vocab_size,
                              max_sentences=cfg.data.spm_sentences,
                              name=f"leviathan_{cfg.data.vocab_size}")
-
-
-def _have_descriptions() -> bool:
-  lists = "/var/lib/apt/lists"
-  return os.path.isdir(lists) and any("Translation-en" in f for f in os.listdir(lists))
 
 
 def _sources(cfg, tok, split: str):
@@ -328,6 +347,7 @@ def run(cfg) -> dict:
   `config.models.source`: "train" (the CPU presets: data, vocabulary and
   models built here) or "hf" (the paper preset: local transformers-format
   T5 checkpoints streamed onto the mesh in `config.dtype`)."""
+  preflight_data(cfg)  # the data this host cannot build stops the run before anything starts
   workdir = os.path.abspath(cfg.workdir)
   os.makedirs(workdir, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))

@@ -25,6 +25,7 @@ from specjax.drafters.windowed import WindowedLM
 from specjax.experiments.common import Progress
 from specjax.experiments.report import machine_info, pyplot
 from specjax.experiments.stages import array_digest
+from specjax.measure.provenance import provenance_sentence
 from specjax.measure.timing import cache_step_times, now
 
 __all__ = ["SETTINGS", "DRAFTS", "kv_bytes_per_position", "step_bytes", "component_times",
@@ -259,7 +260,8 @@ def render(res: dict) -> str:
   g = res["gamma"]
   drafts = list(res["drafts"]) + list(res.get("variants", []))
   lines = ["# Long contexts × batch: where speculative decoding pays on this CPU", "",
-           f"{res['hardware']}. Command: `{res['command']}`", "",
+           f"{res['hardware']}. Command: `{res['command']}`"
+           + provenance_sentence(res.get("machine", {})), "",
            f"Target {res['target_params'] / 1e6:.1f}M params ({res['weights_mb']:.0f} MB); "
            f"KV {res['kv_bytes_per_position'] / 1e3:.1f} KB per position and row. "
            f"γ = {g}; {res['max_new_tokens']} new tokens per row; self-draft window "

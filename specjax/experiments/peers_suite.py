@@ -26,6 +26,7 @@ from specjax import theory
 from specjax.experiments import peers as bp
 from specjax.measure.beta import measure_beta
 from specjax.measure.latency import emission_times, latency_stats
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.measure.timing import count_params, now, step_times
 from specjax.parallel import sharding
 from specjax.sampling import SamplingConfig
@@ -531,7 +532,7 @@ def run_suite(cfg: SuiteConfig, log: Callable[[str], None] = print,
   import torch
   import transformers
   results = {
-      "meta": {"machine": f"{platform.machine()} {os.cpu_count()} cores",
+      "meta": {**provenance(), "machine": f"{platform.machine()} {os.cpu_count()} cores",
                "python": platform.python_version(), "jax": jax.__version__,
                "backend": jax.default_backend(), "torch": torch.__version__,
                "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -884,7 +885,7 @@ def to_markdown(results: Dict[str, Any]) -> str:
       f"{m['machine']} · Python {m['python']} · JAX {m['jax']} ({m['backend']}) · torch "
       f"{m['torch']} · transformers {m['transformers']} · {m['date']} · mode `{cfg['mode']}` · "
       f"total {m['total_s'] / 60:.1f} min · load average at start "
-      f"{_f(m['load_average'] and m['load_average'][0])}", "",
+      f"{_f(m['load_average'] and m['load_average'][0])}." + provenance_sentence(m), "",
       f"Greedy decoding, EOS ignored: every system generates exactly N = {cfg['max_new']} tokens "
       f"per row from the same prompts; float32 everywhere. Batch 1 serves {cfg['b1_prompts']} "
       f"request(s) one after another per timed call; batch B > 1 decodes prompts 0..B-1 at once. "

@@ -10,12 +10,14 @@ from typing import Dict
 import jax
 
 from specjax.atomic_io import atomic_path, atomic_write_text
+from specjax.measure.provenance import provenance, provenance_sentence
 
 __all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line"]
 
 
 def machine_info() -> dict:
-  return {"machine": f"{platform.machine()} {os.cpu_count()} cores", "python": platform.python_version(),
+  """The run's machine and devices, plus `provenance()` (versions, git commit, command, UTC)."""
+  return {**provenance(), "python": platform.python_version(),
           "jax": jax.__version__, "backend": jax.default_backend(),
           "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}"
                      + (f" over {jax.process_count()} processes" if jax.process_count() > 1 else ""),
@@ -146,7 +148,8 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
       "# Leviathan et al. 2023 on this machine: T5 v1.1 target, three drafts", "",
       f"Preset `{cfg['preset']}` · {m['machine']} · {hardware_line(results)}JAX {m['jax']} "
       f"({m['backend']}) · {m['date']} · "
-      f"batch 1 · {next(iter(results['tasks'].values()))['num_prompts']} test prompts per task.", "",
+      f"batch 1 · {next(iter(results['tasks'].values()))['num_prompts']} test prompts per task."
+      + provenance_sentence(m), "",
       "Models (parameters; ratio to the target): target "
       f"{params['target'] / 1e6:.2f}M · " + " · ".join(
           f"{d} {params[d] / 1e6:.3f}M (1:{params['target'] / params[d]:.0f})" for d in drafts)

@@ -37,6 +37,7 @@ import numpy as np
 from specjax import theory
 from specjax.atomic_io import atomic_path, atomic_write_json, atomic_write_text
 from specjax.measure.beta import alpha_vs_kl
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.models.ngram import fit_ngram
 from specjax.planning import draft_memory
 
@@ -426,7 +427,8 @@ def _markdown(res: Dict[str, Any]) -> str:
            f"Computed by `python experiments/seeds_exercises.py` ({res['setting']} setting, "
            f"{res['date']}); every number is in `exercises.json`. Functions: "
            "`specjax.theory.tokens_per_call_curve`, `alpha_for_speedup`, `traffic_mix`, "
-           "`eagle3_head_memory`, `classic_draft_memory`; `specjax.measure.beta.alpha_vs_kl`.", ""]
+           "`eagle3_head_memory`, `classic_draft_memory`; `specjax.measure.beta.alpha_vs_kl`."
+           + provenance_sentence(res.get("provenance", {})), ""]
   # 1.
   lines += ["## 1. Tokens per target call vs N, and the optimal N", "",
             f"Cost model: an iteration costs 1 + ε + N·c target steps (c = {e1['cost_ratio']:g} "
@@ -582,6 +584,7 @@ def run(out_dir: str, quick: bool = False, corpus_bytes: Optional[int] = None,
   start = time.time()
   res = {
       "setting": "quick" if quick else "full", "date": time.strftime("%Y-%m-%d %H:%M"),
+      "provenance": provenance(),
       "tokens_per_call_vs_n": tokens_per_call_exercise(),
       "alpha_for_speedup": alpha_for_speedup_exercise(),
       "traffic_mix": traffic_mix_exercise(),

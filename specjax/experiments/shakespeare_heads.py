@@ -41,6 +41,7 @@ from specjax.checkpoints import params_digest
 from specjax.data.shakespeare import build_shakespeare, load_shakespeare
 from specjax.drafters.medusa import Medusa, choose_tree
 from specjax.experiments.stages import Stages, array_digest
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.medusa_head import MedusaConfig, head_logits, init_heads
 from specjax.training import Example, LMSource, default_config, train_model
@@ -265,6 +266,7 @@ def run(cfg) -> Dict[str, Any]:
   results["tree"] = {"parents": list(tree.parents), "expected_tokens_per_call":
                      1.0 + float(np.sum(values))}
   results["config"] = cfg.to_dict()
+  results["provenance"] = provenance()
   out_dir = os.path.join(workdir, "results")
   atomic_io.atomic_write_json(os.path.join(out_dir, "results.json"), results)
   md = render(results, cfg)
@@ -282,7 +284,7 @@ def render(results: Dict[str, Any], cfg) -> str:
   ce = results["lm_ce"]
   lines = ["# Multi-token heads vs a pruned draft (tinyshakespeare, character level)", "",
            f"`python experiments/shakespeare_heads.py --config=configs/shakespeare_heads.py:"
-           f"{cfg.preset}`", "",
+           f"{cfg.preset}`" + provenance_sentence(results.get("provenance", {})), "",
            f"Corpus: {results['data']['train_chars']:,} training characters (plays), "
            f"{results['data']['valid_chars']:,} held-out; vocabulary {results['data']['vocab']}. "
            f"Model: {cfg.model.num_layers} layers, d {cfg.model.d_model}, {cfg.model.num_heads} "

@@ -11,6 +11,7 @@
   compiles     counting traces (a timed region must compile nothing)
   tuning       `tune_matvec_rows`: a decoder's CPU product path for this machine
   tensorboard  TensorBoard scalars and profiler traces
+  provenance   what produced a result: machine, versions, git commit, command, UTC time
 
 Speed claims live in `benchmarks/` and `results/` (JSON + markdown), never in
 timed tests.

@@ -1,0 +1,103 @@
+"""Result provenance (`specjax.measure.provenance`): the machine, the library versions, the
+code's git commit, the command line and the UTC time, never an exception; one real writer
+(the sampling benchmark's smoke mode) records them in its JSON meta and markdown header."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from bench_helpers import run_script
+from specjax.experiments import report
+from specjax.measure import provenance as prov
+
+KEYS = {"machine", "jax", "jaxlib", "flax", "orbax_checkpoint", "optax", "numpy", "libtpu",
+        "git_commit", "git_dirty", "command", "utc"}
+
+
+def _git(cwd, *args):
+  subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false",
+                  *args], cwd=cwd, check=True, capture_output=True)
+
+
+def test_the_dict_has_every_key():
+  p = prov.provenance()
+  assert set(p) == KEYS
+  assert re.fullmatch(r"\S+ \d+ cores", p["machine"])  # the format results always had
+  assert p["jax"] == jax.__version__ and p["jaxlib"] and p["numpy"] and p["flax"]
+  assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", p["utc"])
+  json.dumps(p)  # every value serialisable
+
+
+def test_a_package_not_installed_is_none(monkeypatch):
+  monkeypatch.setattr(prov, "PACKAGES", {"jax": ("jax",), "absent": ("no-such-dist-xyz-0",)})
+  assert prov.package_versions() == {"jax": jax.__version__, "absent": None}
+
+
+def test_the_command_line_is_recorded(monkeypatch):
+  monkeypatch.setattr(sys, "argv", ["experiments/x.py", "--config=c.py:quick", "--note=a b"])
+  assert prov.provenance()["command"] == "experiments/x.py --config=c.py:quick '--note=a b'"
+
+
+def test_outside_a_git_checkout_the_commit_is_none(tmp_path, monkeypatch):
+  monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # never a repository above
+  p = prov.provenance(source_dir=str(tmp_path))
+  assert p["git_commit"] is None and p["git_dirty"] is None
+  assert prov.provenance_line(p).startswith("code unknown commit")
+
+
+def test_without_git_the_commit_is_none(tmp_path, monkeypatch):
+  monkeypatch.setenv("PATH", str(tmp_path))  # no git executable anywhere
+  assert prov.git_state() == (None, None)
+  assert prov.git_state(str(tmp_path / "not a directory")) == (None, None)
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_commit_and_dirty_count_tracked_files_only(tmp_path, monkeypatch):
+  monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+  repo, pkg = tmp_path / "repo", tmp_path / "repo" / "pkg"
+  pkg.mkdir(parents=True)
+  (pkg / "a.py").write_text("x = 1\n")
+  _git(repo, "init", "-q")
+  _git(repo, "add", "pkg/a.py")
+  _git(repo, "commit", "-q", "-m", "one")
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True,
+                        text=True, check=True).stdout.strip()
+  assert prov.git_state(str(pkg)) == (head, False)
+  (pkg / "new.py").write_text("untracked\n")
+  assert prov.git_state(str(pkg)) == (head, False)  # untracked files do not count
+  (pkg / "a.py").write_text("x = 2\n")
+  assert prov.git_state(str(pkg)) == (head, True)
+  p = prov.provenance(source_dir=str(pkg))
+  assert prov.provenance_line(p).startswith(f"code {head[:12]} (dirty) · jaxlib ")
+  # A directory of the checkout that git does not track (an installed copy, say): unknown.
+  (repo / "site").mkdir()
+  (repo / "site" / "b.py").write_text("")
+  assert prov.git_state(str(repo / "site")) == (None, None)
+
+
+def test_results_written_before_provenance_render_without_it():
+  old = {"machine": "x86_64 2 cores", "jax": "0.4.30"}
+  assert prov.provenance_line(old) == "" and prov.provenance_sentence(old) == ""
+
+
+def test_machine_info_keeps_its_keys_and_adds_provenance():
+  m = report.machine_info()
+  assert KEYS <= set(m)
+  assert {"python", "backend", "devices", "date", "load_average"} <= set(m)
+  assert m["jax"] == jax.__version__
+
+
+def test_a_benchmark_records_provenance(tmp_path):
+  run_script(["benchmarks/sampling_bench.py", "--quick", "--iters=2", "--repeats=1",
+              f"--out_dir={tmp_path}"], timeout=600)
+  meta = json.loads((tmp_path / "sampling.json").read_text())["meta"]
+  assert KEYS <= set(meta)
+  assert meta["command"].startswith("benchmarks/sampling_bench.py --quick")
+  assert meta["iters"] == 2 and meta["load_average_at_start"] >= 0  # the old keys stay
+  md = (tmp_path / "sampling.md").read_text()
+  assert "µs per call. Provenance: code " in md and f"· {meta['utc']} UTC." in md
