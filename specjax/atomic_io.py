@@ -1,11 +1,21 @@
 """Atomic files, the one implementation every writer in specjax uses.
 
-A file is written to a temporary file in the destination's directory, given
-the usual mode (0666 minus the umask: `tempfile.mkstemp` creates 0600 files,
-which would leave results readable by their owner only), then moved over the
-destination with `os.replace`. A reader sees the old file or the new one,
-never a partial one; a writer that fails leaves the destination as it was and
-removes its temporary file.
+A destination is a local path or a URL of another filesystem (`gs://bucket/run/x.json`, any
+`str`, `os.PathLike` or `etils.epath.Path`; `is_local` tells which).
+
+Local: a file is written to a temporary file in the destination's directory, given the usual
+mode (0666 minus the umask: `tempfile.mkstemp` creates 0600 files, which would leave results
+readable by their owner only), then moved over the destination with `os.replace`. A reader sees
+the old file or the new one, never a partial one; a writer that fails leaves the destination as
+it was and removes its temporary file.
+
+Not local (gs://, s3://, ... through `etils.epath`): the content is written as the final object
+in one upload, with no temporary object and no rename. An object store publishes an object only
+when its upload completes (a reader sees the old object or the new one, never a partial one),
+and its "rename" is a copy plus a delete: a temporary object would double the traffic and, were
+the run killed between the two, leave a stray object behind, for no extra safety. `atomic_path`
+gives writers that need a local file name (matplotlib, safetensors) a local temporary file and
+uploads it when the block ends without an error; a failed block uploads nothing.
 """
 
 from __future__ import annotations
@@ -14,9 +24,27 @@ import contextlib
 import json
 import os
 import tempfile
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
-__all__ = ["atomic_path", "atomic_write_bytes", "atomic_write_text", "atomic_write_json"]
+from etils import epath
+
+__all__ = ["PathLike", "is_local", "as_path", "atomic_path", "atomic_write_bytes",
+           "atomic_write_text", "atomic_write_json"]
+
+PathLike = Union[str, os.PathLike, epath.Path]
+
+
+def is_local(path: PathLike) -> bool:
+  """False for a URL of another filesystem (`gs://...`, `s3://...`), True for a local path."""
+  return "://" not in os.fspath(path)
+
+
+def as_path(path: PathLike) -> epath.Path:
+  """`path` as an `etils.epath.Path`: a local one is made absolute (as `os.path.abspath`
+  would), a URL is kept as it is."""
+  if is_local(path):
+    return epath.Path(os.path.abspath(os.fspath(path)))
+  return epath.Path(path)
 
 
 def _umask() -> int:
@@ -26,11 +54,20 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[str]:
-  """Yields a temporary path next to `path` for a writer to fill; when the
-  block ends without an error it gets the usual file mode and replaces
-  `path`, otherwise it is removed. The temporary name ends with `path`'s
-  name, so writers that choose a format by extension (matplotlib) keep it."""
+def atomic_path(path: PathLike) -> Iterator[str]:
+  """Yields a temporary local path for a writer to fill; when the block ends
+  without an error it becomes `path` (local: the usual file mode and an
+  `os.replace` next to it; a URL: one upload of its bytes), otherwise it is
+  removed. The temporary name ends with `path`'s name, so writers that
+  choose a format by extension (matplotlib) keep it."""
+  if not is_local(path):
+    dest = epath.Path(path)
+    with tempfile.TemporaryDirectory(prefix="specjax-upload-") as d:
+      tmp = os.path.join(d, ".tmp-" + dest.name)
+      yield tmp
+      with open(tmp, "rb") as f:
+        _write_object(dest, f.read())
+    return
   path = os.fspath(path)
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
@@ -45,18 +82,27 @@ def atomic_path(path: str | os.PathLike) -> Iterator[str]:
       os.unlink(tmp)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+def _write_object(dest: epath.Path, data: bytes) -> None:
+  """One upload of `data` as the object `dest` (see the module doc)."""
+  dest.parent.mkdir(parents=True, exist_ok=True)  # no-op on object stores, kept for others
+  dest.write_bytes(data)
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
   """Writes `data` to `path` atomically (creating its directory)."""
+  if not is_local(path):
+    _write_object(epath.Path(path), bytes(data))
+    return
   with atomic_path(path) as tmp, open(tmp, "wb") as f:
     f.write(data)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: PathLike, text: str) -> None:
   """Writes UTF-8 `text` to `path` atomically."""
   atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int = 1, **dumps_kw) -> None:
+def atomic_write_json(path: PathLike, obj: Any, indent: int = 1, **dumps_kw) -> None:
   """Writes `obj` as JSON (keys sorted) to `path` atomically; `dumps_kw` go
   to `json.dumps` (e.g. `default=str`)."""
   atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, **dumps_kw))

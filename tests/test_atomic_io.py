@@ -8,10 +8,13 @@ import stat
 
 import numpy as np
 import pytest
+from etils import epath
 
 from specjax import atomic_io
 from specjax.checkpoints.hf_common import load_state_dict, save_safetensors
 from specjax.data import common as data_common
+
+from memgcs import memgcs, objects  # noqa: F401  (memgcs: the gs:// fixture)
 
 
 @pytest.fixture
@@ -61,3 +64,42 @@ def test_temporary_name_keeps_the_extension(tmp_path):
     assert tmp.endswith("plot.png") and os.path.dirname(tmp) == str(tmp_path)
     open(tmp, "wb").close()
   assert (tmp_path / "plot.png").exists()
+
+
+# A destination on an object store (gs://, served from memory by tests/memgcs.py): the object
+# is written in one upload, no temporary object is ever stored, a failed block uploads nothing.
+def test_writers_on_gs(memgcs):
+  atomic_io.atomic_write_text("gs://bucket/run/a.txt", "hi")
+  atomic_io.atomic_write_json(epath.Path("gs://bucket/run/sub/a.json"), {"a": 1})
+  atomic_io.atomic_write_bytes("gs://bucket/run/b.bin", b"\x00\x01")
+  with atomic_io.atomic_path("gs://bucket/run/plot.png") as tmp:
+    assert tmp.endswith("plot.png") and atomic_io.is_local(tmp)
+    with open(tmp, "wb") as f:
+      f.write(b"png")
+  assert objects() == ["gs://bucket/run/a.txt", "gs://bucket/run/b.bin",
+                       "gs://bucket/run/plot.png", "gs://bucket/run/sub/a.json"]
+  assert epath.Path("gs://bucket/run/a.txt").read_text() == "hi"
+  assert json.loads(epath.Path("gs://bucket/run/sub/a.json").read_text()) == {"a": 1}
+  assert epath.Path("gs://bucket/run/b.bin").read_bytes() == b"\x00\x01"
+  assert epath.Path("gs://bucket/run/plot.png").read_bytes() == b"png"
+  assert not os.path.exists(tmp)  # the local temporary file is gone
+
+
+def test_a_failed_write_on_gs_keeps_the_old_object(memgcs):
+  atomic_io.atomic_write_text("gs://bucket/x.txt", "old")
+  with pytest.raises(RuntimeError, match="boom"):
+    with atomic_io.atomic_path("gs://bucket/x.txt") as tmp:
+      with open(tmp, "w") as f:
+        f.write("partial")
+      raise RuntimeError("boom")
+  assert epath.Path("gs://bucket/x.txt").read_text() == "old"
+  assert objects() == ["gs://bucket/x.txt"]
+  assert not os.path.exists(tmp)
+
+
+def test_is_local_and_as_path(tmp_path):
+  assert atomic_io.is_local(tmp_path) and atomic_io.is_local("rel/x")
+  assert atomic_io.is_local(epath.Path(tmp_path))
+  assert not atomic_io.is_local("gs://b/x") and not atomic_io.is_local(epath.Path("gs://b/x"))
+  assert os.fspath(atomic_io.as_path("gs://b/x")) == "gs://b/x"
+  assert os.fspath(atomic_io.as_path("rel")) == os.path.abspath("rel")

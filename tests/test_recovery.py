@@ -9,10 +9,14 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from etils import epath
 
 from specjax.checkpoints import CheckpointError, params_digest, restore_params, save_params
 from specjax.experiments.stages import Stages, array_digest, first_difference, fingerprint
 from specjax.models.decoder import DecoderLM, decoder_config
+
+from memgcs import memgcs  # noqa: F401  (the gs:// fixture)
+from memgcs import objects as memgcs_objects
 
 LM = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=1))
 
@@ -157,6 +161,44 @@ def test_an_unreadable_stage_file_is_named_and_recomputed_alone(tmp_path, caplog
   assert path in caplog.text and "unreadable" in caplog.text
   assert fresh.run("a/chunk1", lambda: [6], {"x": 1}) == [3, 4]
   assert Stages(str(tmp_path)).get("a/chunk0", {"x": 1}) == [5]
+
+
+def test_stages_on_gs_resume_and_recover(memgcs, caplog):
+  """A workdir on an object store (gs://, from memory): a killed run's stages are reused by the
+  next (a new Stages object), and a corrupt stage object is named and recomputed alone."""
+  root = "gs://bucket/run/stages"
+  stages = Stages(root)
+  assert stages.directory == root
+  calls = []
+
+  def measure(x):
+    calls.append(x)
+    return {"value": x}
+  for i in range(3):
+    stages.run(f"t1/chunk{i}", lambda i=i: measure(i), {"x": i})
+  stages.note("timing/t1", 1.5)
+  assert calls == [0, 1, 2]
+  assert memgcs_objects() == [f"{root}/t1/chunk{i}.json" for i in range(3)] + [
+      f"{root}/timing/t1.json"]
+  # The run is killed; the next one reads every stage from the bucket.
+  again = Stages(root)
+  for i in range(3):
+    assert again.run(f"t1/chunk{i}", lambda: measure(-1), {"x": i}) == {"value": i}
+  assert calls == [0, 1, 2] and again.computed == [] and len(again.reused) == 3
+  assert again.values("timing") == {"t1": 1.5} and again.values("t1")["chunk2"] == {"value": 2}
+  # A truncated object (a copy cut short) is named in the log and recomputed alone.
+  path = epath.Path(again.path("t1/chunk1"))
+  path.write_bytes(path.read_bytes()[:20])
+  fresh = Stages(root)
+  with caplog.at_level("WARNING"):
+    assert fresh.run("t1/chunk1", lambda: measure(7), {"x": 1}) == {"value": 7}
+  assert f"{root}/t1/chunk1.json" in caplog.text and "unreadable" in caplog.text
+  assert fresh.recomputed["t1/chunk1"].startswith("unreadable file")
+  assert fresh.run("t1/chunk0", lambda: measure(-1), {"x": 0}) == {"value": 0}
+  assert calls == [0, 1, 2, 7] and Stages(root).get("t1/chunk1", {"x": 1}) == {"value": 7}
+  # A changed input recomputes just that stage and names the field.
+  assert fresh.run("t1/chunk2", lambda: measure(9), {"x": 5}) == {"value": 9}
+  assert fresh.recomputed["t1/chunk2"] == "x changed"
 
 
 def test_fingerprints_and_differences():

@@ -86,13 +86,26 @@ def params_digest(params: Any) -> str:
 
 
 def file_manifest(directory: str, sub: str = "params") -> Dict[str, int]:
-  """{relative path: size in bytes} of every file under `directory/sub`."""
-  root = os.path.join(directory, sub)
+  """{relative path: size in bytes} of every file under `directory/sub` (local or gs://...)."""
+  if atomic_io.is_local(directory):
+    root = os.path.join(directory, sub)
+    out = {}
+    for base, _, files in os.walk(root):
+      for name in files:
+        path = os.path.join(base, name)
+        out[os.path.relpath(path, directory)] = os.path.getsize(path)
+    return dict(sorted(out.items()))
   out = {}
-  for base, _, files in os.walk(root):
-    for name in files:
-      path = os.path.join(base, name)
-      out[os.path.relpath(path, directory)] = os.path.getsize(path)
+  pending = [(atomic_io.as_path(directory) / sub, sub)]
+  while pending:  # iterdir, not epath's walk (whose gs:// paths lose their prefix)
+    node, rel = pending.pop()
+    if not node.is_dir():
+      continue
+    for child in node.iterdir():
+      if child.is_dir():
+        pending.append((child, f"{rel}/{child.name}"))
+      else:
+        out[f"{rel}/{child.name}"] = child.stat().length
   return dict(sorted(out.items()))
 
 
@@ -103,12 +116,11 @@ def write_manifest(directory: str, digest: str) -> None:
 
 def read_manifest(directory: str) -> Optional[dict]:
   """The stored manifest, None when the directory predates manifests."""
-  path = os.path.join(directory, MANIFEST)
-  if not os.path.exists(path):
+  path = atomic_io.as_path(directory) / MANIFEST
+  if not path.exists():
     return None
   try:
-    with open(path, encoding="utf-8") as f:
-      manifest = json.load(f)
+    manifest = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(manifest.get("files"), dict):
       raise ValueError("no 'files' mapping")
   except (OSError, ValueError) as e:
@@ -119,10 +131,10 @@ def read_manifest(directory: str) -> Optional[dict]:
 def check_files(directory: str, manifest: dict) -> None:
   """Every file the save wrote is there with the size it was written with."""
   for rel, size in manifest["files"].items():
-    path = os.path.join(directory, rel)
-    if not os.path.exists(path):
+    path = atomic_io.as_path(directory) / rel
+    if not path.exists():
       raise CheckpointError(directory, "missing", f"{rel} is missing (the save wrote {size} bytes)")
-    now = os.path.getsize(path)
+    now = path.stat().length
     if now != size:
       kind = "truncated" if now < size else "corrupt"
       raise CheckpointError(directory, kind, f"{rel} holds {now} bytes, the save wrote {size}")

@@ -27,7 +27,7 @@ from typing import Any, Optional, Tuple
 import jax
 import numpy as np
 
-from specjax.atomic_io import atomic_write_json
+from specjax.atomic_io import as_path, atomic_write_json
 from specjax.checkpoints import integrity
 from specjax.checkpoints.integrity import CheckpointError, first_line
 from specjax.models import decoder, decoder_layout
@@ -92,16 +92,16 @@ def read_config(directory: str) -> Any:
   """The config stored in a model directory (a CheckpointError when its
   config.json is absent or unreadable; FileNotFoundError when the directory
   does not exist)."""
-  directory = os.path.abspath(os.fspath(directory))
-  if not os.path.isdir(directory):
+  path = as_path(directory)  # local or gs://...
+  directory = str(path)
+  if not path.is_dir():
     raise FileNotFoundError(f"{directory} does not exist (no specjax model checkpoint there)")
-  path = os.path.join(directory, "config.json")
-  if not os.path.exists(path):
+  path = path / "config.json"
+  if not path.exists():
     raise CheckpointError(directory, "missing", "config.json is missing (an interrupted save, "
                           "or not a specjax model checkpoint)")
   try:
-    with open(path, encoding="utf-8") as f:
-      stored = json.load(f)
+    stored = json.loads(path.read_text(encoding="utf-8"))
     return config_from_dict(stored)
   except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
     raise CheckpointError(directory, "unreadable",
@@ -115,11 +115,12 @@ def save_params(directory: str, params: Any, config: Any, *, force: bool = True)
   if isinstance(config, decoder.DecoderConfig) and decoder_layout.is_packed(params):
     params = decoder_layout.unpack_params(params, config)
   import orbax.checkpoint as ocp
-  directory = os.path.abspath(os.fspath(directory))
-  os.makedirs(directory, exist_ok=True)
+  path = as_path(directory)  # local or gs://... (orbax takes epath paths)
+  directory = str(path)
+  path.mkdir(parents=True, exist_ok=True)
   params = jax.tree_util.tree_map(np.asarray, params)
   with ocp.StandardCheckpointer() as ckpt:
-    ckpt.save(os.path.join(directory, "params"), params, force=force)
+    ckpt.save(path / "params", params, force=force)
   # The manifest, then config.json: a directory with a config.json is complete.
   integrity.write_manifest(directory, integrity.params_digest(params))
   atomic_write_json(os.path.join(directory, "config.json"), config_to_dict(config), indent=2)
@@ -136,7 +137,7 @@ def restore_params(directory: str, expected_config: Optional[Any] = None, *,
   CheckpointErrors too; a directory that does not exist is a
   FileNotFoundError."""
   import orbax.checkpoint as ocp
-  directory = os.path.abspath(os.fspath(directory))
+  directory = str(as_path(directory))  # local (absolute) or gs://...
   config = read_config(directory)
   if expected_config is not None:
     _check_same(expected_config, config, directory)
@@ -147,8 +148,8 @@ def restore_params(directory: str, expected_config: Optional[Any] = None, *,
   manifest = integrity.read_manifest(directory)
   if manifest is not None:
     integrity.check_files(directory, manifest)
-  params_dir = os.path.join(directory, "params")
-  if not os.path.isdir(params_dir):
+  params_dir = as_path(directory) / "params"
+  if not params_dir.is_dir():
     raise CheckpointError(directory, "missing", "params/ is missing")
   try:
     with integrity.quiet_asyncio_errors(), ocp.StandardCheckpointer() as ckpt:

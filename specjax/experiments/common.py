@@ -28,6 +28,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from specjax.atomic_io import as_path, is_local
 from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import restore_params
 from specjax.data import host_problems
@@ -81,9 +82,9 @@ def find_tokenizer(data_cache: str, prefix: str, vocab_size: int, workdir: str =
   → vocab.path if it names one, else the first `<data_cache>/vocab/<prefix>*`
   of this size; `(None, None)` when there is none."""
   hints = []
-  try:
-    with open(os.path.join(workdir, "results", "results.json")) as f:
-      hints.append(json.load(f)["vocab"]["path"])
+  try:  # the workdir may be gs://...; the data cache is local
+    results = as_path(workdir or ".") / "results" / "results.json"
+    hints.append(json.loads(results.read_text())["vocab"]["path"])
   except (OSError, KeyError, TypeError, ValueError):
     pass
   pattern = os.path.join(data_cache, "vocab", prefix + "*", "spiece.model")
@@ -129,8 +130,10 @@ def pretrained_dir(cfg, field: str) -> str:
 
 
 def enable_compilation_cache(directory: str) -> None:
-  """Persists compiled XLA executables under `directory` (reruns skip compiles)."""
-  os.makedirs(directory, exist_ok=True)
+  """Persists compiled XLA executables under `directory` (reruns skip compiles); JAX
+  takes a gs://... directory as it is."""
+  if is_local(directory):
+    os.makedirs(directory, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -152,8 +155,8 @@ def train_or_restore(model, source, train_config, workdir: str, *, teacher=None,
   the newest intact step checkpoint and writes a new `final/`; nothing else
   is touched."""
   quiet_orbax_info_logs()  # orbax logs a dozen INFO lines per restore.
-  final = os.path.join(os.path.abspath(workdir), "final")
-  if os.path.exists(final):
+  final = str(as_path(workdir) / "final")  # local (absolute) or gs://...
+  if as_path(final).exists():
     remedy = (f"Delete {os.path.dirname(final)} to train it again with the new settings (the "
               "measurements that read it are then recomputed, the others reused), or use "
               "a new workdir.")
@@ -187,16 +190,16 @@ def train_or_restore(model, source, train_config, workdir: str, *, teacher=None,
 
 
 def _read_train_meta(path: str):
-  """final/train_meta.json, or None when absent (a final from before it
+  """final/train_meta.json (local or gs://...), or None when absent (a final from before it
   existed) or unreadable (logged: the params themselves were verified)."""
-  if not os.path.exists(path):
+  path = as_path(path)
+  if not path.exists():
     return None
   try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
+    return json.loads(path.read_text(encoding="utf-8"))
   except (OSError, ValueError) as e:
     logging.warning("%s is unreadable (%s): the training settings of %s are not checked", path,
-                    e, os.path.dirname(path))
+                    e, path.parent)
     return None
 
 

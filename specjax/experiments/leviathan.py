@@ -21,7 +21,6 @@ Stages, each cached under the workdir (a rerun reuses them):
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Dict, List
 
 import jax
@@ -31,7 +30,7 @@ from absl import logging
 
 import specjax
 from specjax import theory
-from specjax.atomic_io import atomic_write_json
+from specjax.atomic_io import as_path, atomic_write_bytes, atomic_write_json
 from specjax.checkpoints import params_digest
 from specjax.data import build_task, debian, load_task, train_sentencepiece
 from specjax.experiments import report
@@ -348,8 +347,8 @@ def run(cfg) -> dict:
   models built here) or "hf" (the paper preset: local transformers-format
   T5 checkpoints streamed onto the mesh in `config.dtype`)."""
   preflight_data(cfg)  # the data this host cannot build stops the run before anything starts
-  workdir = os.path.abspath(cfg.workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = str(as_path(cfg.workdir))  # local (absolute) or gs://bucket/...
+  as_path(workdir).mkdir(parents=True, exist_ok=True)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
   stages = Stages(os.path.join(workdir, "stages"))
   source = cfg.models.get("source", "train")
@@ -417,8 +416,8 @@ def run(cfg) -> dict:
                     {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
   report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)
   if cfg.results_dir:
-    os.makedirs(cfg.results_dir, exist_ok=True)
-    for f in os.listdir(out_dir):
-      shutil.copy2(os.path.join(out_dir, f), os.path.join(cfg.results_dir, f))
+    for f in as_path(out_dir).iterdir():  # either may be local or gs://...
+      if f.is_file():
+        atomic_write_bytes(as_path(cfg.results_dir) / f.name, f.read_bytes())
   logging.info("results in %s", out_dir)
   return results

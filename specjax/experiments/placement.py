@@ -30,6 +30,7 @@ from absl import logging
 from jax.sharding import Mesh
 
 import specjax
+from specjax.atomic_io import is_local
 from specjax.measure import tensorboard
 from specjax.parallel import distributed, sharding
 from specjax.planning.memory import device_memory_bytes, memory_plan
@@ -146,8 +147,15 @@ def profile_decode(cfg, workdir: str, target, draft, prompts, lengths, gamma: in
 
 def write_scalars(workdir: str, scalars: Mapping[str, float], step: int = 0) -> None:
   """An experiment's headline numbers as TensorBoard scalars in
-  `<workdir>/tb` (process 0 only), beside its JSON results."""
+  `<workdir>/tb` (process 0 only), beside its JSON results. Skipped, with a
+  logged note, for a workdir that is not local (gs://...): the JSON results
+  hold the same numbers, and tensorboardX reaches GCS only through its own
+  client, not the filesystem the run writes through."""
   if not is_main_process() or not scalars:
+    return
+  if not is_local(workdir):
+    logging.info("TensorBoard scalars skipped: the workdir %s is not local (results.json holds "
+                 "them)", workdir)
     return
   with tensorboard.ScalarWriter(os.path.join(workdir, "tb")) as tb:
     tb.write(step, dict(scalars))

@@ -1,6 +1,6 @@
 """Finished stages of an experiment, cached on disk and keyed by what they depend on.
 
-  stages = Stages(os.path.join(workdir, "stages"))
+  stages = Stages(os.path.join(workdir, "stages"))   # a local path or gs://bucket/run/stages
   comp = stages.run("components/target", measure, deps={"target": params_digest(tp),
                                                          "cache_len": 96})
 
@@ -20,6 +20,9 @@ copy) is named in the log and recomputed; one file per stage means nothing
 else is lost with it. Entries without deps (`note`, e.g. wall times of
 stages) are kept as they are.
 
+The directory may be a local path or a URL of an object store (`gs://...`): files are read
+and listed through `etils.epath` and written by `specjax.atomic_io`.
+
 Each instance counts what it computed and what it reused this run
 (`computed`, `reused`), so a caller — or a test — can say which stages a
 change touched.
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from typing import Any, Callable, Dict, List, Optional
 
@@ -37,6 +39,7 @@ import numpy as np
 from absl import logging
 
 from specjax import atomic_io
+from specjax.atomic_io import PathLike
 
 __all__ = ["Stages", "fingerprint", "array_digest", "first_difference"]
 
@@ -82,34 +85,38 @@ def first_difference(old: Any, new: Any, path: str = "") -> Optional[str]:
 class Stages:
   """Finished stages under `directory`, one file each (see the module doc)."""
 
-  def __init__(self, directory: str):
-    self.directory = os.path.abspath(directory)
-    os.makedirs(self.directory, exist_ok=True)
+  def __init__(self, directory: PathLike):
+    self._dir = atomic_io.as_path(directory)
+    self.directory = str(self._dir)  # absolute, or the URL as given
+    self._dir.mkdir(parents=True, exist_ok=True)
     self._cache: Dict[str, dict] = {}
     self.computed: List[str] = []
     self.reused: List[str] = []
     self.recomputed: Dict[str, str] = {}  # name -> why (changed field, unreadable file)
 
-  def path(self, name: str) -> str:
+  def _epath(self, name: str):
     """The file of stage `name` ("a/b/c" → `<directory>/a/b/c.json`)."""
     parts = name.split("/")
     if not name or any(p in (".", "..") or not _SEGMENT.match(p) for p in parts):
       raise ValueError(f"stage name must be '/'-separated segments of letters, digits and "
                        f"'_.=+-', got {name!r}")
-    return os.path.join(self.directory, *parts) + ".json"
+    return self._dir.joinpath(*parts[:-1], parts[-1] + ".json")
+
+  def path(self, name: str) -> str:
+    """The file of stage `name` ("a/b/c" → `<directory>/a/b/c.json`)."""
+    return str(self._epath(name))
 
   def _load(self, name: str) -> Optional[dict]:
     if name in self._cache:
       return self._cache[name]
-    path = self.path(name)
-    if not os.path.exists(path):
+    path = self._epath(name)
+    if not path.exists():
       return None
     try:
-      with open(path, encoding="utf-8") as f:
-        entry = json.load(f)
+      entry = json.loads(path.read_text(encoding="utf-8"))
       if not isinstance(entry, dict) or "value" not in entry:
         raise ValueError("not a stage entry")
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
       logging.warning("stage file %s is unreadable (%s): the stage is recomputed", path, e)
       self.recomputed[name] = f"unreadable file ({e})"
       return None
@@ -160,15 +167,12 @@ class Stages:
   def values(self, prefix: str) -> Dict[str, Any]:
     """{name below `prefix`: value} of every readable stage under `prefix`
     (e.g. "timing")."""
-    root = os.path.join(self.directory, *prefix.strip("/").split("/"))
+    prefix = prefix.strip("/")
     out = {}
-    for base, _, files in os.walk(root):
-      for f in sorted(files):
-        if f.endswith(".json") and not f.startswith("."):
-          rel = os.path.relpath(os.path.join(base, f[:-5]), self.directory).replace(os.sep, "/")
-          value = self.get(rel)
-          if value is not None:
-            out[rel[len(prefix.strip("/")) + 1:]] = value
+    for rel in _stage_files(self._dir.joinpath(*prefix.split("/")), prefix):
+      value = self.get(rel)
+      if value is not None:
+        out[rel[len(prefix) + 1:]] = value
     return dict(sorted(out.items()))
 
   def summary(self) -> Dict[str, Any]:
@@ -176,3 +180,19 @@ class Stages:
     stored one was recomputed."""
     return {"computed": len(set(self.computed)), "reused": len(set(self.reused) - set(self.computed)),
             "recomputed": dict(self.recomputed)}
+
+
+def _stage_files(directory, rel: str) -> List[str]:
+  """Names ("<rel>/a/b") of the stage files below `directory`, by iterdir (not
+  `epath.Path.walk`, whose paths lose their gs:// prefix)."""
+  if not directory.is_dir():
+    return []
+  names = []
+  for child in sorted(directory.iterdir(), key=lambda p: p.name):
+    if child.name.startswith("."):
+      continue
+    if child.is_dir():
+      names += _stage_files(child, f"{rel}/{child.name}")
+    elif child.name.endswith(".json"):
+      names.append(f"{rel}/{child.name[:-5]}")
+  return names
