@@ -75,3 +75,65 @@ def test_the_reproduction_notebooks_are_executed_beside_their_micro_runs():
                        ("chen_chinchilla.ipynb", "test_chen.py")):
     with open(os.path.join(ROOT, "tests", module)) as f:
       assert f'run_notebook("{name}"' in f.read(), (name, module)
+
+
+# -----------------------------------------------------------------------------
+# Colab's norms: the runtime, the install, the workdir, visible progress.
+# -----------------------------------------------------------------------------
+
+ACCELERATED = {"leviathan_t5.ipynb", "chen_chinchilla.ipynb", "families.ipynb"}
+RESUMABLE = {"leviathan_t5.ipynb", "chen_chinchilla.ipynb"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
+def test_notebook_follows_colab_norms(path):
+  name = os.path.basename(path)
+  nb = nbformat.read(path, as_version=4)
+  assert "colab" in nb.metadata, name
+  if name in ACCELERATED:  # the badge opens a TPU runtime
+    assert nb.metadata.get("accelerator") == "TPU", name
+    assert nb.metadata["colab"].get("gpuType"), name
+  code = [c.source for c in nb.cells if c.cell_type == "code"]
+  setup = code[0]
+  # %pip with a constraints file pinning the runtime's accelerator builds.
+  assert "%pip install" in setup and "-c {KEEP}" in setup, name
+  for pkg in ('"jax"', '"jaxlib"', '"libtpu"', '"torch"'):
+    assert pkg in setup, (name, pkg)
+  assert "metadata.version(pkg)" in setup, name
+  # In a checkout with specjax importable (CI), nothing is cloned or installed.
+  assert setup.index("import specjax") < setup.index("%pip install"), name
+  assert "notebooks.show_progress()" in setup, name
+  assert "notebooks.runtime_summary(" in code[1], name
+  if name in RESUMABLE:
+    workdir = next(c for c in code if "WORKDIR =" in c)
+    assert "drive.mount(" in workdir and "notebooks.in_colab()" in workdir, name
+    assert "notebooks.workdir(" in workdir and "gs://" in workdir, name
+
+
+def test_runtime_summary_says_how_to_switch_a_colab_cpu_runtime(monkeypatch):
+  from specjax.experiments import notebooks
+  rt = {"backend": "cpu", "devices": 1, "kind": "cpu", "large": False}
+  monkeypatch.setattr(notebooks, "in_colab", lambda: False)
+  assert "Change runtime type" not in notebooks.runtime_summary(rt)
+  monkeypatch.setattr(notebooks, "in_colab", lambda: True)
+  text = notebooks.runtime_summary(rt)
+  assert "Runtime → Change runtime type → TPU" in text and "CPU presets still run" in text
+  tpu = dict(rt, backend="tpu", kind="TPU v5 lite", large=True)
+  assert "Change runtime type" not in notebooks.runtime_summary(tpu)
+  assert notebooks.workdir("run", "gs://bucket/specjax/") == "gs://bucket/specjax/run"
+  assert notebooks.workdir("run", "") == notebooks.scratch("run")
+
+
+def test_show_progress_puts_absl_info_on_stderr_outside_app_run():
+  import subprocess
+  import sys
+  code = ("from absl import logging\n"
+          "from specjax.experiments import notebooks\n"
+          "logging.info('before-the-helper')\n"
+          "notebooks.show_progress()\n"
+          "logging.info('after-the-helper')\n")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=300, check=True)
+  assert "after-the-helper" in out.stderr, out.stderr
+  assert "before-the-helper" not in out.stderr + out.stdout

@@ -104,7 +104,7 @@ def code_records(root: str, chunking: str = "file",
   """
   if chunking not in ("file", "toplevel"):
     raise ValueError(f"chunking must be 'file' or 'toplevel', got {chunking!r}")
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   files = python_files(root)
   if not files:
     raise FileNotFoundError(f"no .py files under {root}")

@@ -584,7 +584,7 @@ def download_catalogs(
     {package: number of catalogs found} for every package in `packages`
     (0 when it had none or could not be downloaded).
   """
-  from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+  from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
   counts: dict[str, int] = {}
   todo = []
   for name in packages:

@@ -254,7 +254,7 @@ class TranslateEnDe(TaskBuilder):
   def native_examples(self, spec, options, cache_dir, show_progress):
     if spec.kind != "debian":
       raise _unsupported(self, spec, "debian")
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     if options.apt_update:
       debian.apt_update()
     roots = list(options.locale_roots)
@@ -335,7 +335,7 @@ class SummarizeDebian(TaskBuilder):
   def native_examples(self, spec, options, cache_dir, show_progress):
     if spec.kind != "apt":
       raise _unsupported(self, spec, "apt")
-    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     if options.apt_update:
       debian.apt_update()
     files = debian.translation_en_files(options.lists_dir)

@@ -58,7 +58,7 @@ from specjax.drafters.eagle import DynamicTree, Eagle
 from specjax.drafters.medusa import Medusa, choose_tree
 from specjax.drafting import Drafter
 from specjax.experiments.common import find_tokenizer, pad_batch
-from specjax.experiments.report import pyplot
+from specjax.experiments.report import save, subplots
 from specjax.experiments.stages import Stages, array_digest
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.compiles import DECODE_LOOPS, TraceCounter
@@ -510,15 +510,14 @@ def spec_bench_table(results: dict) -> list:
   return lines + [""]
 
 
-def plot(results: dict, path: str) -> None:
+def plot(results: dict, path: str):
   """τ (tokens per target call) and walltime speedup per drafter, one
   column of panels per task, rows T = 0 / T = 1 (batch 1, or the smallest
-  batch measured): horizontal bars, AR's 1.0 marked."""
-  plt = pyplot()
+  batch measured): horizontal bars, AR's 1.0 marked. Returns the Figure."""
   tasks = list(results["tasks"])
   temps = sorted({c["temperature"] for cells in results["tasks"].values() for c in cells})
-  fig, axes = plt.subplots(len(temps), 2 * len(tasks), squeeze=False,
-                           figsize=(3.4 * 2 * len(tasks), 0.35 * 14 * len(temps) + 1))
+  fig, axes = subplots(len(temps), 2 * len(tasks), squeeze=False,
+                       figsize=(3.4 * 2 * len(tasks), 0.35 * 14 * len(temps) + 1))
   for i, temp in enumerate(temps):
     for j, task in enumerate(tasks):
       cells = [c for c in results["tasks"][task] if c["temperature"] == temp]
@@ -537,9 +536,7 @@ def plot(results: dict, path: str) -> None:
         ax.tick_params(labelsize=7)
         if k:
           ax.set_yticklabels([])
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  return save(fig, path)
 
 
 def goals(results: dict) -> list:

@@ -18,12 +18,12 @@ import numpy as np
 
 import specjax
 from specjax import theory
-from specjax.atomic_io import atomic_path, atomic_write_text
+from specjax.atomic_io import atomic_write_text
 from specjax.checkpoints import params_digest
 from specjax.drafters import PromptLookup, WindowedKV
 from specjax.drafters.windowed import WindowedLM
 from specjax.experiments.common import Progress
-from specjax.experiments.report import machine_info, pyplot
+from specjax.experiments.report import machine_info, save, subplots
 from specjax.experiments.stages import array_digest
 from specjax.measure.provenance import provenance_sentence
 from specjax.measure.timing import cache_step_times, now
@@ -324,15 +324,14 @@ def render(res: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plot(res: dict, path: str) -> None:
+def plot(res: dict, path: str):
   """Speedup surface (decode, greedy): one heat map per draft, context × batch."""
-  plt = pyplot()
   setting = "greedy" if "greedy" in res["settings"] else res["settings"][0]
   cells = [c for c in res["cells"] if c["setting"] == setting]
   ctx = sorted({c["context"] for c in cells})
   bs = sorted({c["batch"] for c in cells})
   drafts = list(res["drafts"]) + list(res.get("variants", []))
-  fig, axes = plt.subplots(1, len(drafts), figsize=(4.0 * len(drafts), 3.4), squeeze=False)
+  fig, axes = subplots(1, len(drafts), figsize=(4.0 * len(drafts), 3.4), squeeze=False)
   for ax, d in zip(axes[0], drafts):
     grid = np.full((len(bs), len(ctx)), np.nan)
     for c in cells:
@@ -350,9 +349,7 @@ def plot(res: dict, path: str) -> None:
     ax.set_title(f"{label(d)} ({setting})", fontsize=9)
   fig.subplots_adjust(left=0.05, right=0.9, bottom=0.16, top=0.9, wspace=0.3)
   fig.colorbar(im, cax=fig.add_axes([0.92, 0.16, 0.012, 0.74]), label="speedup over AR")
-  with atomic_path(path) as tmp:  # no tight_layout: it would put the colorbar over a panel
-    fig.savefig(tmp, dpi=110)
-  plt.close(fig)
+  return save(fig, path, tight=False)  # tight_layout would put the colorbar over a panel
 
 
 def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, stages) -> dict:

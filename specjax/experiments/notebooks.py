@@ -1,8 +1,14 @@
 """Helpers the `colab/` notebooks call, so their cells stay short.
 
 * `runtime()`: what JAX runs on here (TPU / GPU / CPU) and how big a preset
-  it can take; `smoke()`: whether the smallest settings are forced
-  (`SPECJAX_NOTEBOOK_SMOKE=1`, what CI sets when it executes the notebooks);
+  it can take, `runtime_summary(rt)` that as lines for the notebook (with how
+  to switch a Colab CPU runtime to a TPU); `smoke()`: whether the smallest
+  settings are forced (`SPECJAX_NOTEBOOK_SMOKE=1`, what CI sets when it
+  executes the notebooks); `in_colab()`;
+* `show_progress()`: absl INFO lines (training steps, `Progress` ETAs) in the
+  running cell, outside `app.run`;
+* `workdir(name, root)`: a run's folder under a Drive / `gs://` root, else a
+  local scratch folder (`scratch(name)`);
 * `tiny_trained_pair(steps)`: a target and a draft trained in seconds on a
   synthetic copy task (the draft accepts, unlike a random pair);
 * `exact_second_token(...)`: the target's exact distribution of the second
@@ -18,6 +24,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 from typing import Dict, Tuple
 
@@ -29,13 +36,37 @@ from specjax.data import code as code_lib
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.sampling import process_logits
 
-__all__ = ["runtime", "smoke", "scratch", "tiny_trained_pair", "exact_second_token",
-           "write_sample_tasks"]
+__all__ = ["runtime", "runtime_summary", "smoke", "in_colab", "show_progress", "scratch",
+           "workdir", "tiny_trained_pair", "exact_second_token", "write_sample_tasks"]
 
 
 def smoke() -> bool:
   """True when `SPECJAX_NOTEBOOK_SMOKE=1`: every notebook uses its smallest settings."""
   return os.environ.get("SPECJAX_NOTEBOOK_SMOKE", "") == "1"
+
+
+def in_colab() -> bool:
+  """True inside a Google Colab runtime (`google.colab` is importable)."""
+  if "google.colab" in sys.modules:
+    return True
+  try:
+    import google.colab  # pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return False
+  return True
+
+
+def show_progress() -> None:
+  """Shows absl INFO lines (training steps, `common.Progress` ETAs, stage
+  reuse) in the running notebook cell, as `app.run` would in a script: INFO
+  verbosity, and absl's handler on the root logger. Before absl's flags are
+  parsed (a notebook never parses them) that handler writes each record to
+  the current `sys.stderr`, which in a kernel is the executing cell's."""
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  absl_logging.use_absl_handler()
+  absl_logging.set_verbosity(absl_logging.INFO)
+  handler = absl_logging.get_absl_handler()
+  handler.python_handler.stream = sys.stderr  # used once the flags are parsed
 
 
 def scratch(name: str) -> str:
@@ -53,6 +84,27 @@ def runtime() -> Dict[str, object]:
   backend = jax.default_backend()
   return {"backend": backend, "devices": len(devs), "kind": devs[0].device_kind,
           "large": backend in ("tpu", "gpu") and not smoke()}
+
+
+def workdir(name: str, root: str = "") -> str:
+  """Notebook `name`'s run folder: `<root>/<name>` when `root` is set (a
+  mounted Google Drive folder or a `gs://` bucket, which outlive the runtime:
+  a rerun resumes from its finished stages), else `scratch(name)`."""
+  if not root:
+    return scratch(name)
+  return root.rstrip("/") + "/" + name
+
+
+def runtime_summary(rt: Dict[str, object]) -> str:
+  """What `runtime()` found, as the notebook prints it; on a CPU runtime in
+  Colab, how to switch to a TPU (the CPU presets still run)."""
+  lines = [f"JAX {jax.__version__} on {rt['backend']}: {rt['devices']} x {rt['kind']}"
+           + (" — larger presets available" if rt["large"] else " — smallest settings")]
+  if rt["backend"] == "cpu" and in_colab():
+    lines.append("This Colab runtime has no accelerator: Runtime → Change runtime type → TPU "
+                 "(then rerun from the top) for the larger presets. The CPU presets still run "
+                 "here, only slower.")
+  return "\n".join(lines)
 
 
 def tiny_trained_pair(steps: int = 60, workdir: str = "", seed: int = 0):

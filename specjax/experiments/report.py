@@ -9,10 +9,11 @@ from typing import Dict
 
 import jax
 
-from specjax.atomic_io import atomic_path, atomic_write_text
+from specjax.atomic_io import as_path, atomic_path, atomic_write_text
 from specjax.measure.provenance import provenance, provenance_sentence
 
-__all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line"]
+__all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line",
+           "subplots", "save"]
 
 
 def machine_info() -> dict:
@@ -36,20 +37,21 @@ def hardware_line(results: dict) -> str:
   return f"{m['devices']}{where} · "
 
 
-def pyplot():
-  """matplotlib.pyplot on the non-interactive Agg backend."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  return plt
+def subplots(*args, figsize=None, **kwargs):
+  """(fig, axes) like `pyplot.subplots`, on a bare `matplotlib.figure.Figure`:
+  no pyplot, no backend chosen or switched (a notebook's inline plots keep
+  working), nothing to close. `save(fig, path)` writes it; a notebook shows
+  the returned figure with `display(fig)`."""
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
+  fig = Figure(figsize=figsize)
+  return fig, fig.subplots(*args, **kwargs)
 
 
 def plot_lines(panels: Dict[str, Dict[str, tuple]], path: str, xlabel: str, ylabel: str,
-               hline: float | None = None) -> None:
-  """One subplot per panel; each panel maps a label to (xs, ys)."""
-  plt = pyplot()
+               hline: float | None = None):
+  """One subplot per panel; each panel maps a label to (xs, ys). Returns the Figure."""
   n = len(panels)
-  fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False)
+  fig, axes = subplots(1, n, figsize=(4.2 * n, 3.4), squeeze=False)
   for ax, (title, lines) in zip(axes[0], panels.items()):
     for label, (xs, ys) in lines.items():
       ax.plot(xs, ys, marker="o", label=label)
@@ -60,23 +62,25 @@ def plot_lines(panels: Dict[str, Dict[str, tuple]], path: str, xlabel: str, ylab
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  _save(fig, plt, path)
+  return save(fig, path)
 
 
-def _save(fig, plt, path: str) -> None:
-  fig.tight_layout()
+def save(fig, path: str, tight: bool = True):
+  """Writes `fig` (a `subplots` Figure) to `path` atomically, its format from
+  the extension (110 dpi, `tight_layout` unless `tight=False`); returns `fig`."""
+  if tight:
+    fig.tight_layout()
   with atomic_path(path) as tmp:  # the temporary name keeps the extension: the format
     fig.savefig(tmp, dpi=110)
-  plt.close(fig)
+  return fig
 
 
-def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str) -> None:
-  """Grouped bars: groups (x positions) × series."""
-  plt = pyplot()
+def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str):
+  """Grouped bars: groups (x positions) × series. Returns the Figure."""
   import numpy as np
   names = list(groups)
   series = list(next(iter(groups.values())))
-  fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(names), 3.4))
+  fig, ax = subplots(figsize=(1.6 + 1.3 * len(names), 3.4))
   width = 0.8 / len(series)
   for i, s in enumerate(series):
     ax.bar(np.arange(len(names)) + i * width, [groups[g][s] for g in names], width, label=s)
@@ -85,7 +89,7 @@ def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str) -> No
   ax.set_ylabel(ylabel)
   ax.legend(fontsize=8)
   ax.grid(alpha=0.3, axis="y")
-  _save(fig, plt, path)
+  return save(fig, path)
 
 
 def _findings(results) -> list:
@@ -137,8 +141,8 @@ def _decode(cell) -> str:
 
 
 def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
-  """results.md + speedup_vs_gamma.png + alpha.png."""
-  os.makedirs(out_dir, exist_ok=True)
+  """results.md + speedup_vs_gamma.png + alpha.png (`out_dir` local or gs://...)."""
+  as_path(out_dir).mkdir(parents=True, exist_ok=True)
   cfg = results["config"]
   drafts = list(cfg["eval"]["drafts"])
   gammas = list(cfg["eval"]["gammas"])

@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from specjax import theory
-from specjax.atomic_io import atomic_path, atomic_write_json, atomic_write_text
+from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.measure.beta import alpha_vs_kl
 from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.models.ngram import fit_ngram
@@ -275,23 +275,21 @@ def alpha_vs_kl_exercise(corpus_bytes: int = 4_000_000,
 # -----------------------------------------------------------------------------
 
 
-def _plt():
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  return plt
+def _subplots(*args, **kwargs):
+  """`report.subplots`: bare Figures, no pyplot, no backend switched (a
+  notebook's inline plots keep working)."""
+  from specjax.experiments import report  # pylint: disable=g-import-not-at-top
+  return report.subplots(*args, **kwargs)
 
 
-def _save(fig, plt, path: str) -> None:
-  fig.tight_layout()
-  with atomic_path(path) as tmp:  # the temporary name keeps the .png extension
-    fig.savefig(tmp, dpi=110)
-  plt.close(fig)
+def _save(fig, path: str):
+  """Writes `fig` to `path` (`report.save`: atomic, the .png kept); returns it."""
+  from specjax.experiments import report  # pylint: disable=g-import-not-at-top
+  return report.save(fig, path)
 
 
-def _plot_tokens(r: Dict[str, Any], path: str) -> None:
-  plt = _plt()
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9.6, 3.6))
+def _plot_tokens(r: Dict[str, Any], path: str):
+  fig, (ax1, ax2) = _subplots(1, 2, figsize=(9.6, 3.6))
   for i, a in enumerate(r["alpha"]):
     line, = ax1.plot(r["n"], r["tokens"][i], marker="o", ms=3, label=f"α = {a:g}")
     if r["tokens_limit"][i] is not None:  # None: α = 1, no finite limit
@@ -307,12 +305,11 @@ def _plot_tokens(r: Dict[str, Any], path: str) -> None:
   for ax in (ax1, ax2):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-  _save(fig, plt, path)
+  return _save(fig, path)
 
 
-def _plot_alpha_for_speedup(r: Dict[str, Any], path: str) -> None:
-  plt = _plt()
-  fig, ax = plt.subplots(figsize=(5.6, 3.8))
+def _plot_alpha_for_speedup(r: Dict[str, Any], path: str):
+  fig, ax = _subplots(figsize=(5.6, 3.8))
   eps = np.linspace(0.0, max(r["overheads"]), 101)
   for i, s in enumerate(r["speedups"]):
     for model, ls in (("geometric", "-"), ("linear", "--")):
@@ -324,12 +321,11 @@ def _plot_alpha_for_speedup(r: Dict[str, Any], path: str) -> None:
          title="α needed for a speedup (NaN past α = 1: unreachable)")
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
-  _save(fig, plt, path)
+  return _save(fig, path)
 
 
-def _plot_mix(r: Dict[str, Any], path: str) -> None:
-  plt = _plt()
-  fig, ax = plt.subplots(figsize=(7.2, 3.8))
+def _plot_mix(r: Dict[str, Any], path: str):
+  fig, ax = _subplots(figsize=(7.2, 3.8))
   labels, values = [], []
   base = r["scenarios"]["batch1/tokens"]
   for i, (s, a) in enumerate(zip(r["shares"], r["alphas"])):
@@ -351,16 +347,15 @@ def _plot_mix(r: Dict[str, Any], path: str) -> None:
          title="Traffic mix: speculation pays where tokens per call > iteration cost")
   ax.legend(fontsize=7)
   ax.grid(alpha=0.3, axis="y")
-  _save(fig, plt, path)
+  return _save(fig, path)
 
 
-def _plot_memory(r: Dict[str, Any], path: str) -> None:
-  plt = _plt()
+def _plot_memory(r: Dict[str, Any], path: str):
   names = {"eagle3_shared_lm_head": "EAGLE-3 head\n(shared LM head)",
            "eagle3_draft_vocab_32k": "EAGLE-3 head\n(own 32k head)",
            "eagle3_full_vocab_head": "EAGLE-3 head\n(own full head)",
            "classic_llama_3_2_1b": "Llama-3.2-1B\n(classic draft)"}
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+  fig, (ax1, ax2) = _subplots(1, 2, figsize=(10, 3.8))
   x = np.arange(len(names))
   weights = [r[k]["weight_bytes"] / GIB for k in names]
   kv = [r[k]["kv_bytes_per_token"] / 1024 for k in names]
@@ -378,12 +373,11 @@ def _plot_memory(r: Dict[str, Any], path: str) -> None:
   ax1.set_title("Draft weights for a Llama-3.3-70B target", fontsize=10)
   ax2.set_title(f"Draft KV per token (target: "
                 f"{r['target_llama_3_3_70b']['kv_bytes_per_token'] / 1024:.0f} KiB)", fontsize=10)
-  _save(fig, plt, path)
+  return _save(fig, path)
 
 
-def _plot_alpha_kl(r: Dict[str, Any], path: str) -> None:
-  plt = _plt()
-  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11.0, 4.0))
+def _plot_alpha_kl(r: Dict[str, Any], path: str):
+  fig, (ax, ax2) = _subplots(1, 2, figsize=(11.0, 4.0))
   kl_max = 0.0
   for name, d in r["drafts"].items():
     kl = np.asarray([np.inf if v is None else v for v in d["kl_pq"]], np.float64)
@@ -413,7 +407,7 @@ def _plot_alpha_kl(r: Dict[str, Any], path: str) -> None:
   for a in (ax, ax2):
     a.grid(alpha=0.3)
     a.legend(fontsize=7)
-  _save(fig, plt, path)
+  return _save(fig, path)
 
 
 def _f(x: Optional[float], digits: int = 3) -> str:
