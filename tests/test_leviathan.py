@@ -10,6 +10,7 @@ import pytest
 from configs import leviathan_t5 as lev_config
 from specjax.checkpoints import CheckpointError, params_digest, restore_params
 from specjax.experiments import leviathan, notebooks
+from memgcs import memgcs, objects  # noqa: F401  (the gs:// fixture)
 
 
 @pytest.fixture(scope="module")
@@ -151,3 +152,46 @@ def test_end_to_end_prediction_hand_computed():
   assert cell["measured_over_predicted"] == pytest.approx(1.2 / (ar_s / sp_s))
   assert cell["predicted_from_components"] == pytest.approx(2.5 * 0.002 / (0.00025 + 0.004))
   assert cell["decode_speedup"] == pytest.approx((0.06 - 0.02) / (0.05 - 0.022))
+
+
+def test_a_gs_workdir_trains_measures_and_resumes(micro_run, memgcs, monkeypatch, tmp_path):
+  """The main job on a gs:// workdir (served from memory, tests/memgcs.py): the
+  micro run's workdir uploaded without the small draft and its measurements;
+  the draft is trained there (orbax checkpoints, metrics, final params), its
+  stages measured and written there with the results; a third run reuses
+  everything."""
+  from etils import epath
+  from orbax.checkpoint._src.path import gcs_utils
+  # orbax writes arrays through tensorstore's own GCS driver, which the fsspec fake does not
+  # serve: its gs:// key-value stores are mapped to local files (metadata still goes to gs://).
+  monkeypatch.setattr(gcs_utils, "get_kvstore_for_gcs", lambda p: {
+      "driver": "file", "path": str(tmp_path / "ts" / p[len("gs://"):])})
+  monkeypatch.setattr(gcs_utils, "is_hierarchical_namespace_enabled", lambda p: False)
+  cfg, _ = micro_run
+  shutil.copytree(cfg.workdir, tmp_path / "ts" / "bucket" / "run")  # the arrays, for tensorstore
+  skipped = 0
+  for base, _, files in os.walk(cfg.workdir):
+    rel = os.path.relpath(base, cfg.workdir)
+    if rel.split(os.sep)[0] in ("draft_small", "jax_cache"):
+      continue
+    for f in files:
+      if rel.split(os.sep)[0] == "stages" and "small" in rel.split(os.sep):
+        skipped += 1  # the small draft's measurements: measured again
+        continue
+      dest = epath.Path("gs://bucket/run") / os.path.normpath(os.path.join(rel, f))
+      dest.parent.mkdir(parents=True, exist_ok=True)
+      dest.write_bytes(open(os.path.join(base, f), "rb").read())
+  cfg_gs = ml_collections.ConfigDict(cfg.to_dict())
+  cfg_gs.workdir = "gs://bucket/run"
+  again = leviathan.run(cfg_gs)
+  assert skipped and again["stages"]["computed"] == skipped and again["stages"]["reused"] > 0
+  stored = set(objects())
+  for name in ("draft_small/final/config.json", "draft_small/metrics.jsonl",
+               "results/results.json", "results/results.md"):
+    assert f"gs://bucket/run/{name}" in stored, name
+  assert not os.path.exists("gs:") and not os.path.exists("./gs:/bucket")
+  third = leviathan.run(cfg_gs)
+  assert third["stages"]["computed"] == 0
+  for task in ("translate", "summarize"):
+    assert (third["tasks"][task]["temperatures"]["0"]["cells"]
+            == again["tasks"][task]["temperatures"]["0"]["cells"])

@@ -30,7 +30,6 @@ from absl import logging
 from jax.sharding import Mesh
 
 import specjax
-from specjax.atomic_io import is_local
 from specjax.measure import tensorboard
 from specjax.parallel import distributed, sharding
 from specjax.planning.memory import device_memory_bytes, memory_plan
@@ -153,9 +152,5 @@ def write_scalars(workdir: str, scalars: Mapping[str, float], step: int = 0) -> 
   client, not the filesystem the run writes through."""
   if not is_main_process() or not scalars:
     return
-  if not is_local(workdir):
-    logging.info("TensorBoard scalars skipped: the workdir %s is not local (results.json holds "
-                 "them)", workdir)
-    return
-  with tensorboard.ScalarWriter(os.path.join(workdir, "tb")) as tb:
+  with tensorboard.ScalarWriter(f"{workdir}/tb") as tb:  # skips a non-local workdir itself
     tb.write(step, dict(scalars))

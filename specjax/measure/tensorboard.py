@@ -9,8 +9,10 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 import jax
 import numpy as np
+from absl import logging
 
 from specjax._checks import check_int
+from specjax.atomic_io import is_local
 from specjax.parallel.distributed import is_main_process
 
 __all__ = ["ScalarWriter", "maybe_profile", "profile_decode"]
@@ -19,7 +21,10 @@ __all__ = ["ScalarWriter", "maybe_profile", "profile_decode"]
 class ScalarWriter:
   """TensorBoard scalars in `logdir` (an `events.out.tfevents.*` file written
   by tensorboardX), beside an experiment's JSONL logs. Only the main process
-  writes; on the others (or with `enabled=False`) every method is a no-op.
+  writes; on the others (or with `enabled=False`) every method is a no-op. A
+  `logdir` that is not local (gs://...) is skipped with a logged note: the
+  JSON results and logs hold the same numbers, and tensorboardX reaches GCS
+  only through its own client, not the filesystem the run writes through.
 
   Example:
     with ScalarWriter(os.path.join(workdir, "tb")) as tb:
@@ -31,6 +36,10 @@ class ScalarWriter:
       raise ValueError(f"logdir must be a non-empty path, got {logdir!r}")
     self.logdir = os.fspath(logdir)
     self.enabled = is_main_process() if enabled is None else bool(enabled)
+    if self.enabled and not is_local(self.logdir):
+      logging.info("TensorBoard scalars skipped: %s is not local (the JSON logs hold them)",
+                   self.logdir)
+      self.enabled = False
     self._writer = None
     self._closed = False
     if self.enabled:

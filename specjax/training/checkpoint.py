@@ -60,16 +60,33 @@ __all__ = ["Checkpointer", "save_final_params", "move_aside",
 def move_aside(path: str, reason: str) -> str:
   """Renames a damaged checkpoint directory `path` to a sibling folder
   `<parent>.corrupt/<name>-<time>` (kept for inspection, out of the way of
-  the run) and logs why; returns the new path."""
-  parent, name = os.path.split(os.path.abspath(path))
-  aside_dir = parent + ".corrupt" if name.isdigit() else parent
-  os.makedirs(aside_dir, exist_ok=True)
-  dest = os.path.join(aside_dir, f"{name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-  while os.path.exists(dest):
-    dest += "x"
-  os.rename(path, dest)
+  the run) and logs why; returns the new path. On an object store (gs://)
+  the objects are copied, then deleted (there is no rename)."""
+  src = atomic_io.as_path(path)
+  parent, name = src.parent, src.name
+  aside_dir = parent.parent / (parent.name + ".corrupt") if name.isdigit() else parent
+  aside_dir.mkdir(parents=True, exist_ok=True)
+  dest = aside_dir / f"{name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
+  while dest.exists():
+    dest = dest.parent / (dest.name + "x")
+  _move_tree(src, dest)
   logging.warning("%s: %s; moved aside to %s", path, reason, dest)
-  return dest
+  return str(dest)
+
+
+def _move_tree(src, dest) -> None:
+  """`src` → `dest` (epath paths): `os.rename` on a local disk; elsewhere
+  every file copied, then the source tree removed."""
+  if atomic_io.is_local(src):
+    os.rename(src, dest)
+    return
+  for item in src.iterdir():
+    if item.is_dir():
+      _move_tree(item, dest / item.name)
+    else:
+      dest.mkdir(parents=True, exist_ok=True)
+      item.copy(dest / item.name)
+  src.rmtree(missing_ok=True)
 
 
 _device_copy = jax.jit(jax.numpy.copy)
@@ -95,7 +112,7 @@ class Checkpointer:
   def __init__(self, workdir: str, keep: int, async_save: bool = True):
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     self._ocp = ocp
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.directory = str(atomic_io.as_path(workdir) / "checkpoints")  # orbax takes gs:// too
     # cleanup_tmp_directories: a save interrupted by a kill leaves a temporary
     # directory; the next run removes it.
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
@@ -159,7 +176,7 @@ class Checkpointer:
     return None
 
   def _set_aside(self, step: int, reason: str) -> None:
-    move_aside(os.path.join(self.directory, str(step)),
+    move_aside(f"{self.directory}/{step}",
                f"the checkpoint at step {step} is damaged: {reason}")
     self.manager.reload()
 
@@ -179,19 +196,32 @@ def save_final_params(workdir: str, params, model_config, meta: Optional[dict] =
   """Atomically (tmp dir + rename) writes `<workdir>/final`; returns its path.
   `meta` (the run's `training_meta`) goes to `final/train_meta.json`, so a
   later run can tell whether the artifact matches its settings; `extra`:
-  more JSON files, {file name: object}."""
+  more JSON files, {file name: object}. On an object store (gs://, where a
+  directory rename is a copy) `final/` is rewritten in place: `save_params`
+  writes its config.json last (a `final/` without one is incomplete, and
+  `orbax_io.restore_params` refuses it), so an interrupted write makes the
+  next run train again rather than read half an artifact."""
+  if not atomic_io.is_local(workdir):
+    final = atomic_io.as_path(workdir) / "final"
+    final.rmtree(missing_ok=True)
+    _write_final(str(final), params, model_config, meta, extra)
+    return str(final)
   workdir = os.path.abspath(workdir)
   final = os.path.join(workdir, "final")
   tmp = f"{final}.tmp-{os.getpid()}"
   shutil.rmtree(tmp, ignore_errors=True)
-  save_params(tmp, params, model_config)
-  if meta is not None:
-    atomic_io.atomic_write_json(os.path.join(tmp, TRAIN_META), meta, default=str)
-  for name, obj in (extra or {}).items():
-    atomic_io.atomic_write_json(os.path.join(tmp, name), obj, default=str)
+  _write_final(tmp, params, model_config, meta, extra)
   old = f"{final}.old-{os.getpid()}"
   if os.path.exists(final):
     os.rename(final, old)
   os.rename(tmp, final)
   shutil.rmtree(old, ignore_errors=True)
   return final
+
+
+def _write_final(directory: str, params, model_config, meta, extra) -> None:
+  save_params(directory, params, model_config)
+  if meta is not None:
+    atomic_io.atomic_write_json(f"{directory}/{TRAIN_META}", meta, default=str)
+  for name, obj in (extra or {}).items():
+    atomic_io.atomic_write_json(f"{directory}/{name}", obj, default=str)

@@ -171,7 +171,13 @@ class _Progress:
   """Accumulates device metrics; logs and writes them every `log_every` steps."""
 
   def __init__(self, workdir: str, log_every: int, end_step: int, positions_per_step: int):
-    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.path = f"{workdir}/metrics.jsonl"
+    # An object store (gs://) cannot append: the log is kept here and the whole
+    # object rewritten at each write (a run logs hundreds of lines, not millions).
+    self.lines = None
+    if not atomic_io.is_local(workdir):
+      path = atomic_io.as_path(self.path)
+      self.lines = path.read_text().splitlines(keepends=True) if path.exists() else []
     self.log_every = log_every
     self.end_step = end_step
     self.positions_per_step = positions_per_step
@@ -188,10 +194,15 @@ class _Progress:
     (`<workdir>/tb`, `specjax.measure.tensorboard.ScalarWriter`); process 0 only."""
     if not is_main_process():
       return
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(record, sort_keys=True) + "\n")
+    line = json.dumps(record, sort_keys=True) + "\n"
+    if self.lines is None:
+      with open(self.path, "a", encoding="utf-8") as f:
+        f.write(line)
+    else:
+      self.lines.append(line)
+      atomic_io.atomic_write_text(self.path, "".join(self.lines))
     if self.tb is None:
-      self.tb = ScalarWriter(os.path.join(os.path.dirname(self.path), "tb"))
+      self.tb = ScalarWriter(self.path.rsplit("/", 1)[0] + "/tb")
     prefix = f"eval/{record['eval']}/" if "eval" in record else "train/"
     self.tb.write(int(record["step"]), {
         prefix + k: v for k, v in record.items()
@@ -314,7 +325,7 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
   spec = StepSpec(model=model, optimizer=OptimizerSpec.from_config(config), teacher=teacher_model,
                   distill_weight=float(config.distill_weight),
                   distill_temperature=float(config.distill_temperature))
-  os.makedirs(workdir, exist_ok=True)
+  atomic_io.as_path(workdir).mkdir(parents=True, exist_ok=True)
   meta = training_meta(model, config, teacher_model, mixture)
   for k, s in enumerate(mixture.sources):
     logging.info("data source %d (%s, weight %.3f): %s", k, s.format, mixture.weights[k],

@@ -173,7 +173,7 @@ def run(config, workdir: str, stop_at_step: int | None = None) -> dict:
         eval_records[task] = recs
   params = train_model(model, init_params, sources, config.train, workdir, teacher=teacher,
                        eval_dataset=eval_sources or None, stop_at_step=stop_at_step)
-  result: dict[str, Any] = {"params": n_params, "workdir": os.path.abspath(workdir)}
+  result: dict[str, Any] = {"params": n_params, "workdir": str(atomic_io.as_path(workdir))}
   want = config.eval.bleu or config.eval.rouge
   done = stop_at_step is None or stop_at_step >= config.train.steps
   if want and done and tokenizer is not None:
