@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import shutil
 import time
 from typing import Dict
 
@@ -39,7 +38,7 @@ import numpy as np
 from absl import logging
 
 import specjax
-from specjax.atomic_io import atomic_write_json
+from specjax.atomic_io import as_path, atomic_write_json
 from specjax.checkpoints import params_digest
 from specjax.data import build_task, debian, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
@@ -47,8 +46,9 @@ from specjax.experiments import chen_quality, chen_report, report
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.timing import count_params, prefill_seconds, step_times
 from specjax.experiments.common import (Stages, array_digest, check_data_host,
-                                        checkpoint_fingerprint, enable_compilation_cache,
-                                        fingerprint, pad_batch, pretrained_dir, train_config,
+                                        checkpoint_fingerprint, copy_results,
+                                        enable_compilation_cache, fingerprint, open_workdir,
+                                        pad_batch, pretrained_dir, train_config,
                                         train_or_restore)
 from specjax import theory
 from specjax.checkpoints.hf_common import read_json
@@ -443,15 +443,14 @@ def model_info(cfg, target, draft, workdir: str) -> dict:
              "tie_embeddings": c.tie_embeddings,
              "non_embedding_params": count_params(params) - c.vocab_size * c.d_model
              * (1 if c.tie_embeddings else 2)}
-    path = os.path.join(workdir, name, "summary.json")
-    if os.path.exists(path):
-      with open(path, encoding="utf-8") as f:
-        s = json.load(f)
+    path = as_path(workdir) / name / "summary.json"
+    if path.exists():
+      s = json.loads(path.read_text())
       tcfg = cfg.train.target if name == "target" else cfg.train.draft
       evals = {}  # The last validation CE per eval set.
-      metrics = os.path.join(workdir, name, "metrics.jsonl")
-      if os.path.exists(metrics):
-        with open(metrics, encoding="utf-8") as f:
+      metrics = as_path(workdir) / name / "metrics.jsonl"
+      if metrics.exists():
+        with metrics.open() as f:
           for line in f:
             rec = json.loads(line)
             if "eval" in rec:
@@ -511,8 +510,7 @@ def run(cfg) -> dict:
   `config.dtype`)."""
   check_config(cfg)
   preflight_data(cfg)  # the data this host cannot build stops the run before anything starts
-  workdir = os.path.abspath(cfg.workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = open_workdir(cfg.workdir)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
   stages = Stages(os.path.join(workdir, "stages"))
   source = cfg.models.get("source", "train")
@@ -589,8 +587,6 @@ def run(cfg) -> dict:
                     {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
   chen_report.write_chen(results, out_dir, PAPER_TABLE1, PAPER_K_SWEEP)
   if cfg.results_dir:
-    os.makedirs(cfg.results_dir, exist_ok=True)
-    for f in os.listdir(out_dir):
-      shutil.copy2(os.path.join(out_dir, f), os.path.join(cfg.results_dir, f))
+    copy_results(out_dir, cfg.results_dir)
   logging.info("results in %s", out_dir)
   return results

@@ -6,7 +6,7 @@ import os
 from typing import Dict, List, Optional
 
 from specjax import theory
-from specjax.atomic_io import atomic_write_text
+from specjax.atomic_io import as_path, atomic_write_text
 from specjax.experiments.report import hardware_line, plot_lines
 from specjax.measure.provenance import provenance_sentence
 
@@ -157,7 +157,7 @@ def _table1(results: dict, paper: dict) -> List[str]:
 def write_chen(results: dict, out_dir: str, paper: Dict[str, dict],
                paper_k: Dict[str, str]) -> None:
   """results.md + ms_per_token_vs_K.png + acceptance_vs_K.png + speedup_vs_batch.png."""
-  os.makedirs(out_dir, exist_ok=True)
+  as_path(out_dir).mkdir(parents=True, exist_ok=True)
   cfg = results["config"]
   ev = cfg["eval"]
   m = results["machine"]

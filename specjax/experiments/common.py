@@ -28,7 +28,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from specjax.atomic_io import as_path, is_local
+from specjax.atomic_io import as_path, atomic_write_bytes, is_local
 from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import restore_params
 from specjax.data import host_problems
@@ -127,6 +127,22 @@ def pretrained_dir(cfg, field: str) -> str:
   if not os.path.isfile(os.path.join(directory, "config.json")):
     raise FileNotFoundError(f"config.models.{field}={directory!r} holds no config.json")
   return directory
+
+
+def open_workdir(path: str) -> str:
+  """A run's workdir, created: an absolute local path, or a URL (gs://...) as given."""
+  workdir = as_path(path)
+  workdir.mkdir(parents=True, exist_ok=True)
+  return str(workdir)
+
+
+def copy_results(src_dir: str, dest_dir: str, names: Sequence[str] = ()) -> None:
+  """Copies the files of `src_dir` (only `names`, when given) into `dest_dir`,
+  each atomically; either may be local or gs://..."""
+  src = as_path(src_dir)
+  files = [src / n for n in names] if names else [f for f in src.iterdir() if f.is_file()]
+  for f in files:
+    atomic_write_bytes(as_path(dest_dir) / f.name, f.read_bytes())
 
 
 def enable_compilation_cache(directory: str) -> None:

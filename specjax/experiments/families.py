@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 from typing import Optional, Tuple
 
@@ -57,7 +56,7 @@ from specjax.data import load_task
 from specjax.drafters.eagle import DynamicTree, Eagle
 from specjax.drafters.medusa import Medusa, choose_tree
 from specjax.drafting import Drafter
-from specjax.experiments.common import find_tokenizer, pad_batch
+from specjax.experiments.common import copy_results, find_tokenizer, open_workdir, pad_batch
 from specjax.experiments.report import save, subplots
 from specjax.experiments.stages import Stages, array_digest
 from specjax.measure.beta import measure_beta, position_distributions
@@ -653,7 +652,7 @@ def run_options(opts: "FamilyOptions") -> dict:
   results["goals"] = goals(results)
   results["meta"]["seconds"] = time.time() - t_start
   name = opts.name + ("_smoke" if smoke else "")
-  os.makedirs(opts.out_dir, exist_ok=True)
+  open_workdir(opts.out_dir)
   atomic_write_text(os.path.join(opts.out_dir, name + ".json"), json.dumps(results, indent=1))
   md = render(results)
   plot(results, os.path.join(opts.out_dir, name + ".png"))
@@ -690,9 +689,6 @@ def run(cfg) -> dict:
   opts = options(cfg)
   results = run_options(opts)
   if cfg.get("results_dir"):
-    os.makedirs(cfg.results_dir, exist_ok=True)
     name = opts.name + ("_smoke" if opts.smoke else "")
-    for ext in (".json", ".md", ".png"):
-      shutil.copyfile(os.path.join(opts.out_dir, name + ext),
-                      os.path.join(cfg.results_dir, name + ext))
+    copy_results(opts.out_dir, cfg.results_dir, [name + ext for ext in (".json", ".md", ".png")])
   return results

@@ -30,16 +30,16 @@ from absl import logging
 
 import specjax
 from specjax import theory
-from specjax.atomic_io import as_path, atomic_write_bytes, atomic_write_json
+from specjax.atomic_io import atomic_write_json
 from specjax.checkpoints import params_digest
 from specjax.data import build_task, debian, load_task, train_sentencepiece
 from specjax.experiments import report
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.timing import count_params, prefill_seconds, step_times
 from specjax.experiments.common import (Stages, array_digest, check_data_host,
-                                        checkpoint_fingerprint, enable_compilation_cache,
-                                        pad_batch, pretrained_dir, train_config,
-                                        train_or_restore)
+                                        checkpoint_fingerprint, copy_results,
+                                        enable_compilation_cache, open_workdir, pad_batch,
+                                        pretrained_dir, train_config, train_or_restore)
 from specjax.experiments.speed import (cell_name, decode_ms_per_token, summarize, sweep,
                                        sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
@@ -347,8 +347,7 @@ def run(cfg) -> dict:
   models built here) or "hf" (the paper preset: local transformers-format
   T5 checkpoints streamed onto the mesh in `config.dtype`)."""
   preflight_data(cfg)  # the data this host cannot build stops the run before anything starts
-  workdir = str(as_path(cfg.workdir))  # local (absolute) or gs://bucket/...
-  as_path(workdir).mkdir(parents=True, exist_ok=True)
+  workdir = open_workdir(cfg.workdir)  # local (absolute) or gs://bucket/...
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
   stages = Stages(os.path.join(workdir, "stages"))
   source = cfg.models.get("source", "train")
@@ -416,8 +415,6 @@ def run(cfg) -> dict:
                     {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
   report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)
   if cfg.results_dir:
-    for f in as_path(out_dir).iterdir():  # either may be local or gs://...
-      if f.is_file():
-        atomic_write_bytes(as_path(cfg.results_dir) / f.name, f.read_bytes())
+    copy_results(out_dir, cfg.results_dir)
   logging.info("results in %s", out_dir)
   return results

@@ -21,7 +21,8 @@ from specjax.data import build_task, load_task
 from specjax.data.code_vocab import train_code_sentencepiece
 from specjax.experiments import long_context_measure
 from specjax.experiments.chen import decoder
-from specjax.experiments.common import enable_compilation_cache, train_config, train_or_restore
+from specjax.experiments.common import (enable_compilation_cache, open_workdir, train_config,
+                                        train_or_restore)
 from specjax.experiments.stages import Stages
 from specjax.models.decoder import DecoderLM
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
@@ -113,8 +114,7 @@ def train_models(cfg, tok, train_records, workdir: str, stages):
 def run(cfg) -> dict:
   """Prepares the data, trains (or reuses) the models, measures the grid,
   writes the report; returns the results (with "_out_dir")."""
-  workdir = os.path.abspath(cfg.workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = open_workdir(cfg.workdir)
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
   stages = Stages(os.path.join(workdir, "stages"))
   tok, train_records, streams = prepare(cfg)

@@ -18,7 +18,7 @@ import numpy as np
 
 import specjax
 from specjax import theory
-from specjax.atomic_io import atomic_write_text
+from specjax.atomic_io import as_path, atomic_write_text
 from specjax.checkpoints import params_digest
 from specjax.drafters import PromptLookup, WindowedKV
 from specjax.drafters.windowed import WindowedLM
@@ -430,7 +430,7 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
   out_dir = os.path.join(workdir, "results")
   dirs = [out_dir] + ([cfg.results_dir] if cfg.results_dir else [])
   for d in dirs:
-    os.makedirs(d, exist_ok=True)
+    as_path(d).mkdir(parents=True, exist_ok=True)
     atomic_write_text(os.path.join(d, "results.json"), json.dumps(res, indent=1, default=float))
     atomic_write_text(os.path.join(d, "results.md"), render(res))
     plot(res, os.path.join(d, "speedup_surface.png"))

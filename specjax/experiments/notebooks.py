@@ -26,7 +26,7 @@ import random
 import shutil
 import sys
 import tempfile
-from typing import Dict, Tuple
+from typing import Dict
 
 import jax
 import jax.numpy as jnp

@@ -40,6 +40,7 @@ from specjax import atomic_io
 from specjax.checkpoints import params_digest
 from specjax.data.shakespeare import build_shakespeare, load_shakespeare
 from specjax.drafters.medusa import Medusa, choose_tree
+from specjax.experiments.common import open_workdir
 from specjax.experiments.stages import Stages, array_digest
 from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.models.decoder import DecoderConfig, DecoderLM
@@ -206,8 +207,7 @@ def _decode(target, tp, drafter, dp, prompts, gamma, temp, max_new, seed) -> Dic
 
 def run(cfg) -> Dict[str, Any]:
   quiet_orbax_info_logs()
-  workdir = os.path.abspath(cfg.workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = open_workdir(cfg.workdir)
   build_shakespeare(cfg.data.cache_dir, cfg.data.source or None)
   texts, vocab = load_shakespeare(cfg.data.cache_dir)
   train_ids = np.asarray(vocab.encode(texts["train"]), np.int32)
