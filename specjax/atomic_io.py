@@ -29,7 +29,7 @@ from typing import Any, Iterator, Union
 from etils import epath
 
 __all__ = ["PathLike", "is_local", "as_path", "atomic_path", "atomic_write_bytes",
-           "atomic_write_text", "atomic_write_json"]
+           "atomic_write_text", "atomic_write_json", "append_text"]
 
 PathLike = Union[str, os.PathLike, epath.Path]
 
@@ -100,6 +100,18 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
 def atomic_write_text(path: PathLike, text: str) -> None:
   """Writes UTF-8 `text` to `path` atomically."""
   atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def append_text(path: PathLike, text: str) -> None:
+  """Appends UTF-8 `text` to the file `path` (created if missing). An object
+  store (gs://) cannot append: the object is read and written again whole —
+  for logs of hundreds of lines (a run's metrics.jsonl), not for big files."""
+  if is_local(path):
+    with open(path, "a", encoding="utf-8") as f:
+      f.write(text)
+    return
+  dest = epath.Path(path)
+  atomic_write_text(dest, (dest.read_text() if dest.exists() else "") + text)
 
 
 def atomic_write_json(path: PathLike, obj: Any, indent: int = 1, **dumps_kw) -> None:

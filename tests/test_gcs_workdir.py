@@ -77,3 +77,31 @@ def test_tensorboard_scalars_are_skipped_for_a_gs_workdir(memgcs, tmp_path, monk
   monkeypatch.chdir(tmp_path)
   placement.write_scalars("gs://bucket/run", {"a": 1.0})
   assert objects() == [] and list(tmp_path.iterdir()) == []
+
+
+def test_logs_distillation_data_and_head_directories_on_gs(memgcs, tmp_path):
+  """What the drafter trainers write besides orbax: metrics appended (an object
+  store cannot append: rewritten whole), distillation data, head accuracies."""
+  import numpy as np
+  from specjax.atomic_io import append_text
+  from specjax.checkpoints.heads import final_dir
+  from specjax.training.heads import DistillData
+  log = "gs://bucket/heads/metrics.jsonl"
+  for step in (1, 2, 3):
+    append_text(log, json.dumps({"step": step}) + "\n")
+  assert [json.loads(line)["step"] for line in epath.Path(log).read_text().splitlines()] \
+      == [1, 2, 3]
+  local = tmp_path / "m.jsonl"
+  append_text(local, "a\n")
+  append_text(local, "b\n")
+  assert local.read_text() == "a\nb\n"
+  data = DistillData(tokens=np.arange(12, dtype=np.int32).reshape(3, 4),
+                     generated=np.arange(12).reshape(3, 4) % 2 == 0)
+  data.save("gs://bucket/heads/distill_train.npz")
+  back = DistillData.load("gs://bucket/heads/distill_train.npz")
+  np.testing.assert_array_equal(back.tokens, data.tokens)
+  np.testing.assert_array_equal(back.generated, data.generated)
+  assert final_dir("gs://bucket/heads") == "gs://bucket/heads/final"
+  atomic_write_json("gs://bucket/heads/final/config.json", {})
+  assert final_dir("gs://bucket/heads/final") == "gs://bucket/heads/final"
+  assert "gs://bucket/heads/distill_train.npz" in objects()

@@ -8,11 +8,11 @@ these load from `<dir>` itself or from `<dir>/final`.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from specjax.atomic_io import as_path
 from specjax.checkpoints.orbax_io import restore_params
 from specjax.models.eagle_head import EagleConfig
 from specjax.models.medusa_head import MedusaConfig
@@ -22,9 +22,9 @@ __all__ = ["final_dir", "load_medusa_heads", "load_eagle_head"]
 
 def final_dir(directory: str) -> str:
   """`directory` when it holds a saved model (`config.json`), else `directory/final`."""
-  if os.path.exists(os.path.join(directory, "config.json")):
+  if (as_path(directory) / "config.json").exists():
     return directory
-  return os.path.join(directory, "final")
+  return f"{directory}/final"
 
 
 def load_medusa_heads(directory: str) -> Tuple[MedusaConfig, Dict[str, Any], Optional[np.ndarray]]:
@@ -34,10 +34,9 @@ def load_medusa_heads(directory: str) -> Tuple[MedusaConfig, Dict[str, Any], Opt
   if not isinstance(config, MedusaConfig):
     raise ValueError(f"{d} holds a {type(config).__name__}, not Medusa heads")
   acc = None
-  path = os.path.join(d, "accuracy.json")
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      acc = np.asarray(json.load(f)["topk_accuracy"])
+  path = as_path(d) / "accuracy.json"
+  if path.exists():
+    acc = np.asarray(json.loads(path.read_text())["topk_accuracy"])
   return config, params, acc
 
 

@@ -28,7 +28,7 @@ from specjax import atomic_io
 from specjax.checkpoints.orbax_io import restore_model
 from specjax.data import load_task
 from specjax.drafters.medusa import choose_tree
-from specjax.experiments.common import find_tokenizer, pad_batch
+from specjax.experiments.common import find_tokenizer, open_workdir, pad_batch
 from specjax.experiments.stages import fingerprint
 from specjax.models.eagle_head import EagleConfig
 from specjax.models.medusa_head import MedusaConfig
@@ -41,9 +41,9 @@ __all__ = ["run", "load_target", "training_prompts", "expected_tokens_per_call"]
 
 def load_target(target_dir: str, data_cache: str):
   """(model, params, tokenizer) of a trained Chen target."""
-  model, params = restore_model(os.path.join(target_dir, "final") if os.path.exists(
-      os.path.join(target_dir, "final")) else target_dir)
-  workdir = os.path.dirname(os.path.abspath(target_dir.rstrip("/").removesuffix("/final")))
+  final = atomic_io.as_path(target_dir) / "final"
+  model, params = restore_model(str(final) if final.exists() else target_dir)
+  workdir = str(atomic_io.as_path(target_dir.rstrip("/").removesuffix("/final")).parent)
   tok, _ = find_tokenizer(data_cache, "chen", model.vocab_size, workdir)
   return model, params, tok
 
@@ -75,15 +75,13 @@ def expected_tokens_per_call(values: List[float]) -> float:
 def _data(cfg, split: str, n: int, target, tp, tok, workdir: str) -> DistillData:
   deps = {"target": cfg.target_dir, "split": split, "n": n, "prompt_len": cfg.data.prompt_len,
           "max_new": cfg.data.max_new, "temperature": cfg.data.temperature, "seed": cfg.seed}
-  data_dir = os.path.abspath(cfg.data.get("dir") or workdir)  # drafters may share one
-  os.makedirs(data_dir, exist_ok=True)
-  path = os.path.join(data_dir, f"distill_{split}.npz")
-  meta_path = path + ".json"
-  if os.path.exists(path) and os.path.exists(meta_path):
+  data_dir = open_workdir(cfg.data.get("dir") or workdir)  # drafters may share one
+  path = f"{data_dir}/distill_{split}.npz"
+  meta_path = atomic_io.as_path(path + ".json")
+  if atomic_io.as_path(path).exists() and meta_path.exists():
     try:
-      with open(meta_path, encoding="utf-8") as f:
-        if json.load(f).get("fingerprint") == fingerprint(deps):
-          return DistillData.load(path)
+      if json.loads(meta_path.read_text()).get("fingerprint") == fingerprint(deps):
+        return DistillData.load(path)
     except (OSError, ValueError) as e:
       logging.warning("%s unreadable (%s): regenerating", path, e)
   prompts, lengths = training_prompts(tok, cfg.data.cache_dir, split, n, cfg.data.prompt_len,
@@ -104,8 +102,7 @@ def run(cfg) -> Dict[str, Any]:
   if cfg.kind not in KINDS:
     raise ValueError(f"config.kind must be one of {KINDS}, got {cfg.kind!r}")
   quiet_orbax_info_logs()
-  workdir = os.path.abspath(cfg.workdir)
-  os.makedirs(workdir, exist_ok=True)
+  workdir = open_workdir(cfg.workdir)
   target, tp, tok = load_target(cfg.target_dir, cfg.data.cache_dir)
   if tok is None:
     raise FileNotFoundError(f"no Chen vocabulary for {cfg.target_dir} under "
@@ -132,11 +129,10 @@ def run(cfg) -> Dict[str, Any]:
                       "expected_tokens_per_call": expected_tokens_per_call(chain_values)}
     out["topk_accuracy"] = np.asarray(acc).tolist()
     out["trees"] = trees
-    dirs = [workdir] + ([os.path.abspath(cfg.results_dir)] if cfg.get("results_dir") else [])
+    dirs = [workdir] + ([open_workdir(cfg.results_dir)] if cfg.get("results_dir") else [])
     for d in dirs:  # the committed copy names the heads relative to the working directory
-      os.makedirs(d, exist_ok=True)
-      atomic_io.atomic_write_json(os.path.join(d, "trees.json"), out if d == workdir else dict(
-          out, final=os.path.relpath(out["final"])))
+      atomic_io.atomic_write_json(f"{d}/trees.json", out if d == workdir else dict(
+          out, final=_relative(out["final"])))
     lines = ["# Medusa heads on the Chen target", "",
              f"{config.num_heads} heads over d_model {config.d_model}; {len(train_data.tokens)} "
              f"self-distilled sequences ({cfg.data.max_new} target tokens each); "
@@ -204,11 +200,16 @@ def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
              "| agreement | " + " | ".join(f"{a:.3f}" for a in agree) + " |", "",
              f"Expected tokens per call of a greedy chain of {len(agree)}: "
              f"{out['expected_chain_tokens_per_call']:.2f}."]
-    dirs = [workdir] + ([os.path.abspath(cfg.results_dir)] if cfg.get("results_dir") else [])
+    dirs = [workdir] + ([open_workdir(cfg.results_dir)] if cfg.get("results_dir") else [])
     for d in dirs:
-      os.makedirs(d, exist_ok=True)
-      atomic_io.atomic_write_json(os.path.join(d, f"{cfg.kind}.json"), out if d == workdir
-                                  else dict(out, final=os.path.relpath(out["final"])))
-      atomic_io.atomic_write_text(os.path.join(d, f"{cfg.kind}.md"), "\n".join(lines) + "\n")
+      atomic_io.atomic_write_json(f"{d}/{cfg.kind}.json", out if d == workdir
+                                  else dict(out, final=_relative(out["final"])))
+      atomic_io.atomic_write_text(f"{d}/{cfg.kind}.md", "\n".join(lines) + "\n")
     logging.info("\n".join(lines))
   return out
+
+
+def _relative(path: str) -> str:
+  """A local path relative to the working directory (the committed copy's
+  form); a URL (gs://...) as it is."""
+  return os.path.relpath(path) if atomic_io.is_local(path) else path

@@ -31,7 +31,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import time
 from typing import Any, Dict, Optional, Tuple
 
@@ -40,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from specjax import atomic_io
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
                                        init_eagle, pair_inputs, qkv, shared_weights)
 from specjax.training import mesh as mesh_lib
@@ -202,7 +202,7 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
   quiet_orbax_info_logs()
   loss = loss or EagleLoss.for_version(config.version)
   mesh_data, mesh = head_mesh(train)
-  os.makedirs(workdir, exist_ok=True)
+  atomic_io.as_path(workdir).mkdir(parents=True, exist_ok=True)
   shared = shared_weights(target, target_params)
   spec = OptimizerSpec(optimizer="adamw", learning_rate=float(train.learning_rate),
                        schedule="cosine", warmup_steps=int(train.warmup_steps),

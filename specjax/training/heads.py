@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import os
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -66,7 +65,7 @@ class DistillData:
 
   @classmethod
   def load(cls, path: str) -> "DistillData":
-    with np.load(path) as z:
+    with atomic_io.as_path(path).open("rb") as f, np.load(f) as z:
       return cls(tokens=z["tokens"], generated=z["generated"])
 
 
@@ -214,7 +213,7 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
   field."""
   quiet_orbax_info_logs()
   mesh_data, mesh = head_mesh(train)
-  os.makedirs(workdir, exist_ok=True)
+  atomic_io.as_path(workdir).mkdir(parents=True, exist_ok=True)
   shared = target_lm_head(target, target_params) if config.share_lm_head else None
   spec = OptimizerSpec(optimizer="adamw", learning_rate=float(train.learning_rate),
                        schedule="cosine", warmup_steps=int(train.warmup_steps),
@@ -291,7 +290,7 @@ def resumable_loop(workdir: str, meta: dict, state: dict, step_fn: Callable,
       logging.info("resumed the %s at step %d in %s", what, found[0], ckpt.directory)
     start = int(state["step"])
     end = int(train.steps) if stop_at_step is None else min(int(train.steps), stop_at_step)
-    t0, done0, metrics_path = time.time(), start, os.path.join(workdir, "metrics.jsonl")
+    t0, done0, metrics_path = time.time(), start, f"{workdir}/metrics.jsonl"
     for s in range(start, end):
       state, metrics = step_fn(state, *batch_fn(s))
       done = s + 1
@@ -299,8 +298,7 @@ def resumable_loop(workdir: str, meta: dict, state: dict, step_fn: Callable,
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
         rate = (done - done0) / max(time.time() - t0, 1e-9)
         rec = {"step": done, **m, "steps_per_s": rate, "eta_s": (end - done) / max(rate, 1e-9)}
-        with open(metrics_path, "a", encoding="utf-8") as f:
-          f.write(json.dumps(rec, sort_keys=True) + "\n")
+        atomic_io.append_text(metrics_path, json.dumps(rec, sort_keys=True) + "\n")
         logging.info("%s step %d/%d | %s | %.2f steps/s | ETA %.1f min", what, done, end,
                      describe(m), rate, rec["eta_s"] / 60)
       if done % int(train.checkpoint_every) == 0 or done == end:

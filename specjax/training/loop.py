@@ -172,12 +172,6 @@ class _Progress:
 
   def __init__(self, workdir: str, log_every: int, end_step: int, positions_per_step: int):
     self.path = f"{workdir}/metrics.jsonl"
-    # An object store (gs://) cannot append: the log is kept here and the whole
-    # object rewritten at each write (a run logs hundreds of lines, not millions).
-    self.lines = None
-    if not atomic_io.is_local(workdir):
-      path = atomic_io.as_path(self.path)
-      self.lines = path.read_text().splitlines(keepends=True) if path.exists() else []
     self.log_every = log_every
     self.end_step = end_step
     self.positions_per_step = positions_per_step
@@ -194,13 +188,7 @@ class _Progress:
     (`<workdir>/tb`, `specjax.measure.tensorboard.ScalarWriter`); process 0 only."""
     if not is_main_process():
       return
-    line = json.dumps(record, sort_keys=True) + "\n"
-    if self.lines is None:
-      with open(self.path, "a", encoding="utf-8") as f:
-        f.write(line)
-    else:
-      self.lines.append(line)
-      atomic_io.atomic_write_text(self.path, "".join(self.lines))
+    atomic_io.append_text(self.path, json.dumps(record, sort_keys=True) + "\n")
     if self.tb is None:
       self.tb = ScalarWriter(self.path.rsplit("/", 1)[0] + "/tb")
     prefix = f"eval/{record['eval']}/" if "eval" in record else "train/"
