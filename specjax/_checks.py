@@ -134,7 +134,7 @@ def check_prompts(prompts: Any, prompt_lengths: Any = None,
 
 
 @jax.jit
-def _first_invalid(tokens_BP, lengths_B, vocab_size):
+def first_invalid_token(tokens_BP, lengths_B, vocab_size):
   """(row, position, id) of the first id outside [0, vocab_size) within the
   rows' lengths, row -1 if none: a reduction on the device."""
   b, p = tokens_BP.shape
@@ -160,7 +160,7 @@ def check_token_ids(name: str, tokens: Any, lengths: Any, vocab_size: int) -> No
     return
   if isinstance(tokens, jax.Array):
     row, pos, tok, count = (int(v) for v in jax.device_get(
-        _first_invalid(jnp.asarray(tokens), jnp.asarray(lengths), vocab_size)))
+        first_invalid_token(jnp.asarray(tokens), jnp.asarray(lengths), vocab_size)))
   else:
     t = np.asarray(tokens)
     bad = ((t < 0) | (t >= vocab_size)) & (np.arange(t.shape[1])[None]

@@ -7,6 +7,7 @@ rather than an XLA error (or a silent clamp) from deep inside.
 
 from __future__ import annotations
 
+import functools
 import numbers
 import warnings
 from typing import Callable, Optional, Sequence, Union
@@ -98,15 +99,21 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
   return cache
 
 
+@functools.lru_cache(maxsize=64)
+def _abstract_caches(model, batch: int, slots: int, prompt_len: int):
+  """The model's cache for these sizes and for one more prompt position, as
+  `jax.ShapeDtypeStruct`s (traced once per model and sizes, not per call)."""
+  return tuple(jax.eval_shape(lambda p=p: model.init_cache(batch, slots, p))
+               for p in (prompt_len, prompt_len + 1))
+
+
 def _check_cache_fits(name, model, cache, prompt_len) -> None:
   """ValueError naming `name` when `cache`'s buffers are not those
   `model.init_cache` makes for its batch and slots: another model's cache
   (other layers, heads or head size) would fail inside the trace. Compared
   abstractly (`jax.eval_shape`); axes that follow the prompt length (T5's
   encoder positions, of which a cache may hold more) and dtypes are not."""
-  batch, slots = cache.lengths.shape[0], cache.max_len
-  want = jax.eval_shape(lambda: model.init_cache(batch, slots, prompt_len))
-  longer = jax.eval_shape(lambda: model.init_cache(batch, slots, prompt_len + 1))
+  want, longer = _abstract_caches(model, cache.lengths.shape[0], cache.max_len, prompt_len)
   got, got_tree = jax.tree_util.tree_flatten_with_path(cache)
   want_leaves, want_tree = jax.tree_util.tree_flatten(want)
   what = f"{name} is not a cache of this {type(model).__name__} (from its init_cache)"

@@ -34,7 +34,7 @@ from typing import Callable, List
 
 import jax
 
-from specjax._checks import check_int
+from specjax._checks import check_int, first_invalid_token
 from specjax.generation import autoregressive_loop, run_prefill, speculative_loop
 
 __all__ = ["clear_compiled", "compiled_programs", "max_compiled_programs",
@@ -42,7 +42,9 @@ __all__ = ["clear_compiled", "compiled_programs", "max_compiled_programs",
 
 _ENV = "SPECJAX_MAX_COMPILED_PROGRAMS"
 _DEFAULT = 64
-_programs: List[Callable] = [run_prefill, autoregressive_loop, speculative_loop]
+# The decoding loops, their prefill, and the token-id check of device prompts (one per shape).
+_programs: List[Callable] = [run_prefill, autoregressive_loop, speculative_loop,
+                            first_invalid_token]
 _limit: List[int] = []  # set lazily from the environment
 
 
