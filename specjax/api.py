@@ -17,11 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._checks import check_int, check_prompts, is_concrete
+from specjax.adaptive import AdaptiveGamma, check_costs
+from specjax.calibration import resolve_gamma_costs
 from specjax.compiled import enforce_limit
 from specjax.drafters.model import ModelDrafter
 from specjax.drafting import Drafter
 from specjax.generation import (AutoregressiveDecoder, EosIds, GenerationOutput, Prefill,
-                                SpeculativeDecoder, run_prefill)
+                                SpeculativeDecoder, check_adaptive, run_prefill)
 from specjax.parallel.sharding import place_cache_like
 from specjax.protocol import check_model, check_params, required_cache_len
 from specjax.sampling import SamplingConfig
@@ -335,14 +337,32 @@ def usable_gamma(target, drafter: Drafter, gamma: int, max_new_tokens: int) -> i
   return gamma
 
 
+def _adaptive_gamma(gamma, gamma_costs) -> Optional[AdaptiveGamma]:
+  """The AdaptiveGamma `gamma` asks for ("auto": the default one), or None
+  for a fixed γ."""
+  if isinstance(gamma, str):
+    if gamma != "auto":
+      raise ValueError(f"gamma must be an int >= 1, 'auto' or a specjax.AdaptiveGamma, "
+                       f"got {gamma!r}")
+    return AdaptiveGamma()
+  if isinstance(gamma, AdaptiveGamma):
+    return gamma
+  if gamma_costs is not None:
+    raise ValueError(f"gamma_costs is for gamma='auto' (or an AdaptiveGamma); gamma={gamma!r} "
+                     "is fixed")
+  return None
+
+
 def speculative_generate(target, target_params, draft, draft_params, prompts,
-                         prompt_lengths=None, *, max_new_tokens: int, gamma: int = 4,
+                         prompt_lengths=None, *, max_new_tokens: int,
+                         gamma: Union[int, str, AdaptiveGamma] = 4,
                          sampling: SamplingConfig = SamplingConfig(), key=None,
                          eos_id: Union[None, int, Sequence[int]] = None, pad_id: int = 0,
                          target_cache=None, draft_cache=None, cache_len: Optional[int] = None,
                          verify_fn: Callable = rejection_verify,
                          prefilled: Optional[Prefill] = None,
-                         nonfinite: str = "raise") -> GenerationOutput:
+                         nonfinite: str = "raise",
+                         gamma_costs: Optional[Sequence[float]] = None) -> GenerationOutput:
   """Exact speculative decoding (draft, verify once per iteration), one jitted while_loop.
 
   The output has exactly the distribution of `generate(target, ...)` with the
@@ -362,6 +382,13 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       value); lookahead decoding fixes its own (`Lookahead.chain_len`). A γ
       above max(1, max_new_tokens - 1), whose extra drafts could never be
       committed, is lowered to it with a warning (`usable_gamma`).
+      `"auto"` (or a `specjax.AdaptiveGamma` with its own set Γ): each
+      iteration chooses γ from Γ = {0, 1, 2, 4, 8} (0: a plain target
+      step) in-graph, from each row's running acceptance and the measured
+      cost of each γ (`specjax.adaptive`; exact, greedy output unchanged);
+      the costs are measured once per model pair, batch and cache-length
+      bucket on this machine and stored (`specjax.calibration`). Draft
+      models, `LayerSkip`, `WindowedKV` and `PromptLookup` support it.
     target_cache, draft_cache: caches to reuse (donated; `draft_cache` only
       for a draft model), or `cache_len` for both (default: the minimum).
     verify_fn: the accept/reject rule for drafts with distributions
@@ -370,6 +397,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       with `gamma`, donated): decoding starts from it (`target_cache` must be
       None); a draft model still prefills its own cache.
     nonfinite: as in `generate` (the target's logits of every call).
+    gamma_costs: with gamma="auto": the cost of one iteration at each γ of
+      Γ (any unit), instead of the stored or measured table.
 
   Returns:
     `GenerationOutput` with acceptance statistics; its `draft_cache` is the
@@ -380,13 +409,24 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   """
   check_model(target, "target")
   check_params(target, target_params, "target_params")
+  adaptive = _adaptive_gamma(gamma, gamma_costs)
+  if adaptive is not None:
+    gamma = adaptive.max_gamma
   drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
                                                  gamma)
   if not callable(verify_fn):
     raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
                                                  target.vocab_size, nonfinite)
-  gamma = usable_gamma(target, drafter, gamma, max_new_tokens)
+  if adaptive is not None:
+    check_adaptive(drafter, adaptive)
+    given = adaptive
+    adaptive = adaptive.limited_to(max(1, max_new_tokens - 1))
+    gamma = adaptive.max_gamma
+    if gamma_costs is not None:  # costs of the Γ given, kept for the γ kept
+      gamma_costs = given.costs_of(adaptive, check_costs(given, gamma_costs))
+  else:
+    gamma = usable_gamma(target, drafter, gamma, max_new_tokens)
   prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, target.vocab_size)
   b, p = prompts.shape
   call_len = drafter.layout(gamma).length
@@ -413,9 +453,15 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       slots = (prefilled.cache if prefilled is not None else target_cache).max_len
       draft_cache = drafter.alloc(b, p, slots, gamma)
   keys = _row_keys(key, b, sampling)
+  costs = None
+  if adaptive is not None:
+    slots = (prefilled.cache if prefilled is not None else target_cache).max_len
+    costs = np.asarray(resolve_gamma_costs(
+        target, target_params, drafter, draft_params, adaptive, batch_size=b, prompt_len=p,
+        cache_len=slots, sampling=sampling, gamma_costs=gamma_costs).seconds, np.float32)
   dec = SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, pad_id,
-                           verify_fn)
+                           verify_fn, adaptive=adaptive)
   out = dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
-                draft_cache, prefilled)
+                draft_cache, prefilled, gamma_costs=costs)
   enforce_limit()
   return _check_finite(out, nonfinite, "target_params")

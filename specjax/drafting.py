@@ -250,6 +250,10 @@ class Drafter(abc.ABC):
     hidden_layers: the target blocks whose outputs the hidden states are
       (None: the final-normed state).
     fixed_gamma: the γ the drafter always uses (None: the caller's).
+    adaptive: the drafter can change γ from one iteration to the next,
+      γ = 0 included (`specjax.adaptive`, `gamma="auto"`): a chain drafter
+      whose state does not depend on γ and whose `idle` keeps it in step
+      through plain target steps.
   """
 
   deterministic: bool = False
@@ -258,6 +262,7 @@ class Drafter(abc.ABC):
   needs_prompt_hidden: bool = False
   hidden_layers: Optional[Tuple[int, ...]] = None
   fixed_gamma: Optional[int] = None
+  adaptive: bool = False
 
   def calls_per_iteration(self, gamma: int) -> int:
     """Drafter forward passes per iteration (for the statistics; default 0)."""
@@ -299,6 +304,18 @@ class Drafter(abc.ABC):
   @abc.abstractmethod
   def update(self, params: Any, state: Any, feedback: DraftFeedback) -> Any:
     """The state after the commit."""
+
+  def idle(self, params: Any, state: Any, inp: DraftInput) -> Any:
+    """The state through an iteration that drafts nothing (γ = 0 of an
+    adaptive loop; `update` follows as usual). Default: unchanged."""
+    del params, inp
+    return state
+
+  def draft_room(self, params: Any, state: Any, inp: DraftInput, gamma: int) -> Optional[jax.Array]:
+    """int32 `[B]`: how many of `gamma` drafts each row can offer now
+    (an adaptive loop sizes its call by it); None: all of them."""
+    del params, state, inp, gamma
+    return None
 
 
 def check_head_params(params: Any, keys: Tuple[str, ...], loader: str, target: Any) -> None:

@@ -49,6 +49,7 @@ so the number of calls per iteration is kept constant (not growing with G).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional, Tuple, Union
 
 import jax
@@ -56,6 +57,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax import adaptive as adapt_lib
+from specjax.adaptive import AdaptiveGamma
 from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
 from specjax.sampling import SamplingConfig, argmax_first, draw, process_logits, row_uniforms
 from specjax.tree import TokenTree, dynamic_tree_arrays
@@ -100,6 +103,9 @@ class DecodeStats:
       broken checkpoint, a bfloat16 overflow): the tokens drawn from them
       mean nothing. `specjax.generate` / `speculative_generate` raise on it
       by default (`nonfinite=`).
+    gamma_trace: for `gamma="auto"` (`specjax.adaptive`): int32
+      `[max_new_tokens]`, the γ of the call at each iteration (-1 past the
+      last); None otherwise.
   """
 
   target_calls: jax.Array
@@ -108,6 +114,7 @@ class DecodeStats:
   accepted: jax.Array
   accepted_hist: jax.Array
   nonfinite: jax.Array
+  gamma_trace: Optional[jax.Array] = None
 
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> "DecodeStats":
@@ -174,6 +181,7 @@ class DecodeState:
   target_cache: Any
   draft_cache: Any
   stats: DecodeStats
+  adapt: Optional[adapt_lib.AdaptState] = None  # gamma="auto" only
 
 
 def nonfinite_rows(logits_BV: jax.Array) -> jax.Array:
@@ -276,7 +284,10 @@ def _initial_state(first_B, last_B, target_cache, draft_cache, keys_B, max_new, 
 def _finalize(state: DecodeState, max_new: int, pad_id: int) -> GenerationOutput:
   tokens = state.tokens[:, :max_new]
   tokens = jnp.where(jnp.arange(max_new)[None] < state.out_len[:, None], tokens, pad_id)
-  return GenerationOutput(tokens=tokens, lengths=state.out_len, stats=state.stats,
+  stats = state.stats
+  if state.adapt is not None:
+    stats = stats.replace(gamma_trace=state.adapt.trace_I)
+  return GenerationOutput(tokens=tokens, lengths=state.out_len, stats=stats,
                           target_cache=state.target_cache, draft_cache=state.draft_cache)
 
 
@@ -356,11 +367,19 @@ class SpeculativeDecoder:
   candidates_fn: Callable = candidates_verify
   tree_fn: Callable = tree_verify
   count_nonfinite: bool = True  # as in AutoregressiveDecoder
+  # gamma="auto" (`specjax.adaptive`): γ chosen per iteration from its set Γ
+  # (`gamma` is then max Γ, which sizes the buffers); `run` takes the costs.
+  adaptive: Optional[AdaptiveGamma] = None
 
   def __post_init__(self):
     if not isinstance(self.drafter, Drafter):
       raise TypeError(f"drafter must be a specjax.drafting.Drafter (wrap a draft model in "
                       f"specjax.drafters.ModelDrafter), got {type(self.drafter).__name__}")
+    if self.adaptive is not None:
+      check_adaptive(self.drafter, self.adaptive)
+      if self.gamma != self.adaptive.max_gamma:
+        raise ValueError(f"an adaptive decoder's gamma must be max Γ "
+                         f"({self.adaptive.max_gamma}), got {self.gamma}")
 
   @property
   def layout(self) -> CallLayout:
@@ -389,8 +408,12 @@ class SpeculativeDecoder:
       draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
                                   target_cache)
     n = self.layout.chain_len
-    return _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
-                          self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
+    state = _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
+                           self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
+    if self.adaptive is not None:
+      state = state.replace(adapt=adapt_lib.AdaptState.zeros(first_B.shape[0],
+                                                             self.max_new_tokens))
+    return state
 
   @property
   def _verify(self) -> Callable:
@@ -441,19 +464,120 @@ class SpeculativeDecoder:
       return greedy_candidates_verify(cands_BKN, valid_BKN, best_BT[:, 0], best_BT[:, chains])
     return self.candidates_fn(key_B, cands_BKN, valid_BKN, q_BTV[:, 0], q_BTV[:, chains])
 
-  def step(self, target_params, draft_params, state: DecodeState) -> DecodeState:
+  def step(self, target_params, draft_params, state: DecodeState,
+           gamma_costs: Optional[jax.Array] = None) -> DecodeState:
+    """One iteration; `gamma_costs` (`[len(Γ)]`) for an adaptive decoder
+    (which runs the branch its state chose, then chooses the next)."""
+    if self.adaptive is None:
+      return self._iterate(target_params, draft_params, state)[0]
+    if gamma_costs is None:
+      raise ValueError("an adaptive decoder's step needs gamma_costs (one per γ of Γ)")
+    return jax.lax.switch(state.adapt.branch, [
+        functools.partial(self._adaptive_iteration, i, target_params, draft_params,
+                          gamma_costs=gamma_costs) for i in range(len(self.adaptive.gammas))],
+                          state)
+
+  def choose(self, draft_params, state: DecodeState, gamma_costs: jax.Array) -> DecodeState:
+    """The state with the next iteration's γ (`state.adapt.branch`) and each
+    row's valid drafts (`limit_B`) chosen from the state alone."""
+    ad = self.adaptive
+    room_B = self.drafter.draft_room(draft_params, state.draft_cache, _draft_input(state),
+                                     ad.max_gamma)
+    branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done, room_B)
+    return state.replace(adapt=state.adapt.replace(branch=branch, limit_B=limit_B))
+
+  def _adaptive_iteration(self, index: int, target_params, draft_params, state: DecodeState,
+                          gamma_costs: jax.Array) -> DecodeState:
+    """One iteration at γ = Γ[index] (static), its observation, the next choice."""
+    ad = self.adaptive
+    g = ad.gammas[index]
+    active_B = ~state.done
+    if g == 0:
+      new, n_B, valid_B = self._plain_iterate(target_params, draft_params, state)
+    else:
+      dec = dataclasses.replace(self, gamma=g, adaptive=None)
+      new, n_B, valid_B = dec._iterate(target_params, draft_params, state, state.adapt.limit_B)
+    new = new.replace(adapt=adapt_lib.observe(ad, state.adapt, n_B, valid_B, active_B,
+                                              state.step))
+    return self.choose(draft_params, new, gamma_costs)
+
+  def adaptive_loop(self, target_params, draft_params, state: DecodeState,
+                    gamma_costs: jax.Array) -> DecodeState:
+    """The adaptive decoder's loop, in segments: an outer `while_loop`
+    dispatches (`lax.switch`) to an inner `while_loop` at one γ, which runs
+    while the choice stays there. Inside a segment the caches are updated in
+    place, as in a fixed-γ loop; XLA copies the loop-carried buffers when a
+    conditional's branch writes them, so only a change of γ pays a copy of
+    the caches (writing them inside a per-iteration switch cost a copy of
+    every cache per iteration)."""
+    max_iters = self.max_new_tokens
+    n = len(self.adaptive.gammas)
+
+    def running(s):
+      return (s.step < max_iters) & ~jnp.all(s.done)
+
+    def segment(index):
+      def run(s):
+        return jax.lax.while_loop(
+            lambda st: running(st) & (st.adapt.branch == index),
+            functools.partial(self._adaptive_iteration, index, target_params, draft_params,
+                              gamma_costs=gamma_costs), s)
+      return run
+
+    state = self.choose(draft_params, state, gamma_costs)
+    return jax.lax.while_loop(
+        running, lambda s: jax.lax.switch(s.adapt.branch, [segment(i) for i in range(n)], s),
+        state)
+
+  def _plain_iterate(self, target_params, draft_params, state: DecodeState):
+    """γ = 0 of an adaptive loop: one target step; the drafter idles.
+    Returns (state, accepted_B, valid_B) as `_iterate`."""
+    drafter = self.drafter
+    active_B = ~state.done
+    keys_B2 = _iteration_keys(state)
+    draft_state = drafter.idle(draft_params, state.draft_cache, _draft_input(state))
+    target_cache = state.target_cache.replace(lengths=state.seq_len)
+    logits_B1V, target_cache = self.target.extend(target_params, state.pending[:, None],
+                                                  target_cache)
+    # The verifier's first uniform: what a row with no valid drafts draws in
+    # any branch (prefix-consistent uniforms).
+    u_B = row_uniforms(keys_B2[:, 1], 1)[:, 0]
+    next_B = draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
+    state, count_B = _commit(state, next_B[:, None], jnp.ones_like(next_B),
+                             self.max_new_tokens, self.eos_id)
+    zero_B = jnp.zeros_like(count_B)
+    feedback = DraftFeedback(
+        committed_BC=next_B[:, None], count_B=count_B, seq_len_B=state.seq_len,
+        pending_B=state.pending, target_argmax_BT=argmax_first(logits_B1V), chain_B=zero_B,
+        accepted_B=zero_B)
+    draft_state = drafter.update(draft_params, draft_state, feedback)
+    a = active_B.astype(jnp.int32)
+    s = state.stats
+    stats = s.replace(
+        target_calls=s.target_calls + a,
+        draft_calls=s.draft_calls + drafter.calls_per_iteration(0) * a,
+        accepted_hist=s.accepted_hist.at[:, 0].add(a),
+        nonfinite=s.nonfinite + _count_nonfinite(self, logits_B1V) * a)
+    state = state.replace(step=state.step + 1, target_cache=target_cache,
+                          draft_cache=draft_state, stats=stats)
+    return state, zero_B, zero_B
+
+  def _iterate(self, target_params, draft_params, state: DecodeState,
+               limit_B: Optional[jax.Array] = None):
+    """One iteration at `self.gamma`; row b proposes at most `limit_B[b]`
+    drafts (None: all). Returns (state, accepted_B, valid_B)."""
     lay, drafter = self.layout, self.drafter
     n = lay.chain_len
     active_B = ~state.done
-    # Per row and iteration: one key for the drafter's uniforms, one for the verifier.
-    keys_B2 = jax.vmap(lambda k: jax.random.split(k, 2))(_fold_keys(state.keys, state.step + 1))
+    keys_B2 = _iteration_keys(state)
     # A chain drafter draws token j with u[:, j]; a tree drafter one per node.
     u_BG = (None if drafter.deterministic else
             row_uniforms(keys_B2[:, 0], lay.length if lay.is_tree else n))
-    inp = DraftInput(seq_len_B=state.seq_len, pending_B=state.pending, prev_B=state.prev,
-                     done_B=state.done, step=state.step)
-    proposal, draft_state = drafter.propose(draft_params, state.draft_cache, inp, u_BG,
-                                            self.sampling, self.gamma)
+    proposal, draft_state = drafter.propose(draft_params, state.draft_cache, _draft_input(state),
+                                            u_BG, self.sampling, self.gamma)
+    if limit_B is not None:
+      keep_BKN = jnp.arange(n)[None, None, :] < limit_B[:, None, None]
+      proposal = proposal.replace(valid_BKN=proposal.valid_BKN & keep_BKN)
     target_cache = state.target_cache.replace(lengths=state.seq_len)
     kw = {}
     depths_BT = children_BTC = None
@@ -512,16 +636,53 @@ class SpeculativeDecoder:
     stats = s.replace(
         target_calls=s.target_calls + a, draft_calls=s.draft_calls + calls * a,
         drafted=s.drafted + drafted_B * a, accepted=s.accepted + n_B * a,
-        accepted_hist=s.accepted_hist + jax.nn.one_hot(n_B, n + 1, dtype=jnp.int32) * a[:, None],
+        accepted_hist=s.accepted_hist + jax.nn.one_hot(
+            n_B, s.accepted_hist.shape[1], dtype=jnp.int32) * a[:, None],
         nonfinite=s.nonfinite + _count_nonfinite(self, logits_BTV) * a)
-    return state.replace(step=state.step + 1, target_cache=target_cache,
-                         draft_cache=draft_state, stats=stats)
+    state = state.replace(step=state.step + 1, target_cache=target_cache,
+                          draft_cache=draft_state, stats=stats)
+    return state, n_B, drafted_B
 
   def run(self, target_params, draft_params, prompts_BP, lengths_B, keys_B, target_cache,
-          draft_cache, prefilled: Optional[Prefill] = None) -> GenerationOutput:
-    """`prefilled` (donated): decode from it; `target_cache` is then None."""
+          draft_cache, prefilled: Optional[Prefill] = None,
+          gamma_costs: Optional[jax.Array] = None) -> GenerationOutput:
+    """`prefilled` (donated): decode from it; `target_cache` is then None.
+    `gamma_costs`: an adaptive decoder's cost per iteration at each γ of Γ
+    (data, not static: new costs reuse the compiled program)."""
+    if self.adaptive is not None:
+      if gamma_costs is None:
+        raise ValueError(f"an adaptive decoder needs gamma_costs: one cost per γ of "
+                         f"{self.adaptive.gammas} (specjax.calibration)")
+      gamma_costs = jnp.asarray(adapt_lib.check_costs(self.adaptive, gamma_costs))
+    elif gamma_costs is not None:
+      raise ValueError("gamma_costs is for an adaptive decoder (adaptive=AdaptiveGamma(...))")
     return speculative_loop(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                            target_cache, draft_cache, prefilled)
+                            target_cache, draft_cache, prefilled, gamma_costs)
+
+
+def check_adaptive(drafter: Drafter, ad: AdaptiveGamma) -> None:
+  """Raises naming the drafter when it cannot change γ per iteration."""
+  if not isinstance(ad, AdaptiveGamma):
+    raise TypeError(f"adaptive must be a specjax.adaptive.AdaptiveGamma, got {ad!r}")
+  name = type(drafter).__name__
+  if not drafter.adaptive or drafter.fixed_gamma is not None or drafter.needs_hidden:
+    raise ValueError(f"gamma='auto' needs a drafter that can change γ per iteration (a draft "
+                     f"model, LayerSkip, WindowedKV, PromptLookup); {name} fixes its own "
+                     "call (a tree, a head or a γ of its own): give it a fixed gamma")
+  for g in ad.gammas:
+    if g and drafter.layout(g).length != g + 1:
+      raise ValueError(f"gamma='auto' needs a chain drafter ([pending, d_1..d_γ]); {name}'s "
+                       f"call at γ={g} holds {drafter.layout(g).length} tokens")
+
+
+def _draft_input(state: DecodeState) -> DraftInput:
+  return DraftInput(seq_len_B=state.seq_len, pending_B=state.pending, prev_B=state.prev,
+                    done_B=state.done, step=state.step)
+
+
+def _iteration_keys(state: DecodeState) -> jax.Array:
+  """`[B, 2]` per row and iteration: the drafter's key and the verifier's."""
+  return jax.vmap(lambda k: jax.random.split(k, 2))(_fold_keys(state.keys, state.step + 1))
 
 
 @jax.jit(static_argnums=0, donate_argnames=("cache", "prefilled"))
@@ -536,9 +697,13 @@ def autoregressive_loop(dec: AutoregressiveDecoder, params, prompts_BP, lengths_
 @jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache", "prefilled"))
 def speculative_loop(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP,
                      lengths_B, keys_B, target_cache, draft_cache,
-                     prefilled=None) -> GenerationOutput:
+                     prefilled=None, gamma_costs=None) -> GenerationOutput:
   """The jitted program of `SpeculativeDecoder.run` (prefill, loop, finalize)."""
   state = dec.init_state(target_params, draft_params, prompts_BP, lengths_B, keys_B,
                          target_cache, draft_cache, prefilled)
-  state = _loop(lambda s: dec.step(target_params, draft_params, s), state, dec.max_new_tokens)
+  if dec.adaptive is not None:
+    state = dec.adaptive_loop(target_params, draft_params, state, gamma_costs)
+  else:
+    state = _loop(lambda s: dec.step(target_params, draft_params, s), state,
+                  dec.max_new_tokens)
   return _finalize(state, dec.max_new_tokens, dec.pad_id)

@@ -81,8 +81,18 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   residual_BV = jnp.maximum(q_BV - p_BV, 0.0)
   mass_B1 = jnp.sum(residual_BV, axis=-1, keepdims=True)
   dist_BV = jnp.where(mass_B1 > 0, residual_BV / jnp.where(mass_B1 > 0, mass_B1, 1.0), q_BV)
-  next_B = sample_from_uniform(u_BG1[:, g], dist_BV)
+  # The uniform after the row's own valid drafts: a row's draws do not depend
+  # on how many drafts the call holds beyond its own (`specjax.adaptive`).
+  next_B = sample_from_uniform(_after_valid(u_BG1, num_valid_B, g), dist_BV)
   return num_accepted_B.astype(jnp.int32), next_B
+
+
+def _after_valid(u_BX: jax.Array, num_valid_B: Optional[jax.Array], g: int) -> jax.Array:
+  """`[B]` the uniform at index num_valid_B[b] (g when None)."""
+  if num_valid_B is None:
+    return u_BX[:, g]
+  idx_B = jnp.clip(num_valid_B, 0, g).astype(jnp.int32)
+  return jnp.take_along_axis(u_BX, idx_B[:, None], axis=1)[:, 0]
 
 
 def _valid(num_valid_B: Optional[jax.Array], b: int, g: int) -> jax.Array:
@@ -165,7 +175,10 @@ def candidates_verify(keys_B: jax.Array, cands_BKN: jax.Array, valid_BKN: jax.Ar
     chain_B = jnp.where(hit_B, k_acc_B, chain_B)
     alive_BK = alive_BK & (cands_BKN[:, :, j] == x_acc_B[:, None])
     stopped_B = stopped_B | ~hit_B
-  next_B = sample_from_uniform(u_BX[:, k * n], r_BV)
+  # One chain: the uniform after the row's own valid tokens (as rejection_verify).
+  u_next_B = (_after_valid(u_BX, jnp.sum(valid_BKN[:, 0], axis=1), n) if k == 1
+              else u_BX[:, k * n])
+  next_B = sample_from_uniform(u_next_B, r_BV)
   return chain_B, accepted_B, next_B
 
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from specjax.adaptive import AdaptiveGamma
 from specjax.drafters import ModelDrafter
 from specjax.generation import (AutoregressiveDecoder, SpeculativeDecoder, autoregressive_loop,
                                 run_prefill, speculative_loop)
@@ -32,11 +33,15 @@ _PLUMBING = {"parameter", "get-tuple-element", "tuple", "bitcast", "scatter",
 _INSTR = re.compile(r"^\s+(?:ROOT )?%(\S+) = [a-z0-9]+\[([0-9,]*)\]\S* ([\w-]+)\(")
 
 
-def cache_sized_ops(hlo: str, buffer_elems: int):
+def cache_sized_ops(hlo: str, buffer_elems: int, skip_dispatch: bool = False):
   """Top-level ops of while bodies whose output has `buffer_elems` elements,
-  a dimension of SLOTS, and that are not in-place writes or plumbing."""
+  a dimension of SLOTS, and that are not in-place writes or plumbing.
+  `skip_dispatch`: leave out bodies that dispatch to a conditional (the
+  adaptive loop's outer loop, which runs once per change of γ)."""
   comps, bodies = computations(hlo), while_bodies(hlo)
   assert bodies, "no while loop in the compiled program"
+  if skip_dispatch:
+    bodies = {b for b in bodies if not any(" conditional(" in line for line in comps[b])}
   bad = []
   for body in bodies:
     for line in comps[body]:
@@ -90,6 +95,18 @@ def test_generation_loops_never_copy_a_cache_buffer(kind):
                                target.init_cache(BATCH, SLOTS, PROMPT),
                                draft.init_cache(BATCH, SLOTS, PROMPT)).compile().as_text()
   assert cache_sized_ops(hlo, elems) == []
+
+  # gamma="auto": the segments' loops (one per γ) update the caches in place too.
+  ad = SpeculativeDecoder(target, ModelDrafter(draft), GAMMA, sampling, MAX_NEW, None, 0,
+                          rejection_verify, adaptive=AdaptiveGamma(gammas=(0, 1, GAMMA)))
+  hlo = speculative_loop.lower(ad, tp, dp, prompts, lengths, keys,
+                               target.init_cache(BATCH, SLOTS, PROMPT),
+                               draft.init_cache(BATCH, SLOTS, PROMPT), None,
+                               jnp.ones((3,))).compile().as_text()
+  # The outer loop copies the caches into a segment (XLA copies what a
+  # conditional's branch writes): once per change of γ, not per iteration.
+  assert cache_sized_ops(hlo, elems)
+  assert cache_sized_ops(hlo, elems, skip_dispatch=True) == []
 
   # Decoding from a shared prefill (specjax.prefill): the donated Prefill's cache too.
   pre = run_prefill(target, tp, sampling, prompts, lengths, keys,

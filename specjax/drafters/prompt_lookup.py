@@ -59,6 +59,7 @@ class PromptLookup(Drafter):
 
   deterministic = True
   uses_target_params = False
+  adaptive = True
 
   def __post_init__(self):
     for name in ("max_ngram", "min_ngram"):
@@ -109,6 +110,11 @@ class PromptLookup(Drafter):
       found_B = found_B | any_B
     count_B = jnp.where(found_B, jnp.minimum(gamma, length - start_B), 0).astype(jnp.int32)
     return start_B, count_B
+
+  def draft_room(self, params, state: LookupState, inp: DraftInput, gamma: int) -> jax.Array:
+    """The length of each row's matched continuation (at most γ)."""
+    del params, inp
+    return self.match(state, gamma)[1]
 
   def propose(self, params, state: LookupState, inp: DraftInput, u_BG, sampling,
               gamma: int) -> Tuple[Proposal, LookupState]:

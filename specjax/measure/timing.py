@@ -19,44 +19,17 @@ tested exactly and never depends on how busy the machine is.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-import time
-from typing import Any, Callable, Dict, Iterator, Sequence
+from typing import Any, Callable, Dict, Sequence
 
 import jax
 import jax.numpy as jnp
 
+from specjax._clock import now, use_clock
+
 __all__ = ["now", "use_clock", "time_call", "step_times", "StepTimer", "floor_step_seconds",
            "step_times_side_by_side", "prefill_seconds", "count_params",
            "cache_step_times"]
-
-
-_CLOCKS = [time.perf_counter]
-
-
-def now() -> float:
-  """Seconds on the clock every specjax timing reads (`time.perf_counter`,
-  or the clock `use_clock` installed)."""
-  return _CLOCKS[-1]()
-
-
-@contextlib.contextmanager
-def use_clock(clock: Callable[[], float]) -> Iterator[None]:
-  """Within the block, `now()` (and so every specjax timing) reads `clock`:
-
-    class FakeClock:        # advanced by the code under test, never by load
-      t = 0.0
-      def __call__(self): return self.t
-    with use_clock(fake): ...
-  """
-  if not callable(clock):
-    raise TypeError(f"clock must be a callable returning seconds, got {clock!r}")
-  _CLOCKS.append(clock)
-  try:
-    yield
-  finally:
-    _CLOCKS.pop()
 
 
 def _block(tree):

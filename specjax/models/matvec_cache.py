@@ -25,14 +25,19 @@ import platform
 from typing import Any, Dict, Optional
 from specjax import atomic_io
 
-__all__ = ["cache_path", "machine_id", "shape_key", "lookup", "store"]
+__all__ = ["cache_path", "machine_id", "shape_key", "lookup", "store", "lookup_entry",
+           "store_entry"]
+
+MATVEC_FILE = "matvec_rows.json"
 
 
-def cache_path() -> str:
-  """Where tuned choices are stored (`$SPECJAX_CACHE_DIR` or ~/.cache/specjax)."""
+def cache_path(filename: str = MATVEC_FILE) -> str:
+  """Where tuned choices are stored (`$SPECJAX_CACHE_DIR` or ~/.cache/specjax):
+  one JSON file per kind of choice (this module's: `matvec_rows.json`; the
+  adaptive γ's cost tables: `gamma_costs.json`, `specjax.calibration`)."""
   root = os.environ.get("SPECJAX_CACHE_DIR") or os.path.join(
       os.path.expanduser("~"), ".cache", "specjax")
-  return os.path.join(root, "matvec_rows.json")
+  return os.path.join(root, filename)
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,7 +65,7 @@ def shape_key(config: Any, packed: bool) -> str:
   return f"{shape} | {'packed' if packed else 'standard'}"
 
 
-def _read(path: str) -> Dict[str, int]:
+def _read(path: str) -> Dict[str, Any]:
   if not os.path.exists(path):
     return {}
   try:
@@ -68,32 +73,51 @@ def _read(path: str) -> Dict[str, int]:
       data = json.load(f)
     if not isinstance(data, dict):
       raise ValueError("not a JSON object")
-    return {str(k): int(v) for k, v in data.items()}
+    return {str(k): v for k, v in data.items()}
   except (OSError, ValueError, TypeError) as e:
-    logging.warning("%s is unreadable (%s): tuned decode paths ignored", path, e)
+    logging.warning("%s is unreadable (%s): its tuned choices are ignored (the next tuning "
+                    "rewrites it)", path, e)
     return {}
 
 
 @functools.lru_cache(maxsize=8)
-def _read_cached(path: str, mtime: float) -> Dict[str, int]:
+def _read_cached(path: str, mtime: float) -> Dict[str, Any]:
   del mtime  # Part of the cache key: a rewritten file is read again.
   return _read(path)
 
 
-def lookup(config: Any, packed: bool) -> Optional[int]:
-  """The stored choice for this machine and model, or None."""
-  path = cache_path()
+def lookup_entry(filename: str, key: str) -> Any:
+  """The value stored under `key` (prefixed with this machine's id) in
+  `filename` of the cache directory, or None."""
+  path = cache_path(filename)
   try:
     mtime = os.path.getmtime(path)
   except OSError:
     return None
-  return _read_cached(path, mtime).get(f"{machine_id()} | {shape_key(config, packed)}")
+  return _read_cached(path, mtime).get(f"{machine_id()} | {key}")
+
+
+def store_entry(filename: str, key: str, value: Any) -> str:
+  """Records a JSON-able `value` under `key` for this machine (atomically);
+  returns the path."""
+  path = cache_path(filename)
+  data = _read(path)
+  data[f"{machine_id()} | {key}"] = value
+  atomic_io.atomic_write_json(path, data)
+  return path
+
+
+def lookup(config: Any, packed: bool) -> Optional[int]:
+  """The stored choice for this machine and model, or None."""
+  rows = lookup_entry(MATVEC_FILE, shape_key(config, packed))
+  try:
+    return None if rows is None else int(rows)
+  except (TypeError, ValueError):
+    logging.warning("%s holds %r for this model, not a row count: ignored",
+                    cache_path(), rows)
+    return None
 
 
 def store(config: Any, packed: bool, rows: int) -> str:
   """Records `rows` for this machine and model (atomically); returns the path."""
-  path = cache_path()
-  data = _read(path)
-  data[f"{machine_id()} | {shape_key(config, packed)}"] = int(rows)
-  atomic_io.atomic_write_json(path, data)
-  return path
+  return store_entry(MATVEC_FILE, shape_key(config, packed), int(rows))

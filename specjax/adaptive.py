@@ -1,0 +1,243 @@
+"""Adaptive γ inside the jitted loop: each iteration picks its draft length.
+
+`speculative_generate(..., gamma="auto")` decodes with an `AdaptiveGamma`:
+a small static set Γ of draft lengths (default {0, 1, 2, 4, 8}; 0 is a
+plain target step), one branch compiled per γ, selected per iteration by
+`lax.switch` inside the same `lax.while_loop` and over the same cache
+buffers (sized for max Γ). The choice maximises the expected tokens per unit
+of time:
+
+    score(γ) = Σ_b E_b(γ) / c(γ),   E_b(γ) = (1 − α_b^(k+1)) / (1 − α_b),
+    k = min(γ, room_b)
+
+where c(γ) is the measured time of one iteration at γ (a cost table,
+`specjax.calibration`), room_b the drafts row b can offer (all of them for a
+draft model; the matched continuation for prompt lookup) and α_b a running
+per-row estimate of the acceptance probability of one draft — the
+truncated-geometric maximum likelihood over past iterations, with
+exponential forgetting and a prior:
+
+    α_b = (A_b + a0 · m) / (A_b + R_b + m)
+
+A_b: accepted drafts, R_b: rejections (an iteration that stopped before its
+valid drafts ran out), both decayed by `decay` at every iteration in which
+the row drafted. An iteration in which it drafted nothing observes nothing:
+the counts decay by the slower `idle_decay`, so a row that stopped drafting
+drifts back to the prior and tries again after a while — exploration whose
+price is one γ = 1 iteration per tens of plain steps (with the default
+decays and a γ = 1 iteration costing 1.2-1.3 plain steps: one per ~17-43).
+
+Per row: a row whose own best γ is 0 proposes nothing (its drafts are marked
+invalid) while the others draft; the batch's γ follows the rows that pay
+(`per_row=False`), or is the largest of the rows' own choices
+(`per_row=True`: each row drafts its own γ, the call is as long as the
+longest).
+
+Exactness. The γ of iteration i (and each row's valid drafts) is a function
+of the state before iteration i — tokens already committed, acceptance
+counts of past iterations — never of iteration i's random numbers. Given that
+past, iteration i is an ordinary exact speculative iteration (with some γ
+and some valid drafts), so the tokens it commits follow the target's
+conditional distribution; by the chain rule the whole output has the
+target's law, whatever the rule chose. Greedy decoding commits the target's
+argmax path for every γ, so its tokens equal plain greedy decoding's.
+
+What depends on what. With `per_row=False` a row's γ follows the batch, so a
+row's *sampled* tokens for a given key depend on the other rows (their law
+does not). With `per_row=True` a row's choice reads only its own history and
+draws its uniforms prefix-consistently (draft j and acceptance j use the j-th
+uniform, the residual the one after its own valid drafts), so its tokens do
+not depend on the other rows — up to float rounding of calls of different
+lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax._checks import check_int
+
+__all__ = ["AdaptiveGamma", "AdaptState", "DEFAULT_GAMMAS", "expected_tokens", "choose",
+           "observe", "estimated_alpha"]
+
+DEFAULT_GAMMAS: Tuple[int, ...] = (0, 1, 2, 4, 8)
+
+
+def _check_fraction(name: str, value, low_open: bool = False) -> float:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise TypeError(f"{name} must be a real number in {'(0' if low_open else '[0'}, 1), "
+                    f"got {value!r}")
+  v = float(value)
+  if not (0.0 < v < 1.0 if low_open else 0.0 <= v < 1.0):
+    raise ValueError(f"{name} must lie in {'(0' if low_open else '[0'}, 1), got {value!r}")
+  return v
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveGamma:
+  """How `gamma="auto"` chooses γ (static: a jit argument).
+
+  Attributes:
+    gammas: Γ, the draft lengths to choose from (distinct ints >= 0, at least
+      one > 0; 0 = a plain target step). One branch is compiled per value;
+      caches are sized for the largest.
+    decay: forgetting of the acceptance estimate per drafting iteration, in
+      [0, 1): about the last 1 / (1 - decay) such iterations count.
+    idle_decay: the forgetting per iteration in which the row drafted
+      nothing (its exploration: how soon it tries drafting again).
+    prior_alpha, prior_weight: the estimate before any evidence (and what a
+      row that stopped drafting drifts back to): prior_alpha in (0, 1)
+      weighted as prior_weight >= 0 pseudo-trials.
+    per_row: each row drafts its own γ (the call is as long as the
+      longest), so a row's tokens do not depend on the other rows; False:
+      one γ for the batch, maximising the batch's expected tokens per second.
+  """
+
+  gammas: Tuple[int, ...] = DEFAULT_GAMMAS
+  decay: float = 0.8
+  idle_decay: float = 0.97
+  prior_alpha: float = 0.5
+  prior_weight: float = 2.0
+  per_row: bool = False
+
+  def __post_init__(self):
+    g = self.gammas
+    if isinstance(g, (str, bytes)) or not isinstance(g, Sequence) or len(g) == 0:
+      raise ValueError(f"gammas must be a non-empty sequence of ints >= 0 (Γ, e.g. "
+                       f"{DEFAULT_GAMMAS}), got {g!r}")
+    vals = tuple(check_int("gammas[" + str(i) + "]", v, 0) for i, v in enumerate(g))
+    if len(set(vals)) != len(vals):
+      raise ValueError(f"gammas must be distinct, got {g!r}")
+    if max(vals) == 0:
+      raise ValueError(f"gammas must hold at least one γ > 0 (only 0 is plain decoding), "
+                       f"got {g!r}")
+    object.__setattr__(self, "gammas", tuple(sorted(vals)))
+    object.__setattr__(self, "decay", _check_fraction("decay", self.decay))
+    object.__setattr__(self, "idle_decay", _check_fraction("idle_decay", self.idle_decay))
+    object.__setattr__(self, "prior_alpha",
+                       _check_fraction("prior_alpha", self.prior_alpha, low_open=True))
+    w = self.prior_weight
+    if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0 <= float(w) < 1e6:
+      raise ValueError(f"prior_weight must be a real number >= 0, got {w!r}")
+    object.__setattr__(self, "prior_weight", float(w))
+    if not isinstance(self.per_row, bool):
+      raise TypeError(f"per_row must be a bool, got {self.per_row!r}")
+
+  @property
+  def max_gamma(self) -> int:
+    return self.gammas[-1]
+
+  def limited_to(self, useful: int) -> "AdaptiveGamma":
+    """Γ without the values above `useful` (the drafts an output of
+    `max_new_tokens` can use), keeping at least one γ > 0."""
+    kept = tuple(g for g in self.gammas if g <= useful)
+    if max(kept, default=0) == 0:
+      kept = tuple(g for g in self.gammas if g == 0) + (max(1, useful),)
+    return dataclasses.replace(self, gammas=kept)
+
+
+  def costs_of(self, kept: "AdaptiveGamma", costs) -> Tuple[float, ...]:
+    """This Γ's `costs` restricted to `kept`'s Γ (`limited_to`); a γ not in
+    this Γ gets the cost of this Γ's smallest γ > 0."""
+    c = check_costs(self, costs)
+    first = next(i for i, g in enumerate(self.gammas) if g > 0)
+    return tuple(float(c[self.gammas.index(g)] if g in self.gammas else c[first])
+                 for g in kept.gammas)
+
+
+@struct.dataclass
+class AdaptState:
+  """The loop's running estimate, its next choice and its record.
+
+  accepted_B, rejected_B: float32 `[B]` decayed counts of accepted drafts
+  and rejections; branch: int32 `[]` the index into Γ of the next
+  iteration; limit_B: int32 `[B]` each row's valid drafts in the next
+  iteration; trace_I: int32 `[I]` the call's γ at each iteration (-1 past
+  the last).
+  """
+
+  accepted_B: jax.Array
+  rejected_B: jax.Array
+  branch: jax.Array
+  limit_B: jax.Array
+  trace_I: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, iterations: int) -> "AdaptState":
+    z = jnp.zeros((batch,), jnp.float32)
+    return cls(z, z, jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32),
+               jnp.full((iterations,), -1, jnp.int32))
+
+
+def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
+  """`[B]` the per-row acceptance estimate α_b (see the module doc)."""
+  m = cfg.prior_weight
+  alpha = (st.accepted_B + cfg.prior_alpha * m) / jnp.maximum(
+      st.accepted_B + st.rejected_B + m, 1e-6)
+  return jnp.clip(alpha, 0.0, 0.999)
+
+
+def expected_tokens(alpha_B: jax.Array, k_BG: jax.Array) -> jax.Array:
+  """E[tokens committed] of an iteration proposing k drafts of per-draft
+  acceptance α: (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023, eq. 1)."""
+  a = alpha_B[:, None]
+  return (1.0 - a ** (k_BG + 1).astype(jnp.float32)) / (1.0 - a)
+
+
+def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array,
+           room_B: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
+  """(branch, limit_B): the index into Γ of this iteration's call and each
+  row's number of valid drafts (0: the row proposes nothing).
+
+  `costs_G`: seconds (or any unit) per iteration at each γ of Γ;
+  `room_B`: drafts each row can offer (None: max Γ)."""
+  gam_G = jnp.asarray(cfg.gammas, jnp.int32)
+  b = active_B.shape[0]
+  room_B = jnp.full((b,), cfg.max_gamma, jnp.int32) if room_B is None else room_B
+  k_BG = jnp.minimum(gam_G[None], room_B[:, None])
+  e_BG = expected_tokens(estimated_alpha(cfg, st), k_BG)
+  costs_G = jnp.asarray(costs_G, jnp.float32)
+  own_B = jnp.argmax(e_BG / costs_G[None], axis=1)           # ties: the smaller γ
+  own_gamma_B = jnp.take_along_axis(k_BG, own_B[:, None], axis=1)[:, 0]
+  if cfg.per_row:
+    limit_B = jnp.where(active_B, own_gamma_B, 0)
+    want_G = gam_G[None] >= limit_B[:, None]
+    # The shortest call that holds every row's own drafts.
+    branch = jnp.argmax(jnp.all(want_G, axis=0))
+    return branch.astype(jnp.int32), limit_B.astype(jnp.int32)
+  drafting_B = active_B & (own_gamma_B > 0)
+  tokens_G = jnp.sum(jnp.where(drafting_B[:, None], e_BG, 1.0) * active_B[:, None], axis=0)
+  branch = jnp.argmax(tokens_G / costs_G).astype(jnp.int32)
+  limit_B = jnp.where(drafting_B, jnp.take(k_BG, branch, axis=1), 0)
+  return branch, limit_B.astype(jnp.int32)
+
+
+def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,
+            active_B: jax.Array, step: jax.Array) -> AdaptState:
+  """The estimate after iteration `step` (run at `st.branch`), in which row
+  b had `valid_B[b]` valid drafts and accepted `accepted_B[b]` of them (a
+  rejection when fewer)."""
+  a = active_B.astype(jnp.float32)
+  acc = accepted_B.astype(jnp.float32) * a
+  rej = (accepted_B < valid_B).astype(jnp.float32) * a
+  d = jnp.where(active_B & (valid_B > 0), cfg.decay, cfg.idle_decay)
+  gam_G = jnp.asarray(cfg.gammas, jnp.int32)
+  trace = st.trace_I.at[jnp.minimum(step, st.trace_I.shape[0] - 1)].set(gam_G[st.branch])
+  return st.replace(accepted_B=d * st.accepted_B + acc, rejected_B=d * st.rejected_B + rej,
+                    trace_I=trace)
+
+
+def check_costs(cfg: AdaptiveGamma, costs) -> np.ndarray:
+  """`costs` as a float32 `[len(Γ)]` array of positive finite numbers."""
+  c = np.asarray(costs, np.float64)
+  if c.shape != (len(cfg.gammas),) or not np.all(np.isfinite(c)) or np.any(c <= 0):
+    raise ValueError(f"gamma costs must be {len(cfg.gammas)} positive finite numbers (one per "
+                     f"γ of {cfg.gammas}), got {costs!r}")
+  return c.astype(np.float32)

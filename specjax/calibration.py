@@ -1,0 +1,228 @@
+"""Cost tables for `gamma="auto"`: what one iteration costs at each γ of Γ.
+
+An adaptive loop (`specjax.adaptive`) weighs expected tokens against time,
+so it needs c(γ), the wall time of one iteration at γ — the drafter's calls,
+the target's call on γ + 1 tokens *and* everything around them (sampling,
+verification, the commit), which on a small model is a large part
+(benchmarks/README.md). It is measured in-graph, on the very program the
+adaptive decoder runs: the costs are data of that program, so a run with
+the cost of every γ but one set very high executes only that branch; each γ
+is timed that way for `iterations` iterations, the runs interleaved over
+`repeats` rounds, minus the time of the prefill alone (a separate small
+program), divided by the iterations actually run (the median over rounds).
+
+Tables are stored per machine like the tuned decode paths
+(`specjax.models.matvec_cache`: `$SPECJAX_CACHE_DIR/gamma_costs.json`),
+keyed by the model pair, Γ, the batch and cache-length buckets (powers of
+two) and the kind of sampling (greedy or not): `specjax.speculative_generate(
+..., gamma="auto")` looks the table up and measures only when it is missing,
+so a second run (or process) on this machine measures nothing.
+
+    costs = specjax.calibrate_gamma_costs(target, tp, drafter, dp, AdaptiveGamma(),
+                                          batch_size=1, prompt_len=64, cache_len=512)
+    print(costs.relative)        # c(γ) / c(0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import statistics
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax._checks import check_int
+from specjax._clock import now
+from specjax.adaptive import AdaptiveGamma, check_costs
+from specjax.compiled import register
+from specjax.drafting import Drafter
+from specjax.generation import SpeculativeDecoder, check_adaptive
+from specjax.models import matvec_cache
+from specjax.protocol import required_cache_len
+from specjax.sampling import SamplingConfig
+
+__all__ = ["GammaCosts", "calibrate_gamma_costs", "lookup_gamma_costs", "gamma_costs_key",
+           "resolve_gamma_costs", "measure_branch_seconds", "COSTS_FILE"]
+
+COSTS_FILE = "gamma_costs.json"
+_HIGH = 1e9  # the cost that keeps a branch from ever being chosen
+
+
+@dataclasses.dataclass(frozen=True)
+class GammaCosts:
+  """A cost table.
+
+  Attributes:
+    gammas: Γ.
+    seconds: per γ, the measured seconds of one iteration.
+    key: what the table is stored under (`gamma_costs_key`).
+    measured: True when measured by this call; False when read back.
+    calibration_seconds: the wall time the measurement took, compilation
+      included (0 when read back).
+  """
+
+  gammas: Tuple[int, ...]
+  seconds: Tuple[float, ...]
+  key: str = ""
+  measured: bool = False
+  calibration_seconds: float = 0.0
+
+  @property
+  def relative(self) -> Tuple[float, ...]:
+    """c(γ) / c(min Γ)."""
+    return tuple(s / self.seconds[0] for s in self.seconds)
+
+  def to_dict(self) -> Dict[str, Any]:
+    return {"gammas": list(self.gammas), "seconds": list(self.seconds), "key": self.key,
+            "measured": self.measured, "calibration_seconds": self.calibration_seconds}
+
+
+def _bucket(n: int) -> int:
+  return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _digest(obj: Any) -> str:
+  return hashlib.sha1(repr(obj).encode()).hexdigest()[:16]
+
+
+def gamma_costs_key(target: Any, drafter: Drafter, adaptive: AdaptiveGamma, batch_size: int,
+                    cache_len: int, sampling: SamplingConfig) -> str:
+  """The key a table is stored under (the machine's id is prefixed by the
+  store): the models' configurations (hashed), Γ, the batch and cache-length
+  buckets (the next power of two) and greedy or sampled verification."""
+  kind = "greedy" if sampling.is_greedy else "sampled"
+  return (f"target={type(target).__name__}:{_digest(target)} | drafter="
+          f"{type(drafter).__name__}:{_digest(drafter)} | gammas={list(adaptive.gammas)} | "
+          f"batch<={_bucket(batch_size)} | cache<={_bucket(cache_len)} | {kind}")
+
+
+def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma) -> Optional[GammaCosts]:
+  """The table stored under `key` on this machine, or None (also when the
+  stored entry is malformed: it is then measured again)."""
+  entry = matvec_cache.lookup_entry(COSTS_FILE, key)
+  if entry is None:
+    return None
+  try:
+    seconds = tuple(float(s) for s in entry["seconds"])
+    if tuple(entry["gammas"]) != adaptive.gammas or len(seconds) != len(adaptive.gammas) \
+        or not all(np.isfinite(s) and s > 0 for s in seconds):
+      raise ValueError(f"gammas {entry['gammas']}, seconds {entry['seconds']}")
+  except (KeyError, TypeError, ValueError) as e:
+    logging.warning("%s holds a malformed γ cost table for %s (%s): measuring it again",
+                    matvec_cache.cache_path(COSTS_FILE), key, e)
+    return None
+  return GammaCosts(adaptive.gammas, seconds, key=key)
+
+
+def measure_branch_seconds(run_branch: Callable[[int], int], run_base: Callable[[], None],
+                           num_branches: int, repeats: int) -> Tuple[float, ...]:
+  """Per branch, the median over `repeats` rounds of (wall(run_branch(i)) −
+  wall(run_base())) / iterations, where run_branch(i) runs branch i and
+  returns the iterations it ran. Rounds interleave the branches (and the
+  base), each round starting one branch later, so a slow spell of the
+  machine spreads over all of them. Walls are read from `specjax._clock`."""
+  per = [[] for _ in range(num_branches)]
+  for r in range(repeats):
+    t0 = now()
+    run_base()
+    base = now() - t0
+    for j in range(num_branches):
+      i = (j + r) % num_branches
+      t0 = now()
+      iters = run_branch(i)
+      wall = now() - t0
+      if iters > 0:
+        per[i].append(max(wall - base, 1e-9) / iters)
+  if any(not p for p in per):
+    raise RuntimeError("a γ branch ran no iteration while its cost was measured")
+  return tuple(float(statistics.median(p)) for p in per)
+
+
+def calibrate_gamma_costs(target: Any, target_params: Any, drafter: Drafter, draft_params: Any,
+                          adaptive: AdaptiveGamma, *, batch_size: int, prompt_len: int,
+                          cache_len: int, sampling: SamplingConfig = SamplingConfig(),
+                          iterations: int = 24, repeats: int = 3, store: bool = True,
+                          seed: int = 0) -> GammaCosts:
+  """Measures the cost of one iteration at each γ of `adaptive.gammas` (see
+  the module doc) for this pair, batch and cache length, on random prompts
+  of `prompt_len` tokens; stores it for this machine unless `store` is
+  False. `draft_params`: as the decoder takes them (the target's for a
+  self-drafter)."""
+  check_adaptive(drafter, adaptive)
+  batch_size = check_int("batch_size", batch_size, 1)
+  prompt_len = check_int("prompt_len", prompt_len, 1)
+  iterations = check_int("iterations", iterations, 2)
+  repeats = check_int("repeats", repeats, 1)
+  t_start = now()
+  key = gamma_costs_key(target, drafter, adaptive, batch_size, cache_len, sampling)
+  g_max = adaptive.max_gamma
+  slots = max(int(cache_len), required_cache_len(target, prompt_len, iterations + 1, g_max))
+  rng = np.random.default_rng(seed)
+  prompts = jnp.asarray(rng.integers(0, target.vocab_size, (batch_size, prompt_len)), jnp.int32)
+  lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
+  keys = jax.random.split(jax.random.key(seed), batch_size)
+  dec = SpeculativeDecoder(target, drafter, g_max, sampling, iterations + 1, adaptive=adaptive)
+
+  def fresh():
+    return (target.init_cache(batch_size, slots, prompt_len),
+            drafter.alloc(batch_size, prompt_len, slots, g_max))
+
+  def run_branch(i: int) -> int:
+    costs = np.full((len(adaptive.gammas),), _HIGH, np.float32)
+    costs[i] = 1.0
+    tc, dc = jax.block_until_ready(fresh())   # allocation: in the base's time too
+    out = dec.run(target_params, draft_params, prompts, lengths, keys, tc, dc,
+                  gamma_costs=costs)
+    return int(np.sum(np.asarray(out.stats.gamma_trace) >= 0))   # blocks on the run
+
+  def run_base() -> None:
+    tc, dc = jax.block_until_ready(fresh())
+    jax.block_until_ready(_start(dec, target_params, draft_params, prompts, lengths, keys, tc,
+                                 dc))
+
+  for i in range(len(adaptive.gammas)):   # compile (timed as part of the calibration)
+    run_branch(i)
+  run_base()
+  seconds = measure_branch_seconds(run_branch, run_base, len(adaptive.gammas), repeats)
+  costs = GammaCosts(adaptive.gammas, seconds, key=key, measured=True,
+                     calibration_seconds=now() - t_start)
+  if store:
+    path = matvec_cache.store_entry(COSTS_FILE, key, {"gammas": list(adaptive.gammas),
+                                                      "seconds": list(seconds)})
+    logging.info("γ costs %s stored in %s", dict(zip(adaptive.gammas, seconds)), path)
+  return costs
+
+
+def resolve_gamma_costs(target: Any, target_params: Any, drafter: Drafter, draft_params: Any,
+                        adaptive: AdaptiveGamma, *, batch_size: int, prompt_len: int,
+                        cache_len: int, sampling: SamplingConfig,
+                        gamma_costs: Optional[Sequence[float]] = None) -> GammaCosts:
+  """The table to decode with: `gamma_costs` when given (seconds or relative
+  costs, one per γ), else this machine's stored table, else one measured now
+  (`calibrate_gamma_costs`, logged) and stored."""
+  if gamma_costs is not None:
+    return GammaCosts(adaptive.gammas, tuple(float(c) for c in check_costs(adaptive,
+                                                                           gamma_costs)))
+  key = gamma_costs_key(target, drafter, adaptive, batch_size, cache_len, sampling)
+  found = lookup_gamma_costs(key, adaptive)
+  if found is not None:
+    return found
+  logging.info("gamma='auto': measuring the cost of each γ of %s on this machine (once per "
+               "model pair, batch and cache-length bucket)", adaptive.gammas)
+  return calibrate_gamma_costs(target, target_params, drafter, draft_params, adaptive,
+                               batch_size=batch_size, prompt_len=prompt_len,
+                               cache_len=cache_len, sampling=sampling)
+
+
+@register
+@jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache"))
+def _start(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP, lengths_B, keys_B,
+           target_cache, draft_cache):
+  """The prefill and the drafter's start alone (the calibration's base)."""
+  state = dec.init_state(target_params, draft_params, prompts_BP, lengths_B, keys_B,
+                         target_cache, draft_cache)
+  return state.tokens, state.seq_len

@@ -1,0 +1,340 @@
+"""gamma="auto": γ chosen per iteration in-graph (`specjax.adaptive`), with
+cost tables measured once per machine (`specjax.calibration`).
+
+The rule on rigged acceptance histories; the draft model's cache kept in
+step through plain (γ = 0) iterations; greedy output equal to the target's
+on ragged batches ending by EOS and by length, for every adaptive drafter
+and both modes; per-row mode independent of the batch; chi-square exactness
+of sampled output with a negative control; one compilation whatever the
+costs; the cost table measured with a rigged clock, stored and reused; named
+misuse errors; no cache copied inside the loop's segments.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from exact_helpers import N_SAMPLES, counts_t2_t4, exact_lm, joint_t2_t4
+from reference import chi_square_pvalue
+from specjax import adaptive, calibration
+from specjax.adaptive import AdaptiveGamma, AdaptState
+from specjax.drafters import Eagle, LayerSkip, Lookahead, ModelDrafter, PromptLookup
+from specjax.generation import SpeculativeDecoder
+from specjax.measure.compiles import TraceCounter
+from specjax.measure.timing import use_clock
+from specjax.sampling import GREEDY, SamplingConfig
+from tiny import EOS, noisy_draft, ragged_prompts, small_draft, target
+
+COSTS = (1.0, 1.2, 1.4, 1.8, 2.6)  # relative iteration costs of Γ = (0, 1, 2, 4, 8)
+
+
+# ------------------------------------------------------------------ the rule
+
+def _run_rule(cfg, outcomes, costs=COSTS, room=None):
+  """Feeds one row's (valid, accepted) outcomes through observe / choose;
+  returns the γ chosen before each iteration and after the last."""
+  st = AdaptState.zeros(1, len(outcomes) + 1)
+  active = jnp.ones((1,), bool)
+  room_B = None if room is None else jnp.full((1,), room, jnp.int32)
+  chosen = []
+  for i, (valid, acc) in enumerate(outcomes):
+    branch, limit = adaptive.choose(cfg, st, jnp.asarray(costs), active, room_B)
+    chosen.append(int(limit[0]) if int(limit[0]) else cfg.gammas[int(branch)])
+    st = st.replace(branch=branch, limit_B=limit)
+    st = adaptive.observe(cfg, st, jnp.asarray([acc]), jnp.asarray([valid]), active,
+                          jnp.asarray(i))
+  branch, limit = adaptive.choose(cfg, st, jnp.asarray(costs), active, room_B)
+  chosen.append(cfg.gammas[int(branch)])
+  return chosen
+
+
+def test_gamma_rises_on_full_acceptance_and_falls_to_zero_on_failures():
+  cfg = AdaptiveGamma()
+  full = _run_rule(cfg, [(8, 8)] * 6)
+  assert full[0] in (1, 2)          # the prior (α = 0.5) drafts a little
+  assert full[-1] == 8 and full == sorted(full), full   # rises to max Γ and stays
+  failing = _run_rule(cfg, [(8, 8)] * 4 + [(8, 0)] * 24)
+  after = failing[4:]
+  assert after[0] == 8 and after == sorted(after, reverse=True), failing
+  assert after[-1] == 0, failing   # falls to a plain step
+  # A row that stopped drafting observes nothing and drifts back to the prior.
+  st = AdaptState.zeros(1, 2).replace(rejected_B=jnp.asarray([10.0]))
+  active, costs = jnp.ones((1,), bool), jnp.asarray(COSTS)
+  assert int(adaptive.choose(cfg, st, costs, active)[1][0]) == 0
+  waited = 0
+  while int(adaptive.choose(cfg, st, costs, active)[1][0]) == 0:
+    st = adaptive.observe(cfg, st, jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), active,
+                          jnp.asarray(0))
+    waited += 1
+  assert 10 <= waited <= 60, waited   # tries again, but rarely
+
+
+def test_costs_and_room_shape_the_choice():
+  cfg = AdaptiveGamma()
+  # Drafting that costs 10x a plain step never pays, whatever the acceptance.
+  assert _run_rule(cfg, [(8, 8)] * 5, costs=(1, 10, 10, 10, 10))[-1] == 0
+  # Free drafting: the longest call from the start.
+  assert _run_rule(cfg, [(8, 8)] * 2, costs=(1, 1, 1, 1, 1))[0] == 8
+  # A row that can offer 2 drafts (a short match) proposes at most 2.
+  assert max(_run_rule(cfg, [(2, 2)] * 5, room=2)) <= 2
+
+
+def test_batch_mode_follows_the_rows_that_pay_and_mutes_the_others():
+  cfg = AdaptiveGamma()
+  st = AdaptState.zeros(3, 2).replace(accepted_B=jnp.asarray([9.0, 9.0, 0.0]),
+                                      rejected_B=jnp.asarray([0.0, 0.0, 9.0]))
+  branch, limit = adaptive.choose(cfg, st, jnp.asarray(COSTS), jnp.ones((3,), bool))
+  assert cfg.gammas[int(branch)] == 8 and limit.tolist() == [8, 8, 0]
+  per_row = AdaptiveGamma(per_row=True)
+  st = st.replace(accepted_B=jnp.asarray([9.0, 1.0, 0.0]),
+                  rejected_B=jnp.asarray([0.0, 1.0, 9.0]))
+  branch, limit = adaptive.choose(per_row, st, jnp.asarray(COSTS), jnp.ones((3,), bool))
+  assert limit[0] == 8 and 0 < limit[1] < 8 and limit[2] == 0
+  assert per_row.gammas[int(branch)] == 8  # the call holds the longest row's drafts
+  # Finished rows do not count.
+  branch, limit = adaptive.choose(cfg, st, jnp.asarray(COSTS), jnp.asarray([False, True, True]))
+  assert limit[0] == 0
+
+
+# ------------------------------------------- the loop: γ = 0 keeps drafts in step
+
+def test_a_draft_model_stays_in_step_through_plain_iterations():
+  """The target drafting for itself, greedy: every drafted token must be
+  accepted, whatever sequence of γ (0 included) the iterations run."""
+  lm, params = target()
+  ad = AdaptiveGamma(gammas=(0, 1, 2, 4))
+  dec = SpeculativeDecoder(lm, ModelDrafter(lm), 4, GREEDY, 40, adaptive=ad)
+  prompts, lengths = ragged_prompts(batch=3)
+  b, p = prompts.shape
+  slots = specjax.required_cache_len(lm, p, 40, 4)
+  keys = jax.random.split(jax.random.key(0), b)
+  state = jax.jit(dec.init_state)(params, params, prompts, lengths, keys,
+                                  lm.init_cache(b, slots, p), lm.init_cache(b, slots, p))
+  step = jax.jit(lambda s, c: dec.step(params, params, s, c))
+  costs = jnp.asarray([1.0, 1.1, 1.2, 1.3])
+  for index in (0, 2, 0, 0, 3, 1, 0, 3, 2, 0, 1):
+    g = ad.gammas[index]
+    state = state.replace(adapt=state.adapt.replace(branch=jnp.int32(index),
+                                                    limit_B=jnp.full((b,), g, jnp.int32)))
+    before = np.asarray(state.stats.accepted)
+    calls = np.asarray(state.stats.target_calls)
+    state = step(state, costs)
+    assert (np.asarray(state.stats.target_calls) == calls + 1).all()
+    accepted = np.asarray(state.stats.accepted) - before
+    assert (accepted == g).all(), (index, accepted)
+  ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=40, sampling=GREEDY)
+  n = np.asarray(state.out_len)
+  for r in range(b):
+    assert (np.asarray(state.tokens)[r, :n[r]] == np.asarray(ref.tokens)[r, :n[r]]).all()
+
+
+# ------------------------------------------------------------ greedy identity
+
+def _drafters():
+  lm, _ = target()
+  return {"draft_model": (noisy_draft()[0], noisy_draft()[1]),
+          "small_draft": small_draft(),
+          "prompt_lookup": (PromptLookup(max_ngram=3), None),
+          "layer_skip": (LayerSkip(lm, (0,)), None)}
+
+
+@pytest.mark.parametrize("name,per_row", [
+    ("draft_model", False), ("draft_model", True), ("small_draft", False),
+    ("prompt_lookup", False), ("prompt_lookup", True), ("layer_skip", False)])
+def test_greedy_equals_the_target_greedy(name, per_row):
+  lm, params = target()
+  prompts, lengths = ragged_prompts(batch=8, max_len=12, seed=4)
+  prompts = np.asarray(prompts).copy()
+  prompts[:, 6:12] = prompts[:, :6]  # repeats, so lookups match
+  prompts = jnp.asarray(prompts)
+  ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=24, sampling=GREEDY,
+                         eos_id=EOS)
+  lens = np.asarray(ref.lengths)
+  assert (lens < 24).any() and (lens == 24).any(), lens
+  draft, dp = _drafters()[name]
+  for costs in (COSTS, (1.0, 1.05, 1.1, 1.2, 1.4), (1.0, 3, 3, 3, 3)):
+    out = specjax.speculative_generate(lm, params, draft, dp, prompts, lengths,
+                                       max_new_tokens=24, sampling=GREEDY, eos_id=EOS,
+                                       gamma=AdaptiveGamma(per_row=per_row), gamma_costs=costs)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(out.lengths), lens)
+    trace = np.asarray(out.stats.gamma_trace)
+    assert set(trace[trace >= 0]) <= {0, 1, 2, 4, 8}
+    assert int((trace >= 0).sum()) == int(np.asarray(out.stats.target_calls).max()) - 1
+
+
+def test_per_row_mode_rows_are_independent_of_the_batch():
+  lm, params = target()
+  dm, dp = noisy_draft()
+  prompts, lengths = ragged_prompts(batch=6, max_len=8, seed=9)
+  keys = jax.random.split(jax.random.key(3), 6)
+  kw = dict(max_new_tokens=12, sampling=SamplingConfig(1.0), gamma_costs=COSTS,
+            gamma=AdaptiveGamma(per_row=True))
+  batch = specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, key=keys, **kw)
+  for r in (0, 3):
+    alone = specjax.speculative_generate(lm, params, dm, dp, prompts[r:r + 1],
+                                         lengths[r:r + 1], key=keys[r:r + 1], **kw)
+    np.testing.assert_array_equal(np.asarray(alone.tokens)[0], np.asarray(batch.tokens)[r])
+
+
+# ------------------------------------------------------------------ exactness
+
+PROMPT = [3, 1, 4, 3, 1]
+EXACT_COSTS = (1.0, 1.25, 1.6)  # Γ = (0, 1, 2): choices change with acceptance
+
+
+@pytest.mark.parametrize("name,cfg,per_row", [
+    ("layer_skip", SamplingConfig(0.7, top_p=0.9), False),
+    ("prompt_lookup", SamplingConfig(1.0), True)], ids=str)
+def test_sampling_is_exact_and_the_control_is_caught(name, cfg, per_row):
+  from test_exactness import residual_from_q_verify
+  from test_drafters import _broken_candidates
+  lm, params = exact_lm()
+  joint = joint_t2_t4(lm, params, PROMPT, cfg)
+  drafter = LayerSkip(lm, (1,)) if name == "layer_skip" else PromptLookup(max_ngram=2)
+  ad = AdaptiveGamma(gammas=(0, 1, 2), per_row=per_row)
+  prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
+  lengths = jnp.full((N_SAMPLES,), len(PROMPT), jnp.int32)
+  keys = jax.random.split(jax.random.key(5), N_SAMPLES)
+  need = specjax.required_cache_len(lm, len(PROMPT), 4, 2)
+
+  def sample(**broken):
+    dec = SpeculativeDecoder(lm, drafter, 2, cfg, 4, adaptive=ad, **broken)
+    return dec.run(params, params, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
+                   drafter.alloc(N_SAMPLES, len(PROMPT), need, 2), gamma_costs=EXACT_COSTS)
+
+  out = sample()
+  drafted = np.asarray(out.stats.drafted)
+  accepted = int(np.asarray(out.stats.accepted).sum())
+  assert 0 < accepted < drafted.sum()
+  assert len(set(drafted.tolist())) >= (3 if per_row else 2)  # rows drafted different amounts
+  assert chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint) > 1e-3
+  broken = (dict(verify_fn=residual_from_q_verify) if name == "layer_skip"
+            else dict(candidates_fn=_broken_candidates))
+  bad = sample(**broken)
+  assert chi_square_pvalue(counts_t2_t4(np.asarray(bad.tokens), lm.vocab_size), joint) < 1e-6
+
+
+# ------------------------------------------------------- compilation and costs
+
+def test_one_compilation_whatever_the_costs():
+  lm, params = target()
+  dm, dp = small_draft()
+  prompts, lengths = ragged_prompts(batch=4)
+  kw = dict(max_new_tokens=12, sampling=GREEDY, gamma="auto")
+  specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma_costs=COSTS, **kw)
+  with TraceCounter() as traces:
+    for costs in ((1, 2, 3, 4, 5), (5, 4, 3, 2, 1)):
+      specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma_costs=costs, **kw)
+  assert traces.decode_loops == 0, traces.counts
+
+
+class _RiggedClock:
+  t = 0.0
+
+  def __call__(self):
+    return self.t
+
+
+def test_branch_costs_are_measured_from_the_clock():
+  clock = _RiggedClock()
+  per_iter = {0: 0.010, 1: 0.013, 2: 0.020}
+  iters = {0: 30, 1: 22, 2: 15}
+
+  def run_branch(i):
+    clock.t += 0.5 + iters[i] * per_iter[i]   # the base (prefill) plus the iterations
+    return iters[i]
+
+  def run_base():
+    clock.t += 0.5
+
+  with use_clock(clock):
+    got = calibration.measure_branch_seconds(run_branch, run_base, 3, repeats=3)
+  np.testing.assert_allclose(got, [per_iter[i] for i in range(3)], rtol=1e-9)
+
+
+def test_the_cost_table_is_measured_once_stored_and_reused(monkeypatch):
+  lm, params = target()
+  dm, dp = small_draft()
+  prompts, lengths = ragged_prompts(batch=2)
+  kw = dict(max_new_tokens=10, sampling=GREEDY, gamma=AdaptiveGamma(gammas=(0, 1, 3)))
+  measured = []
+  real = calibration.calibrate_gamma_costs
+
+  def counting(*a, **k):
+    costs = real(*a, iterations=4, repeats=1, **{x: y for x, y in k.items()})
+    measured.append(costs)
+    return costs
+
+  monkeypatch.setattr(calibration, "calibrate_gamma_costs", counting)
+  first = specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, **kw)
+  assert len(measured) == 1 and measured[0].measured
+  assert all(s > 0 for s in measured[0].seconds) and len(measured[0].seconds) == 3
+  second = specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, **kw)
+  assert len(measured) == 1   # read back, not measured again
+  np.testing.assert_array_equal(np.asarray(first.tokens), np.asarray(second.tokens))
+  key = calibration.gamma_costs_key(lm, ModelDrafter(dm), kw["gamma"], 2,
+                                    specjax.required_cache_len(lm, prompts.shape[1], 10, 3),
+                                    GREEDY)
+  stored = calibration.lookup_gamma_costs(key, kw["gamma"])
+  assert stored is not None and stored.seconds == measured[0].seconds
+  # Another batch bucket is another table.
+  p4, l4 = ragged_prompts(batch=4)
+  specjax.speculative_generate(lm, params, dm, dp, p4, l4, **kw)
+  assert len(measured) == 2
+
+
+# ------------------------------------------------------------------ misuse
+
+def test_misuse_is_named():
+  lm, params = target()
+  dm, dp = small_draft()
+  prompts, lengths = ragged_prompts(batch=2)
+  for bad, match in (((), "non-empty"), ((0,), "at least one"), ((1, 1), "distinct"),
+                     ((-1, 2), "gammas\\[0\\]"), ("0,1,2", "non-empty sequence")):
+    with pytest.raises((ValueError, TypeError), match=match):
+      AdaptiveGamma(gammas=bad)
+  with pytest.raises(ValueError, match="decay"):
+    AdaptiveGamma(decay=1.0)
+  with pytest.raises(ValueError, match="prior_alpha"):
+    AdaptiveGamma(prior_alpha=0.0)
+  kw = dict(max_new_tokens=8, sampling=GREEDY)
+  with pytest.raises(ValueError, match="gamma must be an int >= 1, 'auto'"):
+    specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="fast", **kw)
+  with pytest.raises(ValueError, match="gamma_costs is for gamma='auto'"):
+    specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma=3,
+                                 gamma_costs=COSTS, **kw)
+  with pytest.raises(ValueError, match="5 positive finite numbers"):
+    specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="auto",
+                                 gamma_costs=(1, 2, 3), **kw)
+  with pytest.raises(ValueError, match="5 positive finite numbers"):
+    specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="auto",
+                                 gamma_costs=(1, 2, 0, 3, 4), **kw)
+  with pytest.raises(ValueError, match="Lookahead fixes its own call"):
+    specjax.speculative_generate(lm, params, Lookahead(), None, prompts, lengths, gamma="auto",
+                                 gamma_costs=COSTS, **kw)
+  with pytest.raises(ValueError, match="needs gamma_costs"):
+    SpeculativeDecoder(lm, ModelDrafter(dm), 8, GREEDY, 8, adaptive=AdaptiveGamma()).run(
+        params, dp, prompts, lengths, None, None, None)
+  with pytest.raises(ValueError, match="must be max"):
+    SpeculativeDecoder(lm, ModelDrafter(dm), 4, GREEDY, 8, adaptive=AdaptiveGamma())
+
+
+def test_gammas_beyond_the_output_are_dropped():
+  """Γ values above max(1, max_new_tokens - 1) could never commit their
+  drafts: the loop runs with the rest (and sizes its caches for them)."""
+  assert AdaptiveGamma().limited_to(3).gammas == (0, 1, 2)
+  assert AdaptiveGamma(gammas=(4, 8)).limited_to(2).gammas == (2,)
+  lm, params = target()
+  dm, dp = small_draft()
+  prompts, lengths = ragged_prompts(batch=2)
+  out = specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, max_new_tokens=4,
+                                     sampling=GREEDY, gamma="auto", gamma_costs=COSTS)
+  assert out.stats.accepted_hist.shape == (2, 3)
+  assert out.draft_cache.max_len == specjax.required_cache_len(lm, prompts.shape[1], 4, 2)
+
+
+def test_eagle_is_refused_by_name():
+  assert not Eagle.adaptive
