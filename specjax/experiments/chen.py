@@ -54,7 +54,8 @@ from specjax import theory
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_llama import decoder_config_from_hf, import_hf_decoder
 from specjax.experiments import placement
-from specjax.experiments.speed import cell_name, decode_ms_per_token, summarize, sweep
+from specjax.experiments.speed import (cell_name, decode_ms_per_token, gamma_room, summarize,
+                                       sweep)
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.tokenizers.hf import check_tokenizers_compatible, load_tokenizer
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
@@ -322,6 +323,20 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
   return rows
 
 
+def auto_summary(summary: dict, gammas) -> dict:
+  """The gamma="auto" cell beside the fixed K: its speedup, the best fixed
+  K's, their ratio, and how often each γ ran."""
+  a = summary[cell_name(DRAFT, "auto")]
+  best = max(gammas, key=lambda k: summary[cell_name(DRAFT, k)]["speedup"])
+  return {"speedup": a["speedup"], "ms_per_token": a["ms_per_token"],
+          "tokens_per_iteration": a["tokens_per_iteration"],
+          "acceptance_rate": a["acceptance_rate"], "gamma_counts": a.get("gamma_counts", {}),
+          "gamma_traces": a.get("gamma_traces", []),
+          "identical_fraction": a["identical_fraction"], "best_k": int(best),
+          "best_k_speedup": summary[cell_name(DRAFT, best)]["speedup"],
+          "vs_best_k": a["speedup"] / summary[cell_name(DRAFT, best)]["speedup"]}
+
+
 def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str],
             place=None) -> dict:
   """Every measurement, each stage cached in `stages` and keyed by what it
@@ -353,7 +368,8 @@ def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str
     prompts, lengths, records = prompts_by_task[task]
     sampling = sampling_config(name)
     t0 = time.time()
-    recs = sweep(target[0], target[1], {DRAFT: draft}, prompts, lengths, gammas=gammas,
+    auto = ["auto"] if cfg.eval.get("auto", False) else []   # a gamma="auto" cell
+    recs = sweep(target[0], target[1], {DRAFT: draft}, prompts, lengths, gammas=gammas + auto,
                  sampling=sampling, max_new_tokens=cfg.eval.max_new_tokens, eos_id=eos,
                  stages=stages, prefix=f"{name}/k", fingerprints=fingerprints,
                  chunk=cfg.eval.chunk, seed=cfg.seed, keep_cell_tokens=[cell_name(DRAFT, head)],
@@ -387,6 +403,8 @@ def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str
         **SETTINGS[name], "cells": summary, "alpha": alpha, "quality": qual,
         "k_sweep": k_sweep_table(summary, comp, alpha["alpha"], ks, n),
         "compile_s": stages.get(f"{name}/k/compile_s")}
+    if auto:
+      results["settings"][name]["auto"] = auto_summary(summary, gammas)
     jax.clear_caches()  # Free the finished executables (see leviathan.measure).
   comps = {t: r["components"] for t, r in results["tasks"].items()}
   results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, head,
@@ -412,7 +430,9 @@ def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: in
                    eos_id=eos, stages=stages, prefix=f"{name}/batch{b}",
                    fingerprints=fingerprints, batch_size=int(b),
                    chunk=max(int(cfg.eval.chunk), int(b)), seed=cfg.seed, keep_ar_tokens=False,
-                   cache_gamma=max(int(x) for x in cfg.eval.ks), place=place)
+                   cache_gamma=gamma_room([int(x) for x in cfg.eval.ks]
+                                          + (["auto"] if cfg.eval.get("auto", False) else [])),
+                   place=place)
       s = summarize(recs)
       c = s[cell_name(DRAFT, k)]
       pre = comps[SETTINGS[name]["task"]].get(str(b), {}).get("prefill")

@@ -40,8 +40,8 @@ from specjax.experiments.common import (Stages, array_digest, check_data_host,
                                         checkpoint_fingerprint, copy_results,
                                         enable_compilation_cache, open_workdir, pad_batch,
                                         pretrained_dir, train_config, train_or_restore)
-from specjax.experiments.speed import (cell_name, decode_ms_per_token, summarize, sweep,
-                                       sweep_cache_len)
+from specjax.experiments.speed import (cell_name, decode_ms_per_token, gamma_room, summarize,
+                                       sweep, sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_t5 import import_hf_t5, t5_config_from_hf
 from specjax.experiments import placement
@@ -188,6 +188,12 @@ def _ngram_alpha(tables, target, tp, prompts, lengths, outputs_NT, out_lens, sam
   return res
 
 
+def sweep_gammas(cfg) -> list:
+  """The γ cells of the sweep: `eval.gammas`, and "auto" (`gamma="auto"`)
+  when `eval.auto` is set."""
+  return list(cfg.eval.gammas) + (["auto"] if cfg.eval.get("auto", False) else [])
+
+
 def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str, str],
             place=None) -> dict:
   """All measurements, each stage cached in `stages` and keyed by what it
@@ -226,7 +232,7 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
     # The per-request prefill (encoders, cross K/V, first token), kept apart from the
     # decode step times so measured speedups can be compared decode-only.
     sweep_len = sweep_cache_len(target, [m for m, _ in drafts.values()], p_len, max_new,
-                                max(cfg.eval.gammas))
+                                gamma_room(sweep_gammas(cfg)))
     prefill = {name: stages.run(f"prefill/p{p_len}_n{max_new}/{name}",
                                 lambda m=m, mp=mp: prefill_seconds(m, mp, 1, sweep_len, p_len),
                                 deps={"model": fingerprints[name], "cache_len": sweep_len,
@@ -236,7 +242,8 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
                 "num_prompts": int(len(prompts))}
     for temp in cfg.eval.temperatures:
       sampling = specjax.SamplingConfig(temperature=float(temp))
-      recs = sweep(target, tp, drafts, prompts, lengths, gammas=cfg.eval.gammas, sampling=sampling,
+      recs = sweep(target, tp, drafts, prompts, lengths, gammas=sweep_gammas(cfg),
+                   sampling=sampling,
                    max_new_tokens=max_new, eos_id=tok.eos_id, stages=stages,
                    prefix=f"{task}/t{temp:g}", fingerprints=fingerprints, chunk=cfg.eval.chunk,
                    seed=cfg.seed, place=place)
@@ -364,7 +371,7 @@ def run(cfg) -> dict:
     draft_configs = [_t5(cfg.models.drafts[n], tok.vocab_size).config for n in cfg.eval.drafts]
   p_max = max(int(cfg.eval[f"{t}_prompt_len"]) for t in TASKS)
   n_max = max(int(cfg.eval[f"{t}_max_new"]) for t in TASKS)
-  cache_len = specjax.required_cache_len(target, p_max, n_max, max(cfg.eval.gammas))
+  cache_len = specjax.required_cache_len(target, p_max, n_max, gamma_room(sweep_gammas(cfg)))
   largest = max(draft_configs, key=lambda c: c.num_params()) if draft_configs else None
   mesh = placement.experiment_mesh(cfg, target.config, largest, batch_size=1,
                                    cache_len=cache_len)

@@ -8,12 +8,13 @@ import time
 from typing import Dict
 
 import jax
+import numpy as np
 
 from specjax.atomic_io import as_path, atomic_path, atomic_write_text
 from specjax.measure.provenance import provenance, provenance_sentence
 
 __all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line",
-           "subplots", "save"]
+           "subplots", "save", "plot_gamma_traces"]
 
 
 def machine_info() -> dict:
@@ -73,6 +74,20 @@ def save(fig, path: str, tight: bool = True):
   with atomic_path(path) as tmp:  # the temporary name keeps the extension: the format
     fig.savefig(tmp, dpi=110)
   return fig
+
+
+def plot_gamma_traces(results: dict, drafts, path: str) -> None:
+  """The γ `gamma="auto"` chose at each iteration of the first prompt, per
+  task / temperature panel and draft."""
+  panels = {}
+  for task, tr in results["tasks"].items():
+    for t, te in tr["temperatures"].items():
+      lines = {}
+      for d in drafts:
+        traces = te["cells"].get(f"{d}/gauto", {}).get("gamma_traces") or [[]]
+        lines[d] = (list(range(1, len(traces[0]) + 1)), traces[0])
+      panels[f"{task}, T={t}"] = lines
+  plot_lines(panels, path, "iteration (first prompt)", "γ chosen", None)
 
 
 def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str):
@@ -202,21 +217,43 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
         f"{task}: " + ", ".join(f"{m} {1e3 * v:.2f}" for m, v in p.items())
         for task, p in pre.items()) + "."]
   lines += ["", "## Speedup for every γ", ""]
+  auto_rows = []
   for task, tr in results["tasks"].items():
     for t, te in tr["temperatures"].items():
+      auto = all(f"{d}/gauto" in te["cells"] for d in drafts)
       lines += [f"**{task}, temperature {t}** (AR {te['cells']['ar']['ms_per_token']:.2f} ms/token)", "",
-                "| draft | α | " + " | ".join(f"γ={g}" for g in gammas) + " |",
-                "|---|---|" + "---|" * len(gammas)]
+                "| draft | α | " + " | ".join(f"γ={g}" for g in gammas)
+                + (" | auto (γ chosen: iterations) |" if auto else " |"),
+                "|---|---|" + "---|" * (len(gammas) + auto)]
       for d in drafts:
         cells = [te["cells"]["%s/g%d" % (d, g)] for g in gammas]
-        lines.append(f"| {d} | {te['alpha'][d]:.2f} | " + " | ".join(
-            "%.2fx (%.2f)" % (c["speedup"], c["tokens_per_iteration"]) for c in cells) + " |")
+        row = f"| {d} | {te['alpha'][d]:.2f} | " + " | ".join(
+            "%.2fx (%.2f)" % (c["speedup"], c["tokens_per_iteration"]) for c in cells) + " |"
+        if auto:
+          a = te["cells"][f"{d}/gauto"]
+          chosen = ", ".join(f"{g}: {n}" for g, n in sorted(a.get("gamma_counts", {}).items(),
+                                                           key=lambda kv: int(kv[0])))
+          row += f" **{a['speedup']:.2f}x** ({a['tokens_per_iteration']:.2f}; {chosen}) |"
+          best = max(c["speedup"] for c in cells)
+          auto_rows.append((a["speedup"], a["speedup"] / best))
+        lines.append(row)
       ident = [te["cells"]["%s/g%d" % (d, g)]["identical_fraction"] for d in drafts for g in gammas]
       if float(t) == 0:
         lines.append(f"\nGreedy outputs identical to autoregressive decoding in "
                      f"{100 * min(ident):.0f}% of prompts (worst cell).")
       lines.append("")
-  lines += ["Cells: measured speedup (tokens per iteration).", "",
+  lines += ["Cells: measured speedup (tokens per iteration)."
+            + (" `auto`: `speculative_generate(gamma=\"auto\")`, γ chosen per iteration from "
+               "{0, 1, 2, 4, 8} (0: a plain target step) in-graph; its one-time cost calibration "
+               "is compiled and run outside the timings." if auto_rows else ""), ""]
+  if auto_rows:
+    vs_ar = [r[0] for r in auto_rows]
+    vs_best = [r[1] for r in auto_rows]
+    lines += [f"`auto` over {len(auto_rows)} cells: {min(vs_ar):.2f}–{max(vs_ar):.2f}× AR "
+              f"(median {np.median(vs_ar):.2f}; ≥ 0.97× in {sum(v >= 0.97 for v in vs_ar)}); "
+              f"{min(vs_best):.2f}–{max(vs_best):.2f}× the best fixed γ of its row (median "
+              f"{np.median(vs_best):.2f}; ≥ 0.95× in {sum(v >= 0.95 for v in vs_best)}).", ""]
+  lines += ["",
             "## Table 3 layout: α of n-gram drafts", "",
             "| task | temp | unigram | bigram | " + " | ".join(drafts) + " |",
             "|---|---|---|---|" + "---|" * len(drafts)]
@@ -238,6 +275,8 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
                                                           for g in gammas])
           for d in drafts}
   plot_lines(panels, os.path.join(out_dir, "speedup_vs_gamma.png"), "γ", "walltime speedup", 1.0)
+  if auto_rows:
+    plot_gamma_traces(results, drafts, os.path.join(out_dir, "auto_gamma.png"))
   groups = {f"{task}\nT={t}": {d: te["alpha"][d] for d in ["unigram", "bigram"] + drafts}
             for task, tr in results["tasks"].items() for t, te in tr["temperatures"].items()}
   plot_bars(groups, os.path.join(out_dir, "alpha.png"), "α")

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
+from specjax.adaptive import AdaptiveGamma
 from specjax.measure.timing import now
 from specjax.experiments.common import Progress
 from specjax.experiments.stages import Stages, array_digest
@@ -32,8 +33,16 @@ from specjax.generation import EosIds
 __all__ = ["sweep", "summarize", "cell_name"]
 
 
-def cell_name(draft: str, gamma: int) -> str:
+def cell_name(draft: str, gamma) -> str:
+  """"<draft>/g<γ>" (γ an int, or "auto": `speculative_generate(gamma="auto")`)."""
   return f"{draft}/g{gamma}"
+
+
+def gamma_room(gammas: Sequence) -> int:
+  """The largest γ the cells of `gammas` (ints and "auto") may draft: the
+  caches' room."""
+  return max([int(g) for g in gammas if g != "auto"]
+             + ([AdaptiveGamma().max_gamma] if "auto" in gammas else []))
 
 
 def _timed(fn):
@@ -85,7 +94,7 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     raise ValueError(f"fingerprints must name every model of the sweep; missing {missing}")
   p = prompts_NP.shape[1]
   cache_len = sweep_cache_len(target, [d for d, _ in drafts.values()], p, max_new_tokens,
-                              max(max(gammas), cache_gamma))
+                              max(gamma_room(gammas), cache_gamma))
   common = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id, pad_id=0,
                 cache_len=cache_len)
 
@@ -121,7 +130,8 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     names = {"ar": (f"{prefix}/chunk{k}/ar", ar_deps)}
     for d, g in cells:
       names[cell_name(d, g)] = (f"{prefix}/chunk{k}/{cell_name(d, g)}",
-                                dict(ar_deps, draft=fingerprints[d], gamma=int(g),
+                                dict(ar_deps, draft=fingerprints[d],
+                                     gamma=g if g == "auto" else int(g),
                                      keep_tokens=cell_name(d, g) in keep_cell_tokens))
     stored = {key: stages.get(name, deps) for key, (name, deps) in names.items()}
     plan.append((names, stored))
@@ -181,6 +191,10 @@ def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_token
       c["tokens"].append(int(np.asarray(sp.lengths).sum()))
       c["target_calls"].append(int(np.asarray(sp.stats.target_calls).sum()))
       c["hist"].append(np.asarray(sp.stats.accepted_hist).sum(0).tolist())
+      c.setdefault("drafted", []).append(int(np.asarray(sp.stats.drafted).sum()))
+      if sp.stats.gamma_trace is not None:   # gamma="auto": how often each γ ran
+        trace = np.asarray(sp.stats.gamma_trace)
+        c.setdefault("gamma_trace", []).append(trace[trace >= 0].tolist())
       c["identical"].append(bool(np.array_equal(np.asarray(sp.tokens), toks)))
       if cell_name(d, g) in keep_cell_tokens:
         sp_lens, sp_toks = np.asarray(sp.lengths), np.asarray(sp.tokens)
@@ -210,12 +224,22 @@ def summarize(records: Sequence[dict]) -> Dict[str, dict]:
     g = len(hist) - 1
     accepted = float((hist * np.arange(g + 1)).sum())
     identical = [x for r in records for x in r["cells"][name]["identical"]]
+    drafted = [x for r in records for x in r["cells"][name].get("drafted", [])]
+    traces = [t for r in records for t in r["cells"][name].get("gamma_trace", [])]
+    if drafted and traces:   # gamma="auto": γ varies, acceptance is accepted / drafted
+      acceptance = accepted / sum(drafted) if sum(drafted) else 0.0
+    else:
+      acceptance = accepted / (g * iters) if iters else 0.0
     out[name] = {
         "seconds": s, "tokens": tok, "ms_per_token": 1e3 * s / tok,
         "speedup": (ar_s / ar_tok) / (s / tok),
         "tokens_per_iteration": float((hist * (np.arange(g + 1) + 1)).sum() / iters) if iters else 1.0,
-        "acceptance_rate": accepted / (g * iters) if iters else 0.0,
+        "acceptance_rate": acceptance,
         "accepted_hist": hist.tolist(), "identical_fraction": float(np.mean(identical)),
         "target_calls": int(sum(sum(r["cells"][name]["target_calls"]) for r in records)),
     }
+    if traces:
+      chosen = np.concatenate([np.asarray(t, int) for t in traces]) if traces else np.zeros(0)
+      out[name]["gamma_counts"] = {str(v): int((chosen == v).sum()) for v in np.unique(chosen)}
+      out[name]["gamma_traces"] = traces[:8]   # a few prompts' γ over time (for the plot)
   return out
