@@ -1,5 +1,6 @@
-"""Autoregressive vs speculative generation on a built-in pair; prints the
-acceptance, the tokens per target call and the speedup measured side by side.
+"""Plain decoding vs prompt lookup (fixed γ and gamma="auto") with a small
+decoder trained here on code; prints α, tokens per target call, both speeds
+and the γ auto chose, measured side by side.
 
   python experiments/demo.py --config=configs/demo.py
 """

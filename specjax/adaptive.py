@@ -160,7 +160,8 @@ class AdaptState:
   and rejections; branch: int32 `[]` the index into Γ of the next
   iteration; limit_B: int32 `[B]` each row's valid drafts in the next
   iteration; trace_I: int32 `[I]` the call's γ at each iteration (-1 past
-  the last).
+  the last); synced_B: int32 `[B]` stream positions a drafter that
+  `catches_up` holds (it reads the rest before it drafts again).
   """
 
   accepted_B: jax.Array
@@ -168,12 +169,13 @@ class AdaptState:
   branch: jax.Array
   limit_B: jax.Array
   trace_I: jax.Array
+  synced_B: jax.Array
 
   @classmethod
   def zeros(cls, batch: int, iterations: int) -> "AdaptState":
     z = jnp.zeros((batch,), jnp.float32)
-    return cls(z, z, jnp.zeros((), jnp.int32), jnp.zeros((batch,), jnp.int32),
-               jnp.full((iterations,), -1, jnp.int32))
+    zi = jnp.zeros((batch,), jnp.int32)
+    return cls(z, z, jnp.zeros((), jnp.int32), zi, jnp.full((iterations,), -1, jnp.int32), zi)
 
 
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:

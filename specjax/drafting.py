@@ -252,8 +252,12 @@ class Drafter(abc.ABC):
     fixed_gamma: the γ the drafter always uses (None: the caller's).
     adaptive: the drafter can change γ from one iteration to the next,
       γ = 0 included (`specjax.adaptive`, `gamma="auto"`): a chain drafter
-      whose state does not depend on γ and whose `idle` keeps it in step
-      through plain target steps.
+      whose state does not depend on γ and that stays in step through plain
+      target steps (`idle`, or `catches_up`).
+    catches_up: through plain target steps the drafter does nothing; before
+      it drafts again the loop hands it the tokens it missed (`feed`, in
+      calls of up to max Γ + 1 tokens) — a draft model then costs nothing
+      while γ = 0.
   """
 
   deterministic: bool = False
@@ -263,6 +267,7 @@ class Drafter(abc.ABC):
   hidden_layers: Optional[Tuple[int, ...]] = None
   fixed_gamma: Optional[int] = None
   adaptive: bool = False
+  catches_up: bool = False
 
   def calls_per_iteration(self, gamma: int) -> int:
     """Drafter forward passes per iteration (for the statistics; default 0)."""
@@ -310,6 +315,12 @@ class Drafter(abc.ABC):
     adaptive loop; `update` follows as usual). Default: unchanged."""
     del params, inp
     return state
+
+  def feed(self, params: Any, state: Any, tokens_BT: jax.Array, start_B: jax.Array) -> Any:
+    """For drafters that `catches_up`: the state after reading committed
+    tokens `tokens_BT`, row b's at stream positions start_B[b] .. + T - 1
+    (what it holds past them may be overwritten)."""
+    raise NotImplementedError(f"{type(self).__name__} declares catches_up but has no feed")
 
   def draft_room(self, params: Any, state: Any, inp: DraftInput, gamma: int) -> Optional[jax.Array]:
     """int32 `[B]`: how many of `gamma` drafts each row can offer now

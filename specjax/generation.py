@@ -411,8 +411,9 @@ class SpeculativeDecoder:
     state = _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
                            self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
     if self.adaptive is not None:
-      state = state.replace(adapt=adapt_lib.AdaptState.zeros(first_B.shape[0],
-                                                             self.max_new_tokens))
+      # The drafter's prefill holds the prompt: positions < seq_len.
+      adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens)
+      state = state.replace(adapt=adapt.replace(synced_B=state.seq_len))
     return state
 
   @property
@@ -472,10 +473,42 @@ class SpeculativeDecoder:
       return self._iterate(target_params, draft_params, state)[0]
     if gamma_costs is None:
       raise ValueError("an adaptive decoder's step needs gamma_costs (one per γ of Γ)")
+
+    def one(i, st):
+      if self.adaptive.gammas[i]:
+        st = self.catch_up(draft_params, st)
+      return self._adaptive_iteration(i, target_params, draft_params, st, gamma_costs)
+
     return jax.lax.switch(state.adapt.branch, [
-        functools.partial(self._adaptive_iteration, i, target_params, draft_params,
-                          gamma_costs=gamma_costs) for i in range(len(self.adaptive.gammas))],
-                          state)
+        functools.partial(one, i) for i in range(len(self.adaptive.gammas))], state)
+
+  def catch_up(self, draft_params, state: DecodeState) -> DecodeState:
+    """A drafter that `catches_up` reads the committed tokens it missed
+    during plain steps, in calls of max Γ + 1 tokens (so the writes stay
+    within the room the caches keep for one iteration's drafts); others are
+    returned as they are."""
+    drafter = self.drafter
+    if not drafter.catches_up:
+      return state
+    width = self.adaptive.max_gamma + 1
+    buf = state.tokens.shape[1]
+
+    def lagging(st):
+      return ~st.done & (st.adapt.synced_B < st.seq_len - 1)
+
+    def feed(st):
+      start_B = st.adapt.synced_B
+      # Generated token j sits at stream position seq_len - out_len + 1 + j.
+      j_BC = start_B[:, None] - (st.seq_len - st.out_len + 1)[:, None] + jnp.arange(width)[None]
+      tokens_BC = jnp.take_along_axis(st.tokens, jnp.clip(j_BC, 0, buf - 1), axis=1)
+      lag_B = lagging(st)
+      draft_state = drafter.feed(draft_params, st.draft_cache, tokens_BC, start_B)
+      synced_B = jnp.where(lag_B, jnp.minimum(start_B + width, st.seq_len - 1), start_B)
+      stats = st.stats.replace(draft_calls=st.stats.draft_calls + lag_B.astype(jnp.int32))
+      return st.replace(draft_cache=draft_state, stats=stats,
+                        adapt=st.adapt.replace(synced_B=synced_B))
+
+    return jax.lax.while_loop(lambda st: jnp.any(lagging(st)), feed, state)
 
   def choose(self, draft_params, state: DecodeState, gamma_costs: jax.Array) -> DecodeState:
     """The state with the next iteration's γ (`state.adapt.branch`) and each
@@ -494,11 +527,13 @@ class SpeculativeDecoder:
     active_B = ~state.done
     if g == 0:
       new, n_B, valid_B = self._plain_iterate(target_params, draft_params, state)
+      synced_B = state.adapt.synced_B
     else:
       dec = dataclasses.replace(self, gamma=g, adaptive=None)
       new, n_B, valid_B = dec._iterate(target_params, draft_params, state, state.adapt.limit_B)
-    new = new.replace(adapt=adapt_lib.observe(ad, state.adapt, n_B, valid_B, active_B,
-                                              state.step))
+      synced_B = new.seq_len - 1   # a proposal leaves the drafter holding all but the last
+    adapt = adapt_lib.observe(ad, state.adapt, n_B, valid_B, active_B, state.step)
+    new = new.replace(adapt=adapt.replace(synced_B=synced_B))
     return self.choose(draft_params, new, gamma_costs)
 
   def adaptive_loop(self, target_params, draft_params, state: DecodeState,
@@ -518,6 +553,8 @@ class SpeculativeDecoder:
 
     def segment(index):
       def run(s):
+        if self.adaptive.gammas[index]:
+          s = self.catch_up(draft_params, s)
         return jax.lax.while_loop(
             lambda st: running(st) & (st.adapt.branch == index),
             functools.partial(self._adaptive_iteration, index, target_params, draft_params,

@@ -285,16 +285,3 @@ def test_sampling_is_exact_and_the_control_is_caught(name, cfg):
   assert pvalue > 1e-3, pvalue
   broken, _ = _sample(lm, params, drafter, gamma, cfg, broken=True)
   assert chi_square_pvalue(broken, joint) < 1e-6
-
-
-def test_demo_shows_a_drafter_that_accepts():
-  from configs import demo as demo_config
-  from specjax.experiments import demo
-  res = demo.run(demo_config.get_config("tiny"))
-  lookup, model = res["drafters"]["prompt_lookup"], res["drafters"]["model"]
-  assert lookup["tokens_per_target_call"] > 1.1 and lookup["greedy_outputs_identical"]
-  assert model["greedy_outputs_identical"] and np.isfinite(model["speedup"])
-  with pytest.raises(ValueError, match="config.drafters"):
-    cfg = demo_config.get_config("tiny")
-    cfg.drafters = "eagle"
-    demo.run(cfg)

@@ -170,24 +170,30 @@ TRAIN_FILES = ("colorsys.py", "bisect.py", "keyword.py", "fnmatch.py", "stat.py"
                "shlex.py", "textwrap.py")
 
 
-@pytest.fixture(scope="module")
-def micro_run(tmp_path_factory):
-  """The micro preset end to end on a small copy of the standard library
-  (a few modules to train on, the `json` package held out)."""
+def _small_stdlib(root):
+  """A small copy of the standard library: a few modules to train on and
+  the `json` package (held out)."""
   import os
   import shutil
-  from configs import long_context as lc_config
   from specjax.data import code as code_lib
-  root = tmp_path_factory.mktemp("long_context")
   code_dir = root / "code"
   shutil.copytree(os.path.join(code_lib.stdlib_dir(), "json"), code_dir / "json",
                   ignore=shutil.ignore_patterns("__pycache__"))
   for name in TRAIN_FILES:
     shutil.copy(os.path.join(code_lib.stdlib_dir(), name), code_dir / name)
+  return f"dir:{code_dir}"
+
+
+@pytest.fixture(scope="module")
+def micro_run(tmp_path_factory):
+  """The micro preset end to end on a small copy of the standard library
+  (a few modules to train on, the `json` package held out)."""
+  from configs import long_context as lc_config
+  root = tmp_path_factory.mktemp("long_context")
   cfg = lc_config.get_config("micro")
   cfg.workdir = str(root / "run")
   cfg.data.cache_dir = str(root / "data")
-  cfg.data.code_source = f"dir:{code_dir}"
+  cfg.data.code_source = _small_stdlib(root)
   cfg.results_dir = str(root / "results")
   return cfg, lc.run(cfg)
 
@@ -249,3 +255,26 @@ def test_crossover_is_the_context_from_which_speculation_stays_ahead():
   cells = [cell(512, 1, 0.8), cell(1024, 1, 1.1), cell(2048, 1, 0.9), cell(4096, 1, 1.3),
            cell(512, 16, 1.2), cell(1024, 16, 1.4), cell(512, 4, 0.7)]
   assert crossovers(cells, "window", "greedy") == {1: 4096, 4: None, 16: 512}
+
+
+def test_the_demo_compares_prompt_lookup_fixed_and_auto_on_code(tmp_path):
+  """The demo (`experiments/demo.py`, tiny preset) on the small standard
+  library copy: trains, decodes, checks every output against plain greedy
+  decoding, reports what auto chose; a rerun reuses the trained target."""
+  from configs import demo as demo_config
+  from specjax.experiments import demo
+  cfg = demo_config.get_config("tiny")
+  cfg.workdir = str(tmp_path / "run")
+  cfg.data.cache_dir = str(tmp_path / "data")
+  cfg.data.code_source = _small_stdlib(tmp_path)
+  res = demo.run(cfg)
+  for name in ("lookup", "lookup_auto"):
+    r = res["drafters"][name]
+    assert r["greedy_outputs_identical"], name
+    assert r["tokens_per_target_call"] >= 1.0 and np.isfinite(r["speedup"]) and r["speedup"] > 0
+  chosen = res["drafters"]["lookup_auto"]["gamma_chosen"]
+  assert set(chosen) <= {"0", "1", "2", "4", "8"} and sum(chosen.values()) > 0
+  assert (tmp_path / "run" / "demo.json").exists()
+  with pytest.raises(ValueError, match="config.drafters"):
+    cfg.drafters = "eagle"
+    demo.run(cfg)

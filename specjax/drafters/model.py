@@ -44,6 +44,7 @@ class ModelDrafter(Drafter):
 
   deterministic = False
   adaptive = True
+  catches_up = True
 
   @property
   def uses_target_params(self) -> bool:
@@ -103,15 +104,12 @@ class ModelDrafter(Drafter):
     del params, feedback  # The next proposal rolls the cache back by its length.
     return state
 
-  def idle(self, params, state, inp: DraftInput) -> Any:
-    """Feeds [prev, pending] as a proposal's first call does, drawing
-    nothing: the cache then holds every position before the next pending
-    token, as after a proposal."""
-    cache = state.replace(lengths=inp.seq_len_B - 1)
-    _, cache = self.model.extend(params, jnp.stack([inp.prev_B, inp.pending_B], axis=1), cache)
+  def feed(self, params, state, tokens_BT: jax.Array, start_B: jax.Array) -> Any:
+    """Writes committed tokens the draft missed (plain steps of an adaptive
+    loop) at their positions: one call."""
+    _, cache = self.model.extend(params, tokens_BT, state.replace(lengths=start_B))
     return cache
 
   def calls_per_iteration(self, gamma: int) -> int:
-    """Draft forward passes per iteration (for the statistics): γ, or the
-    one call of an idle iteration (γ = 0)."""
-    return max(gamma, 1)
+    """Draft forward passes per iteration (for the statistics)."""
+    return gamma
