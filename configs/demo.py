@@ -14,6 +14,12 @@ token for token against plain decoding (`specjax.experiments.demo`).
 import ml_collections
 
 
+def _model(d_model, num_layers, num_heads, head_dim, mlp_dim):
+  return ml_collections.ConfigDict(dict(
+      d_model=d_model, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_heads,
+      head_dim=head_dim, mlp_dim=mlp_dim, tie_embeddings=False))
+
+
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.workdir = "runs/demo"
@@ -25,9 +31,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.data.heldout = ["json", "email", "http", "logging"]
   c.data.vocab_size = 2048
   c.data.spm_sentences = 10_000
-  c.model = ml_collections.ConfigDict(dict(d_model=192, num_layers=4, num_heads=4,
-                                           num_kv_heads=4, head_dim=48, mlp_dim=576,
-                                           tie_embeddings=False))
+  c.model = _model(192, 4, 4, 48, 576)      # 2.6M with the 2048-token vocabulary
   c.train_seq_len = 256
   c.train = ml_collections.ConfigDict(dict(
       steps=120, batch_size=8, learning_rate=3e-3, warmup_steps=10, checkpoint_every=40,
@@ -43,9 +47,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.data.heldout = ["json"]
     c.data.vocab_size = 512
     c.data.spm_sentences = 2_000
-    c.model = ml_collections.ConfigDict(dict(d_model=32, num_layers=2, num_heads=2,
-                                             num_kv_heads=2, head_dim=16, mlp_dim=64,
-                                             tie_embeddings=False))
+    c.model = _model(32, 2, 2, 16, 64)
     c.train_seq_len = 64
     c.train.steps = 4
     c.train.batch_size = 2

@@ -65,7 +65,7 @@ from flax import struct
 from specjax._checks import check_int
 
 __all__ = ["AdaptiveGamma", "AdaptState", "DEFAULT_GAMMAS", "expected_tokens", "choose",
-           "observe", "estimated_alpha"]
+           "observe", "idle_block", "estimated_alpha"]
 
 DEFAULT_GAMMAS: Tuple[int, ...] = (0, 1, 2, 4, 8)
 
@@ -98,6 +98,9 @@ class AdaptiveGamma:
     per_row: each row drafts its own γ (the call is as long as the
       longest), so a row's tokens do not depend on the other rows; False:
       one γ for the batch, maximising the batch's expected tokens per second.
+    plain_block: while γ = 0 the loop revisits its choice after this many
+      plain steps (nothing is observed meanwhile; the estimate's idle decay
+      is applied for the whole block).
   """
 
   gammas: Tuple[int, ...] = DEFAULT_GAMMAS
@@ -106,6 +109,7 @@ class AdaptiveGamma:
   prior_alpha: float = 0.5
   prior_weight: float = 2.0
   per_row: bool = False
+  plain_block: int = 8
 
   def __post_init__(self):
     g = self.gammas
@@ -129,6 +133,7 @@ class AdaptiveGamma:
     object.__setattr__(self, "prior_weight", float(w))
     if not isinstance(self.per_row, bool):
       raise TypeError(f"per_row must be a bool, got {self.per_row!r}")
+    check_int("plain_block", self.plain_block, 1)
 
   @property
   def max_gamma(self) -> int:
@@ -243,3 +248,13 @@ def check_costs(cfg: AdaptiveGamma, costs) -> np.ndarray:
     raise ValueError(f"gamma costs must be {len(cfg.gammas)} positive finite numbers (one per "
                      f"γ of {cfg.gammas}), got {costs!r}")
   return c.astype(np.float32)
+
+
+def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Array
+               ) -> AdaptState:
+  """The estimate after plain iterations start .. end - 1 (nothing observed:
+  the idle decay for each), recorded as γ = 0 in the trace."""
+  d = jnp.power(jnp.float32(cfg.idle_decay), (end - start).astype(jnp.float32))
+  i_I = jnp.arange(st.trace_I.shape[0])
+  trace = jnp.where((i_I >= start) & (i_I < end), 0, st.trace_I)
+  return st.replace(accepted_B=st.accepted_B * d, rejected_B=st.rejected_B * d, trace_I=trace)

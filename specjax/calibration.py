@@ -49,6 +49,9 @@ __all__ = ["GammaCosts", "calibrate_gamma_costs", "lookup_gamma_costs", "gamma_c
            "resolve_gamma_costs", "measure_branch_seconds", "COSTS_FILE"]
 
 COSTS_FILE = "gamma_costs.json"
+# Part of every key: bumped when what an iteration at some γ executes changes
+# (a table measured on older code is then measured again, not reused).
+COSTS_VERSION = 2
 _HIGH = 1e9  # the cost that keeps a branch from ever being chosen
 
 
@@ -92,10 +95,11 @@ def _digest(obj: Any) -> str:
 def gamma_costs_key(target: Any, drafter: Drafter, adaptive: AdaptiveGamma, batch_size: int,
                     cache_len: int, sampling: SamplingConfig) -> str:
   """The key a table is stored under (the machine's id is prefixed by the
-  store): the models' configurations (hashed), Γ, the batch and cache-length
-  buckets (the next power of two) and greedy or sampled verification."""
+  store): the loop's version (`COSTS_VERSION`), the models' configurations
+  (hashed), Γ, the batch and cache-length buckets (the next power of two)
+  and greedy or sampled verification."""
   kind = "greedy" if sampling.is_greedy else "sampled"
-  return (f"target={type(target).__name__}:{_digest(target)} | drafter="
+  return (f"v{COSTS_VERSION} | target={type(target).__name__}:{_digest(target)} | drafter="
           f"{type(drafter).__name__}:{_digest(drafter)} | gammas={list(adaptive.gammas)} | "
           f"batch<={_bucket(batch_size)} | cache<={_bucket(cache_len)} | {kind}")
 
@@ -145,7 +149,7 @@ def measure_branch_seconds(run_branch: Callable[[int], int], run_base: Callable[
 def calibrate_gamma_costs(target: Any, target_params: Any, drafter: Drafter, draft_params: Any,
                           adaptive: AdaptiveGamma, *, batch_size: int, prompt_len: int,
                           cache_len: int, sampling: SamplingConfig = SamplingConfig(),
-                          iterations: int = 24, repeats: int = 3, store: bool = True,
+                          iterations: int = 64, repeats: int = 5, store: bool = True,
                           seed: int = 0) -> GammaCosts:
   """Measures the cost of one iteration at each γ of `adaptive.gammas` (see
   the module doc) for this pair, batch and cache length, on random prompts

@@ -544,17 +544,34 @@ class SpeculativeDecoder:
     place, as in a fixed-γ loop; XLA copies the loop-carried buffers when a
     conditional's branch writes them, so only a change of γ pays a copy of
     the caches (writing them inside a per-iteration switch cost a copy of
-    every cache per iteration)."""
+    every cache per iteration).
+
+    At γ = 0 nothing is observed, so the choice can change only through the
+    estimate's idle decay (and rows finishing): the segment runs blocks of
+    up to `plain_block` lean plain steps and revisits the choice after each
+    block, with the decay of the whole block — the per-iteration choice
+    costs as much as a small model's step on XLA:CPU (a few dozen tiny ops)."""
     max_iters = self.max_new_tokens
-    n = len(self.adaptive.gammas)
+    ad = self.adaptive
+    n = len(ad.gammas)
 
     def running(s):
       return (s.step < max_iters) & ~jnp.all(s.done)
 
+    def plain_block(st):
+      start = st.step
+      st = jax.lax.while_loop(
+          lambda x: running(x) & (x.step < start + ad.plain_block),
+          lambda x: self._plain_iterate(target_params, draft_params, x)[0], st)
+      return self.choose(draft_params, st.replace(adapt=adapt_lib.idle_block(
+          ad, st.adapt, start, st.step)), gamma_costs)
+
     def segment(index):
       def run(s):
-        if self.adaptive.gammas[index]:
-          s = self.catch_up(draft_params, s)
+        if not ad.gammas[index]:
+          return jax.lax.while_loop(lambda st: running(st) & (st.adapt.branch == index),
+                                    plain_block, s)
+        s = self.catch_up(draft_params, s)
         return jax.lax.while_loop(
             lambda st: running(st) & (st.adapt.branch == index),
             functools.partial(self._adaptive_iteration, index, target_params, draft_params,

@@ -338,3 +338,17 @@ def test_gammas_beyond_the_output_are_dropped():
 
 def test_eagle_is_refused_by_name():
   assert not Eagle.adaptive
+
+
+def test_a_block_of_plain_steps_decays_as_its_steps_would():
+  cfg = AdaptiveGamma()
+  st = AdaptState.zeros(2, 12).replace(accepted_B=jnp.asarray([3.0, 0.5]),
+                                       rejected_B=jnp.asarray([1.0, 4.0]))
+  one_by_one = st
+  zero = jnp.zeros(2, jnp.int32)
+  for i in range(3, 8):
+    one_by_one = adaptive.observe(cfg, one_by_one, zero, zero, jnp.ones(2, bool), jnp.asarray(i))
+  block = adaptive.idle_block(cfg, st, jnp.asarray(3), jnp.asarray(8))
+  np.testing.assert_allclose(block.accepted_B, one_by_one.accepted_B, rtol=1e-6)
+  np.testing.assert_allclose(block.rejected_B, one_by_one.rejected_B, rtol=1e-6)
+  assert np.asarray(block.trace_I).tolist() == [-1] * 3 + [0] * 5 + [-1] * 4

@@ -48,6 +48,7 @@ from absl import logging
 
 import specjax
 from specjax import drafters
+from specjax.adaptive import AdaptiveGamma
 from specjax.atomic_io import atomic_write_text
 from specjax.checkpoints import params_digest
 from specjax.checkpoints.heads import final_dir, load_eagle_head
@@ -107,6 +108,7 @@ class FamilyOptions:
   medusa_trees: Tuple[str, ...] = ("chain", "4", "8", "16", "32", "64")
   eagle_dir: str = ""
   eagle3_dir: str = ""
+  auto: bool = False   # also rows with gamma="auto" for the classic draft and prompt lookup
   eagle_dynamic: Tuple[int, int, int] = (4, 4, 16)
   eagle_tree_nodes: int = 16
 
@@ -216,6 +218,9 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
       "windowed KV": (drafters.WindowedKV.of(target, window=window, sinks=opts.sinks,
                                              gamma=g), None, g),
       "lookahead": (drafters.Lookahead(window=w, ngram=n, candidates=c), None, None),
+      **({"classic draft auto": (draft, dp, "auto"),
+          "prompt lookup auto": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None, "auto")}
+         if opts.auto else {}),
       **medusa,
       **_eagle_entries(opts, target, tp),
   }, choice
@@ -259,12 +264,20 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
   return out
 
 
+def _room(g) -> int:
+  """The γ an entry's buffers are sized for: its own, 4 for drafters that
+  fix theirs (None), max Γ for gamma="auto"."""
+  if g is None:
+    return 4
+  return AdaptiveGamma().max_gamma if g == "auto" else int(g)
+
+
 def drafter_memory(target, entry, batch: int, prompt_len: int, cache_len: int) -> dict:
   """The drafter's own parameters (not the target's, which self-drafts and
   heads share: count and bytes) and its state bytes per row for `cache_len`
   positions, and per position (what `specjax.planning.picker` reads)."""
   d, dp, g = entry
-  g = g if g is not None else 4
+  g = _room(g)
   nbytes = lambda tree: int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(
       tree)))
   if not isinstance(d, Drafter):  # a draft model: its params and KV cache
@@ -343,8 +356,7 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
   names = ["autoregressive"] + list(entries)
   call_tokens = {"autoregressive": 1}
   for name, (d, _, g) in entries.items():
-    lay = (d if isinstance(d, Drafter) else drafters.ModelDrafter(d)).layout(
-        g if g is not None else 4)
+    lay = (d if isinstance(d, Drafter) else drafters.ModelDrafter(d)).layout(_room(g))
     call_tokens[name] = lay.length
   call_cost = _call_costs(target, tp, batch, prompts.shape[1], max_new,
                           sorted(set(call_tokens.values())))
@@ -681,7 +693,7 @@ def options(cfg) -> FamilyOptions:
       gamma=int(cfg.gamma), lookup_gamma=int(cfg.lookup_gamma), window=int(cfg.window),
       medusa_trees=tuple(str(t) for t in cfg.medusa_trees),
       eagle_dynamic=tuple(int(x) for x in cfg.eagle_dynamic),
-      eagle_tree_nodes=int(cfg.eagle_tree_nodes), **dirs)
+      eagle_tree_nodes=int(cfg.eagle_tree_nodes), auto=bool(cfg.get("auto", False)), **dirs)
 
 
 def run(cfg) -> dict:
