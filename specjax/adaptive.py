@@ -7,21 +7,27 @@ plain target step), one branch compiled per γ, selected per iteration by
 buffers (sized for max Γ). The choice maximises the expected tokens per unit
 of time:
 
-    score(γ) = Σ_b E_b(γ) / c(γ),   E_b(γ) = (1 − α_b^(k+1)) / (1 − α_b),
+    score(γ) = Σ_b E_b(γ) / c(γ),   E_b(γ) = 1 + a_b (1 − r_b^k) / (1 − r_b),
     k = min(γ, room_b)
 
 where c(γ) is the measured time of one iteration at γ (a cost table,
 `specjax.calibration`), room_b the drafts row b can offer (all of them for a
-draft model; the matched continuation for prompt lookup) and α_b a running
-per-row estimate of the acceptance probability of one draft — the
-truncated-geometric maximum likelihood over past iterations, with
-exponential forgetting and a prior:
+draft model; the matched continuation for prompt lookup), a_b the row's
+running estimate of the probability that its first draft is accepted and
+r_b that a draft is accepted after the one before it was. With a_b = r_b =
+α this is Leviathan et al.'s (1 − α^(k+1)) / (1 − α); two rates fit drafts
+whose acceptances come in runs — a copied continuation is right for a while
+once its first token is — where one rate undervalues long drafts. Each is
+the maximum likelihood over past iterations with exponential forgetting and
+a prior:
 
-    α_b = (A_b + a0 · m) / (A_b + R_b + m)
+    a_b = (A1_b + a0 · m) / (A1_b + R1_b + m),   r_b likewise from A2, R2
 
-A_b: accepted drafts, R_b: rejections (an iteration that stopped before its
-valid drafts ran out), both decayed by `decay` at every iteration in which
-the row drafted. An iteration in which it drafted nothing observes nothing:
+A1 / R1: iterations whose first valid draft was accepted / rejected; A2:
+accepted drafts after the first; R2: rejections after at least one
+acceptance (an iteration that stopped before its valid drafts ran out). All
+decay by `decay` at every iteration in which the row drafted. An iteration
+in which it drafted nothing observes nothing:
 the counts decay by the slower `idle_decay`, so a row that stopped drafting
 drifts back to the prior and tries again after a while — exploration whose
 price is one γ = 1 iteration per tens of plain steps (with the default
@@ -161,16 +167,16 @@ class AdaptiveGamma:
 class AdaptState:
   """The loop's running estimate, its next choice and its record.
 
-  accepted_B, rejected_B: float32 `[B]` decayed counts of accepted drafts
-  and rejections; branch: int32 `[]` the index into Γ of the next
+  accepted_B2, rejected_B2: float32 `[B, 2]` decayed counts of accepted
+  and rejected drafts, first drafts in column 0, later ones in 1; branch: int32 `[]` the index into Γ of the next
   iteration; limit_B: int32 `[B]` each row's valid drafts in the next
   iteration; trace_I: int32 `[I]` the call's γ at each iteration (-1 past
   the last); synced_B: int32 `[B]` stream positions a drafter that
   `catches_up` holds (it reads the rest before it drafts again).
   """
 
-  accepted_B: jax.Array
-  rejected_B: jax.Array
+  accepted_B2: jax.Array
+  rejected_B2: jax.Array
   branch: jax.Array
   limit_B: jax.Array
   trace_I: jax.Array
@@ -178,24 +184,27 @@ class AdaptState:
 
   @classmethod
   def zeros(cls, batch: int, iterations: int) -> "AdaptState":
-    z = jnp.zeros((batch,), jnp.float32)
+    z = jnp.zeros((batch, 2), jnp.float32)
     zi = jnp.zeros((batch,), jnp.int32)
     return cls(z, z, jnp.zeros((), jnp.int32), zi, jnp.full((iterations,), -1, jnp.int32), zi)
 
 
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
-  """`[B]` the per-row acceptance estimate α_b (see the module doc)."""
+  """`[B, 2]` the per-row acceptance estimates: of the first draft (a_b) and
+  of a draft after an accepted one (r_b) (see the module doc)."""
   m = cfg.prior_weight
-  alpha = (st.accepted_B + cfg.prior_alpha * m) / jnp.maximum(
-      st.accepted_B + st.rejected_B + m, 1e-6)
+  alpha = (st.accepted_B2 + cfg.prior_alpha * m) / jnp.maximum(
+      st.accepted_B2 + st.rejected_B2 + m, 1e-6)
   return jnp.clip(alpha, 0.0, 0.999)
 
 
-def expected_tokens(alpha_B: jax.Array, k_BG: jax.Array) -> jax.Array:
-  """E[tokens committed] of an iteration proposing k drafts of per-draft
-  acceptance α: (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023, eq. 1)."""
-  a = alpha_B[:, None]
-  return (1.0 - a ** (k_BG + 1).astype(jnp.float32)) / (1.0 - a)
+def expected_tokens(alpha_B2: jax.Array, k_BG: jax.Array) -> jax.Array:
+  """E[tokens committed] of an iteration proposing k drafts: 1 + a (1 −
+  r^k) / (1 − r), with a = alpha_B2[:, 0] (the first draft's acceptance)
+  and r = alpha_B2[:, 1] (a later draft's, given the one before it); a = r
+  = α gives (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023, eq. 1)."""
+  a, r = alpha_B2[:, :1], alpha_B2[:, 1:]
+  return 1.0 + a * (1.0 - r ** k_BG.astype(jnp.float32)) / (1.0 - r)
 
 
 def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array,
@@ -232,13 +241,15 @@ def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: 
   b had `valid_B[b]` valid drafts and accepted `accepted_B[b]` of them (a
   rejection when fewer)."""
   a = active_B.astype(jnp.float32)
-  acc = accepted_B.astype(jnp.float32) * a
-  rej = (accepted_B < valid_B).astype(jnp.float32) * a
-  d = jnp.where(active_B & (valid_B > 0), cfg.decay, cfg.idle_decay)
+  n, v = accepted_B, valid_B
+  acc_B2 = jnp.stack([(n >= 1) & (v >= 1), jnp.zeros_like(v, bool)], axis=1).astype(jnp.float32)
+  acc_B2 = acc_B2.at[:, 1].set(jnp.maximum(n - 1, 0).astype(jnp.float32))
+  rej_B2 = jnp.stack([(v >= 1) & (n == 0), (n >= 1) & (n < v)], axis=1).astype(jnp.float32)
+  d = jnp.where(active_B & (valid_B > 0), cfg.decay, cfg.idle_decay)[:, None]
   gam_G = jnp.asarray(cfg.gammas, jnp.int32)
   trace = st.trace_I.at[jnp.minimum(step, st.trace_I.shape[0] - 1)].set(gam_G[st.branch])
-  return st.replace(accepted_B=d * st.accepted_B + acc, rejected_B=d * st.rejected_B + rej,
-                    trace_I=trace)
+  return st.replace(accepted_B2=d * st.accepted_B2 + acc_B2 * a[:, None],
+                    rejected_B2=d * st.rejected_B2 + rej_B2 * a[:, None], trace_I=trace)
 
 
 def check_costs(cfg: AdaptiveGamma, costs) -> np.ndarray:
@@ -257,4 +268,5 @@ def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Ar
   d = jnp.power(jnp.float32(cfg.idle_decay), (end - start).astype(jnp.float32))
   i_I = jnp.arange(st.trace_I.shape[0])
   trace = jnp.where((i_I >= start) & (i_I < end), 0, st.trace_I)
-  return st.replace(accepted_B=st.accepted_B * d, rejected_B=st.rejected_B * d, trace_I=trace)
+  return st.replace(accepted_B2=st.accepted_B2 * d, rejected_B2=st.rejected_B2 * d,
+                    trace_I=trace)

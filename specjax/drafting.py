@@ -258,6 +258,10 @@ class Drafter(abc.ABC):
       it drafts again the loop hands it the tokens it missed (`feed`, in
       calls of up to max Γ + 1 tokens) — a draft model then costs nothing
       while γ = 0.
+    offers_room: `draft_room` says how many drafts each row can offer now
+      (prompt lookup: the matched continuation), which changes from one
+      token to the next: an adaptive loop revisits its choice at every plain
+      step instead of after blocks of them.
   """
 
   deterministic: bool = False
@@ -268,6 +272,7 @@ class Drafter(abc.ABC):
   fixed_gamma: Optional[int] = None
   adaptive: bool = False
   catches_up: bool = False
+  offers_room: bool = False
 
   def calls_per_iteration(self, gamma: int) -> int:
     """Drafter forward passes per iteration (for the statistics; default 0)."""

@@ -550,7 +550,9 @@ class SpeculativeDecoder:
     estimate's idle decay (and rows finishing): the segment runs blocks of
     up to `plain_block` lean plain steps and revisits the choice after each
     block, with the decay of the whole block — the per-iteration choice
-    costs as much as a small model's step on XLA:CPU (a few dozen tiny ops)."""
+    costs as much as a small model's step on XLA:CPU (a few dozen tiny ops).
+    A drafter that `offers_room` (prompt lookup: a match can appear at any
+    token) is asked at every step."""
     max_iters = self.max_new_tokens
     ad = self.adaptive
     n = len(ad.gammas)
@@ -558,10 +560,13 @@ class SpeculativeDecoder:
     def running(s):
       return (s.step < max_iters) & ~jnp.all(s.done)
 
+    # A drafter whose room changes token by token is asked at every step.
+    block = 1 if self.drafter.offers_room else ad.plain_block
+
     def plain_block(st):
       start = st.step
       st = jax.lax.while_loop(
-          lambda x: running(x) & (x.step < start + ad.plain_block),
+          lambda x: running(x) & (x.step < start + block),
           lambda x: self._plain_iterate(target_params, draft_params, x)[0], st)
       return self.choose(draft_params, st.replace(adapt=adapt_lib.idle_block(
           ad, st.adapt, start, st.step)), gamma_costs)

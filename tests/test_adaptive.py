@@ -60,7 +60,7 @@ def test_gamma_rises_on_full_acceptance_and_falls_to_zero_on_failures():
   assert after[0] == 8 and after == sorted(after, reverse=True), failing
   assert after[-1] == 0, failing   # falls to a plain step
   # A row that stopped drafting observes nothing and drifts back to the prior.
-  st = AdaptState.zeros(1, 2).replace(rejected_B=jnp.asarray([10.0]))
+  st = AdaptState.zeros(1, 2).replace(rejected_B2=jnp.asarray([[10.0, 10.0]]))
   active, costs = jnp.ones((1,), bool), jnp.asarray(COSTS)
   assert int(adaptive.choose(cfg, st, costs, active)[1][0]) == 0
   waited = 0
@@ -69,6 +69,23 @@ def test_gamma_rises_on_full_acceptance_and_falls_to_zero_on_failures():
                           jnp.asarray(0))
     waited += 1
   assert 10 <= waited <= 60, waited   # tries again, but rarely
+
+
+def test_expected_tokens_and_the_two_rates():
+  k = jnp.asarray([[0, 1, 2, 4]])
+  # One rate: Leviathan et al.'s (1 - α^(k+1)) / (1 - α).
+  np.testing.assert_allclose(adaptive.expected_tokens(jnp.asarray([[0.6, 0.6]]), k)[0],
+                             [(1 - 0.6 ** (j + 1)) / 0.4 for j in (0, 1, 2, 4)], rtol=1e-6)
+  # Runs of acceptances: a rare first acceptance, then long runs.
+  np.testing.assert_allclose(adaptive.expected_tokens(jnp.asarray([[0.4, 0.9]]), k)[0],
+                             [1 + 0.4 * (1 - 0.9 ** j) / 0.1 for j in (0, 1, 2, 4)], rtol=1e-5)
+  # Observed: an iteration with 5 valid drafts accepting 3 is a first acceptance,
+  # 2 later acceptances and a later rejection; accepting 0 a first rejection.
+  st = AdaptState.zeros(2, 2)
+  st = adaptive.observe(AdaptiveGamma(), st, jnp.asarray([3, 0]), jnp.asarray([5, 4]),
+                        jnp.ones(2, bool), jnp.asarray(0))
+  assert np.asarray(st.accepted_B2).tolist() == [[1, 2], [0, 0]]
+  assert np.asarray(st.rejected_B2).tolist() == [[0, 1], [1, 0]]
 
 
 def test_costs_and_room_shape_the_choice():
@@ -83,13 +100,14 @@ def test_costs_and_room_shape_the_choice():
 
 def test_batch_mode_follows_the_rows_that_pay_and_mutes_the_others():
   cfg = AdaptiveGamma()
-  st = AdaptState.zeros(3, 2).replace(accepted_B=jnp.asarray([9.0, 9.0, 0.0]),
-                                      rejected_B=jnp.asarray([0.0, 0.0, 9.0]))
+  st = AdaptState.zeros(3, 2).replace(
+      accepted_B2=jnp.asarray([[9.0, 40.0], [9.0, 40.0], [0.0, 0.0]]),
+      rejected_B2=jnp.asarray([[0.0, 0.0], [0.0, 0.0], [9.0, 0.0]]))
   branch, limit = adaptive.choose(cfg, st, jnp.asarray(COSTS), jnp.ones((3,), bool))
   assert cfg.gammas[int(branch)] == 8 and limit.tolist() == [8, 8, 0]
   per_row = AdaptiveGamma(per_row=True)
-  st = st.replace(accepted_B=jnp.asarray([9.0, 1.0, 0.0]),
-                  rejected_B=jnp.asarray([0.0, 1.0, 9.0]))
+  st = st.replace(accepted_B2=jnp.asarray([[3.0, 9.0], [1.0, 0.5], [0.0, 0.0]]),
+                  rejected_B2=jnp.asarray([[0.0, 0.0], [1.0, 1.0], [9.0, 0.0]]))
   branch, limit = adaptive.choose(per_row, st, jnp.asarray(COSTS), jnp.ones((3,), bool))
   assert limit[0] == 8 and 0 < limit[1] < 8 and limit[2] == 0
   assert per_row.gammas[int(branch)] == 8  # the call holds the longest row's drafts
@@ -342,13 +360,13 @@ def test_eagle_is_refused_by_name():
 
 def test_a_block_of_plain_steps_decays_as_its_steps_would():
   cfg = AdaptiveGamma()
-  st = AdaptState.zeros(2, 12).replace(accepted_B=jnp.asarray([3.0, 0.5]),
-                                       rejected_B=jnp.asarray([1.0, 4.0]))
+  st = AdaptState.zeros(2, 12).replace(accepted_B2=jnp.asarray([[3.0, 1.0], [0.5, 2.0]]),
+                                       rejected_B2=jnp.asarray([[1.0, 0.0], [4.0, 1.0]]))
   one_by_one = st
   zero = jnp.zeros(2, jnp.int32)
   for i in range(3, 8):
     one_by_one = adaptive.observe(cfg, one_by_one, zero, zero, jnp.ones(2, bool), jnp.asarray(i))
   block = adaptive.idle_block(cfg, st, jnp.asarray(3), jnp.asarray(8))
-  np.testing.assert_allclose(block.accepted_B, one_by_one.accepted_B, rtol=1e-6)
-  np.testing.assert_allclose(block.rejected_B, one_by_one.rejected_B, rtol=1e-6)
+  np.testing.assert_allclose(block.accepted_B2, one_by_one.accepted_B2, rtol=1e-6)
+  np.testing.assert_allclose(block.rejected_B2, one_by_one.rejected_B2, rtol=1e-6)
   assert np.asarray(block.trace_I).tolist() == [-1] * 3 + [0] * 5 + [-1] * 4

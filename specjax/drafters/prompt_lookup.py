@@ -60,6 +60,7 @@ class PromptLookup(Drafter):
   deterministic = True
   uses_target_params = False
   adaptive = True
+  offers_room = True
 
   def __post_init__(self):
     for name in ("max_ngram", "min_ngram"):

@@ -27,7 +27,7 @@ from absl import logging
 import specjax
 from specjax.atomic_io import atomic_write_json
 from specjax.drafters import PromptLookup
-from specjax.experiments import long_context
+from specjax.experiments import long_context, report
 from specjax.experiments.chen import decoder
 from specjax.experiments.common import open_workdir, train_config, train_or_restore
 from specjax.experiments.long_context_measure import repo_prompts
@@ -147,6 +147,7 @@ def run(cfg) -> dict:
   lines.append(f"(compilation and auto's one-time cost calibration: {setup_s:.1f} s, outside "
                "the timings)")
   result.update(result["drafters"][names[0]])   # the first drafter's numbers at the top level
+  result["machine"] = report.machine_info()
   atomic_write_json(os.path.join(workdir, "demo.json"), result)
   print("\n".join(lines))
   return result
