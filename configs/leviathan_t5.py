@@ -153,6 +153,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.train.draft = _train(10, 8, 3e-3, 2, distill_weight=0.5, log_every=10)
     c.eval.num_prompts = 3
     c.eval.gammas = [2]
+    c.eval.auto = False   # CI's end-to-end run: auto's calibrations would double it
     c.eval.drafts = ["small", "large"]
     c.eval.translate_prompt_len = 32
     c.eval.summarize_prompt_len = 32

@@ -154,3 +154,19 @@ def test_long_context_cost_smoke(tmp_path):
   assert len(names) == 5 and names[0].startswith("library")
   md = (tmp_path / "long_context_cost.md").read_text()
   assert "| 1 | 64 |" in md and "five ways" in md
+
+
+def test_adaptive_cost_smoke(tmp_path):
+  _run(["benchmarks/adaptive_cost.py", "--quick", f"--out_dir={tmp_path}"])
+  result = json.loads((tmp_path / "adaptive_cost_quick.json").read_text())
+  (rows,) = result["pairs"].values()
+  assert set(rows) == {"autoregressive", "fixed γ=1", "fixed γ=4", "auto, always 0",
+                       "auto, always 1", "auto, always 4"}
+  assert rows["autoregressive"]["x_ar_step"] == 1.0   # the baseline against itself
+  # Greedy iterations are deterministic: the rigged auto runs as many as its fixed loop.
+  assert rows["auto, always 0"]["iterations"] == rows["autoregressive"]["iterations"] == 63
+  assert rows["auto, always 4"]["iterations"] == rows["fixed γ=4"]["iterations"]
+  assert rows["auto, always 1"]["iterations"] == rows["fixed γ=1"]["iterations"]
+  for r in rows.values():
+    assert np.isfinite(r["decode_ms_per_iteration"]) and r["call_ms_2_tokens"] > 0
+  assert "| auto, always 4 |" in (tmp_path / "adaptive_cost_quick.md").read_text()
