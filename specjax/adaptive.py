@@ -168,11 +168,12 @@ class AdaptState:
   """The loop's running estimate, its next choice and its record.
 
   accepted_B2, rejected_B2: float32 `[B, 2]` decayed counts of accepted
-  and rejected drafts, first drafts in column 0, later ones in 1; branch: int32 `[]` the index into Γ of the next
-  iteration; limit_B: int32 `[B]` each row's valid drafts in the next
-  iteration; trace_I: int32 `[I]` the call's γ at each iteration (-1 past
-  the last); synced_B: int32 `[B]` stream positions a drafter that
-  `catches_up` holds (it reads the rest before it drafts again).
+  and rejected drafts, first drafts in column 0, later ones in 1;
+  branch: int32 `[]` the index into Γ of the next iteration;
+  limit_B: int32 `[B]` each row's valid drafts in the next iteration;
+  trace_I: int32 `[I]` the call's γ at each iteration (-1 past the last);
+  synced_B: int32 `[B]` stream positions a drafter that `catches_up`
+  holds (it reads the rest before it drafts again).
   """
 
   accepted_B2: jax.Array
@@ -186,7 +187,8 @@ class AdaptState:
   def zeros(cls, batch: int, iterations: int) -> "AdaptState":
     z = jnp.zeros((batch, 2), jnp.float32)
     zi = jnp.zeros((batch,), jnp.int32)
-    return cls(z, z, jnp.zeros((), jnp.int32), zi, jnp.full((iterations,), -1, jnp.int32), zi)
+    trace = jnp.full((iterations,), -1, jnp.int32)
+    return cls(z, z, jnp.zeros((), jnp.int32), zi, trace, zi)
 
 
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
