@@ -22,20 +22,18 @@ Writes `adaptive_cost.json` and `adaptive_cost.md` into --out_dir.
 import json
 import os
 import statistics
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import specjax  # noqa: E402
-from specjax.adaptive import AdaptiveGamma  # noqa: E402
-from specjax.atomic_io import atomic_write_text  # noqa: E402
-from specjax.measure.provenance import provenance, provenance_sentence  # noqa: E402
-from specjax.measure.timing import now  # noqa: E402
+import specjax
+from specjax.adaptive import AdaptiveGamma
+from specjax.atomic_io import atomic_write_text
+from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.timing import now
+from specjax.models.t5_config import T5Config
 
 _OUT = flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and markdown go.")
 _QUICK = flags.DEFINE_bool("quick", False, "Tiny models, few repeats (smoke run).")
@@ -50,16 +48,20 @@ def _pairs(quick: bool):
     d = specjax.DecoderLM(specjax.decoder_config("tiny", num_layers=1))
     return {"tiny decoder": (t, t.init(jax.random.PRNGKey(0)), d, d.init(jax.random.PRNGKey(1)),
                              8)}
-  from configs import leviathan_t5 as lev_config  # pylint: disable=g-import-not-at-top
-  from specjax.experiments.leviathan import _t5  # pylint: disable=g-import-not-at-top
-  cfg = lev_config.get_config("quick")
-  t5t, t5d = _t5(cfg.models.target, 2048), _t5(cfg.models.drafts.small, 2048)
+  t5t, t5d = _quick_t5(256, 32, 8, 768, 3), _quick_t5(16, 8, 2, 32, 1)
   dt = specjax.DecoderLM(specjax.decoder_config("cpu-target-27m"))
   dd = specjax.DecoderLM(specjax.decoder_config("cpu-draft-1m"))
   return {"T5 quick (6.95M + 0.07M), prompt 64": (t5t, t5t.init(jax.random.PRNGKey(0)), t5d,
                                                    t5d.init(jax.random.PRNGKey(1)), 64),
           "cpu-target-27m + cpu-draft-1m, prompt 32": (dt, dt.init(jax.random.PRNGKey(0)), dd,
                                                        dd.init(jax.random.PRNGKey(1)), 32)}
+
+
+def _quick_t5(d_model, d_kv, num_heads, d_ff, num_layers) -> specjax.T5:
+  """A T5 of configs/leviathan_t5.py:quick's shapes (its 2048-piece vocabulary)."""
+  return specjax.T5(T5Config(vocab_size=2048, d_model=d_model, d_kv=d_kv, num_heads=num_heads,
+                             d_ff=d_ff, num_layers=num_layers, feed_forward="gated-gelu",
+                             tie_word_embeddings=False))
 
 
 def _forced(index: int):

@@ -253,7 +253,7 @@ class Drafter(abc.ABC):
     adaptive: the drafter can change γ from one iteration to the next,
       γ = 0 included (`specjax.adaptive`, `gamma="auto"`): a chain drafter
       whose state does not depend on γ and that stays in step through plain
-      target steps (`idle`, or `catches_up`).
+      target steps (by its `update`, or because it `catches_up`).
     catches_up: through plain target steps the drafter does nothing; before
       it drafts again the loop hands it the tokens it missed (`feed`, in
       calls of up to max Γ + 1 tokens) — a draft model then costs nothing
@@ -314,12 +314,6 @@ class Drafter(abc.ABC):
   @abc.abstractmethod
   def update(self, params: Any, state: Any, feedback: DraftFeedback) -> Any:
     """The state after the commit."""
-
-  def idle(self, params: Any, state: Any, inp: DraftInput) -> Any:
-    """The state through an iteration that drafts nothing (γ = 0 of an
-    adaptive loop; `update` follows as usual). Default: unchanged."""
-    del params, inp
-    return state
 
   def feed(self, params: Any, state: Any, tokens_BT: jax.Array, start_B: jax.Array) -> Any:
     """For drafters that `catches_up`: the state after reading committed

@@ -589,12 +589,12 @@ class SpeculativeDecoder:
         state)
 
   def _plain_iterate(self, target_params, draft_params, state: DecodeState):
-    """γ = 0 of an adaptive loop: one target step; the drafter idles.
-    Returns (state, accepted_B, valid_B) as `_iterate`."""
+    """γ = 0 of an adaptive loop: one target step; the drafter only sees the
+    commit (`update`). Returns (state, accepted_B, valid_B) as `_iterate`."""
     drafter = self.drafter
     active_B = ~state.done
     keys_B2 = _iteration_keys(state)
-    draft_state = drafter.idle(draft_params, state.draft_cache, _draft_input(state))
+    draft_state = state.draft_cache   # a drafter that catches_up reads these tokens later
     target_cache = state.target_cache.replace(lengths=state.seq_len)
     logits_B1V, target_cache = self.target.extend(target_params, state.pending[:, None],
                                                   target_cache)

@@ -239,7 +239,7 @@ def summarize(records: Sequence[dict]) -> Dict[str, dict]:
         "target_calls": int(sum(sum(r["cells"][name]["target_calls"]) for r in records)),
     }
     if traces:
-      chosen = np.concatenate([np.asarray(t, int) for t in traces]) if traces else np.zeros(0)
+      chosen = np.concatenate([np.asarray(t, int) for t in traces])
       out[name]["gamma_counts"] = {str(v): int((chosen == v).sum()) for v in np.unique(chosen)}
       out[name]["gamma_traces"] = traces[:8]   # a few prompts' γ over time (for the plot)
   return out
