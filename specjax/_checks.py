@@ -147,18 +147,30 @@ def first_invalid_token(tokens_BP, lengths_B, vocab_size):
           jnp.sum(bad_BP, dtype=jnp.int32))
 
 
+def _cheap_to_read(tokens, lengths) -> bool:
+  """Small arrays on the host's own CPU: read them (a copy of a few KB)
+  rather than dispatch a reduction and wait for it."""
+  for a in (tokens, lengths):
+    if isinstance(a, jax.Array) and (a.size > 65536 or not a.is_fully_addressable
+                                     or len(a.devices()) != 1
+                                     or next(iter(a.devices())).platform != "cpu"):
+      return False
+  return True
+
+
 def check_token_ids(name: str, tokens: Any, lengths: Any, vocab_size: int) -> None:
   """ValueError naming the row, the position and the id of the first token
   of `tokens` `[B, P]` (the first `lengths[b]` of row b; padding is not
   read) outside the vocabulary [0, vocab_size): an embedding lookup would
   clamp it silently. Host tokens are checked on the host (an int64 id would
   wrap to int32 on the device), whatever the lengths are; device tokens by
-  one jitted reduction whose three scalars are read back. Tracers (a call
+  one jitted reduction whose three scalars are read back (small arrays on
+  the CPU are read instead). Tracers (a call
   inside an outer `jit`) and multi-host global arrays cannot be read and
   are not checked."""
   if not (is_concrete(tokens) and is_concrete(lengths)):
     return
-  if isinstance(tokens, jax.Array):
+  if isinstance(tokens, jax.Array) and not _cheap_to_read(tokens, lengths):
     row, pos, tok, count = (int(v) for v in jax.device_get(
         first_invalid_token(jnp.asarray(tokens), jnp.asarray(lengths), vocab_size)))
   else:

@@ -60,6 +60,7 @@ lengths.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 from typing import Optional, Sequence, Tuple
 
@@ -71,7 +72,7 @@ from flax import struct
 from specjax._checks import check_int
 
 __all__ = ["AdaptiveGamma", "AdaptState", "DEFAULT_GAMMAS", "expected_tokens", "choose",
-           "observe", "idle_block", "estimated_alpha"]
+           "observe", "idle_block", "estimated_alpha", "may_draft", "prior_may_draft"]
 
 DEFAULT_GAMMAS: Tuple[int, ...] = (0, 1, 2, 4, 8)
 
@@ -145,6 +146,7 @@ class AdaptiveGamma:
   def max_gamma(self) -> int:
     return self.gammas[-1]
 
+  @functools.lru_cache(maxsize=256)
   def limited_to(self, useful: int) -> "AdaptiveGamma":
     """Γ without the values above `useful` (the drafts an output of
     `max_new_tokens` can use), keeping at least one γ > 0."""
@@ -235,6 +237,44 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
   branch = jnp.argmax(tokens_G / costs_G).astype(jnp.int32)
   limit_B = jnp.where(drafting_B, jnp.take(k_BG, branch, axis=1), 0)
   return branch, limit_B.astype(jnp.int32)
+
+
+def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array
+              ) -> jax.Array:
+  """bool `[]`: whether, from this state, plain steps alone (nothing
+  observed, the idle decay) can ever lead `choose` to a γ > 0.
+
+  Idle decay moves each rate monotonically from its current value to
+  `prior_alpha`, so it never exceeds the larger of the two; E(γ) grows with
+  both rates. If no γ > 0 pays for any active row at those ceilings (and
+  with all the room it could get), no later choice does either: a plain
+  segment can then run to the end without asking again. With the cheapest
+  γ = 0, that is the case exactly when the prior itself says drafting does
+  not pay here (and the current estimate is no better)."""
+  ceiling = st.replace(
+      accepted_B2=jnp.zeros_like(st.accepted_B2), rejected_B2=jnp.zeros_like(st.rejected_B2))
+  prior_B2 = estimated_alpha(cfg, ceiling)
+  alpha_B2 = jnp.maximum(estimated_alpha(cfg, st), prior_B2)
+  gam_G = jnp.asarray(cfg.gammas, jnp.int32)
+  e_BG = expected_tokens(alpha_B2, jnp.broadcast_to(gam_G[None], alpha_B2[:, :1].shape[:1]
+                                                    + gam_G.shape))
+  costs_G = jnp.asarray(costs_G, jnp.float32)
+  best_B = gam_G[jnp.argmax(e_BG / costs_G[None], axis=1)]
+  cheapest_plain = gam_G[jnp.argmin(costs_G)] == 0
+  return ~cheapest_plain | jnp.any(active_B & (best_B > 0))
+
+
+def prior_may_draft(cfg: AdaptiveGamma, costs) -> bool:
+  """`may_draft` at the start of a run (no evidence yet: every row at the
+  prior), on the host. False: the rule would run plain steps to the end, so
+  `speculative_generate` runs plain decoding's program instead (the same
+  decisions, none of the drafter's work)."""
+  c = check_costs(cfg, costs)   # float32, as in the loop
+  # `estimated_alpha` with no counts: the prior (0 with no prior weight).
+  a = np.float32(min(cfg.prior_alpha, 0.999) if cfg.prior_weight > 0 else 0.0)
+  gam = np.asarray(cfg.gammas, np.float32)
+  e = np.float32(1.0) + a * (np.float32(1.0) - a ** gam) / (np.float32(1.0) - a)
+  return bool(cfg.gammas[int(np.argmax(e / c))] > 0 or cfg.gammas[int(np.argmin(c))] != 0)
 
 
 def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,

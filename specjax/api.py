@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._checks import check_int, check_prompts, is_concrete
-from specjax.adaptive import AdaptiveGamma, check_costs
+from specjax.adaptive import AdaptiveGamma, check_costs, prior_may_draft
 from specjax.calibration import resolve_gamma_costs
 from specjax.compiled import enforce_limit
 from specjax.drafters.model import ModelDrafter
@@ -35,12 +35,18 @@ _NONFINITE = ("raise", "warn", "ignore")
 _MAX_SLOTS = 2**31 - 1  # cache positions and lengths are int32
 
 
+@functools.lru_cache(maxsize=64)
+def _default_keys(batch: int) -> jax.Array:
+  """Greedy decoding's keys (unused by its draws): made once per batch size."""
+  return jax.random.split(jax.random.key(0), batch)
+
+
 def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
   if key is None:
     if not sampling.is_greedy:
       raise ValueError("key is required when sampling (temperature > 0); pass "
                        "jax.random.key(seed) or one key per row")
-    key = jax.random.key(0)
+    return _default_keys(batch)
   if not isinstance(key, jax.Array):
     try:
       key = jnp.asarray(key)
@@ -337,6 +343,9 @@ def usable_gamma(target, drafter: Drafter, gamma: int, max_new_tokens: int) -> i
   return gamma
 
 
+_DEFAULT_ADAPTIVE = AdaptiveGamma()
+
+
 def _adaptive_gamma(gamma, gamma_costs) -> Optional[AdaptiveGamma]:
   """The AdaptiveGamma `gamma` asks for ("auto": the default one), or None
   for a fixed γ."""
@@ -344,7 +353,7 @@ def _adaptive_gamma(gamma, gamma_costs) -> Optional[AdaptiveGamma]:
     if gamma != "auto":
       raise ValueError(f"gamma must be an int >= 1, 'auto' or a specjax.AdaptiveGamma, "
                        f"got {gamma!r}")
-    return AdaptiveGamma()
+    return _DEFAULT_ADAPTIVE
   if isinstance(gamma, AdaptiveGamma):
     return gamma
   if gamma_costs is not None:
@@ -389,6 +398,10 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       the costs are measured once per model pair, batch and cache-length
       bucket on this machine and stored (`specjax.calibration`). Draft
       models, `LayerSkip`, `WindowedKV` and `PromptLookup` support it.
+      Where no γ > 0 pays even at the rule's prior acceptance (a pair
+      whose verify calls cost too much here), the rule would never draft:
+      the call runs `generate`'s program (its very tokens for the same
+      key) and reports γ 0 at every iteration.
     target_cache, draft_cache: caches to reuse (donated; `draft_cache` only
       for a draft model), or `cache_len` for both (default: the minimum).
     verify_fn: the accept/reject rule for drafts with distributions
@@ -419,7 +432,7 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
                                                  target.vocab_size, nonfinite)
   if adaptive is not None:
-    check_adaptive(drafter, adaptive)
+    _check_adaptive_once(drafter, adaptive)
     given = adaptive
     adaptive = adaptive.limited_to(max(1, max_new_tokens - 1))
     gamma = adaptive.max_gamma
@@ -459,9 +472,29 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     costs = np.asarray(resolve_gamma_costs(
         target, target_params, drafter, draft_params, adaptive, batch_size=b, prompt_len=p,
         cache_len=slots, sampling=sampling, gamma_costs=gamma_costs).seconds, np.float32)
-  dec = SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, pad_id,
-                           verify_fn, adaptive=adaptive)
-  out = dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
-                draft_cache, prefilled, gamma_costs=costs)
+  if adaptive is not None and not _prior_may_draft(adaptive, tuple(costs.tolist())):
+    # The rule would run plain steps to the end (no γ > 0 pays even at the
+    # prior's acceptance): plain decoding's own program, the same decisions.
+    dec = AutoregressiveDecoder(target, sampling, max_new_tokens, eos_id, pad_id,
+                                report_gamma=gamma)
+    out = dec.run(target_params, prompts, prompt_lengths, keys, target_cache, prefilled)
+    out = out.replace(draft_cache=draft_cache)
+  else:
+    dec = SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, pad_id,
+                             verify_fn, adaptive=adaptive)
+    out = dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
+                  draft_cache, prefilled, gamma_costs=costs)
   enforce_limit()
   return _check_finite(out, nonfinite, "target_params")
+
+
+@functools.lru_cache(maxsize=256)
+def _check_adaptive_once(drafter: Drafter, adaptive: AdaptiveGamma) -> None:
+  """`check_adaptive`, once per (drafter, Γ) (both static and hashable)."""
+  check_adaptive(drafter, adaptive)
+
+
+@functools.lru_cache(maxsize=256)
+def _prior_may_draft(adaptive: AdaptiveGamma, costs: tuple) -> bool:
+  return prior_may_draft(adaptive, costs)
+

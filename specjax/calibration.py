@@ -51,7 +51,7 @@ __all__ = ["GammaCosts", "calibrate_gamma_costs", "lookup_gamma_costs", "gamma_c
 COSTS_FILE = "gamma_costs.json"
 # Part of every key: bumped when what an iteration at some γ executes changes
 # (a table measured on older code is then measured again, not reused).
-COSTS_VERSION = 2
+COSTS_VERSION = 3
 _HIGH = 1e9  # the cost that keeps a branch from ever being chosen
 
 

@@ -257,7 +257,9 @@ class Drafter(abc.ABC):
     catches_up: through plain target steps the drafter does nothing; before
       it drafts again the loop hands it the tokens it missed (`feed`, in
       calls of up to max Γ + 1 tokens) — a draft model then costs nothing
-      while γ = 0.
+      while γ = 0. Its `start` (reading only the prompt) is put off until
+      it first drafts (`generation.LateStart`): a run that never drafts
+      never prefills it.
     offers_room: `draft_room` says how many drafts each row can offer now
       (prompt lookup: the matched continuation), which changes from one
       token to the next: an adaptive loop revisits its choice at every plain

@@ -182,6 +182,19 @@ class DecodeState:
   draft_cache: Any
   stats: DecodeStats
   adapt: Optional[adapt_lib.AdaptState] = None  # gamma="auto" only
+  late: Optional["LateStart"] = None  # gamma="auto" with a drafter that catches_up
+
+
+@struct.dataclass
+class LateStart:
+  """A drafter that `catches_up` in an adaptive loop starts (prefills on the
+  prompt) at its first drafting iteration, not before decoding: a run that
+  never drafts never pays for it. prompts_BP `[B, P]`, lengths_B `[B]`
+  int32: what its `start` reads; started `[]` bool."""
+
+  prompts_BP: jax.Array
+  lengths_B: jax.Array
+  started: jax.Array
 
 
 def nonfinite_rows(logits_BV: jax.Array) -> jax.Array:
@@ -311,6 +324,11 @@ class AutoregressiveDecoder:
   eos_id: EosIds = None
   pad_id: int = 0
   count_nonfinite: bool = True
+  # Stats as an adaptive loop with max Γ = report_gamma that never drafted
+  # reports them (`speculative_generate(gamma="auto")` where drafting
+  # cannot pay runs this program): accepted_hist `[B, report_gamma + 1]`,
+  # a gamma_trace of zeros.
+  report_gamma: Optional[int] = None
 
   def init_state(self, params, prompts_BP, lengths_B, keys_B, cache,
                  prefilled: Optional[Prefill] = None) -> DecodeState:
@@ -405,8 +423,8 @@ class SpeculativeDecoder:
       first_B, last_B, target_cache, bad_B = _prefill(
           self.target, target_params, self.sampling, prompts_BP, lengths_B, target_cache,
           keys_B, prefilled)
-      draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
-                                  target_cache)
+      draft_state = draft_cache if self._starts_late else drafter.start(
+          draft_params, draft_cache, prompts_BP, lengths_B, first_B, target_cache)
     n = self.layout.chain_len
     state = _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
                            self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
@@ -414,7 +432,18 @@ class SpeculativeDecoder:
       # The drafter's prefill holds the prompt: positions < seq_len.
       adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens)
       state = state.replace(adapt=adapt.replace(synced_B=state.seq_len))
+      if self._starts_late:
+        state = state.replace(late=LateStart(jnp.asarray(prompts_BP, jnp.int32),
+                                             jnp.asarray(lengths_B, jnp.int32),
+                                             jnp.zeros((), bool)))
     return state
+
+  @property
+  def _starts_late(self) -> bool:
+    """An adaptive loop's drafter that catches up starts at its first
+    drafting iteration (`LateStart`)."""
+    return (self.adaptive is not None and self.drafter.catches_up
+            and not self.drafter.needs_prompt_hidden)
 
   @property
   def _verify(self) -> Callable:
@@ -490,6 +519,14 @@ class SpeculativeDecoder:
     drafter = self.drafter
     if not drafter.catches_up:
       return state
+    if state.late is not None:  # its start, once: the prompt's positions
+      late = state.late
+      draft_state = jax.lax.cond(
+          late.started, lambda: state.draft_cache,
+          lambda: drafter.start(draft_params, state.draft_cache, late.prompts_BP, late.lengths_B,
+                                state.tokens[:, 0], state.target_cache))
+      state = state.replace(draft_cache=draft_state,
+                            late=late.replace(started=jnp.ones((), bool)))
     width = self.adaptive.max_gamma + 1
     buf = state.tokens.shape[1]
 
@@ -552,7 +589,9 @@ class SpeculativeDecoder:
     block, with the decay of the whole block — the per-iteration choice
     costs as much as a small model's step on XLA:CPU (a few dozen tiny ops).
     A drafter that `offers_room` (prompt lookup: a match can appear at any
-    token) is asked at every step."""
+    token) is asked at every step. Where drafting cannot pay even at the
+    estimate's ceiling (`adaptive.may_draft`: e.g. the prior's acceptance
+    does not pay for this pair's costs), the block runs to the end."""
     max_iters = self.max_new_tokens
     ad = self.adaptive
     n = len(ad.gammas)
@@ -565,8 +604,12 @@ class SpeculativeDecoder:
 
     def plain_block(st):
       start = st.step
+      # Where no γ > 0 can pay even at the estimate's ceiling, the rest is
+      # plain decoding: no more choices, no room asked (`may_draft`).
+      end = jnp.where(adapt_lib.may_draft(ad, st.adapt, gamma_costs, ~st.done),
+                      start + block, max_iters)
       st = jax.lax.while_loop(
-          lambda x: running(x) & (x.step < start + block),
+          lambda x: running(x) & (x.step < end),
           lambda x: self._plain_iterate(target_params, draft_params, x)[0], st)
       return self.choose(draft_params, st.replace(adapt=adapt_lib.idle_block(
           ad, st.adapt, start, st.step)), gamma_costs)
@@ -584,6 +627,10 @@ class SpeculativeDecoder:
       return run
 
     state = self.choose(draft_params, state, gamma_costs)
+    if ad.gammas[0] == 0:
+      # A first plain segment outside the dispatch: where drafting never
+      # pays, the run never enters a conditional (nor copies its caches).
+      state = segment(0)(state)
     return jax.lax.while_loop(
         running, lambda s: jax.lax.switch(s.adapt.branch, [segment(i) for i in range(n)], s),
         state)
@@ -750,7 +797,20 @@ def autoregressive_loop(dec: AutoregressiveDecoder, params, prompts_BP, lengths_
   """The jitted program of `AutoregressiveDecoder.run` (prefill, loop, finalize)."""
   state = dec.init_state(params, prompts_BP, lengths_B, keys_B, cache, prefilled)
   state = _loop(lambda s: dec.step(params, s), state, dec.max_new_tokens)
-  return _finalize(state, dec.max_new_tokens, dec.pad_id)
+  out = _finalize(state, dec.max_new_tokens, dec.pad_id)
+  if dec.report_gamma is not None:
+    out = out.replace(stats=_as_plain_adaptive(out.stats, dec.report_gamma, dec.max_new_tokens))
+  return out
+
+
+def _as_plain_adaptive(stats: DecodeStats, gamma: int, iterations: int) -> DecodeStats:
+  """Plain decoding's stats as an adaptive loop that stayed at γ = 0 reports
+  them: every iteration a plain step (0 of 0 drafts accepted), γ 0 in the
+  trace (`[iterations]`, -1 past the last)."""
+  it_B = stats.target_calls - 1    # the prefill is a target call
+  hist = jnp.zeros((it_B.shape[0], gamma + 1), jnp.int32).at[:, 0].set(it_B)
+  trace = jnp.where(jnp.arange(iterations) < jnp.max(it_B), 0, -1).astype(jnp.int32)
+  return stats.replace(accepted_hist=hist, gamma_trace=trace)
 
 
 @jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache", "prefilled"))

@@ -169,6 +169,8 @@ def check_tree(expected: Any, params: Any, name: str, owner: str) -> None:
   for another: layers cast their weights, `specjax.models.cast_params`).
   The message names `owner` (e.g. "the model (DecoderLM"), the first
   differing path with both shapes and how many leaves differ."""
+  if _same_tree(expected, params):  # the common case, without building path names
+    return
   keystr = jax.tree_util.keystr
   want = {keystr(p): _leaf_spec(x)
           for p, x in jax.tree_util.tree_flatten_with_path(expected)[0]}
@@ -191,6 +193,25 @@ def check_tree(expected: Any, params: Any, name: str, owner: str) -> None:
     more = f" (and {len(problems) - 1} more differing leaves)" if len(problems) > 1 else ""
     raise ValueError(f"{name} do not match {owner}, {len(want)} parameter arrays): "
                      f"{problems[0]}{more}")
+
+
+def _same_tree(expected: Any, params: Any) -> bool:
+  """Whether `params` has `expected`'s structure and, leaf by leaf, its
+  shape and kind of dtype (False also for anything unusual: `check_tree`
+  then names the difference)."""
+  want, want_def = jax.tree_util.tree_flatten(expected)
+  try:
+    got, got_def = jax.tree_util.tree_flatten(params)
+  except (TypeError, ValueError):
+    return False
+  if got_def != want_def:
+    return False
+  for w, g in zip(want, got):
+    if not (hasattr(g, "shape") and hasattr(g, "dtype")) or tuple(g.shape) != tuple(w.shape):
+      return False
+    if g.dtype != w.dtype and not (_is_float(w.dtype) and _is_float(g.dtype)):
+      return False
+  return True
 
 
 def _is_float(dtype) -> bool:

@@ -242,9 +242,10 @@ def test_one_compilation_whatever_the_costs():
   dm, dp = small_draft()
   prompts, lengths = ragged_prompts(batch=4)
   kw = dict(max_new_tokens=12, sampling=GREEDY, gamma="auto")
-  specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma_costs=COSTS, **kw)
+  for costs in (COSTS, NO_PAY):   # the loop's program, and plain decoding's
+    specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma_costs=costs, **kw)
   with TraceCounter() as traces:
-    for costs in ((1, 2, 3, 4, 5), (5, 4, 3, 2, 1)):
+    for costs in ((1, 2, 3, 4, 5), (5, 4, 3, 2, 1), (1.0, 1.6, 1.6, 1.7, 1.8)):
       specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma_costs=costs, **kw)
   assert traces.decode_loops == 0, traces.counts
 
@@ -371,3 +372,68 @@ def test_a_block_of_plain_steps_decays_as_its_steps_would():
   np.testing.assert_allclose(block.accepted_B2, one_by_one.accepted_B2, rtol=1e-6)
   np.testing.assert_allclose(block.rejected_B2, one_by_one.rejected_B2, rtol=1e-6)
   assert np.asarray(block.trace_I).tolist() == [-1] * 3 + [0] * 5 + [-1] * 4
+
+
+# ------------------------------------------------- where drafting cannot pay
+
+NO_PAY = (1.0, 3.0, 3.5, 4.0, 5.0)  # at the prior's α = 0.5 no γ > 0 pays
+
+
+def test_prior_may_draft_agrees_with_the_loop_rule():
+  rng = np.random.default_rng(0)
+  for cfg in (AdaptiveGamma(), AdaptiveGamma(prior_alpha=0.8),
+              AdaptiveGamma(prior_weight=0.0), AdaptiveGamma(gammas=(1, 2, 4))):
+    for _ in range(60):
+      costs = tuple(np.sort(rng.uniform(0.5, 4.0, len(cfg.gammas))).tolist())
+      if rng.random() < 0.2:
+        costs = costs[::-1]     # a γ > 0 cheapest: the loop never settles at 0
+      st = AdaptState.zeros(3, 4)
+      in_graph = bool(adaptive.may_draft(cfg, st, jnp.asarray(costs), jnp.ones(3, bool)))
+      assert adaptive.prior_may_draft(cfg, costs) == in_graph, (cfg, costs)
+  assert not adaptive.prior_may_draft(AdaptiveGamma(), NO_PAY)
+  assert adaptive.prior_may_draft(AdaptiveGamma(), COSTS)
+
+
+def test_may_draft_bounds_what_idle_decay_can_reach():
+  cfg = AdaptiveGamma()
+  active = jnp.ones(2, bool)
+  good = AdaptState.zeros(2, 4).replace(accepted_B2=jnp.asarray([[0.0, 0.0], [30.0, 30.0]]))
+  bad = AdaptState.zeros(2, 4).replace(rejected_B2=jnp.full((2, 2), 30.0))
+  # A row that accepts everything may still pay where the prior does not ...
+  assert bool(adaptive.may_draft(cfg, good, jnp.asarray(NO_PAY), active))
+  # ... unless it finished.
+  assert not bool(adaptive.may_draft(cfg, good, jnp.asarray(NO_PAY), jnp.asarray([True, False])))
+  # Rows that fail drift back to the prior, which does not pay here, but does with COSTS.
+  assert not bool(adaptive.may_draft(cfg, bad, jnp.asarray(NO_PAY), active))
+  assert bool(adaptive.may_draft(cfg, bad, jnp.asarray(COSTS), active))
+
+
+def test_where_drafting_cannot_pay_auto_is_plain_decoding():
+  lm, params = target()
+  dm, dp = small_draft()
+  prompts, lengths = ragged_prompts(batch=4, seed=5)
+  keys = jax.random.split(jax.random.key(7), 4)
+  kw = dict(max_new_tokens=10, sampling=SamplingConfig(1.0), eos_id=EOS, key=keys)
+  ref = specjax.generate(lm, params, prompts, lengths, **kw)
+  out = specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="auto",
+                                     gamma_costs=NO_PAY, **kw)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+  calls = np.asarray(out.stats.target_calls)
+  np.testing.assert_array_equal(calls, np.asarray(ref.stats.target_calls))
+  hist = np.asarray(out.stats.accepted_hist)
+  assert hist.shape == (4, 9) and (hist[:, 0] == calls - 1).all() and (hist[:, 1:] == 0).all()
+  trace = np.asarray(out.stats.gamma_trace)
+  assert trace.shape == (10,) and (trace[trace >= 0] == 0).all()
+  assert int((trace >= 0).sum()) == calls.max() - 1 and (trace[calls.max() - 1:] == -1).all()
+  assert int(np.asarray(out.stats.draft_calls).sum()) == 0
+  # The loop itself, given the same costs, runs plain steps to the end (greedy:
+  # the same tokens) and never starts the draft.
+  need = specjax.required_cache_len(lm, prompts.shape[1], 10, 8)
+  dec = SpeculativeDecoder(lm, ModelDrafter(dm), 8, GREEDY, 10, EOS, adaptive=AdaptiveGamma())
+  loop = dec.run(params, dp, prompts, lengths, keys, lm.init_cache(4, need),
+                 dm.init_cache(4, need), gamma_costs=NO_PAY)
+  greedy = specjax.generate(lm, params, prompts, lengths, max_new_tokens=10, sampling=GREEDY,
+                            eos_id=EOS)
+  np.testing.assert_array_equal(np.asarray(loop.tokens), np.asarray(greedy.tokens))
+  assert (np.asarray(loop.stats.gamma_trace) <= 0).all()
+  assert not np.asarray(loop.draft_cache.lengths).any()   # never started

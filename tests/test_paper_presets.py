@@ -129,6 +129,7 @@ def _chen_config(root, workdir, mesh):
   c.eval.alpha_batch = 2
   c.eval.bootstrap = 20
   c.eval.humaneval_harness = "off"
+  c.eval.auto = False   # gamma="auto" on the mesh: the Leviathan preset's test runs it
   return c
 
 
@@ -209,8 +210,9 @@ def test_leviathan_paper_preset_on_a_mesh_equals_one_device(assets, tmp_path):
     cache_len = sweep_cache_len(target, list(drafts.values()), p_len, 8, 2)
     want = _one_device_greedy(target, tp, prompts, lengths, 8, cache_len, tok.eos_id)
     assert _ar_outputs(tmp_path / "mesh", f"{task}/t0") == want, task
-    cell = on_mesh["tasks"][task]["temperatures"]["0"]["cells"]["small/g2"]
-    assert cell["identical_fraction"] == 1.0
+    cells = on_mesh["tasks"][task]["temperatures"]["0"]["cells"]
+    assert cells["small/g2"]["identical_fraction"] == 1.0
+    assert cells["small/gauto"]["identical_fraction"] == 1.0   # gamma="auto" on the mesh
   md = (tmp_path / "mesh" / "results" / "results.md").read_text()
   assert "8 x cpu (mesh data=2 x model=4, bfloat16)" in md  # the hardware is named
 
