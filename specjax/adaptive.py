@@ -30,8 +30,12 @@ decay by `decay` at every iteration in which the row drafted. An iteration
 in which it drafted nothing observes nothing:
 the counts decay by the slower `idle_decay`, so a row that stopped drafting
 drifts back to the prior and tries again after a while — exploration whose
-price is one γ = 1 iteration per tens of plain steps (with the default
-decays and a γ = 1 iteration costing 1.2-1.3 plain steps: one per ~17-43).
+price is one γ = 1 iteration per tens of plain steps (with the defaults, a
+γ = 1 iteration costing 1.2-1.3 plain steps and a row that failed its last
+ten drafts: one after ~70-110 plain steps, ~40-70 without the switch
+margin). A drafter that previews its drafts (prompt lookup) needs no such
+exploration: each plain step observes whether its first draft would have
+been accepted (`observe`'s `next_B`).
 
 Per row: a row whose own best γ is 0 proposes nothing (its drafts are marked
 invalid) while the others draft; the batch's γ follows the rows that pay
@@ -108,6 +112,9 @@ class AdaptiveGamma:
     plain_block: while γ = 0 the loop revisits its choice after this many
       plain steps (nothing is observed meanwhile; the estimate's idle decay
       is applied for the whole block).
+    switch_margin: batch mode keeps the current γ unless another scores
+      this much better (relative): a change of γ starts a new segment of
+      the loop, which copies the caches once (0: always the best score).
   """
 
   gammas: Tuple[int, ...] = DEFAULT_GAMMAS
@@ -117,6 +124,7 @@ class AdaptiveGamma:
   prior_weight: float = 2.0
   per_row: bool = False
   plain_block: int = 8
+  switch_margin: float = 0.1
 
   def __post_init__(self):
     g = self.gammas
@@ -141,6 +149,10 @@ class AdaptiveGamma:
     if not isinstance(self.per_row, bool):
       raise TypeError(f"per_row must be a bool, got {self.per_row!r}")
     check_int("plain_block", self.plain_block, 1)
+    m = self.switch_margin
+    if isinstance(m, bool) or not isinstance(m, numbers.Real) or not 0 <= float(m) < 10:
+      raise ValueError(f"switch_margin must be a real number in [0, 10), got {m!r}")
+    object.__setattr__(self, "switch_margin", float(m))
 
   @property
   def max_gamma(self) -> int:
@@ -175,7 +187,10 @@ class AdaptState:
   limit_B: int32 `[B]` each row's valid drafts in the next iteration;
   trace_I: int32 `[I]` the call's γ at each iteration (-1 past the last);
   synced_B: int32 `[B]` stream positions a drafter that `catches_up`
-  holds (it reads the rest before it drafts again).
+  holds (it reads the rest before it drafts again);
+  peek_B: int32 `[B]` for a drafter that `offers_room`: the draft right
+  after the row's valid ones in the next iteration, as previewed (-1: none),
+  which `observe` compares with the token the target commits in its place.
   """
 
   accepted_B2: jax.Array
@@ -184,13 +199,14 @@ class AdaptState:
   limit_B: jax.Array
   trace_I: jax.Array
   synced_B: jax.Array
+  peek_B: jax.Array
 
   @classmethod
   def zeros(cls, batch: int, iterations: int) -> "AdaptState":
     z = jnp.zeros((batch, 2), jnp.float32)
     zi = jnp.zeros((batch,), jnp.int32)
     trace = jnp.full((iterations,), -1, jnp.int32)
-    return cls(z, z, jnp.zeros((), jnp.int32), zi, trace, zi)
+    return cls(z, z, jnp.zeros((), jnp.int32), zi, trace, zi, jnp.full((batch,), -1, jnp.int32))
 
 
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
@@ -234,7 +250,11 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
     return branch.astype(jnp.int32), limit_B.astype(jnp.int32)
   drafting_B = active_B & (own_gamma_B > 0)
   tokens_G = jnp.sum(jnp.where(drafting_B[:, None], e_BG, 1.0) * active_B[:, None], axis=0)
-  branch = jnp.argmax(tokens_G / costs_G).astype(jnp.int32)
+  score_G = tokens_G / costs_G
+  branch = jnp.argmax(score_G).astype(jnp.int32)
+  # Hysteresis: leaving the current γ costs a copy of the caches (a new segment).
+  stay = score_G[branch] <= score_G[st.branch] * (1.0 + cfg.switch_margin)
+  branch = jnp.where(stay, st.branch, branch).astype(jnp.int32)
   limit_B = jnp.where(drafting_B, jnp.take(k_BG, branch, axis=1), 0)
   return branch, limit_B.astype(jnp.int32)
 
@@ -242,7 +262,8 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
 def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array
               ) -> jax.Array:
   """bool `[]`: whether, from this state, plain steps alone (nothing
-  observed, the idle decay) can ever lead `choose` to a γ > 0.
+  observed, the idle decay: a drafter without previews) can ever lead
+  `choose` to a γ > 0.
 
   Idle decay moves each rate monotonically from its current value to
   `prior_alpha`, so it never exceeds the larger of the two; E(γ) grows with
@@ -278,16 +299,33 @@ def prior_may_draft(cfg: AdaptiveGamma, costs) -> bool:
 
 
 def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,
-            active_B: jax.Array, step: jax.Array) -> AdaptState:
+            active_B: jax.Array, step: jax.Array, next_B: Optional[jax.Array] = None
+            ) -> AdaptState:
   """The estimate after iteration `step` (run at `st.branch`), in which row
   b had `valid_B[b]` valid drafts and accepted `accepted_B[b]` of them (a
-  rejection when fewer)."""
+  rejection when fewer).
+
+  `next_B`: the token the target committed after the accepted drafts (-1:
+  unknown). Where the row accepted all its valid drafts and a draft after
+  them was previewed (`peek_B`), that draft was accepted exactly if it
+  equals `next_B` — an observation of the first draft's rate (no valid
+  drafts) or of the later drafts' rate, with the probability the verifier
+  would have accepted it (greedy: equality with the target's argmax; a
+  deterministic draft d when sampling: q(d), the chance `next_B` is d)."""
   a = active_B.astype(jnp.float32)
   n, v = accepted_B, valid_B
   acc_B2 = jnp.stack([(n >= 1) & (v >= 1), jnp.zeros_like(v, bool)], axis=1).astype(jnp.float32)
   acc_B2 = acc_B2.at[:, 1].set(jnp.maximum(n - 1, 0).astype(jnp.float32))
   rej_B2 = jnp.stack([(v >= 1) & (n == 0), (n >= 1) & (n < v)], axis=1).astype(jnp.float32)
-  d = jnp.where(active_B & (valid_B > 0), cfg.decay, cfg.idle_decay)[:, None]
+  seen_B = active_B & (valid_B > 0)
+  if next_B is not None:
+    peeked_B = active_B & (st.peek_B >= 0) & (next_B >= 0) & (n >= v)
+    hit_B = peeked_B & (st.peek_B == next_B)
+    col_B2 = jnp.stack([v == 0, v > 0], axis=1)
+    acc_B2 = acc_B2 + (hit_B[:, None] & col_B2).astype(jnp.float32)
+    rej_B2 = rej_B2 + ((peeked_B & ~hit_B)[:, None] & col_B2).astype(jnp.float32)
+    seen_B = seen_B | peeked_B
+  d = jnp.where(seen_B, cfg.decay, cfg.idle_decay)[:, None]
   gam_G = jnp.asarray(cfg.gammas, jnp.int32)
   trace = st.trace_I.at[jnp.minimum(step, st.trace_I.shape[0] - 1)].set(gam_G[st.branch])
   return st.replace(accepted_B2=d * st.accepted_B2 + acc_B2 * a[:, None],

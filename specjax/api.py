@@ -399,7 +399,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       bucket on this machine and stored (`specjax.calibration`). Draft
       models, `LayerSkip`, `WindowedKV` and `PromptLookup` support it.
       Where no γ > 0 pays even at the rule's prior acceptance (a pair
-      whose verify calls cost too much here), the rule would never draft:
+      whose verify calls cost too much here) and plain steps observe
+      nothing (all but `PromptLookup`), the rule would never draft:
       the call runs `generate`'s program (its very tokens for the same
       key) and reports γ 0 at every iteration.
     target_cache, draft_cache: caches to reuse (donated; `draft_cache` only
@@ -472,7 +473,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     costs = np.asarray(resolve_gamma_costs(
         target, target_params, drafter, draft_params, adaptive, batch_size=b, prompt_len=p,
         cache_len=slots, sampling=sampling, gamma_costs=gamma_costs).seconds, np.float32)
-  if adaptive is not None and not _prior_may_draft(adaptive, tuple(costs.tolist())):
+  if (adaptive is not None and not drafter.offers_room
+      and not _prior_may_draft(adaptive, tuple(costs.tolist()))):
     # The rule would run plain steps to the end (no γ > 0 pays even at the
     # prior's acceptance): plain decoding's own program, the same decisions.
     dec = AutoregressiveDecoder(target, sampling, max_new_tokens, eos_id, pad_id,

@@ -260,10 +260,14 @@ class Drafter(abc.ABC):
       while γ = 0. Its `start` (reading only the prompt) is put off until
       it first drafts (`generation.LateStart`): a run that never drafts
       never prefills it.
-    offers_room: `draft_room` says how many drafts each row can offer now
-      (prompt lookup: the matched continuation), which changes from one
-      token to the next: an adaptive loop revisits its choice at every plain
-      step instead of after blocks of them.
+    offers_room: the drafter knows its drafts before drafting (`preview`;
+      prompt lookup: the matched continuation), and how many it can offer
+      changes from one token to the next: an adaptive loop sizes each call
+      by them, revisits its choice at every plain step, and learns from the
+      first draft it did not send — whether it equals the token the target
+      committed in its place (at a plain step: the first draft; after a
+      call whose drafts were all accepted: the next one) is a free
+      observation of the acceptance rate.
   """
 
   deterministic: bool = False
@@ -323,11 +327,13 @@ class Drafter(abc.ABC):
     (what it holds past them may be overwritten)."""
     raise NotImplementedError(f"{type(self).__name__} declares catches_up but has no feed")
 
-  def draft_room(self, params: Any, state: Any, inp: DraftInput, gamma: int) -> Optional[jax.Array]:
-    """int32 `[B]`: how many of `gamma` drafts each row can offer now
-    (an adaptive loop sizes its call by it); None: all of them."""
-    del params, state, inp, gamma
-    return None
+  def preview(self, params: Any, state: Any, inp: DraftInput, width: int
+              ) -> Tuple[jax.Array, jax.Array]:
+    """For drafters that `offers_room`: (room_B, drafts_BW), int32 — the
+    drafts each row would propose now (the first room_B[b] of row b's
+    `width` are valid; a proposal of γ <= room_B[b] drafts is their
+    prefix)."""
+    raise NotImplementedError(f"{type(self).__name__} declares offers_room but has no preview")
 
 
 def check_head_params(params: Any, keys: Tuple[str, ...], loader: str, target: Any) -> None:

@@ -551,10 +551,20 @@ class SpeculativeDecoder:
     """The state with the next iteration's γ (`state.adapt.branch`) and each
     row's valid drafts (`limit_B`) chosen from the state alone."""
     ad = self.adaptive
-    room_B = self.drafter.draft_room(draft_params, state.draft_cache, _draft_input(state),
-                                     ad.max_gamma)
-    branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done, room_B)
-    return state.replace(adapt=state.adapt.replace(branch=branch, limit_B=limit_B))
+    if not self.drafter.offers_room:
+      branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done)
+      return state.replace(adapt=state.adapt.replace(branch=branch, limit_B=limit_B))
+    # The drafts each row would send, one past max Γ: the call is sized by
+    # how many there are, and the one after the row's valid drafts is kept
+    # to compare with the target's token (`adaptive.observe`).
+    room_B, drafts_BW = self.drafter.preview(draft_params, state.draft_cache,
+                                             _draft_input(state), ad.max_gamma + 1)
+    branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done,
+                                       jnp.minimum(room_B, ad.max_gamma))
+    peek_B = jnp.where(room_B > limit_B,
+                       jnp.take_along_axis(drafts_BW, limit_B[:, None], axis=1)[:, 0], -1)
+    return state.replace(adapt=state.adapt.replace(branch=branch, limit_B=limit_B,
+                                                   peek_B=peek_B.astype(jnp.int32)))
 
   def _adaptive_iteration(self, index: int, target_params, draft_params, state: DecodeState,
                           gamma_costs: jax.Array) -> DecodeState:
@@ -569,7 +579,10 @@ class SpeculativeDecoder:
       dec = dataclasses.replace(self, gamma=g, adaptive=None)
       new, n_B, valid_B = dec._iterate(target_params, draft_params, state, state.adapt.limit_B)
       synced_B = new.seq_len - 1   # a proposal leaves the drafter holding all but the last
-    adapt = adapt_lib.observe(ad, state.adapt, n_B, valid_B, active_B, state.step)
+    # The target's token after the accepted drafts (unknown where the row
+    # finished: its commit may stop short).
+    next_B = jnp.where(new.done, -1, new.pending) if self.drafter.offers_room else None
+    adapt = adapt_lib.observe(ad, state.adapt, n_B, valid_B, active_B, state.step, next_B)
     new = new.replace(adapt=adapt.replace(synced_B=synced_B))
     return self.choose(draft_params, new, gamma_costs)
 
@@ -589,9 +602,11 @@ class SpeculativeDecoder:
     block, with the decay of the whole block — the per-iteration choice
     costs as much as a small model's step on XLA:CPU (a few dozen tiny ops).
     A drafter that `offers_room` (prompt lookup: a match can appear at any
-    token) is asked at every step. Where drafting cannot pay even at the
-    estimate's ceiling (`adaptive.may_draft`: e.g. the prior's acceptance
-    does not pay for this pair's costs), the block runs to the end."""
+    token) is asked at every step, and each plain step observes whether its
+    first draft would have been accepted. Otherwise, where drafting cannot
+    pay even at the estimate's ceiling (`adaptive.may_draft`: e.g. the
+    prior's acceptance does not pay for this pair's costs), the block runs
+    to the end."""
     max_iters = self.max_new_tokens
     ad = self.adaptive
     n = len(ad.gammas)
@@ -599,10 +614,14 @@ class SpeculativeDecoder:
     def running(s):
       return (s.step < max_iters) & ~jnp.all(s.done)
 
-    # A drafter whose room changes token by token is asked at every step.
-    block = 1 if self.drafter.offers_room else ad.plain_block
+    block = ad.plain_block
 
     def plain_block(st):
+      if self.drafter.offers_room:
+        # Its drafts change token by token, and a plain step observes whether
+        # the first would have been accepted: one observed step at a time.
+        return self._adaptive_iteration(ad.gammas.index(0), target_params, draft_params, st,
+                                        gamma_costs)
       start = st.step
       # Where no γ > 0 can pay even at the estimate's ceiling, the rest is
       # plain decoding: no more choices, no room asked (`may_draft`).

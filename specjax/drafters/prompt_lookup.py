@@ -112,19 +112,22 @@ class PromptLookup(Drafter):
     count_B = jnp.where(found_B, jnp.minimum(gamma, length - start_B), 0).astype(jnp.int32)
     return start_B, count_B
 
-  def draft_room(self, params, state: LookupState, inp: DraftInput, gamma: int) -> jax.Array:
-    """The length of each row's matched continuation (at most γ)."""
+  def preview(self, params, state: LookupState, inp: DraftInput, width: int
+              ) -> Tuple[jax.Array, jax.Array]:
+    """Each row's matched continuation (its first `width` tokens) and its
+    length."""
     del params, inp
-    return self.match(state, gamma)[1]
+    start_B, count_B = self.match(state, width)
+    h = state.history.shape[1]
+    idx_BW = jnp.clip(start_B[:, None] + jnp.arange(width)[None], 0, h - 1)
+    valid_BW = jnp.arange(width)[None] < count_B[:, None]
+    return count_B, jnp.where(valid_BW, jnp.take_along_axis(state.history, idx_BW, axis=1), 0)
 
   def propose(self, params, state: LookupState, inp: DraftInput, u_BG, sampling,
               gamma: int) -> Tuple[Proposal, LookupState]:
-    del params, u_BG, sampling
-    start_B, count_B = self.match(state, gamma)
-    h = state.history.shape[1]
-    idx_BG = jnp.clip(start_B[:, None] + jnp.arange(gamma)[None], 0, h - 1)
+    del u_BG, sampling
+    count_B, drafts_BG = self.preview(params, state, inp, gamma)
     valid_BG = jnp.arange(gamma)[None] < count_B[:, None]
-    drafts_BG = jnp.where(valid_BG, jnp.take_along_axis(state.history, idx_BG, axis=1), 0)
     tokens_BT = jnp.concatenate([inp.pending_B[:, None], drafts_BG], axis=1).astype(jnp.int32)
     return Proposal(tokens_BT=tokens_BT, valid_BKN=valid_BG[:, None, :]), state
 
