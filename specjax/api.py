@@ -72,7 +72,10 @@ def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
                    f"got key shape {tuple(key.shape)}")
 
 
-def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len, params=None):
+def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len, params=None,
+                 allocate: bool = True):
+  """`cache` checked, or (None) one allocated for these sizes (`allocate`
+  False: only `cache_len` checked; None returned)."""
   need = required_cache_len(model, prompt_len, max_new, gamma)
   if cache is None:
     if need > _MAX_SLOTS:
@@ -91,6 +94,8 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
           f"cache_len={cache_len} is too short: prompt ({prompt_len} tokens → "
           f"{model.prefill_positions(prompt_len)} positions) + max_new_tokens ({max_new}) "
           f"+ gamma ({gamma}) needs {need} slots")
+    if not allocate:
+      return None
     # Placed like the params: on their mesh, split, never whole on every device.
     return place_cache_like(model.init_cache(batch, cache_len, prompt_len), params)
   if np.ndim(getattr(cache, "lengths", None)) != 1 or not hasattr(cache, "max_len"):
@@ -402,7 +407,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       whose verify calls cost too much here) and plain steps observe
       nothing (all but `PromptLookup`), the rule would never draft:
       the call runs `generate`'s program (its very tokens for the same
-      key) and reports γ 0 at every iteration.
+      key), reports γ 0 at every iteration and allocates no draft cache
+      (`draft_cache` comes back as given).
     target_cache, draft_cache: caches to reuse (donated; `draft_cache` only
       for a draft model), or `cache_len` for both (default: the minimum).
     verify_fn: the accept/reject rule for drafts with distributions
@@ -444,39 +450,43 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, target.vocab_size)
   b, p = prompts.shape
   call_len = drafter.layout(gamma).length
+  # gamma="auto" allocates the target's cache once it knows whether it drafts.
+  allocate = adaptive is None or target_cache is not None
   try:
     if prefilled is not None:
       _check_prefilled(prefilled, target_cache, target, b, p, max_new_tokens, call_len - 1)
     else:
       target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens,
-                                  call_len - 1, cache_len, target_params)
+                                  call_len - 1, cache_len, target_params, allocate=allocate)
   except ValueError as e:
     if call_len == gamma + 1:
       raise
     raise ValueError(f"{e} (the drafter's target call holds {call_len} tokens: "
                      f"{type(drafter).__name__} needs {call_len - 1} slots past the pending "
                      "token, not gamma)") from None
-  if isinstance(drafter, ModelDrafter) and not drafter.shares_target_params:
-    draft_cache = _check_cache("draft_cache", drafter.model, draft_cache, b, p, max_new_tokens,
-                               gamma, cache_len, draft_params)
-  else:
-    if draft_cache is not None and not isinstance(drafter, ModelDrafter):
-      raise ValueError(f"draft_cache is for a draft model; {type(drafter).__name__} allocates "
-                       "its own state (pass draft_cache=None)")
-    if draft_cache is None:
-      slots = (prefilled.cache if prefilled is not None else target_cache).max_len
-      draft_cache = drafter.alloc(b, p, slots, gamma)
   keys = _row_keys(key, b, sampling)
-  costs = None
+  costs, plain = None, False
   if adaptive is not None:
-    slots = (prefilled.cache if prefilled is not None else target_cache).max_len
+    if prefilled is not None or target_cache is not None:
+      slots = (prefilled.cache if prefilled is not None else target_cache).max_len
+    else:
+      slots = (int(cache_len) if cache_len is not None
+               else required_cache_len(target, p, max_new_tokens, call_len - 1))
     costs = np.asarray(resolve_gamma_costs(
         target, target_params, drafter, draft_params, adaptive, batch_size=b, prompt_len=p,
         cache_len=slots, sampling=sampling, gamma_costs=gamma_costs).seconds, np.float32)
-  if (adaptive is not None and not drafter.offers_room
-      and not _prior_may_draft(adaptive, tuple(costs.tolist()))):
-    # The rule would run plain steps to the end (no γ > 0 pays even at the
-    # prior's acceptance): plain decoding's own program, the same decisions.
+    # Where no γ > 0 pays even at the prior's acceptance and plain steps
+    # observe nothing, the rule would run plain steps to the end.
+    plain = not drafter.offers_room and not _prior_may_draft(adaptive, tuple(costs.tolist()))
+    if prefilled is None and target_cache is None:
+      # Plain decoding needs no room for drafts (unless cache_len asks for it).
+      target_cache = _check_cache("target_cache", target, None, b, p, max_new_tokens,
+                                  0 if plain else call_len - 1, cache_len, target_params)
+  if not plain or draft_cache is not None:
+    draft_cache = _draft_state(drafter, draft_cache, draft_params, b, p, max_new_tokens, gamma,
+                               cache_len, prefilled.cache if prefilled is not None
+                               else target_cache)
+  if plain:   # plain decoding's own program: the decisions the loop would make
     dec = AutoregressiveDecoder(target, sampling, max_new_tokens, eos_id, pad_id,
                                 report_gamma=gamma)
     out = dec.run(target_params, prompts, prompt_lengths, keys, target_cache, prefilled)
@@ -488,6 +498,21 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                   draft_cache, prefilled, gamma_costs=costs)
   enforce_limit()
   return _check_finite(out, nonfinite, "target_params")
+
+
+def _draft_state(drafter, draft_cache, draft_params, b, p, max_new, gamma, cache_len,
+                 target_cache):
+  """The drafter's state: a draft model's cache checked (or allocated like
+  the target's), another drafter's allocated for the target's slots."""
+  if isinstance(drafter, ModelDrafter) and not drafter.shares_target_params:
+    return _check_cache("draft_cache", drafter.model, draft_cache, b, p, max_new, gamma,
+                        cache_len, draft_params)
+  if draft_cache is not None and not isinstance(drafter, ModelDrafter):
+    raise ValueError(f"draft_cache is for a draft model; {type(drafter).__name__} allocates "
+                     "its own state (pass draft_cache=None)")
+  if draft_cache is None:
+    draft_cache = drafter.alloc(b, p, target_cache.max_len, gamma)
+  return draft_cache
 
 
 @functools.lru_cache(maxsize=256)
