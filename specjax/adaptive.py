@@ -269,7 +269,8 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   `prior_alpha`, so it never exceeds the larger of the two; E(γ) grows with
   both rates. If no γ > 0 pays for any active row at those ceilings (and
   with all the room it could get), no later choice does either: a plain
-  segment can then run to the end without asking again. With the cheapest
+  segment can then run to the end without asking again (batch mode: not
+  by the switch margin, for the batch's best case). With the cheapest
   γ = 0, that is the case exactly when the prior itself says drafting does
   not pay here (and the current estimate is no better)."""
   ceiling = st.replace(
@@ -282,7 +283,15 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   costs_G = jnp.asarray(costs_G, jnp.float32)
   best_B = gam_G[jnp.argmax(e_BG / costs_G[None], axis=1)]
   cheapest_plain = gam_G[jnp.argmin(costs_G)] == 0
-  return ~cheapest_plain | jnp.any(active_B & (best_B > 0))
+  if cfg.per_row:
+    return ~cheapest_plain | jnp.any(active_B & (best_B > 0))
+  # Batch mode leaves γ = 0 only for a score better by the switch margin;
+  # Σ_b max(E_b, 1) bounds the tokens any set of drafting rows expects.
+  tokens_G = jnp.sum(jnp.maximum(e_BG, 1.0) * active_B[:, None], axis=0)
+  score_G = tokens_G / costs_G
+  plain = jnp.argmax(gam_G == 0)
+  leave = jnp.any((gam_G > 0) & (score_G > score_G[plain] * (1.0 + cfg.switch_margin)))
+  return ~cheapest_plain | leave
 
 
 def prior_may_draft(cfg: AdaptiveGamma, costs) -> bool:
@@ -295,7 +304,13 @@ def prior_may_draft(cfg: AdaptiveGamma, costs) -> bool:
   a = np.float32(min(cfg.prior_alpha, 0.999) if cfg.prior_weight > 0 else 0.0)
   gam = np.asarray(cfg.gammas, np.float32)
   e = np.float32(1.0) + a * (np.float32(1.0) - a ** gam) / (np.float32(1.0) - a)
-  return bool(cfg.gammas[int(np.argmax(e / c))] > 0 or cfg.gammas[int(np.argmin(c))] != 0)
+  if cfg.gammas[int(np.argmin(c))] != 0:
+    return True
+  score = e / c
+  if cfg.per_row:
+    return bool(cfg.gammas[int(np.argmax(score))] > 0)
+  plain = cfg.gammas.index(0)
+  return bool(np.any((gam > 0) & (score > score[plain] * np.float32(1.0 + cfg.switch_margin))))
 
 
 def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,

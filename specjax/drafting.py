@@ -257,9 +257,7 @@ class Drafter(abc.ABC):
     catches_up: through plain target steps the drafter does nothing; before
       it drafts again the loop hands it the tokens it missed (`feed`, in
       calls of up to max Γ + 1 tokens) — a draft model then costs nothing
-      while γ = 0. Its `start` (reading only the prompt) is put off until
-      it first drafts (`generation.LateStart`): a run that never drafts
-      never prefills it.
+      while γ = 0.
     offers_room: the drafter knows its drafts before drafting (`preview`;
       prompt lookup: the matched continuation), and how many it can offer
       changes from one token to the next: an adaptive loop sizes each call

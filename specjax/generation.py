@@ -182,19 +182,6 @@ class DecodeState:
   draft_cache: Any
   stats: DecodeStats
   adapt: Optional[adapt_lib.AdaptState] = None  # gamma="auto" only
-  late: Optional["LateStart"] = None  # gamma="auto" with a drafter that catches_up
-
-
-@struct.dataclass
-class LateStart:
-  """A drafter that `catches_up` in an adaptive loop starts (prefills on the
-  prompt) at its first drafting iteration, not before decoding: a run that
-  never drafts never pays for it. prompts_BP `[B, P]`, lengths_B `[B]`
-  int32: what its `start` reads; started `[]` bool."""
-
-  prompts_BP: jax.Array
-  lengths_B: jax.Array
-  started: jax.Array
 
 
 def nonfinite_rows(logits_BV: jax.Array) -> jax.Array:
@@ -423,8 +410,8 @@ class SpeculativeDecoder:
       first_B, last_B, target_cache, bad_B = _prefill(
           self.target, target_params, self.sampling, prompts_BP, lengths_B, target_cache,
           keys_B, prefilled)
-      draft_state = draft_cache if self._starts_late else drafter.start(
-          draft_params, draft_cache, prompts_BP, lengths_B, first_B, target_cache)
+      draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
+                                  target_cache)
     n = self.layout.chain_len
     state = _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
                            self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
@@ -432,18 +419,7 @@ class SpeculativeDecoder:
       # The drafter's prefill holds the prompt: positions < seq_len.
       adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens)
       state = state.replace(adapt=adapt.replace(synced_B=state.seq_len))
-      if self._starts_late:
-        state = state.replace(late=LateStart(jnp.asarray(prompts_BP, jnp.int32),
-                                             jnp.asarray(lengths_B, jnp.int32),
-                                             jnp.zeros((), bool)))
     return state
-
-  @property
-  def _starts_late(self) -> bool:
-    """An adaptive loop's drafter that catches up starts at its first
-    drafting iteration (`LateStart`)."""
-    return (self.adaptive is not None and self.drafter.catches_up
-            and not self.drafter.needs_prompt_hidden)
 
   @property
   def _verify(self) -> Callable:
@@ -519,14 +495,6 @@ class SpeculativeDecoder:
     drafter = self.drafter
     if not drafter.catches_up:
       return state
-    if state.late is not None:  # its start, once: the prompt's positions
-      late = state.late
-      draft_state = jax.lax.cond(
-          late.started, lambda: state.draft_cache,
-          lambda: drafter.start(draft_params, state.draft_cache, late.prompts_BP, late.lengths_B,
-                                state.tokens[:, 0], state.target_cache))
-      state = state.replace(draft_cache=draft_state,
-                            late=late.replace(started=jnp.ones((), bool)))
     width = self.adaptive.max_gamma + 1
     buf = state.tokens.shape[1]
 

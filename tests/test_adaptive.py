@@ -397,7 +397,7 @@ def test_prior_may_draft_agrees_with_the_loop_rule():
 
 
 def test_may_draft_bounds_what_idle_decay_can_reach():
-  cfg = AdaptiveGamma()
+  cfg = AdaptiveGamma(per_row=True)
   active = jnp.ones(2, bool)
   good = AdaptState.zeros(2, 4).replace(accepted_B2=jnp.asarray([[0.0, 0.0], [30.0, 30.0]]))
   bad = AdaptState.zeros(2, 4).replace(rejected_B2=jnp.full((2, 2), 30.0))
@@ -408,6 +408,11 @@ def test_may_draft_bounds_what_idle_decay_can_reach():
   # Rows that fail drift back to the prior, which does not pay here, but does with COSTS.
   assert not bool(adaptive.may_draft(cfg, bad, jnp.asarray(NO_PAY), active))
   assert bool(adaptive.may_draft(cfg, bad, jnp.asarray(COSTS), active))
+  # A batch-wide γ must pay for the whole batch's call, by the switch margin.
+  batch = AdaptiveGamma()
+  assert not bool(adaptive.may_draft(batch, good, jnp.asarray(NO_PAY), active))
+  both = good.replace(accepted_B2=jnp.full((2, 2), 30.0))
+  assert bool(adaptive.may_draft(batch, both, jnp.asarray(NO_PAY), active))
 
 
 def test_where_drafting_cannot_pay_auto_is_plain_decoding():
@@ -429,7 +434,7 @@ def test_where_drafting_cannot_pay_auto_is_plain_decoding():
   assert int((trace >= 0).sum()) == calls.max() - 1 and (trace[calls.max() - 1:] == -1).all()
   assert int(np.asarray(out.stats.draft_calls).sum()) == 0
   # The loop itself, given the same costs, runs plain steps to the end (greedy:
-  # the same tokens) and never starts the draft.
+  # the same tokens) and never drafts.
   need = specjax.required_cache_len(lm, prompts.shape[1], 10, 8)
   dec = SpeculativeDecoder(lm, ModelDrafter(dm), 8, GREEDY, 10, EOS, adaptive=AdaptiveGamma())
   loop = dec.run(params, dp, prompts, lengths, keys, lm.init_cache(4, need),
@@ -438,7 +443,7 @@ def test_where_drafting_cannot_pay_auto_is_plain_decoding():
                             eos_id=EOS)
   np.testing.assert_array_equal(np.asarray(loop.tokens), np.asarray(greedy.tokens))
   assert (np.asarray(loop.stats.gamma_trace) <= 0).all()
-  assert not np.asarray(loop.draft_cache.lengths).any()   # never started
+  assert int(np.asarray(loop.stats.draft_calls).sum()) == 0
 
 
 # ------------------------------------------- what a previewing drafter shows
