@@ -188,8 +188,8 @@ def test_per_row_mode_rows_are_independent_of_the_batch():
   dm, dp = noisy_draft()
   prompts, lengths = ragged_prompts(batch=6, max_len=8, seed=9)
   keys = jax.random.split(jax.random.key(3), 6)
-  kw = dict(max_new_tokens=12, sampling=SamplingConfig(1.0), gamma_costs=COSTS,
-            gamma=AdaptiveGamma(per_row=True))
+  kw = dict(max_new_tokens=12, sampling=SamplingConfig(1.0), gamma_costs=COSTS[:3],
+            gamma=AdaptiveGamma(gammas=(0, 1, 2), per_row=True))
   batch = specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, key=keys, **kw)
   for r in (0, 3):
     alone = specjax.speculative_generate(lm, params, dm, dp, prompts[r:r + 1],
@@ -435,10 +435,11 @@ def test_where_drafting_cannot_pay_auto_is_plain_decoding():
   assert int(np.asarray(out.stats.draft_calls).sum()) == 0
   # The loop itself, given the same costs, runs plain steps to the end (greedy:
   # the same tokens) and never drafts.
-  need = specjax.required_cache_len(lm, prompts.shape[1], 10, 8)
-  dec = SpeculativeDecoder(lm, ModelDrafter(dm), 8, GREEDY, 10, EOS, adaptive=AdaptiveGamma())
+  need = specjax.required_cache_len(lm, prompts.shape[1], 10, 2)
+  dec = SpeculativeDecoder(lm, ModelDrafter(dm), 2, GREEDY, 10, EOS,
+                           adaptive=AdaptiveGamma(gammas=(0, 1, 2)))
   loop = dec.run(params, dp, prompts, lengths, keys, lm.init_cache(4, need),
-                 dm.init_cache(4, need), gamma_costs=NO_PAY)
+                 dm.init_cache(4, need), gamma_costs=NO_PAY[:3])
   greedy = specjax.generate(lm, params, prompts, lengths, max_new_tokens=10, sampling=GREEDY,
                             eos_id=EOS)
   np.testing.assert_array_equal(np.asarray(loop.tokens), np.asarray(greedy.tokens))

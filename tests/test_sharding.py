@@ -32,7 +32,9 @@ def test_mesh_errors_are_clear():
 
 def _run_sharded(tm, tp, dm, dp, prompts, lengths, mesh, **kw):
   b, p = prompts.shape
-  need = specjax.required_cache_len(tm, p, kw["max_new_tokens"], kw["gamma"])
+  g = kw["gamma"]
+  g = g.max_gamma if isinstance(g, specjax.AdaptiveGamma) else g
+  need = specjax.required_cache_len(tm, p, kw["max_new_tokens"], g)
   keys = jax.random.split(jax.random.key(3), b)
   sp, ln, ks = sharding.shard_batch(mesh, prompts, lengths, keys)
   return specjax.speculative_generate(
@@ -67,6 +69,12 @@ def test_sharded_t5_greedy_equals_unsharded():
   ref = specjax.speculative_generate(t, tp, t, tp, prompts, lengths, **kw)
   out = _run_sharded(t, tp, t, tp, prompts, lengths, mesh, **kw)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
+  # gamma="auto" on the mesh: its segments and choices over sharded caches.
+  auto = _run_sharded(t, tp, t, tp, prompts, lengths, mesh, max_new_tokens=8,
+                      sampling=specjax.GREEDY, gamma=specjax.AdaptiveGamma(gammas=(0, 1, 2)),
+                      gamma_costs=(1.0, 1.05, 1.1))
+  np.testing.assert_array_equal(auto.tokens, ref.tokens)
+  assert (np.asarray(auto.stats.gamma_trace) > 0).any()
 
 
 def _reference(data, model, batch, **kw):
