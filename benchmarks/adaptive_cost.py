@@ -11,7 +11,8 @@ catching up are the overhead. Measured on two pairs with random weights
 `quick` T5 pair (6.95M target, 0.07M draft) and `cpu-target-27m` +
 `cpu-draft-1m`. For each: plain decoding, speculative decoding at γ = 1 and
 4, and `gamma="auto"` with the cost table rigged so that it always chooses 0,
-1 or 4 (`gamma_costs`: that γ cheap, the others prohibitive). Each program
+1 or 4 (`gamma_costs`: that γ cheap, the others prohibitive; rigged to 0, no
+γ pays at the rule's prior, so the call runs plain decoding's program). Each program
 is run with 64 and with 2 new tokens, interleaved round by round; decode
 time per iteration = (median(64) - median(2)) / the difference in
 iterations (the prefill cancels).
