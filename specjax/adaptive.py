@@ -278,8 +278,7 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   prior_B2 = estimated_alpha(cfg, ceiling)
   alpha_B2 = jnp.maximum(estimated_alpha(cfg, st), prior_B2)
   gam_G = jnp.asarray(cfg.gammas, jnp.int32)
-  e_BG = expected_tokens(alpha_B2, jnp.broadcast_to(gam_G[None], alpha_B2[:, :1].shape[:1]
-                                                    + gam_G.shape))
+  e_BG = expected_tokens(alpha_B2, jnp.broadcast_to(gam_G, (alpha_B2.shape[0], len(cfg.gammas))))
   costs_G = jnp.asarray(costs_G, jnp.float32)
   best_B = gam_G[jnp.argmax(e_BG / costs_G[None], axis=1)]
   cheapest_plain = gam_G[jnp.argmin(costs_G)] == 0
@@ -296,21 +295,12 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
 
 def prior_may_draft(cfg: AdaptiveGamma, costs) -> bool:
   """`may_draft` at the start of a run (no evidence yet: every row at the
-  prior), on the host. False: the rule would run plain steps to the end, so
-  `speculative_generate` runs plain decoding's program instead (the same
-  decisions, none of the drafter's work)."""
-  c = check_costs(cfg, costs)   # float32, as in the loop
-  # `estimated_alpha` with no counts: the prior (0 with no prior weight).
-  a = np.float32(min(cfg.prior_alpha, 0.999) if cfg.prior_weight > 0 else 0.0)
-  gam = np.asarray(cfg.gammas, np.float32)
-  e = np.float32(1.0) + a * (np.float32(1.0) - a ** gam) / (np.float32(1.0) - a)
-  if cfg.gammas[int(np.argmin(c))] != 0:
-    return True
-  score = e / c
-  if cfg.per_row:
-    return bool(cfg.gammas[int(np.argmax(score))] > 0)
-  plain = cfg.gammas.index(0)
-  return bool(np.any((gam > 0) & (score > score[plain] * np.float32(1.0 + cfg.switch_margin))))
+  prior; one row stands for all), read back to the host. False: the rule
+  would run plain steps to the end, so `speculative_generate` runs plain
+  decoding's program instead (the same decisions, none of the drafter's
+  work)."""
+  c = jnp.asarray(check_costs(cfg, costs))
+  return bool(may_draft(cfg, AdaptState.zeros(1, 1), c, jnp.ones((1,), bool)))
 
 
 def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,

@@ -439,7 +439,7 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
                                                  target.vocab_size, nonfinite)
   if adaptive is not None:
-    _check_adaptive_once(drafter, adaptive)
+    check_adaptive(drafter, adaptive)
     given = adaptive
     adaptive = adaptive.limited_to(max(1, max_new_tokens - 1))
     gamma = adaptive.max_gamma
@@ -516,12 +516,7 @@ def _draft_state(drafter, draft_cache, draft_params, b, p, max_new, gamma, cache
 
 
 @functools.lru_cache(maxsize=256)
-def _check_adaptive_once(drafter: Drafter, adaptive: AdaptiveGamma) -> None:
-  """`check_adaptive`, once per (drafter, Γ) (both static and hashable)."""
-  check_adaptive(drafter, adaptive)
-
-
-@functools.lru_cache(maxsize=256)
 def _prior_may_draft(adaptive: AdaptiveGamma, costs: tuple) -> bool:
+  """`prior_may_draft`, once per (Γ, cost table)."""
   return prior_may_draft(adaptive, costs)
 

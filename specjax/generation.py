@@ -754,9 +754,15 @@ class SpeculativeDecoder:
 
 
 def check_adaptive(drafter: Drafter, ad: AdaptiveGamma) -> None:
-  """Raises naming the drafter when it cannot change γ per iteration."""
+  """Raises naming the drafter when it cannot change γ per iteration
+  (checked once per drafter and Γ: both are static and hashable)."""
   if not isinstance(ad, AdaptiveGamma):
     raise TypeError(f"adaptive must be a specjax.adaptive.AdaptiveGamma, got {ad!r}")
+  _check_adaptive_drafter(drafter, ad)
+
+
+@functools.lru_cache(maxsize=256)
+def _check_adaptive_drafter(drafter: Drafter, ad: AdaptiveGamma) -> None:
   name = type(drafter).__name__
   if not drafter.adaptive or drafter.fixed_gamma is not None or drafter.needs_hidden:
     raise ValueError(f"gamma='auto' needs a drafter that can change γ per iteration (a draft "
