@@ -17,7 +17,8 @@ straight into their shardings; `load_tokenizer` reads a `tokenizer.json` or
 a SentencePiece model; `measure_beta` measures α of a pair;
 `tune_matvec_rows` picks a decoder's CPU product path for this machine;
 `speculative_generate(..., gamma="auto")` chooses γ (0 included) per
-iteration in-graph (`AdaptiveGamma`, costs from `calibrate_gamma_costs`);
+iteration in-graph (`AdaptiveGamma`, costs from `calibrate_gamma_costs`;
+`Acceptance` carries what one call learned to the next);
 `clear_compiled` / `set_max_compiled_programs` bound how many compiled
 decoding programs a long-lived process keeps (`specjax.compiled`).
 The package map (what may import what) is in the README's "Architecture".
@@ -27,7 +28,7 @@ L layers, H heads, K kv heads, D head dim, E width, G = gamma.
 """
 
 from specjax import drafters, parallel, theory
-from specjax.adaptive import AdaptiveGamma
+from specjax.adaptive import Acceptance, AdaptiveGamma
 from specjax.api import generate, prefill, speculative_generate
 from specjax.calibration import GammaCosts, calibrate_gamma_costs
 from specjax.checkpoints.hf_llama import export_hf_decoder, import_hf_decoder
@@ -60,5 +61,5 @@ __all__ = [
     "import_hf_decoder", "export_hf_decoder", "import_hf_t5", "export_hf_t5", "HFTokenizer",
     "SentencePieceTokenizer", "load_tokenizer", "check_tokenizers_compatible",
     "clear_compiled", "compiled_programs", "max_compiled_programs", "set_max_compiled_programs",
-    "AdaptiveGamma", "GammaCosts", "calibrate_gamma_costs",
+    "AdaptiveGamma", "Acceptance", "GammaCosts", "calibrate_gamma_costs",
 ]

@@ -37,6 +37,19 @@ margin). A drafter that previews its drafts (prompt lookup) needs no such
 exploration: each plain step observes whether its first draft would have
 been accepted (`observe`'s `next_B`).
 
+Across calls: the estimate can outlive a call. `speculative_generate(...,
+acceptance=a)` starts every row from `a` (an `Acceptance`: what earlier
+calls learned, `out.stats.acceptance` — the rows' final counts, averaged)
+instead of the prior, and a series of calls (a dataset, a server's
+requests) learns the pair once. Since what it learns is kept, a series also
+explores: a row with (almost) no evidence — the first call's
+`Acceptance.fresh()`, or evidence decayed away over many plain steps —
+probes: it drafts (at least one token) in its next `explore_steps`
+iterations to find out, even where the prior says drafting does not pay (a
+call on its own never does: its evidence would be gone at its end). Where the carried estimate says no γ > 0 pays
+and no probe falls due within the call, the call runs plain decoding's
+program and returns the estimate with the idle decay of its steps.
+
 Per row: a row whose own best γ is 0 proposes nothing (its drafts are marked
 invalid) while the others draft; the batch's γ follows the rows that pay
 (`per_row=False`), or is the largest of the rows' own choices
@@ -51,6 +64,9 @@ and some valid drafts), so the tokens it commits follow the target's
 conditional distribution; by the chain rule the whole output has the
 target's law, whatever the rule chose. Greedy decoding commits the target's
 argmax path for every γ, so its tokens equal plain greedy decoding's.
+
+The same holds across calls: a carried `Acceptance` is a function of
+earlier calls' committed tokens, fixed before this call draws anything.
 
 What depends on what. With `per_row=False` a row's γ follows the batch, so a
 row's *sampled* tokens for a given key depend on the other rows (their law
@@ -75,8 +91,9 @@ from flax import struct
 
 from specjax._checks import check_int
 
-__all__ = ["AdaptiveGamma", "AdaptState", "DEFAULT_GAMMAS", "expected_tokens", "choose",
-           "observe", "idle_block", "estimated_alpha", "may_draft", "prior_may_draft"]
+__all__ = ["AdaptiveGamma", "AdaptState", "Acceptance", "DEFAULT_GAMMAS", "expected_tokens",
+           "choose", "observe", "idle_block", "estimated_alpha", "may_draft", "prior_may_draft",
+           "probe_due", "after_idle"]
 
 DEFAULT_GAMMAS: Tuple[int, ...] = (0, 1, 2, 4, 8)
 
@@ -115,6 +132,12 @@ class AdaptiveGamma:
     switch_margin: batch mode keeps the current γ unless another scores
       this much better (relative): a change of γ starts a new segment of
       the loop, which copies the caches once (0: always the best score).
+    explore_below, explore_steps: with a carried estimate
+      (`acceptance=`), a row whose decayed count of first-draft
+      observations is below `explore_below` probes: it drafts (at least
+      one token) in its next `explore_steps` iterations, enough evidence
+      to overturn the prior where the pair accepts (one observation idles
+      below 0.05 after ~100 plain steps with the default `idle_decay`).
   """
 
   gammas: Tuple[int, ...] = DEFAULT_GAMMAS
@@ -125,6 +148,8 @@ class AdaptiveGamma:
   per_row: bool = False
   plain_block: int = 8
   switch_margin: float = 0.1
+  explore_below: float = 0.05
+  explore_steps: int = 4
 
   def __post_init__(self):
     g = self.gammas
@@ -153,6 +178,9 @@ class AdaptiveGamma:
     if isinstance(m, bool) or not isinstance(m, numbers.Real) or not 0 <= float(m) < 10:
       raise ValueError(f"switch_margin must be a real number in [0, 10), got {m!r}")
     object.__setattr__(self, "switch_margin", float(m))
+    object.__setattr__(self, "explore_below",
+                       _check_fraction("explore_below", self.explore_below))
+    check_int("explore_steps", self.explore_steps, 1)
 
   @property
   def max_gamma(self) -> int:
@@ -190,7 +218,9 @@ class AdaptState:
   holds (it reads the rest before it drafts again);
   peek_B: int32 `[B]` for a drafter that `offers_room`: the draft right
   after the row's valid ones in the next iteration, as previewed (-1: none),
-  which `observe` compares with the token the target commits in its place.
+  which `observe` compares with the token the target commits in its place;
+  probe_B: int32 `[B]` drafting iterations left in the row's probe (a
+  carried estimate only, `explore`).
   """
 
   accepted_B2: jax.Array
@@ -200,13 +230,81 @@ class AdaptState:
   trace_I: jax.Array
   synced_B: jax.Array
   peek_B: jax.Array
+  probe_B: jax.Array
+  # Static: the estimate is carried across calls (rows without evidence probe).
+  explore: bool = struct.field(pytree_node=False, default=False)
 
   @classmethod
-  def zeros(cls, batch: int, iterations: int) -> "AdaptState":
+  def zeros(cls, batch: int, iterations: int,
+            start: Optional["Acceptance"] = None) -> "AdaptState":
+    """No evidence (the prior), or every row at a carried `start`
+    (`explore` then set)."""
     z = jnp.zeros((batch, 2), jnp.float32)
+    acc, rej = z, z
+    if start is not None:
+      acc = jnp.broadcast_to(jnp.asarray(start.accepted_2, jnp.float32), (batch, 2))
+      rej = jnp.broadcast_to(jnp.asarray(start.rejected_2, jnp.float32), (batch, 2))
     zi = jnp.zeros((batch,), jnp.int32)
     trace = jnp.full((iterations,), -1, jnp.int32)
-    return cls(z, z, jnp.zeros((), jnp.int32), zi, trace, zi, jnp.full((batch,), -1, jnp.int32))
+    return cls(acc, rej, jnp.zeros((), jnp.int32), zi, trace, zi,
+               jnp.full((batch,), -1, jnp.int32), zi, explore=start is not None)
+
+  def pooled(self) -> "Acceptance":
+    """What this call learned, for the next (`Acceptance`): the rows' counts
+    averaged."""
+    return Acceptance(jnp.mean(self.accepted_B2, axis=0), jnp.mean(self.rejected_B2, axis=0))
+
+
+@struct.dataclass
+class Acceptance:
+  """A pair's acceptance estimate carried from call to call
+  (`speculative_generate(gamma="auto", acceptance=...)`, returned as
+  `out.stats.acceptance`).
+
+  accepted_2, rejected_2: float32 `[2]` decayed counts of accepted and
+  rejected drafts (first drafts, later drafts: `AdaptState`'s columns),
+  averaged over the rows of the call that produced it. `Acceptance.fresh()`
+  starts a series: no evidence, so the first call probes.
+  """
+
+  accepted_2: jax.Array
+  rejected_2: jax.Array
+
+  @classmethod
+  def fresh(cls) -> "Acceptance":
+    z = np.zeros((2,), np.float32)
+    return cls(z, z.copy())
+
+  def evidence(self) -> float:
+    """The decayed number of first-draft observations (host)."""
+    return float(np.asarray(self.accepted_2)[0] + np.asarray(self.rejected_2)[0])
+
+
+def check_acceptance(acceptance) -> Acceptance:
+  """`acceptance` with float32 numpy `[2]` counts, or a clear error."""
+  if not isinstance(acceptance, Acceptance):
+    raise TypeError(f"acceptance must be a specjax.Acceptance (out.stats.acceptance of an "
+                    f"earlier gamma='auto' call, or Acceptance.fresh()), got {acceptance!r}")
+  acc = np.asarray(acceptance.accepted_2, np.float32)
+  rej = np.asarray(acceptance.rejected_2, np.float32)
+  for name, v in (("accepted_2", acc), ("rejected_2", rej)):
+    if v.shape != (2,) or not np.all(np.isfinite(v)) or np.any(v < 0):
+      raise ValueError(f"acceptance.{name} must be 2 finite counts >= 0, got {v!r}")
+  return Acceptance(acc, rej)
+
+
+def probe_due(cfg: AdaptiveGamma, acceptance: Acceptance, steps: int) -> bool:
+  """Whether a carried estimate's rows probe within `steps` plain steps
+  (their first-draft evidence idles below `explore_below`) (host)."""
+  return acceptance.evidence() * cfg.idle_decay ** steps < cfg.explore_below
+
+
+def after_idle(cfg: AdaptiveGamma, acceptance: Acceptance, steps_B: jax.Array) -> Acceptance:
+  """The carried estimate after each row ran `steps_B` plain steps
+  (nothing observed: the idle decay), averaged over the rows."""
+  d = jnp.mean(jnp.power(jnp.float32(cfg.idle_decay), steps_B.astype(jnp.float32)))
+  return Acceptance(jnp.asarray(acceptance.accepted_2, jnp.float32) * d,
+                    jnp.asarray(acceptance.rejected_2, jnp.float32) * d)
 
 
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
@@ -242,6 +340,10 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
   costs_G = jnp.asarray(costs_G, jnp.float32)
   own_B = jnp.argmax(e_BG / costs_G[None], axis=1)           # ties: the smaller γ
   own_gamma_B = jnp.take_along_axis(k_BG, own_B[:, None], axis=1)[:, 0]
+  probe_B = jnp.zeros_like(active_B)
+  if st.explore:   # rows without evidence draft to find out
+    probe_B = active_B & (room_B > 0) & (_fresh(cfg, st) | (st.probe_B > 0))
+    own_gamma_B = jnp.where(probe_B & (own_gamma_B == 0), 1, own_gamma_B)
   if cfg.per_row:
     limit_B = jnp.where(active_B, own_gamma_B, 0)
     want_G = gam_G[None] >= limit_B[:, None]
@@ -254,7 +356,9 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
   branch = jnp.argmax(score_G).astype(jnp.int32)
   # Hysteresis: leaving the current γ costs a copy of the caches (a new segment).
   stay = score_G[branch] <= score_G[st.branch] * (1.0 + cfg.switch_margin)
-  branch = jnp.where(stay, st.branch, branch).astype(jnp.int32)
+  branch = jnp.where(stay, st.branch, branch)
+  first = next(i for i, g in enumerate(cfg.gammas) if g > 0)
+  branch = jnp.where(jnp.any(probe_B) & (gam_G[branch] == 0), first, branch).astype(jnp.int32)
   limit_B = jnp.where(drafting_B, jnp.take(k_BG, branch, axis=1), 0)
   return branch, limit_B.astype(jnp.int32)
 
@@ -272,7 +376,10 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   segment can then run to the end without asking again (batch mode: not
   by the switch margin, for the batch's best case). With the cheapest
   γ = 0, that is the case exactly when the prior itself says drafting does
-  not pay here (and the current estimate is no better)."""
+  not pay here (and the current estimate is no better). With a carried
+  estimate (`st.explore`) a row may yet probe: True."""
+  if st.explore:
+    return jnp.ones((), bool)
   ceiling = st.replace(
       accepted_B2=jnp.zeros_like(st.accepted_B2), rejected_B2=jnp.zeros_like(st.rejected_B2))
   prior_B2 = estimated_alpha(cfg, ceiling)
@@ -293,14 +400,21 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   return ~cheapest_plain | leave
 
 
-def prior_may_draft(cfg: AdaptiveGamma, costs) -> bool:
-  """`may_draft` at the start of a run (no evidence yet: every row at the
-  prior; one row stands for all), read back to the host. False: the rule
-  would run plain steps to the end, so `speculative_generate` runs plain
-  decoding's program instead (the same decisions, none of the drafter's
-  work)."""
+def prior_may_draft(cfg: AdaptiveGamma, costs, start: Optional[Acceptance] = None) -> bool:
+  """`may_draft` at the start of a run (every row at the prior, or at a
+  carried `start` — not counting its probes: `probe_due`; one row stands
+  for all), read back to the host. False: the rule would run plain steps
+  to the end, so `speculative_generate` runs plain decoding's program
+  instead (the same decisions, none of the drafter's work)."""
   c = jnp.asarray(check_costs(cfg, costs))
-  return bool(may_draft(cfg, AdaptState.zeros(1, 1), c, jnp.ones((1,), bool)))
+  st = AdaptState.zeros(1, 1)
+  if start is not None:
+    st = st.replace(accepted_B2=jnp.asarray(start.accepted_2)[None],
+                    rejected_B2=jnp.asarray(start.rejected_2)[None])
+  return bool(_may_draft_jit(cfg, st, c, jnp.ones((1,), bool)))
+
+
+_may_draft_jit = jax.jit(lambda cfg, st, c, a: may_draft(cfg, st, c, a), static_argnums=0)
 
 
 def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,
@@ -333,8 +447,20 @@ def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: 
   d = jnp.where(seen_B, cfg.decay, cfg.idle_decay)[:, None]
   gam_G = jnp.asarray(cfg.gammas, jnp.int32)
   trace = st.trace_I.at[jnp.minimum(step, st.trace_I.shape[0] - 1)].set(gam_G[st.branch])
+  probe_B = st.probe_B
+  if st.explore:   # a probe starts at a fresh row's drafting iteration, counts them down
+    drafted_B = active_B & (valid_B > 0)
+    left_B = jnp.where(st.probe_B > 0, st.probe_B - 1,
+                       jnp.where(_fresh(cfg, st), cfg.explore_steps - 1, 0))
+    probe_B = jnp.where(drafted_B, left_B, st.probe_B).astype(jnp.int32)
   return st.replace(accepted_B2=d * st.accepted_B2 + acc_B2 * a[:, None],
-                    rejected_B2=d * st.rejected_B2 + rej_B2 * a[:, None], trace_I=trace)
+                    rejected_B2=d * st.rejected_B2 + rej_B2 * a[:, None], trace_I=trace,
+                    probe_B=probe_B)
+
+
+def _fresh(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
+  """bool `[B]`: rows whose first-draft evidence is below `explore_below`."""
+  return st.accepted_B2[:, 0] + st.rejected_B2[:, 0] < cfg.explore_below
 
 
 def check_costs(cfg: AdaptiveGamma, costs) -> np.ndarray:

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax._checks import check_int, check_prompts, is_concrete
-from specjax.adaptive import AdaptiveGamma, check_costs, prior_may_draft
+from specjax.adaptive import (Acceptance, AdaptiveGamma, check_acceptance, check_costs,
+                              prior_may_draft, probe_due)
 from specjax.calibration import resolve_gamma_costs
 from specjax.compiled import enforce_limit
 from specjax.drafters.model import ModelDrafter
@@ -376,7 +377,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                          verify_fn: Callable = rejection_verify,
                          prefilled: Optional[Prefill] = None,
                          nonfinite: str = "raise",
-                         gamma_costs: Optional[Sequence[float]] = None) -> GenerationOutput:
+                         gamma_costs: Optional[Sequence[float]] = None,
+                         acceptance: Optional[Acceptance] = None) -> GenerationOutput:
   """Exact speculative decoding (draft, verify once per iteration), one jitted while_loop.
 
   The output has exactly the distribution of `generate(target, ...)` with the
@@ -419,6 +421,14 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     nonfinite: as in `generate` (the target's logits of every call).
     gamma_costs: with gamma="auto": the cost of one iteration at each γ of
       Γ (any unit), instead of the stored or measured table.
+    acceptance: with gamma="auto": start from what earlier calls learned
+      (`out.stats.acceptance` of the previous call of a series;
+      `specjax.Acceptance.fresh()` for its first) instead of the prior.
+      Each call then returns the estimate to pass on, and rows with no
+      evidence probe one draft even where the prior says drafting does
+      not pay (`specjax.adaptive`: exact, as the choice reads only earlier
+      calls' tokens). Where the carried estimate says no γ > 0 pays and no
+      probe falls due, the call runs `generate`'s program.
 
   Returns:
     `GenerationOutput` with acceptance statistics; its `draft_cache` is the
@@ -432,6 +442,11 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   adaptive = _adaptive_gamma(gamma, gamma_costs)
   if adaptive is not None:
     gamma = adaptive.max_gamma
+    if acceptance is not None:
+      acceptance = check_acceptance(acceptance)
+  elif acceptance is not None:
+    raise ValueError(f"acceptance is for gamma='auto' (or an AdaptiveGamma); gamma={gamma!r} "
+                     "is fixed")
   drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
                                                  gamma)
   if not callable(verify_fn):
@@ -475,9 +490,14 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     costs = np.asarray(resolve_gamma_costs(
         target, target_params, drafter, draft_params, adaptive, batch_size=b, prompt_len=p,
         cache_len=slots, sampling=sampling, gamma_costs=gamma_costs).seconds, np.float32)
-    # Where no γ > 0 pays even at the prior's acceptance and plain steps
-    # observe nothing, the rule would run plain steps to the end.
-    plain = not drafter.offers_room and not _prior_may_draft(adaptive, tuple(costs.tolist()))
+    # Where no γ > 0 pays even at the prior's (or the carried) acceptance,
+    # plain steps observe nothing and no probe falls due, the rule would run
+    # plain steps to the end.
+    if acceptance is None:
+      plain = not drafter.offers_room and not _prior_may_draft(adaptive, tuple(costs.tolist()))
+    else:
+      plain = not (drafter.offers_room or probe_due(adaptive, acceptance, max_new_tokens)
+                   or prior_may_draft(adaptive, costs, acceptance))
     if prefilled is None and target_cache is None:
       # Plain decoding needs no room for drafts (unless cache_len asks for it).
       target_cache = _check_cache("target_cache", target, None, b, p, max_new_tokens,
@@ -488,14 +508,15 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                                else target_cache)
   if plain:   # plain decoding's own program: the decisions the loop would make
     dec = AutoregressiveDecoder(target, sampling, max_new_tokens, eos_id, pad_id,
-                                report_gamma=gamma)
-    out = dec.run(target_params, prompts, prompt_lengths, keys, target_cache, prefilled)
+                                report_adaptive=adaptive)
+    out = dec.run(target_params, prompts, prompt_lengths, keys, target_cache, prefilled,
+                  acceptance)
     out = out.replace(draft_cache=draft_cache)
   else:
     dec = SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, pad_id,
                              verify_fn, adaptive=adaptive)
     out = dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
-                  draft_cache, prefilled, gamma_costs=costs)
+                  draft_cache, prefilled, gamma_costs=costs, acceptance=acceptance)
   enforce_limit()
   return _check_finite(out, nonfinite, "target_params")
 

@@ -106,6 +106,9 @@ class DecodeStats:
     gamma_trace: for `gamma="auto"` (`specjax.adaptive`): int32
       `[max_new_tokens]`, the γ of the call at each iteration (-1 past the
       last); None otherwise.
+    acceptance: for `gamma="auto"`: the acceptance estimate at the end of
+      the call (`specjax.Acceptance`), to start the next call of a series
+      from (`acceptance=`); None otherwise.
   """
 
   target_calls: jax.Array
@@ -115,6 +118,7 @@ class DecodeStats:
   accepted_hist: jax.Array
   nonfinite: jax.Array
   gamma_trace: Optional[jax.Array] = None
+  acceptance: Optional[adapt_lib.Acceptance] = None
 
   @classmethod
   def zeros(cls, batch: int, gamma: int) -> "DecodeStats":
@@ -286,7 +290,7 @@ def _finalize(state: DecodeState, max_new: int, pad_id: int) -> GenerationOutput
   tokens = jnp.where(jnp.arange(max_new)[None] < state.out_len[:, None], tokens, pad_id)
   stats = state.stats
   if state.adapt is not None:
-    stats = stats.replace(gamma_trace=state.adapt.trace_I)
+    stats = stats.replace(gamma_trace=state.adapt.trace_I, acceptance=state.adapt.pooled())
   return GenerationOutput(tokens=tokens, lengths=state.out_len, stats=stats,
                           target_cache=state.target_cache, draft_cache=state.draft_cache)
 
@@ -311,11 +315,11 @@ class AutoregressiveDecoder:
   eos_id: EosIds = None
   pad_id: int = 0
   count_nonfinite: bool = True
-  # Stats as an adaptive loop with max Γ = report_gamma that never drafted
-  # reports them (`speculative_generate(gamma="auto")` where drafting
-  # cannot pay runs this program): accepted_hist `[B, report_gamma + 1]`,
-  # a gamma_trace of zeros.
-  report_gamma: Optional[int] = None
+  # Stats as an adaptive loop with this Γ that never drafted reports them
+  # (`speculative_generate(gamma="auto")` where drafting cannot pay runs
+  # this program): accepted_hist `[B, max Γ + 1]`, a gamma_trace of zeros,
+  # the acceptance estimate after the steps' idle decay.
+  report_adaptive: Optional[AdaptiveGamma] = None
 
   def init_state(self, params, prompts_BP, lengths_B, keys_B, cache,
                  prefilled: Optional[Prefill] = None) -> DecodeState:
@@ -339,9 +343,14 @@ class AutoregressiveDecoder:
     return state.replace(step=state.step + 1, target_cache=cache, stats=stats)
 
   def run(self, params, prompts_BP, lengths_B, keys_B, cache,
-          prefilled: Optional[Prefill] = None) -> GenerationOutput:
-    """`prefilled` (donated): decode from it; `cache` is then None."""
-    return autoregressive_loop(self, params, prompts_BP, lengths_B, keys_B, cache, prefilled)
+          prefilled: Optional[Prefill] = None,
+          acceptance: Optional[adapt_lib.Acceptance] = None) -> GenerationOutput:
+    """`prefilled` (donated): decode from it; `cache` is then None.
+    `acceptance`: with `report_adaptive`, the carried estimate to idle."""
+    if acceptance is not None and self.report_adaptive is None:
+      raise ValueError("acceptance is reported by a decoder with report_adaptive set")
+    return autoregressive_loop(self, params, prompts_BP, lengths_B, keys_B, cache, prefilled,
+                               acceptance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,7 +400,9 @@ class SpeculativeDecoder:
     return self.drafter.layout(self.gamma)
 
   def init_state(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                 target_cache, draft_cache, prefilled: Optional[Prefill] = None) -> DecodeState:
+                 target_cache, draft_cache, prefilled: Optional[Prefill] = None,
+                 acceptance: Optional[adapt_lib.Acceptance] = None) -> DecodeState:
+    """`acceptance`: an adaptive decoder's carried estimate (None: the prior)."""
     drafter = self.drafter
     if drafter.needs_prompt_hidden:
       # The drafter reads the target's hidden states over the prompt (EAGLE).
@@ -417,7 +428,7 @@ class SpeculativeDecoder:
                            self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
     if self.adaptive is not None:
       # The drafter's prefill holds the prompt: positions < seq_len.
-      adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens)
+      adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens, acceptance)
       state = state.replace(adapt=adapt.replace(synced_B=state.seq_len))
     return state
 
@@ -738,19 +749,22 @@ class SpeculativeDecoder:
 
   def run(self, target_params, draft_params, prompts_BP, lengths_B, keys_B, target_cache,
           draft_cache, prefilled: Optional[Prefill] = None,
-          gamma_costs: Optional[jax.Array] = None) -> GenerationOutput:
+          gamma_costs: Optional[jax.Array] = None,
+          acceptance: Optional[adapt_lib.Acceptance] = None) -> GenerationOutput:
     """`prefilled` (donated): decode from it; `target_cache` is then None.
     `gamma_costs`: an adaptive decoder's cost per iteration at each γ of Γ
-    (data, not static: new costs reuse the compiled program)."""
+    (data, not static: new costs reuse the compiled program); `acceptance`:
+    its carried estimate (`specjax.adaptive`; None: the prior)."""
     if self.adaptive is not None:
       if gamma_costs is None:
         raise ValueError(f"an adaptive decoder needs gamma_costs: one cost per γ of "
                          f"{self.adaptive.gammas} (specjax.calibration)")
       gamma_costs = jnp.asarray(adapt_lib.check_costs(self.adaptive, gamma_costs))
-    elif gamma_costs is not None:
-      raise ValueError("gamma_costs is for an adaptive decoder (adaptive=AdaptiveGamma(...))")
+    elif gamma_costs is not None or acceptance is not None:
+      raise ValueError("gamma_costs and acceptance are for an adaptive decoder "
+                       "(adaptive=AdaptiveGamma(...))")
     return speculative_loop(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                            target_cache, draft_cache, prefilled, gamma_costs)
+                            target_cache, draft_cache, prefilled, gamma_costs, acceptance)
 
 
 def check_adaptive(drafter: Drafter, ad: AdaptiveGamma) -> None:
@@ -786,33 +800,40 @@ def _iteration_keys(state: DecodeState) -> jax.Array:
 
 @jax.jit(static_argnums=0, donate_argnames=("cache", "prefilled"))
 def autoregressive_loop(dec: AutoregressiveDecoder, params, prompts_BP, lengths_B, keys_B,
-                        cache, prefilled=None) -> GenerationOutput:
-  """The jitted program of `AutoregressiveDecoder.run` (prefill, loop, finalize)."""
+                        cache, prefilled=None, acceptance=None) -> GenerationOutput:
+  """The jitted program of `AutoregressiveDecoder.run` (prefill, loop, finalize);
+  `acceptance`: with `report_adaptive`, the carried estimate to report
+  after the idle decay (None: the prior, no evidence)."""
   state = dec.init_state(params, prompts_BP, lengths_B, keys_B, cache, prefilled)
   state = _loop(lambda s: dec.step(params, s), state, dec.max_new_tokens)
   out = _finalize(state, dec.max_new_tokens, dec.pad_id)
-  if dec.report_gamma is not None:
-    out = out.replace(stats=_as_plain_adaptive(out.stats, dec.report_gamma, dec.max_new_tokens))
+  if dec.report_adaptive is not None:
+    out = out.replace(stats=_as_plain_adaptive(out.stats, dec.report_adaptive,
+                                               dec.max_new_tokens, acceptance))
   return out
 
 
-def _as_plain_adaptive(stats: DecodeStats, gamma: int, iterations: int) -> DecodeStats:
+def _as_plain_adaptive(stats: DecodeStats, ad: AdaptiveGamma, iterations: int,
+                       acceptance: Optional[adapt_lib.Acceptance]) -> DecodeStats:
   """Plain decoding's stats as an adaptive loop that stayed at γ = 0 reports
   them: every iteration a plain step (0 of 0 drafts accepted), γ 0 in the
-  trace (`[iterations]`, -1 past the last)."""
+  trace (`[iterations]`, -1 past the last), the estimate idled."""
   it_B = stats.target_calls - 1    # the prefill is a target call
-  hist = jnp.zeros((it_B.shape[0], gamma + 1), jnp.int32).at[:, 0].set(it_B)
+  hist = jnp.zeros((it_B.shape[0], ad.max_gamma + 1), jnp.int32).at[:, 0].set(it_B)
   trace = jnp.where(jnp.arange(iterations) < jnp.max(it_B), 0, -1).astype(jnp.int32)
-  return stats.replace(accepted_hist=hist, gamma_trace=trace)
+  if acceptance is None:
+    acceptance = adapt_lib.Acceptance.fresh()
+  acceptance = adapt_lib.after_idle(ad, acceptance, it_B)
+  return stats.replace(accepted_hist=hist, gamma_trace=trace, acceptance=acceptance)
 
 
 @jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache", "prefilled"))
 def speculative_loop(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP,
                      lengths_B, keys_B, target_cache, draft_cache,
-                     prefilled=None, gamma_costs=None) -> GenerationOutput:
+                     prefilled=None, gamma_costs=None, acceptance=None) -> GenerationOutput:
   """The jitted program of `SpeculativeDecoder.run` (prefill, loop, finalize)."""
   state = dec.init_state(target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                         target_cache, draft_cache, prefilled)
+                         target_cache, draft_cache, prefilled, acceptance)
   if dec.adaptive is not None:
     state = dec.adaptive_loop(target_params, draft_params, state, gamma_costs)
   else:

@@ -205,14 +205,21 @@ EXACT_COSTS = (1.0, 1.25, 1.6)  # Γ = (0, 1, 2): choices change with acceptance
 
 @pytest.mark.parametrize("name,cfg,per_row", [
     ("layer_skip", SamplingConfig(0.7, top_p=0.9), False),
-    ("prompt_lookup", SamplingConfig(1.0), True)], ids=str)
+    ("prompt_lookup", SamplingConfig(1.0), True),
+    ("carried", SamplingConfig(1.0, top_k=6), True)], ids=str)
 def test_sampling_is_exact_and_the_control_is_caught(name, cfg, per_row):
   from test_exactness import residual_from_q_verify
   from test_drafters import _broken_candidates
   lm, params = exact_lm()
   joint = joint_t2_t4(lm, params, PROMPT, cfg)
-  drafter = LayerSkip(lm, (1,)) if name == "layer_skip" else PromptLookup(max_ngram=2)
+  drafter = PromptLookup(max_ngram=2) if name == "prompt_lookup" else LayerSkip(lm, (1,))
   ad = AdaptiveGamma(gammas=(0, 1, 2), per_row=per_row)
+  costs, carried = EXACT_COSTS, None
+  if name == "carried":
+    # A series' first call: every row probes once where the prior does not
+    # pay, then drafts on only if its probe was accepted.
+    ad = AdaptiveGamma(gammas=(0, 1, 2), per_row=True, explore_steps=1)
+    costs, carried = (1.0, 1.55, 1.9), specjax.Acceptance.fresh()
   prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
   lengths = jnp.full((N_SAMPLES,), len(PROMPT), jnp.int32)
   keys = jax.random.split(jax.random.key(5), N_SAMPLES)
@@ -221,16 +228,21 @@ def test_sampling_is_exact_and_the_control_is_caught(name, cfg, per_row):
   def sample(**broken):
     dec = SpeculativeDecoder(lm, drafter, 2, cfg, 4, adaptive=ad, **broken)
     return dec.run(params, params, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
-                   drafter.alloc(N_SAMPLES, len(PROMPT), need, 2), gamma_costs=EXACT_COSTS)
+                   drafter.alloc(N_SAMPLES, len(PROMPT), need, 2), gamma_costs=costs,
+                   acceptance=carried)
 
   out = sample()
   drafted = np.asarray(out.stats.drafted)
   accepted = int(np.asarray(out.stats.accepted).sum())
   assert 0 < accepted < drafted.sum()
-  assert len(set(drafted.tolist())) >= (3 if per_row else 2)  # rows drafted different amounts
+  # Rows drafted different amounts.
+  assert len(set(drafted.tolist())) >= (3 if per_row and name != "carried" else 2)
   assert chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint) > 1e-3
-  broken = (dict(verify_fn=residual_from_q_verify) if name == "layer_skip"
-            else dict(candidates_fn=_broken_candidates))
+  if name == "carried":   # the probe, then rows that go on and rows that stop
+    assert (np.asarray(out.stats.gamma_trace)[:1] == 1).all()
+    assert set(drafted.tolist()) >= {1, 2}
+  broken = (dict(candidates_fn=_broken_candidates) if name == "prompt_lookup"
+            else dict(verify_fn=residual_from_q_verify))
   bad = sample(**broken)
   assert chi_square_pvalue(counts_t2_t4(np.asarray(bad.tokens), lm.vocab_size), joint) < 1e-6
 
@@ -483,3 +495,114 @@ def test_prompt_lookup_learns_from_plain_steps_where_the_prior_does_not_pay():
   # copies accepted, and the rule starts drafting, up to the matched room.
   assert trace[0] == 0 and (trace >= 4).any(), trace
   assert int(np.asarray(out.stats.accepted).sum()) > 0
+
+
+# ------------------------------------------------- an estimate carried across calls
+
+def test_rows_without_evidence_probe_only_in_a_series():
+  costs = jnp.asarray(NO_PAY)
+  active = jnp.ones((3,), bool)
+  cfg = AdaptiveGamma(explore_steps=2)
+  start = specjax.Acceptance(np.asarray([0.01, 0.0], np.float32), np.zeros(2, np.float32))
+  # One call on its own never probes where the prior does not pay ...
+  branch, limit = adaptive.choose(cfg, AdaptState.zeros(3, 4), costs, active)
+  assert int(branch) == 0 and (np.asarray(limit) == 0).all()
+  # ... a series' rows without evidence do, at the smallest γ > 0, ...
+  st = AdaptState.zeros(3, 4, start=start)
+  branch, limit = adaptive.choose(cfg, st, costs, active)
+  assert cfg.gammas[int(branch)] == 1 and (np.asarray(limit) == 1).all()
+  # ... for explore_steps drafting iterations, whatever they observe ...
+  for i in range(2):
+    st = adaptive.observe(cfg, st.replace(branch=branch, limit_B=limit), jnp.zeros(3, int),
+                          jnp.ones(3, int), active, jnp.asarray(i))
+    branch, limit = adaptive.choose(cfg, st, costs, active)
+    assert cfg.gammas[int(branch)] == (1 if i == 0 else 0), i
+  # ... and a row with evidence does not (per row: only the fresh row drafts).
+  mixed = AdaptState.zeros(3, 4, start=start).replace(
+      rejected_B2=jnp.asarray([[0.0, 0.0], [3.0, 0.0], [0.06, 0.0]]))
+  _, limit = adaptive.choose(AdaptiveGamma(per_row=True), mixed, costs, active)
+  np.testing.assert_array_equal(np.asarray(limit), [1, 0, 0])
+  # A probe needs room: a prompt-lookup row without a match cannot.
+  _, limit = adaptive.choose(cfg, AdaptState.zeros(3, 4, start=start), costs, active,
+                             jnp.asarray([0, 0, 3]))
+  np.testing.assert_array_equal(np.asarray(limit), [0, 0, 1])
+
+
+def test_what_a_series_carries_between_calls():
+  cfg = AdaptiveGamma()
+  fresh = specjax.Acceptance.fresh()
+  assert adaptive.probe_due(cfg, fresh, 1)
+  one = specjax.Acceptance(np.asarray([1.0, 2.0], np.float32), np.zeros(2, np.float32))
+  # 0.97^32 = 0.38 of one observation is left after a 32-token call; 0.97^100 = 0.048.
+  assert not adaptive.probe_due(cfg, one, 32) and adaptive.probe_due(cfg, one, 100)
+  idled = adaptive.after_idle(cfg, one, jnp.asarray([10, 30]))
+  d = (0.97 ** 10 + 0.97 ** 30) / 2
+  np.testing.assert_allclose(np.asarray(idled.accepted_2), [d, 2 * d], rtol=1e-5)
+  st = AdaptState.zeros(2, 3, start=one).replace(
+      rejected_B2=jnp.asarray([[1.0, 0.0], [3.0, 2.0]]))
+  pooled = st.pooled()
+  np.testing.assert_allclose(np.asarray(pooled.rejected_2), [2.0, 1.0])
+  np.testing.assert_allclose(np.asarray(pooled.accepted_2), [1.0, 2.0])
+
+
+def test_a_series_learns_a_pair_the_prior_undervalues():
+  """Costs at which the prior (α = 0.5) never drafts: a call on its own runs
+  plain decoding; a series probes, finds a draft that is always right (the
+  target itself) and climbs to max Γ; a draft that is mostly wrong is
+  dropped after its probe, later calls run plain decoding's program, and
+  the estimate idles. Greedy tokens equal the target's throughout."""
+  lm, params = target()
+  dm, dp = small_draft()
+  prompts, lengths = ragged_prompts(batch=4, seed=5)
+  costs = (1.0, 1.6, 1.8, 2.2, 3.0)
+  assert not adaptive.prior_may_draft(AdaptiveGamma(), costs)
+  kw = dict(max_new_tokens=12, sampling=GREEDY, eos_id=EOS, gamma_costs=costs)
+  ref = np.asarray(specjax.generate(lm, params, prompts, lengths, max_new_tokens=12,
+                                    sampling=GREEDY, eos_id=EOS).tokens)
+  alone = specjax.speculative_generate(lm, params, lm, params, prompts, lengths, gamma="auto",
+                                       **kw)
+  assert (np.asarray(alone.stats.gamma_trace) <= 0).all()
+  acc, traces = specjax.Acceptance.fresh(), []
+  for _ in range(4):
+    out = specjax.speculative_generate(lm, params, lm, params, prompts, lengths, gamma="auto",
+                                       acceptance=acc, **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+    acc, trace = out.stats.acceptance, np.asarray(out.stats.gamma_trace)
+    traces.append(trace[trace >= 0].tolist())
+  assert traces[0][:4] == [1, 1, 1, 1], traces      # the probe
+  assert max(traces[-1]) == 8 and min(traces[-1]) >= 4, traces
+  assert float(np.asarray(acc.rejected_2).sum()) == 0
+  acc = specjax.Acceptance.fresh()
+  for call in range(3):
+    out = specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="auto",
+                                       acceptance=acc, **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens), ref)
+    drafted = int(np.asarray(out.stats.draft_calls).sum())
+    if call == 0:
+      assert drafted > 0 and float(np.asarray(out.stats.acceptance.rejected_2)[0]) > 1
+    else:   # plain decoding's program: no draft cache, the estimate idled
+      assert drafted == 0 and out.draft_cache is None
+      steps = np.asarray(out.stats.target_calls) - 1
+      np.testing.assert_allclose(np.asarray(out.stats.acceptance.rejected_2),
+                                 np.asarray(acc.rejected_2) * np.mean(0.97 ** steps),
+                                 rtol=1e-5)
+    acc = out.stats.acceptance
+
+
+def test_carried_estimate_misuse_is_named():
+  lm, params = target()
+  dm, dp = small_draft()
+  prompts, lengths = ragged_prompts(batch=2)
+  kw = dict(max_new_tokens=8, sampling=GREEDY)
+  with pytest.raises(ValueError, match="acceptance is for gamma='auto'"):
+    specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma=3,
+                                 acceptance=specjax.Acceptance.fresh(), **kw)
+  with pytest.raises(TypeError, match="acceptance must be a specjax.Acceptance"):
+    specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="auto",
+                                 gamma_costs=COSTS, acceptance=(1.0, 0.0), **kw)
+  bad = specjax.Acceptance(np.asarray([1.0, -1.0]), np.zeros(2))
+  with pytest.raises(ValueError, match="acceptance.accepted_2 must be 2 finite counts >= 0"):
+    specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="auto",
+                                 gamma_costs=COSTS, acceptance=bad, **kw)
+  with pytest.raises(ValueError, match="explore_steps"):
+    AdaptiveGamma(explore_steps=0)

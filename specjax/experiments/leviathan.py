@@ -40,8 +40,8 @@ from specjax.experiments.common import (Stages, array_digest, check_data_host,
                                         checkpoint_fingerprint, copy_results,
                                         enable_compilation_cache, open_workdir, pad_batch,
                                         pretrained_dir, train_config, train_or_restore)
-from specjax.experiments.speed import (cell_name, decode_ms_per_token, gamma_room, summarize,
-                                       sweep, sweep_cache_len)
+from specjax.experiments.speed import (cell_name, decode_ms_per_token, gamma_room,
+                                       matched_speedup, summarize, sweep, sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_t5 import import_hf_t5, t5_config_from_hf
 from specjax.experiments import placement
@@ -246,7 +246,7 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
                    sampling=sampling,
                    max_new_tokens=max_new, eos_id=tok.eos_id, stages=stages,
                    prefix=f"{task}/t{temp:g}", fingerprints=fingerprints, chunk=cfg.eval.chunk,
-                   seed=cfg.seed, place=place)
+                   seed=cfg.seed, place=place, repeats=int(cfg.eval.get("repeats", 1)))
       summary = summarize(recs)
       outputs = [o for r in recs for o in r["ar"]["outputs"]]
       out_NT, out_lens = pad_batch([o if o else [0] for o in outputs], max_new)
@@ -316,10 +316,16 @@ def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict
             cell["decode_speedup"] = ar_ms / max(sp_ms, 1e-9)
             cell["decode_over_predicted"] = (cell["decode_speedup"]
                                              / cell["predicted_from_components"])
+            cell["matched_speedup"] = matched_speedup(ar, cell, n, pre["target"] + pre[d])
           # Measured (end to end) over the prediction that counts the same work: with the
           # prefills when they were measured, else decoding alone.
           cell["measured_over_predicted"] = cell["speedup"] / cell.get(
               "predicted_end_to_end", cell["predicted_from_components"])
+        auto = te["cells"].get(cell_name(d, "auto"))
+        if pre and auto is not None:   # its draft prefills only where it may draft
+          drafts_ran = any(int(g) > 0 for g in auto.get("gamma_counts", {}))
+          auto["matched_speedup"] = matched_speedup(
+              ar, auto, tr["num_prompts"], pre["target"] + (pre[d] if drafts_ran else 0.0))
         g_best = max(gammas, key=lambda g: te["cells"][cell_name(d, g)]["speedup"])
         best[d] = {"gamma": g_best, **te["cells"][cell_name(d, g_best)], "alpha": alpha,
                    "theory_optimal_gamma": int(theory.optimal_gamma(alpha, c, max(gammas)))}

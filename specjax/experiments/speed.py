@@ -11,7 +11,10 @@ and a retrained draft re-measures only its own cells. `summarize` turns the reco
 Speedup is measured per generated token: (AR seconds / AR tokens) /
 (speculative seconds / speculative tokens); at temperature 0 both decoders
 emit the same tokens, at temperature > 0 they sample different (equally
-distributed) continuations.
+distributed) continuations — of different lengths, so on a few short
+outputs the prefill's share of a token differs between the cells
+(`matched_speedup` compares them at the same lengths). `repeats` times
+each call several times and keeps the median.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
+from specjax._checks import check_int
 from specjax.adaptive import AdaptiveGamma
 from specjax.measure.timing import now
 from specjax.experiments.common import Progress
 from specjax.experiments.stages import Stages, array_digest
 from specjax.generation import EosIds
 
-__all__ = ["sweep", "summarize", "cell_name"]
+__all__ = ["sweep", "summarize", "cell_name", "matched_speedup"]
 
 
 def cell_name(draft: str, gamma) -> str:
@@ -45,11 +49,16 @@ def gamma_room(gammas: Sequence) -> int:
              + ([AdaptiveGamma().max_gamma] if "auto" in gammas else []))
 
 
-def _timed(fn):
-  t0 = now()
-  out = fn()
-  out.tokens.block_until_ready()
-  return out, now() - t0
+def _timed(fn, repeats: int = 1):
+  """(output, seconds): the median over `repeats` runs of `fn` (the same
+  call: the same key gives the same tokens)."""
+  times = []
+  for _ in range(repeats):
+    t0 = now()
+    out = fn()
+    out.tokens.block_until_ready()
+    times.append(now() - t0)
+  return out, float(np.median(times))
 
 
 def sweep_cache_len(target, drafts: Sequence[object], prompt_len: int, max_new_tokens: int,
@@ -65,7 +74,7 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: EosIds, stages: Stages,
           prefix: str, fingerprints: Mapping[str, str], batch_size: int = 1, chunk: int = 25,
           seed: int = 0, keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = (),
-          cache_gamma: int = 0, place=None) -> List[dict]:
+          cache_gamma: int = 0, place=None, repeats: int = 1) -> List[dict]:
   """Measures AR and every (draft, γ) on all prompts; returns chunk records.
 
   Each record: {"ar": {...}, "cells": {cell_name: {...}}} with per-batch
@@ -76,7 +85,8 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   `cache_gamma` reuses another sweep's executables (same shapes).
   `place(prompts, lengths, keys)` → the same arrays placed where the
   decoding runs (e.g. `specjax.parallel.sharding.shard_batch` over a mesh's data
-  axis); None leaves them on the default device.
+  axis); None leaves them on the default device. `repeats`: each call is
+  timed this many times (AR and the cells interleaved) and its median kept.
 
   Every chunk stores AR and each cell as separate stages
   (`<prefix>/chunk<k>/ar`, `<prefix>/chunk<k>/<draft>/g<γ>`) keyed by the
@@ -86,6 +96,7 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   (a retrained draft, an unreadable file) measures only those again — AR is
   always rerun alongside, for its tokens, and its stored timing kept.
   """
+  repeats = check_int("repeats", repeats, 1)
   n = (len(prompts_NP) // batch_size) * batch_size
   if n == 0:
     raise ValueError(f"need at least batch_size={batch_size} prompts, got {len(prompts_NP)}")
@@ -123,6 +134,8 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           "eos_id": list(eos_id) if isinstance(eos_id, tuple) else eos_id, "seed": int(seed),
           "batch_size": int(batch_size), "cache_len": int(cache_len),
           "keep_ar_tokens": bool(keep_ar_tokens)}
+  if repeats > 1:   # stages measured once keep their keys
+    base["repeats"] = repeats
   plan = []  # Per chunk: (name, deps) of AR and every cell, and what is stored.
   for k, chunk_batches in enumerate(chunks):
     lo, hi = chunk_batches[0][0], chunk_batches[-1][0] + batch_size
@@ -154,7 +167,7 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     if k in todo_chunks:
       todo = [(d, g) for d, g in cells if stored[cell_name(d, g)] is None]
       fresh = _measure_chunk(chunk_batches, todo, keys_for, run_ar, run_sp, keep_ar_tokens,
-                             keep_cell_tokens, progress)
+                             keep_cell_tokens, progress, repeats)
       for key, (name, deps) in names.items():
         if stored[key] is None:
           stored[key] = stages.put(name, fresh[key], deps)
@@ -169,15 +182,17 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
 
 
 def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_tokens: bool,
-                   keep_cell_tokens: Sequence[str], progress) -> Dict[str, dict]:
+                   keep_cell_tokens: Sequence[str], progress, repeats: int = 1
+                   ) -> Dict[str, dict]:
   """AR and the given (draft, γ) cells on every batch of one chunk,
-  interleaved batch by batch: {"ar": record, cell name: record}."""
+  interleaved batch by batch (each call timed `repeats` times, the median
+  kept): {"ar": record, cell name: record}."""
   ar_rec = {"seconds": [], "tokens": [], "outputs": []}
   recs = {cell_name(d, g): {"seconds": [], "tokens": [], "target_calls": [], "hist": [],
                             "identical": []} for d, g in cells}
   for s, x, l in chunk_batches:
     keys = keys_for(s)
-    ar, t_ar = _timed(lambda: run_ar(x, l, keys))
+    ar, t_ar = _timed(lambda: run_ar(x, l, keys), repeats)
     lens = np.asarray(ar.lengths)
     toks = np.asarray(ar.tokens)
     ar_rec["seconds"].append(t_ar)
@@ -185,7 +200,7 @@ def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_token
     if keep_ar_tokens:
       ar_rec["outputs"].extend(toks[r, :lens[r]].tolist() for r in range(len(lens)))
     for d, g in cells:
-      sp, t_sp = _timed(lambda: run_sp(d, g, x, l, keys))
+      sp, t_sp = _timed(lambda: run_sp(d, g, x, l, keys), repeats)
       c = recs[cell_name(d, g)]
       c["seconds"].append(t_sp)
       c["tokens"].append(int(np.asarray(sp.lengths).sum()))
@@ -208,6 +223,19 @@ def decode_ms_per_token(seconds: float, tokens: int, calls: int, prefill_s: floa
   """ms per generated token with the prompts' prefill subtracted: `calls`
   generate calls took `seconds` in all, each paying `prefill_s` up front."""
   return 1e3 * max(seconds - calls * prefill_s, 0.0) / tokens
+
+
+def matched_speedup(ar: Mapping[str, float], cell: Mapping[str, float], calls: int,
+                    cell_prefill_s: float) -> float:
+  """The speedup at the AR cell's output lengths: AR's seconds over the
+  cell's time to produce AR's number of tokens (its `calls` prefills, then
+  its decode time per token, `decode_ms_per_token`). Equal to the per-token
+  speedup where both emit as many tokens (greedy); at temperature > 0 it
+  keeps the prefill's share of a token out of the comparison of sampled
+  outputs of different lengths. `ar` / `cell`: "seconds" and "tokens"."""
+  decode_s = decode_ms_per_token(cell["seconds"], cell["tokens"], calls, cell_prefill_s) / 1e3
+  prefill_s = min(calls * cell_prefill_s, cell["seconds"])
+  return float(ar["seconds"] / max(prefill_s + ar["tokens"] * decode_s, 1e-12))
 
 
 def summarize(records: Sequence[dict]) -> Dict[str, dict]:
