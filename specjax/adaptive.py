@@ -136,8 +136,10 @@ class AdaptiveGamma:
       (`acceptance=`), a row whose decayed count of first-draft
       observations is below `explore_below` probes: it drafts (at least
       one token) in its next `explore_steps` iterations, enough evidence
-      to overturn the prior where the pair accepts (one observation idles
-      below 0.05 after ~100 plain steps with the default `idle_decay`).
+      to overturn the prior where the pair accepts. With the default
+      `idle_decay` a probe's evidence idles below 1e-4 after ~300-350
+      plain steps: a series where drafting does not pay spends one probe
+      per ~300 tokens.
   """
 
   gammas: Tuple[int, ...] = DEFAULT_GAMMAS
@@ -148,7 +150,7 @@ class AdaptiveGamma:
   per_row: bool = False
   plain_block: int = 8
   switch_margin: float = 0.1
-  explore_below: float = 0.05
+  explore_below: float = 1e-4
   explore_steps: int = 4
 
   def __post_init__(self):
@@ -363,8 +365,8 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
   return branch, limit_B.astype(jnp.int32)
 
 
-def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array
-              ) -> jax.Array:
+def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array,
+              remaining: Optional[jax.Array] = None) -> jax.Array:
   """bool `[]`: whether, from this state, plain steps alone (nothing
   observed, the idle decay: a drafter without previews) can ever lead
   `choose` to a γ > 0.
@@ -377,9 +379,16 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   by the switch margin, for the batch's best case). With the cheapest
   γ = 0, that is the case exactly when the prior itself says drafting does
   not pay here (and the current estimate is no better). With a carried
-  estimate (`st.explore`) a row may yet probe: True."""
+  estimate (`st.explore`) a row may also probe: where its evidence idles
+  below `explore_below` within the `remaining` iterations (None: assume
+  it may), or it is probing."""
+  probe_soon = jnp.zeros((), bool)
   if st.explore:
-    return jnp.ones((), bool)
+    if remaining is None:
+      return jnp.ones((), bool)
+    idled = (st.accepted_B2[:, 0] + st.rejected_B2[:, 0]) * jnp.power(
+        jnp.float32(cfg.idle_decay), jnp.asarray(remaining, jnp.float32))
+    probe_soon = jnp.any(active_B & ((idled < cfg.explore_below) | (st.probe_B > 0)))
   ceiling = st.replace(
       accepted_B2=jnp.zeros_like(st.accepted_B2), rejected_B2=jnp.zeros_like(st.rejected_B2))
   prior_B2 = estimated_alpha(cfg, ceiling)
@@ -390,14 +399,14 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   best_B = gam_G[jnp.argmax(e_BG / costs_G[None], axis=1)]
   cheapest_plain = gam_G[jnp.argmin(costs_G)] == 0
   if cfg.per_row:
-    return ~cheapest_plain | jnp.any(active_B & (best_B > 0))
+    return probe_soon | ~cheapest_plain | jnp.any(active_B & (best_B > 0))
   # Batch mode leaves γ = 0 only for a score better by the switch margin;
   # Σ_b max(E_b, 1) bounds the tokens any set of drafting rows expects.
   tokens_G = jnp.sum(jnp.maximum(e_BG, 1.0) * active_B[:, None], axis=0)
   score_G = tokens_G / costs_G
   plain = jnp.argmax(gam_G == 0)
   leave = jnp.any((gam_G > 0) & (score_G > score_G[plain] * (1.0 + cfg.switch_margin)))
-  return ~cheapest_plain | leave
+  return probe_soon | ~cheapest_plain | leave
 
 
 def prior_may_draft(cfg: AdaptiveGamma, costs, start: Optional[Acceptance] = None) -> bool:
@@ -406,15 +415,17 @@ def prior_may_draft(cfg: AdaptiveGamma, costs, start: Optional[Acceptance] = Non
   for all), read back to the host. False: the rule would run plain steps
   to the end, so `speculative_generate` runs plain decoding's program
   instead (the same decisions, none of the drafter's work)."""
-  c = jnp.asarray(check_costs(cfg, costs))
-  st = AdaptState.zeros(1, 1)
-  if start is not None:
-    st = st.replace(accepted_B2=jnp.asarray(start.accepted_2)[None],
-                    rejected_B2=jnp.asarray(start.rejected_2)[None])
-  return bool(_may_draft_jit(cfg, st, c, jnp.ones((1,), bool)))
+  z = np.zeros((2,), np.float32)
+  acc, rej = (z, z) if start is None else (start.accepted_2, start.rejected_2)
+  return bool(_may_draft_at(cfg, np.asarray(acc, np.float32), np.asarray(rej, np.float32),
+                            check_costs(cfg, costs)))
 
 
-_may_draft_jit = jax.jit(lambda cfg, st, c, a: may_draft(cfg, st, c, a), static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0)
+def _may_draft_at(cfg: AdaptiveGamma, acc_2, rej_2, costs_G) -> jax.Array:
+  """`may_draft` for one row with these counts (one dispatch from the host)."""
+  st = AdaptState.zeros(1, 1).replace(accepted_B2=acc_2[None], rejected_B2=rej_2[None])
+  return may_draft(cfg, st, costs_G, jnp.ones((1,), bool))
 
 
 def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,

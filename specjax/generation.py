@@ -604,7 +604,8 @@ class SpeculativeDecoder:
       start = st.step
       # Where no γ > 0 can pay even at the estimate's ceiling, the rest is
       # plain decoding: no more choices, no room asked (`may_draft`).
-      end = jnp.where(adapt_lib.may_draft(ad, st.adapt, gamma_costs, ~st.done),
+      end = jnp.where(adapt_lib.may_draft(ad, st.adapt, gamma_costs, ~st.done,
+                                          max_iters - st.step),
                       start + block, max_iters)
       st = jax.lax.while_loop(
           lambda x: running(x) & (x.step < end),

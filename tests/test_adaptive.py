@@ -425,6 +425,14 @@ def test_may_draft_bounds_what_idle_decay_can_reach():
   assert not bool(adaptive.may_draft(batch, good, jnp.asarray(NO_PAY), active))
   both = good.replace(accepted_B2=jnp.full((2, 2), 30.0))
   assert bool(adaptive.may_draft(batch, both, jnp.asarray(NO_PAY), active))
+  # A series' row may still probe: when its evidence idles away before the end, or
+  # while it is probing.
+  carried = AdaptState.zeros(2, 4, start=specjax.Acceptance(
+      np.asarray([1.0, 0.0], np.float32), np.zeros(2, np.float32)))
+  assert not bool(adaptive.may_draft(batch, carried, jnp.asarray(NO_PAY), active, 290))
+  assert bool(adaptive.may_draft(batch, carried, jnp.asarray(NO_PAY), active, 310))
+  probing = carried.replace(probe_B=jnp.asarray([0, 2], jnp.int32))
+  assert bool(adaptive.may_draft(batch, probing, jnp.asarray(NO_PAY), active, 5))
 
 
 def test_where_drafting_cannot_pay_auto_is_plain_decoding():
@@ -503,7 +511,7 @@ def test_rows_without_evidence_probe_only_in_a_series():
   costs = jnp.asarray(NO_PAY)
   active = jnp.ones((3,), bool)
   cfg = AdaptiveGamma(explore_steps=2)
-  start = specjax.Acceptance(np.asarray([0.01, 0.0], np.float32), np.zeros(2, np.float32))
+  start = specjax.Acceptance(np.asarray([5e-5, 0.0], np.float32), np.zeros(2, np.float32))
   # One call on its own never probes where the prior does not pay ...
   branch, limit = adaptive.choose(cfg, AdaptState.zeros(3, 4), costs, active)
   assert int(branch) == 0 and (np.asarray(limit) == 0).all()
@@ -519,7 +527,7 @@ def test_rows_without_evidence_probe_only_in_a_series():
     assert cfg.gammas[int(branch)] == (1 if i == 0 else 0), i
   # ... and a row with evidence does not (per row: only the fresh row drafts).
   mixed = AdaptState.zeros(3, 4, start=start).replace(
-      rejected_B2=jnp.asarray([[0.0, 0.0], [3.0, 0.0], [0.06, 0.0]]))
+      rejected_B2=jnp.asarray([[0.0, 0.0], [3.0, 0.0], [2e-4, 0.0]]))
   _, limit = adaptive.choose(AdaptiveGamma(per_row=True), mixed, costs, active)
   np.testing.assert_array_equal(np.asarray(limit), [1, 0, 0])
   # A probe needs room: a prompt-lookup row without a match cannot.
@@ -533,8 +541,9 @@ def test_what_a_series_carries_between_calls():
   fresh = specjax.Acceptance.fresh()
   assert adaptive.probe_due(cfg, fresh, 1)
   one = specjax.Acceptance(np.asarray([1.0, 2.0], np.float32), np.zeros(2, np.float32))
-  # 0.97^32 = 0.38 of one observation is left after a 32-token call; 0.97^100 = 0.048.
-  assert not adaptive.probe_due(cfg, one, 32) and adaptive.probe_due(cfg, one, 100)
+  # 0.97^32 = 0.38 of one observation is left after a 32-token call; 0.97^310 = 8e-5.
+  assert not adaptive.probe_due(cfg, one, 32) and adaptive.probe_due(cfg, one, 310)
+  assert not adaptive.probe_due(cfg, one, 290)
   idled = adaptive.after_idle(cfg, one, jnp.asarray([10, 30]))
   d = (0.97 ** 10 + 0.97 ** 30) / 2
   np.testing.assert_allclose(np.asarray(idled.accepted_2), [d, 2 * d], rtol=1e-5)

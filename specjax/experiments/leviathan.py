@@ -40,7 +40,7 @@ from specjax.experiments.common import (Stages, array_digest, check_data_host,
                                         checkpoint_fingerprint, copy_results,
                                         enable_compilation_cache, open_workdir, pad_batch,
                                         pretrained_dir, train_config, train_or_restore)
-from specjax.experiments.speed import (cell_name, decode_ms_per_token, gamma_room,
+from specjax.experiments.speed import (AUTO_CELLS, cell_name, decode_ms_per_token, gamma_room,
                                        matched_speedup, summarize, sweep, sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_t5 import import_hf_t5, t5_config_from_hf
@@ -189,9 +189,9 @@ def _ngram_alpha(tables, target, tp, prompts, lengths, outputs_NT, out_lens, sam
 
 
 def sweep_gammas(cfg) -> list:
-  """The γ cells of the sweep: `eval.gammas`, and "auto" (`gamma="auto"`)
-  when `eval.auto` is set."""
-  return list(cfg.eval.gammas) + (["auto"] if cfg.eval.get("auto", False) else [])
+  """The γ cells of the sweep: `eval.gammas`, and `AUTO_CELLS` (`gamma="auto"`
+  per call, and the prompts as one series) when `eval.auto` is set."""
+  return list(cfg.eval.gammas) + (list(AUTO_CELLS) if cfg.eval.get("auto", False) else [])
 
 
 def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str, str],
@@ -321,11 +321,11 @@ def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict
           # prefills when they were measured, else decoding alone.
           cell["measured_over_predicted"] = cell["speedup"] / cell.get(
               "predicted_end_to_end", cell["predicted_from_components"])
-        auto = te["cells"].get(cell_name(d, "auto"))
-        if pre and auto is not None:   # its draft prefills only where it may draft
-          drafts_ran = any(int(g) > 0 for g in auto.get("gamma_counts", {}))
-          auto["matched_speedup"] = matched_speedup(
-              ar, auto, tr["num_prompts"], pre["target"] + (pre[d] if drafts_ran else 0.0))
+        for auto in (te["cells"].get(cell_name(d, a)) for a in AUTO_CELLS):
+          if pre and auto is not None:   # its draft prefills only where it may draft
+            drafts_ran = any(int(g) > 0 for g in auto.get("gamma_counts", {}))
+            auto["matched_speedup"] = matched_speedup(
+                ar, auto, tr["num_prompts"], pre["target"] + (pre[d] if drafts_ran else 0.0))
         g_best = max(gammas, key=lambda g: te["cells"][cell_name(d, g)]["speedup"])
         best[d] = {"gamma": g_best, **te["cells"][cell_name(d, g_best)], "alpha": alpha,
                    "theory_optimal_gamma": int(theory.optimal_gamma(alpha, c, max(gammas)))}

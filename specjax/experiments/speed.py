@@ -20,7 +20,7 @@ each call several times and keeps the median.
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -34,19 +34,24 @@ from specjax.experiments.common import Progress
 from specjax.experiments.stages import Stages, array_digest
 from specjax.generation import EosIds
 
-__all__ = ["sweep", "summarize", "cell_name", "matched_speedup"]
+__all__ = ["sweep", "summarize", "cell_name", "matched_speedup", "AUTO_CELLS"]
+
+
+AUTO_CELLS = ("auto", "auto_series")
 
 
 def cell_name(draft: str, gamma) -> str:
-  """"<draft>/g<γ>" (γ an int, or "auto": `speculative_generate(gamma="auto")`)."""
+  """"<draft>/g<γ>": γ an int, "auto" (`speculative_generate(gamma="auto")`,
+  each call on its own) or "auto_series" (the prompts as one series: each
+  call starts from the acceptance estimate the previous one returned)."""
   return f"{draft}/g{gamma}"
 
 
 def gamma_room(gammas: Sequence) -> int:
-  """The largest γ the cells of `gammas` (ints and "auto") may draft: the
-  caches' room."""
-  return max([int(g) for g in gammas if g != "auto"]
-             + ([AdaptiveGamma().max_gamma] if "auto" in gammas else []))
+  """The largest γ the cells of `gammas` (ints and `AUTO_CELLS`) may draft:
+  the caches' room."""
+  return max([int(g) for g in gammas if g not in AUTO_CELLS]
+             + ([AdaptiveGamma().max_gamma] if set(AUTO_CELLS) & set(gammas) else []))
 
 
 def _timed(fn, repeats: int = 1):
@@ -118,11 +123,13 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     x, l, k = place(x, l, k)
     return specjax.generate(target, target_params, x, l, key=k, **common)
 
-  def run_sp(name, g, x, l, k):
+  def run_sp(name, g, x, l, k, acceptance=None):
     model, params = drafts[name]
     x, l, k = place(x, l, k)
-    return specjax.speculative_generate(target, target_params, model, params, x, l, gamma=g,
-                                        key=k, **common)
+    extra = {} if acceptance is None else {"acceptance": acceptance}
+    return specjax.speculative_generate(target, target_params, model, params, x, l,
+                                        gamma="auto" if g in AUTO_CELLS else g, key=k,
+                                        **common, **extra)
 
   cells = [(d, g) for d in drafts for g in gammas]
   batches = [(s, jnp.asarray(prompts_NP[s:s + batch_size]), jnp.asarray(lengths_N[s:s + batch_size]))
@@ -144,8 +151,10 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     for d, g in cells:
       names[cell_name(d, g)] = (f"{prefix}/chunk{k}/{cell_name(d, g)}",
                                 dict(ar_deps, draft=fingerprints[d],
-                                     gamma=g if g == "auto" else int(g),
-                                     keep_tokens=cell_name(d, g) in keep_cell_tokens))
+                                     gamma=g if g in AUTO_CELLS else int(g),
+                                     keep_tokens=cell_name(d, g) in keep_cell_tokens,
+                                     **({"chunk": k, "carried": True}
+                                        if g == "auto_series" else {})))
     stored = {key: stages.get(name, deps) for key, (name, deps) in names.items()}
     plan.append((names, stored))
   todo_cells = sorted({c for _, stored in plan for c, v in stored.items() if v is None} - {"ar"})
@@ -157,17 +166,29 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     _timed(lambda: run_ar(x0, l0, keys_for(s0)))
     for d, g in cells:
       if cell_name(d, g) in todo_cells:
-        _timed(lambda: run_sp(d, g, x0, l0, keys_for(s0)))
+        if g != "auto_series":
+          _timed(lambda: run_sp(d, g, x0, l0, keys_for(s0)))
+          continue
+        # A series' programs: drafting (a fresh estimate probes) and, where
+        # an estimate that rejects everything leads there, plain decoding's.
+        for start in (specjax.Acceptance.fresh(), specjax.Acceptance(
+            np.zeros(2, np.float32), np.asarray([1e3, 0.0], np.float32))):
+          _timed(lambda: run_sp(d, g, x0, l0, keys_for(s0), start))
     if len(todo_cells) == len(cells):
       stages.put(f"{prefix}/compile_s", now() - t0)
   progress = Progress(prefix, sum(len(chunks[k]) for k in todo_chunks))
   records = []
+  # "auto_series" cells run the prompts as one series, in order: each call
+  # starts from the estimate the previous one returned (stored with each
+  # chunk, so a resumed sweep goes on from where it stopped).
+  carried = {cell_name(d, g): specjax.Acceptance.fresh() for d, g in cells
+             if g == "auto_series"}
   for k, chunk_batches in enumerate(chunks):
     names, stored = plan[k]
     if k in todo_chunks:
       todo = [(d, g) for d, g in cells if stored[cell_name(d, g)] is None]
       fresh = _measure_chunk(chunk_batches, todo, keys_for, run_ar, run_sp, keep_ar_tokens,
-                             keep_cell_tokens, progress, repeats)
+                             keep_cell_tokens, progress, repeats, carried)
       for key, (name, deps) in names.items():
         if stored[key] is None:
           stored[key] = stages.put(name, fresh[key], deps)
@@ -176,17 +197,23 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           stages.reused.append(name)
     else:
       stages.reused.extend(name for name, _ in names.values())
+    for name in carried:
+      carried[name] = specjax.Acceptance(*(np.asarray(v, np.float32)
+                                           for v in stored[name]["acceptance"]))
     records.append({"ar": stored["ar"], "cells": {cell_name(d, g): stored[cell_name(d, g)]
                                                   for d, g in cells}})
   return records
 
 
 def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_tokens: bool,
-                   keep_cell_tokens: Sequence[str], progress, repeats: int = 1
-                   ) -> Dict[str, dict]:
+                   keep_cell_tokens: Sequence[str], progress, repeats: int = 1,
+                   carried: Optional[Dict[str, object]] = None) -> Dict[str, dict]:
   """AR and the given (draft, γ) cells on every batch of one chunk,
   interleaved batch by batch (each call timed `repeats` times, the median
-  kept): {"ar": record, cell name: record}."""
+  kept): {"ar": record, cell name: record}. `carried`: the estimate each
+  gamma="auto" cell's next call starts from (updated; its record keeps
+  the last as "acceptance")."""
+  carried = {} if carried is None else carried
   ar_rec = {"seconds": [], "tokens": [], "outputs": []}
   recs = {cell_name(d, g): {"seconds": [], "tokens": [], "target_calls": [], "hist": [],
                             "identical": []} for d, g in cells}
@@ -200,8 +227,13 @@ def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_token
     if keep_ar_tokens:
       ar_rec["outputs"].extend(toks[r, :lens[r]].tolist() for r in range(len(lens)))
     for d, g in cells:
-      sp, t_sp = _timed(lambda: run_sp(d, g, x, l, keys), repeats)
-      c = recs[cell_name(d, g)]
+      name = cell_name(d, g)
+      sp, t_sp = _timed(lambda: run_sp(d, g, x, l, keys, carried.get(name)), repeats)
+      c = recs[name]
+      if name in carried:
+        carried[name] = sp.stats.acceptance
+        c["acceptance"] = [np.asarray(v).tolist() for v in (sp.stats.acceptance.accepted_2,
+                                                            sp.stats.acceptance.rejected_2)]
       c["seconds"].append(t_sp)
       c["tokens"].append(int(np.asarray(sp.lengths).sum()))
       c["target_calls"].append(int(np.asarray(sp.stats.target_calls).sum()))

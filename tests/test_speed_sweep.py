@@ -1,0 +1,72 @@
+"""The walltime sweep (`specjax.experiments.speed`): gamma="auto" cells on
+their own and as one series over the prompts (the acceptance estimate
+carried from call to call, and from chunk to chunk across a resumed run),
+timing repeats, and the speedup at AR's output lengths."""
+
+import os
+
+import numpy as np
+import pytest
+
+import specjax
+from specjax import calibration
+from specjax.experiments.speed import matched_speedup, summarize, sweep
+from specjax.experiments.stages import Stages
+from specjax.sampling import GREEDY
+from tiny import EOS, ragged_prompts, target
+
+# Relative iteration costs of Γ = (0, 1, 2, 4, 8) at which the prior (α = 0.5)
+# never drafts; a draft that is always right pays at every γ.
+UNDERVALUED = (1.0, 1.6, 1.8, 2.2, 3.0)
+
+
+@pytest.fixture
+def fixed_costs(monkeypatch):
+  def resolve(target, target_params, drafter, draft_params, adaptive, **kw):
+    return calibration.GammaCosts(adaptive.gammas, UNDERVALUED[:len(adaptive.gammas)])
+  monkeypatch.setattr(specjax.api, "resolve_gamma_costs", resolve)
+
+
+def _sweep(stages, prompts, lengths, **kw):
+  lm, params = target()
+  # The target drafting for itself: every draft is accepted.
+  return sweep(lm, params, {"self": (lm, params)}, np.asarray(prompts), np.asarray(lengths),
+               gammas=[1, "auto", "auto_series"], sampling=GREEDY, max_new_tokens=10,
+               eos_id=EOS, stages=stages, prefix="t0", fingerprints={"target": "t", "self": "t"},
+               chunk=2, **kw)
+
+
+def _traces(records, cell):
+  return [t for r in records for t in r["cells"][cell]["gamma_trace"]]
+
+
+def test_a_series_carries_its_estimate_across_calls_and_a_resumed_run(tmp_path, fixed_costs):
+  prompts, lengths = ragged_prompts(batch=4, seed=3)
+  stages = Stages(str(tmp_path / "stages"))
+  records = _sweep(stages, prompts, lengths, repeats=2)
+  alone, series = _traces(records, "self/gauto"), _traces(records, "self/gauto_series")
+  # Each call on its own starts from the prior, which does not pay here: plain steps.
+  assert all(g == 0 for t in alone for g in t), alone
+  # The series probes at its first call and learns that drafting pays.
+  assert set(series[0]) == {1}, series
+  assert min(series[-1]) >= 4, series
+  summary = summarize(records)
+  assert summary["self/gauto_series"]["identical_fraction"] == 1.0
+  assert summary["self/gauto_series"]["tokens_per_iteration"] > 2.0
+  # A killed run loses its second chunk: the rerun measures it again from the
+  # first chunk's stored estimate, so the series goes on as before.
+  os.remove(stages.path("t0/chunk1/self/gauto_series"))
+  again = _sweep(Stages(str(tmp_path / "stages")), prompts, lengths, repeats=2)
+  assert _traces(again, "self/gauto_series") == series
+  assert again[1]["cells"]["self/gauto_series"]["acceptance"] == \
+      records[1]["cells"]["self/gauto_series"]["acceptance"]
+  with pytest.raises(ValueError, match="repeats"):
+    _sweep(Stages(str(tmp_path / "other")), prompts, lengths, repeats=0)
+
+
+def test_the_speedup_at_ar_lengths():
+  ar = {"seconds": 10.0, "tokens": 100}
+  # 5 calls, 0.2 s prefill each; the cell's decode is 0.1 s a token (5 s / 50).
+  assert matched_speedup(ar, {"seconds": 6.0, "tokens": 50}, 5, 0.2) == pytest.approx(10 / 11)
+  # Where both emit as many tokens it is the per-token speedup.
+  assert matched_speedup(ar, {"seconds": 8.0, "tokens": 100}, 5, 0.2) == pytest.approx(1.25)
