@@ -312,10 +312,17 @@ def after_idle(cfg: AdaptiveGamma, acceptance: Acceptance, steps_B: jax.Array) -
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
   """`[B, 2]` the per-row acceptance estimates: of the first draft (a_b) and
   of a draft after an accepted one (r_b) (see the module doc)."""
+  xp = _xp(st.accepted_B2)
   m = cfg.prior_weight
-  alpha = (st.accepted_B2 + cfg.prior_alpha * m) / jnp.maximum(
+  alpha = (st.accepted_B2 + cfg.prior_alpha * m) / xp.maximum(
       st.accepted_B2 + st.rejected_B2 + m, 1e-6)
-  return jnp.clip(alpha, 0.0, 0.999)
+  return xp.clip(alpha, 0.0, 0.999)
+
+
+def _xp(x):
+  """numpy for host arrays (the API's one-row decisions: no dispatch), else
+  jax.numpy: the rule's functions below run on either."""
+  return np if isinstance(x, np.ndarray) else jnp
 
 
 def expected_tokens(alpha_B2: jax.Array, k_BG: jax.Array) -> jax.Array:
@@ -324,7 +331,7 @@ def expected_tokens(alpha_B2: jax.Array, k_BG: jax.Array) -> jax.Array:
   and r = alpha_B2[:, 1] (a later draft's, given the one before it); a = r
   = α gives (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023, eq. 1)."""
   a, r = alpha_B2[:, :1], alpha_B2[:, 1:]
-  return 1.0 + a * (1.0 - r ** k_BG.astype(jnp.float32)) / (1.0 - r)
+  return 1.0 + a * (1.0 - r ** k_BG.astype(np.float32)) / (1.0 - r)
 
 
 def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array,
@@ -382,50 +389,47 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   estimate (`st.explore`) a row may also probe: where its evidence idles
   below `explore_below` within the `remaining` iterations (None: assume
   it may), or it is probing."""
-  probe_soon = jnp.zeros((), bool)
+  xp = _xp(st.accepted_B2)   # numpy: the host's decision for a call, no dispatch
+  probe_soon = xp.zeros((), bool)
   if st.explore:
     if remaining is None:
-      return jnp.ones((), bool)
-    idled = (st.accepted_B2[:, 0] + st.rejected_B2[:, 0]) * jnp.power(
-        jnp.float32(cfg.idle_decay), jnp.asarray(remaining, jnp.float32))
-    probe_soon = jnp.any(active_B & ((idled < cfg.explore_below) | (st.probe_B > 0)))
+      return xp.ones((), bool)
+    idled = (st.accepted_B2[:, 0] + st.rejected_B2[:, 0]) * xp.power(
+        xp.float32(cfg.idle_decay), xp.asarray(remaining, xp.float32))
+    probe_soon = xp.any(active_B & ((idled < cfg.explore_below) | (st.probe_B > 0)))
   ceiling = st.replace(
-      accepted_B2=jnp.zeros_like(st.accepted_B2), rejected_B2=jnp.zeros_like(st.rejected_B2))
+      accepted_B2=xp.zeros_like(st.accepted_B2), rejected_B2=xp.zeros_like(st.rejected_B2))
   prior_B2 = estimated_alpha(cfg, ceiling)
-  alpha_B2 = jnp.maximum(estimated_alpha(cfg, st), prior_B2)
-  gam_G = jnp.asarray(cfg.gammas, jnp.int32)
-  e_BG = expected_tokens(alpha_B2, jnp.broadcast_to(gam_G, (alpha_B2.shape[0], len(cfg.gammas))))
-  costs_G = jnp.asarray(costs_G, jnp.float32)
-  best_B = gam_G[jnp.argmax(e_BG / costs_G[None], axis=1)]
-  cheapest_plain = gam_G[jnp.argmin(costs_G)] == 0
+  alpha_B2 = xp.maximum(estimated_alpha(cfg, st), prior_B2)
+  gam_G = xp.asarray(cfg.gammas, xp.int32)
+  e_BG = expected_tokens(alpha_B2, xp.broadcast_to(gam_G, (alpha_B2.shape[0], len(cfg.gammas))))
+  costs_G = xp.asarray(costs_G, xp.float32)
+  best_B = gam_G[xp.argmax(e_BG / costs_G[None], axis=1)]
+  cheapest_plain = gam_G[xp.argmin(costs_G)] == 0
   if cfg.per_row:
-    return probe_soon | ~cheapest_plain | jnp.any(active_B & (best_B > 0))
+    return probe_soon | ~cheapest_plain | xp.any(active_B & (best_B > 0))
   # Batch mode leaves γ = 0 only for a score better by the switch margin;
   # Σ_b max(E_b, 1) bounds the tokens any set of drafting rows expects.
-  tokens_G = jnp.sum(jnp.maximum(e_BG, 1.0) * active_B[:, None], axis=0)
+  tokens_G = xp.sum(xp.maximum(e_BG, 1.0) * active_B[:, None], axis=0)
   score_G = tokens_G / costs_G
-  plain = jnp.argmax(gam_G == 0)
-  leave = jnp.any((gam_G > 0) & (score_G > score_G[plain] * (1.0 + cfg.switch_margin)))
+  plain = xp.argmax(gam_G == 0)
+  leave = xp.any((gam_G > 0) & (score_G > score_G[plain] * (1.0 + cfg.switch_margin)))
   return probe_soon | ~cheapest_plain | leave
 
 
 def prior_may_draft(cfg: AdaptiveGamma, costs, start: Optional[Acceptance] = None) -> bool:
   """`may_draft` at the start of a run (every row at the prior, or at a
   carried `start` — not counting its probes: `probe_due`; one row stands
-  for all), read back to the host. False: the rule would run plain steps
-  to the end, so `speculative_generate` runs plain decoding's program
-  instead (the same decisions, none of the drafter's work)."""
+  for all), evaluated on the host (numpy: the same function, no
+  dispatch). False: the rule would run plain steps to the end, so
+  `speculative_generate` runs plain decoding's program instead (the same
+  decisions, none of the drafter's work)."""
   z = np.zeros((2,), np.float32)
   acc, rej = (z, z) if start is None else (start.accepted_2, start.rejected_2)
-  return bool(_may_draft_at(cfg, np.asarray(acc, np.float32), np.asarray(rej, np.float32),
-                            check_costs(cfg, costs)))
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _may_draft_at(cfg: AdaptiveGamma, acc_2, rej_2, costs_G) -> jax.Array:
-  """`may_draft` for one row with these counts (one dispatch from the host)."""
-  st = AdaptState.zeros(1, 1).replace(accepted_B2=acc_2[None], rejected_B2=rej_2[None])
-  return may_draft(cfg, st, costs_G, jnp.ones((1,), bool))
+  zi = np.zeros((1,), np.int32)
+  st = AdaptState(np.asarray(acc, np.float32)[None], np.asarray(rej, np.float32)[None],
+                  np.zeros((), np.int32), zi, np.full((1,), -1, np.int32), zi, zi - 1, zi)
+  return bool(may_draft(cfg, st, check_costs(cfg, costs), np.ones((1,), bool)))
 
 
 def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,

@@ -207,19 +207,37 @@ def resolve_gamma_costs(target: Any, target_params: Any, drafter: Drafter, draft
                         gamma_costs: Optional[Sequence[float]] = None) -> GammaCosts:
   """The table to decode with: `gamma_costs` when given (seconds or relative
   costs, one per γ), else this machine's stored table, else one measured now
-  (`calibrate_gamma_costs`, logged) and stored."""
+  (`calibrate_gamma_costs`, logged) and stored. A table found or measured
+  is kept for the process (per store, models and shapes): a call between
+  decoding calls then costs a dictionary lookup, not a store lookup."""
   if gamma_costs is not None:
     return GammaCosts(adaptive.gammas, tuple(float(c) for c in check_costs(adaptive,
                                                                            gamma_costs)))
+  memo = (matvec_cache.cache_path(COSTS_FILE), target, drafter, adaptive, int(batch_size),
+          int(cache_len), sampling.is_greedy)
+  try:
+    hit = _RESOLVED.get(memo)
+  except TypeError:   # an unhashable model or drafter: the store alone
+    memo, hit = None, None
+  if hit is not None:
+    return hit
   key = gamma_costs_key(target, drafter, adaptive, batch_size, cache_len, sampling)
   found = lookup_gamma_costs(key, adaptive)
-  if found is not None:
-    return found
-  logging.info("gamma='auto': measuring the cost of each γ of %s on this machine (once per "
-               "model pair, batch and cache-length bucket)", adaptive.gammas)
-  return calibrate_gamma_costs(target, target_params, drafter, draft_params, adaptive,
-                               batch_size=batch_size, prompt_len=prompt_len,
-                               cache_len=cache_len, sampling=sampling)
+  if found is None:
+    logging.info("gamma='auto': measuring the cost of each γ of %s on this machine (once per "
+                 "model pair, batch and cache-length bucket)", adaptive.gammas)
+    found = calibrate_gamma_costs(target, target_params, drafter, draft_params, adaptive,
+                                  batch_size=batch_size, prompt_len=prompt_len,
+                                  cache_len=cache_len, sampling=sampling)
+  if memo is not None:
+    if len(_RESOLVED) >= 256:
+      _RESOLVED.clear()
+    _RESOLVED[memo] = dataclasses.replace(found, measured=False, calibration_seconds=0.0)
+  return found
+
+
+# Tables resolved in this process (see resolve_gamma_costs).
+_RESOLVED: Dict[tuple, GammaCosts] = {}
 
 
 @register
