@@ -45,7 +45,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.gamma = 4                     # prompt lookup's fixed γ (beside gamma="auto")
   c.lookup_max_ngram = 4
   c.repeats = 2
-  c.drafters = "lookup,lookup_auto"   # any of: lookup, lookup_auto
+  # Any of: lookup (fixed gamma), lookup_auto (gamma="auto", each prompt on its own),
+  # lookup_series (gamma="auto", the prompts as one series: acceptance= carried).
+  c.drafters = "lookup,lookup_auto,lookup_series"
   if arg == "tiny":
     c.data.heldout = ["json"]
     c.data.vocab_size = 512

@@ -66,7 +66,7 @@ def run(cfg) -> dict:
   """Trains (or reuses) the target, decodes, prints the comparison; returns
   the numbers (also written to `<workdir>/demo.json`)."""
   names = [n.strip() for n in str(cfg.drafters).split(",") if n.strip()]
-  allowed = ("lookup", "lookup_auto")
+  allowed = ("lookup", "lookup_auto", "lookup_series")
   if not names or any(n not in allowed for n in names):
     raise ValueError(f"config.drafters must name some of {list(allowed)}, got "
                      f"{cfg.drafters!r}")
@@ -83,13 +83,18 @@ def run(cfg) -> dict:
                                                        gamma=int(cfg.gamma), **common),
       "lookup_auto": lambda x: specjax.speculative_generate(target, tp, lookup, None, x,
                                                             gamma="auto", **common),
+      # The prompts as one series: each call starts from what the last learned.
+      "lookup_series": lambda x: specjax.speculative_generate(
+          target, tp, lookup, None, x, gamma="auto", acceptance=carried[0], **common),
   }
+  carried = [specjax.Acceptance.fresh()]
   t_cal = now()
   for x in prompts[:1]:   # compile everything (and measure auto's γ costs) outside the timings
     x = x[None]
     _timed(lambda: specjax.generate(target, tp, x, **common))
     for n in names:
       _timed(lambda n=n: runs[n](x))
+  carried[0] = specjax.Acceptance.fresh()
   setup_s = now() - t_cal
   seconds = {"ar": 0.0, **{n: 0.0 for n in names}}
   stats: Dict[str, dict] = {n: {"drafted": 0, "accepted": 0, "tokens": 0, "calls": 0,
@@ -103,6 +108,8 @@ def run(cfg) -> dict:
       tokens += int(ar.lengths.sum())
       for n in names:
         out, t = _timed(lambda n=n: runs[n](x))
+        if n == "lookup_series":
+          carried[0] = out.stats.acceptance
         seconds[n] += t
         s = stats[n]
         s["drafted"] += int(out.stats.drafted.sum())
@@ -129,12 +136,13 @@ def run(cfg) -> dict:
     r = {"acceptance_rate": s["accepted"] / max(s["drafted"], 1),
          "tokens_per_target_call": s["tokens"] / s["calls"], "ms_per_token": ms,
          "speedup": ar_ms / ms, "greedy_outputs_identical": s["identical"],
-         "gamma": "auto" if n == "lookup_auto" else int(cfg.gamma)}
+         "gamma": int(cfg.gamma) if n == "lookup" else "auto"}
     if s["gamma"]:
       r["gamma_chosen"] = dict(sorted(s["gamma"].items(), key=lambda kv: int(kv[0])))
     result["drafters"][n] = r
-    label = (f"prompt lookup, gamma {cfg.gamma}" if n == "lookup" else
-             "prompt lookup, gamma='auto'")
+    label = {"lookup": f"prompt lookup, gamma {cfg.gamma}",
+             "lookup_auto": "prompt lookup, gamma='auto'",
+             "lookup_series": "prompt lookup, gamma='auto', one series"}[n]
     lines += [f"-- {label}",
               f"   acceptance rate          {r['acceptance_rate']:.3f}",
               f"   tokens per target call   {r['tokens_per_target_call']:.3f}",
