@@ -46,9 +46,10 @@ explores: a row with (almost) no evidence — the first call's
 `Acceptance.fresh()`, or evidence decayed away over many plain steps —
 probes: it drafts (at least one token) in its next `explore_steps`
 iterations to find out, even where the prior says drafting does not pay (a
-call on its own never does: its evidence would be gone at its end). Where the carried estimate says no γ > 0 pays
-and no probe falls due within the call, the call runs plain decoding's
-program and returns the estimate with the idle decay of its steps.
+call on its own never does: its evidence would be gone at its end). Where
+the carried estimate says no γ > 0 pays and no probe falls due within the
+call, the call runs plain decoding's program and returns the estimate with
+the idle decay of its steps.
 
 Per row: a row whose own best γ is 0 proposes nothing (its drafts are marked
 invalid) while the others draft; the batch's γ follows the rows that pay
