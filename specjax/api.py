@@ -425,8 +425,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       (`out.stats.acceptance` of the previous call of a series;
       `specjax.Acceptance.fresh()` for its first) instead of the prior.
       Each call then returns the estimate to pass on, and rows with no
-      evidence probe one draft even where the prior says drafting does
-      not pay (`specjax.adaptive`: exact, as the choice reads only earlier
+      evidence probe (draft in their next `explore_steps` iterations)
+      even where the prior says drafting does not pay (`specjax.adaptive`: exact, as the choice reads only earlier
       calls' tokens). Where the carried estimate says no γ > 0 pays and no
       probe falls due, the call runs `generate`'s program.
 

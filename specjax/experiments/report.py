@@ -233,8 +233,8 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
     for t, te in tr["temperatures"].items():
       autos = [a for a in AUTO_CELLS if all(f"{d}/g{a}" in te["cells"] for d in drafts)]
       lines += [f"**{task}, temperature {t}** (AR {te['cells']['ar']['ms_per_token']:.2f} ms/token)", "",
-                "| draft | α | " + " | ".join(f"γ={g}" for g in gammas) + " | "
-                + "".join(f"{auto_head[a]} (γ chosen: iterations) | " for a in autos),
+                "| draft | α | " + " | ".join([f"γ={g}" for g in gammas] + [
+                    f"{auto_head[a]} (γ chosen: iterations)" for a in autos]) + " |",
                 "|---|---|" + "---|" * (len(gammas) + len(autos))]
       for d in drafts:
         cells = [te["cells"]["%s/g%d" % (d, g)] for g in gammas]

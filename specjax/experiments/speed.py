@@ -126,10 +126,9 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   def run_sp(name, g, x, l, k, acceptance=None):
     model, params = drafts[name]
     x, l, k = place(x, l, k)
-    extra = {} if acceptance is None else {"acceptance": acceptance}
     return specjax.speculative_generate(target, target_params, model, params, x, l,
                                         gamma="auto" if g in AUTO_CELLS else g, key=k,
-                                        **common, **extra)
+                                        acceptance=acceptance, **common)
 
   cells = [(d, g) for d in drafts for g in gammas]
   batches = [(s, jnp.asarray(prompts_NP[s:s + batch_size]), jnp.asarray(lengths_N[s:s + batch_size]))
