@@ -17,6 +17,8 @@ networks of Medusa and EAGLE are `specjax.models.medusa_head` /
   windowed       WindowedKV     the target over sink + recent-window KV only
   lookahead      Lookahead      Jacobi iteration + n-gram pool, verified in one call
   medusa         Medusa         extra heads on the target's hidden state; a token tree
+  suffix         SuffixDraft    a tree of continuations of the row's suffix from its history,
+                                the other rows and a corpus (SuffixCorpus)
   eagle          Eagle          a one-layer head on the target's features (EAGLE-1/3),
                                 static trees or EAGLE-2's dynamic tree (DynamicTree)
 """
@@ -27,6 +29,7 @@ from specjax.drafters.lookahead import Lookahead, LookaheadState
 from specjax.drafters.medusa import Medusa, choose_tree, load_medusa
 from specjax.drafters.model import ModelDrafter
 from specjax.drafters.prompt_lookup import LookupState, PromptLookup
+from specjax.drafters.suffix import SuffixCorpus, SuffixDraft, outputs_of
 from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               chain_layout, is_drafter)
@@ -34,7 +37,8 @@ from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig, init_heads
 
 __all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "chain_layout",
-           "is_drafter", "ModelDrafter", "PromptLookup", "LookupState", "LayerSkip",
+           "is_drafter", "ModelDrafter", "PromptLookup", "LookupState", "SuffixDraft",
+           "SuffixCorpus", "outputs_of", "LayerSkip",
            "LayerSkipLM", "WindowedKV", "WindowedLM", "WindowCache", "Lookahead",
            "LookaheadState", "Medusa", "MedusaConfig", "init_heads", "choose_tree", "load_medusa",
            "Eagle", "EagleConfig", "DynamicTree", "init_eagle", "load_eagle"]

@@ -28,7 +28,7 @@ from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Pr
                               chain_layout)
 from specjax._checks import check_int
 
-__all__ = ["PromptLookup", "LookupState"]
+__all__ = ["PromptLookup", "LookupState", "alloc_history", "start_history", "append_history"]
 
 
 @struct.dataclass
@@ -43,6 +43,27 @@ class LookupState:
 def _rows_update(buf_BH: jax.Array, new_BC: jax.Array, at_B: jax.Array) -> jax.Array:
   return jax.vmap(lambda row, upd, s: jax.lax.dynamic_update_slice(row, upd, (s,)))(
       buf_BH, new_BC.astype(buf_BH.dtype), at_B)
+
+
+def alloc_history(batch_size: int, prompt_len: int, cache_len: int, depth: int) -> LookupState:
+  """Empty histories with room for the prompt, every committed token and one
+  iteration's overshoot (`depth` drafted tokens and the bonus token)."""
+  room = prompt_len + cache_len + depth + 2
+  return LookupState(history=jnp.zeros((batch_size, room), jnp.int32),
+                     length=jnp.zeros((batch_size,), jnp.int32))
+
+
+def start_history(state: LookupState, prompts_BP, lengths_B, first_B) -> LookupState:
+  """The histories after the prefill: each row's prompt, then its first token."""
+  history = state.history.at[:, :prompts_BP.shape[1]].set(prompts_BP.astype(jnp.int32))
+  history = _rows_update(history, first_B[:, None], lengths_B)
+  return LookupState(history=history, length=lengths_B.astype(jnp.int32) + 1)
+
+
+def append_history(state: LookupState, feedback: DraftFeedback) -> LookupState:
+  """The histories after a commit (the last committed token is the new pending one)."""
+  history = _rows_update(state.history, feedback.committed_BC, state.length)
+  return LookupState(history=history, length=state.length + feedback.count_B)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,17 +96,12 @@ class PromptLookup(Drafter):
     return chain_layout(gamma)
 
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> LookupState:
-    # Room for the prompt, every committed token and one iteration's overshoot.
-    room = prompt_len + cache_len + gamma + 2
-    return LookupState(history=jnp.zeros((batch_size, room), jnp.int32),
-                       length=jnp.zeros((batch_size,), jnp.int32))
+    return alloc_history(batch_size, prompt_len, cache_len, gamma)
 
   def start(self, params, state: LookupState, prompts_BP, lengths_B, first_B,
             target_cache) -> LookupState:
     del params, target_cache
-    history = state.history.at[:, :prompts_BP.shape[1]].set(prompts_BP.astype(jnp.int32))
-    history = _rows_update(history, first_B[:, None], lengths_B)
-    return LookupState(history=history, length=lengths_B.astype(jnp.int32) + 1)
+    return start_history(state, prompts_BP, lengths_B, first_B)
 
   def match(self, state: LookupState, gamma: int) -> Tuple[jax.Array, jax.Array]:
     """(start_B, count_B): where the proposed continuation starts in the
@@ -133,6 +149,4 @@ class PromptLookup(Drafter):
 
   def update(self, params, state: LookupState, feedback: DraftFeedback) -> LookupState:
     del params
-    # The committed tokens (the last of them is the new pending token) follow the old one.
-    history = _rows_update(state.history, feedback.committed_BC, state.length)
-    return LookupState(history=history, length=state.length + feedback.count_B)
+    return append_history(state, feedback)
