@@ -6,9 +6,9 @@ Run (from the repository root):
       --config.results_dir=results/suffix       # code_edits reuses the demo's model (runs/demo)
   python experiments/suffix.py --config=configs/suffix.py:smoke   # tiny random models, seconds
 
-`summarize` needs the Leviathan reproduction's trained T5 target (`t5_dir`):
-  python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:quick \
-      --config.workdir=runs/leviathan_quick
+`summarize` needs the Chen reproduction's trained target (`chen_dir`; ~13 min):
+  python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:quick \
+      --config.workdir=runs/chen_quick
 """
 
 import importlib.util
@@ -40,11 +40,10 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.edit_max = 8                     # tokens rewritten per edit, at most
   c.prompt_len = 512
   c.max_new = 128
-  c.t5_dir = "runs/leviathan_quick"
+  c.chen_dir = "runs/chen_quick"
   c.summaries = 24
   c.summary_prompt_len = 256
   c.summary_max_new = 64
-  c.eos_id = ml_collections.FieldReference(None, field_type=int)
   c.lookup_gammas = [8, 16]
   c.lookup_max_ngram = 4
   c.max_match = 8                    # SuffixDraft: longest suffix matched

@@ -6,6 +6,8 @@ corpus, and on T5), rows independent of the batch, exact sampling at T = 1
 and T = 0.7 / top-p 0.9 (chi-square on 50k samples) with a broken verifier
 caught, one compilation across prompts and corpora, misuse named."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -218,3 +220,47 @@ def test_sampling_is_exact_and_the_control_is_caught(cfg):
       assert hist[0] > 0 and hist[1:].sum() > 0, hist  # rejections and acceptances
   assert pvalues["exact"] > 1e-3, pvalues
   assert pvalues["broken"] < 1e-6, pvalues
+
+
+# ------------------------------------------------------------------ the experiment
+
+def test_edit_sessions_are_one_small_edit_apart():
+  from specjax.experiments.suffix import edit_sessions
+  rng = np.random.default_rng(3)
+  streams = {"a": rng.integers(0, 50, 600).astype(np.int32),
+             "b": rng.integers(0, 50, 500).astype(np.int32)}
+  reqs = edit_sessions(streams, sessions=2, turns=4, prompt_len=100, edit_max=5, seed=1)
+  assert len(reqs) == 8 and all(r.shape == (100,) for r in reqs)
+  for s in range(2):
+    for t in range(1, 4):
+      prev, cur = reqs[4 * s + t - 1], reqs[4 * s + t]
+      diff = np.nonzero(prev != cur)[0]
+      # One run of <= 5 rewritten tokens in the first 90% (a donor token may equal the old one).
+      assert diff.size == 0 or (diff[-1] - diff[0] < 5 and diff[-1] < 90), diff
+  assert not np.array_equal(reqs[0], reqs[4])   # sessions start from different files
+  again = edit_sessions(streams, sessions=2, turns=4, prompt_len=100, edit_max=5, seed=1)
+  assert all(np.array_equal(a, b) for a, b in zip(reqs, again))
+
+
+def test_the_experiment_smoke_preset(tmp_path):
+  from configs import suffix as suffix_config
+  from specjax.experiments import suffix
+  cfg = suffix_config.get_config("smoke")
+  cfg.workdir = str(tmp_path / "work")
+  cfg.results_dir = str(tmp_path / "results")
+  res = suffix.run(cfg)
+  assert set(res["tasks"]) == {"code_edits", "summarize"}
+  for task in res["tasks"].values():
+    rows = task["rows"]
+    assert set(rows) == {"prompt lookup γ=4", "prompt lookup γ=8", "suffix",
+                         "suffix + job corpus"}
+    assert all(r["greedy_outputs_identical"] for r in rows.values())
+    assert all(r["tokens_per_call"] >= 1.0 for r in rows.values())
+    # The job corpus holds the earlier requests' outputs: it can only add matches here.
+    assert rows["suffix + job corpus"]["tokens_per_call"] > rows["suffix"]["tokens_per_call"]
+  saved = json.loads((tmp_path / "results" / "suffix.json").read_text())
+  assert saved["tasks"]["code_edits"]["requests"] == 4
+  assert "| suffix + job corpus |" in (tmp_path / "results" / "suffix.md").read_text()
+  with pytest.raises(ValueError, match=r"config.tasks must name some of"):
+    cfg.tasks = ["code_edits", "poetry"]
+    suffix.run(cfg)

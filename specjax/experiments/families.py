@@ -3,8 +3,9 @@ machinery of `benchmarks/drafters_bench.py` and `experiments/families.py`.
 
 On the Chen reproduction's trained decoder pair (target + its draft model,
 `FamilyOptions.chen_dir`), for each drafter — the classic draft model,
-prompt lookup, layer skip (layers chosen by `specjax.measure.layers.choose_layers`
-on validation prompts), the windowed-KV self-draft, lookahead decoding and,
+prompt lookup, suffix drafting (`SuffixDraft`), layer skip (layers chosen
+by `specjax.measure.layers.choose_layers` on validation prompts), the
+windowed-KV self-draft, lookahead decoding and,
 when trained heads are given, Medusa (chain and trees), EAGLE-1 (chain and a
 static tree), EAGLE-2 (EAGLE-1's head with the dynamic tree) and EAGLE-3 —
 on the tasks:
@@ -218,6 +219,8 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
       "windowed KV": (drafters.WindowedKV.of(target, window=window, sinks=opts.sinks,
                                              gamma=g), None, g),
       "lookahead": (drafters.Lookahead(window=w, ngram=n, candidates=c), None, None),
+      "suffix": (drafters.SuffixDraft(nodes=8, depth=4) if smoke else drafters.SuffixDraft(),
+                 None, None),
       **({"classic draft auto": (draft, dp, "auto"),
           "prompt lookup auto": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None, "auto")}
          if opts.auto else {}),

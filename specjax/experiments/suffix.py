@@ -11,15 +11,17 @@ Tasks:
   `turns - 1` small edits (a few tokens of it rewritten with code from
   elsewhere); each request asks the model to continue the current version.
   Requests of one session are near-duplicates, as an agent's are.
-* `summarize`: the Leviathan reproduction's summarisation prompts
-  ("summarize: <description>") on its trained T5 target (`t5_dir`, after
-  `experiments/leviathan_t5.py`): summaries copy phrases from the input and
-  share boilerplate with each other.
+* `summarize`: the families comparison's summarisation prompts
+  ("<description> Summary:", Debian package descriptions) on the Chen
+  reproduction's trained decoder (`chen_dir`, after
+  `experiments/chen_chinchilla.py`): summaries copy phrases from the input
+  and share boilerplate with each other.
 
 Drafters: prompt lookup at γ = 8 and 16 (the last n-gram's most recent
 continuation), `SuffixDraft` over the request alone, and `SuffixDraft` with
 the job's corpus (`SuffixCorpus`: every earlier output of this run). Reported:
-tokens per target call (τ), accepted / drafted, ms per token, the speedup
+tokens per target call (τ), accepted / drafted (for a tree: / its deepest
+path), ms per token, the speedup
 over plain decoding measured in the same run, and τ relative to prompt
 lookup's.
 """
@@ -80,11 +82,11 @@ def _drafters(cfg) -> Dict[str, Tuple[object, object]]:
 
 
 def measure_task(cfg, model, params, requests: List[Tuple[np.ndarray, int]],
-                 max_new: int) -> dict:
+                 max_new: int, eos_id=None) -> dict:
   """Every request (tokens, length) in order through plain decoding and each
   drafter; the job corpus grows by each request's output."""
   drafters = _drafters(cfg)
-  common = dict(max_new_tokens=max_new, sampling=specjax.GREEDY, eos_id=cfg.get("eos_id"))
+  common = dict(max_new_tokens=max_new, sampling=specjax.GREEDY, eos_id=eos_id)
   vocab = model.vocab_size
 
   def call(name, x, n, corpus):
@@ -167,34 +169,30 @@ def _code_task(cfg):
 
 
 def _summarize_task(cfg):
-  t5_dir = os.path.abspath(cfg.t5_dir)
-  final = os.path.join(t5_dir, "target", "final")
   if cfg.smoke:
-    from specjax.models.t5 import T5, t5_config
-    model = T5(t5_config("t5-tiny", vocab_size=64))
-    params = model.init(jax.random.PRNGKey(0))
+    from specjax.models.decoder import DecoderLM, decoder_config
+    model = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=2))
+    params = model.init(jax.random.PRNGKey(1))
     rng = np.random.default_rng(1)
     rows = [list(np.tile(rng.integers(3, 64, size=8), 3)) for _ in range(int(cfg.summaries))]
-    source = "tiny random-init T5; random repeated tokens"
-  else:
-    if not os.path.isdir(final):
-      raise FileNotFoundError(f"no trained T5 target at {final}: run experiments/leviathan_t5.py "
-                              f"first (or set --config.t5_dir, or drop 'summarize' from "
-                              f"--config.tasks)")
-    model, params = restore_model(final)
-    tok, path = find_tokenizer(cfg.data_cache, "leviathan", model.vocab_size, t5_dir)
-    if tok is None:
-      raise FileNotFoundError(f"no Leviathan vocabulary of size {model.vocab_size} under "
-                              f"{cfg.data_cache}/vocab")
-    rows = []
-    for r in load_task("summarize_debian", "test", cfg.data_cache)[:int(cfg.summaries)]:
-      ids = tok.encode("summarize: " + r["inputs"])
-      rows.append(ids[:int(cfg.summary_prompt_len) - 1] + [tok.eos_id]
-                  if len(ids) > int(cfg.summary_prompt_len) else ids)
-    source = f"summarize_debian test on the T5 target in {cfg.t5_dir}; tokenizer {path}"
-  prompts, lengths = pad_batch(rows, max(len(r) for r in rows) if cfg.smoke
-                               else int(cfg.summary_prompt_len))
-  return model, params, list(zip(prompts, lengths.tolist())), source
+    return model, params, rows, None, "tiny random-init decoder; random repeated tokens"
+  chen = os.path.abspath(cfg.chen_dir)
+  final = os.path.join(chen, "target", "final")
+  if not os.path.isdir(final):
+    raise FileNotFoundError(f"no trained Chen target at {final}: run experiments/"
+                            f"chen_chinchilla.py first (or set --config.chen_dir, or drop "
+                            f"'summarize' from --config.tasks)")
+  model, params = restore_model(final)
+  tok, path = find_tokenizer(cfg.data_cache, "chen", model.vocab_size, chen)
+  if tok is None:
+    raise FileNotFoundError(f"no Chen vocabulary of size {model.vocab_size} under "
+                            f"{cfg.data_cache}/vocab")
+  p = int(cfg.summary_prompt_len)
+  rows = [tok.encode(f"{r['inputs']} Summary:", add_eos=False)[-p:]
+          for r in load_task("summarize_debian", "test", cfg.data_cache)[:int(cfg.summaries)]]
+  return (model, params, rows, tok.eos_id,
+          f"summarize_debian test ('<description> Summary:') on the Chen target in "
+          f"{cfg.chen_dir}; tokenizer {path}")
 
 
 def render(res: dict) -> str:
@@ -205,7 +203,7 @@ def render(res: dict) -> str:
     lines += [f"## {task}: {r['source']}", "",
               f"{r['requests']} requests, {r['max_new']} new tokens at most; plain decoding "
               f"{r['ar_ms_per_token']:.2f} ms/token.", "",
-              "| drafter | call tokens | τ | τ / best prompt lookup | accepted / drafted | "
+              "| drafter | call tokens | τ | τ / best prompt lookup | accepted / deepest draft | "
               "ms/token | speedup | greedy identical |", "|---" * 8 + "|"]
     for name, x in r["rows"].items():
       lines.append(f"| {name} | {x['call_tokens']} | {x['tokens_per_call']:.2f} | "
@@ -231,11 +229,15 @@ def run(cfg) -> dict:
     if task == "code_edits":
       model, params, reqs, source = _code_task(cfg)
       max_new = int(cfg.max_new)
+      eos_id = None
     else:
-      model, params, reqs, source = _summarize_task(cfg)
+      model, params, rows, eos_id, source = _summarize_task(cfg)
+      prompts, lengths = pad_batch(rows, max(len(r) for r in rows))
+      reqs = list(zip(prompts, lengths.tolist()))
       max_new = int(cfg.summary_max_new)
     logging.info("%s: %d requests (%s)", task, len(reqs), source)
-    res["tasks"][task] = {"source": source, **measure_task(cfg, model, params, reqs, max_new)}
+    res["tasks"][task] = {"source": source,
+                          **measure_task(cfg, model, params, reqs, max_new, eos_id)}
   text = render(res)
   for d in [workdir] + ([cfg.results_dir] if cfg.results_dir else []):
     os.makedirs(d, exist_ok=True)
