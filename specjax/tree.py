@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Iterable, Sequence, Tuple
+from typing import Iterable, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +30,18 @@ import numpy as np
 
 from specjax.drafting import CallLayout
 from specjax._checks import check_int
+from specjax.sampling import SamplingConfig, process_logits, sample_from_uniform
 
-__all__ = ["TokenTree", "dynamic_tree_arrays"]
+__all__ = ["TokenTree", "dynamic_tree_arrays", "CHILD_MODES", "check_child_mode", "draw_children"]
+
+CHILD_MODES = ("top_k", "iid", "without")
+
+
+def check_child_mode(name: str, mode) -> str:
+  """`mode` if it is one of `CHILD_MODES`, else a ValueError naming `name`."""
+  if mode not in CHILD_MODES:
+    raise ValueError(f"{name} must be one of {list(CHILD_MODES)}, got {mode!r}")
+  return mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,3 +200,43 @@ def dynamic_tree_arrays(parents_BN: jax.Array, max_children: int
   top_BNC, _ = jax.lax.top_k(score_BNT, max_children)
   children_BNC = jnp.where(top_BNC > 0, n - top_BNC, -1).astype(jnp.int32)
   return depths_BN, anc_BNN, children_BNC
+
+
+def draw_children(logits_BV: jax.Array, sampling: SamplingConfig, count: int,
+                  u_BR: Optional[jax.Array], mode: str
+                  ) -> Tuple[jax.Array, Optional[jax.Array], jax.Array]:
+  """The `count` children of one node, from a drafter's logits there.
+
+  `mode`: "top_k" — the `count` most likely tokens (deterministic children,
+  verified as one-hot proposals); "iid" — each child drawn from the processed
+  distribution p (`sampling`: the target's temperature / top-k / top-p) with
+  its own uniform `u_BR[:, r]`; "without" — drawn without replacement: child
+  r from p with the earlier children removed, renormalised. At temperature 0
+  every mode takes the top-k tokens (one-hot proposals).
+
+  Returns `(tokens_BR, probs_BRV, valid_BR)`: the children, the distribution
+  each was drawn from given its earlier siblings (what `tree_verify` needs;
+  None for "top_k") and whether it exists (without replacement, a child
+  needs probability mass left: top-p may leave fewer tokens than children).
+  """
+  check_child_mode("mode", mode)
+  b = logits_BV.shape[0]
+  if mode == "top_k" or sampling.is_greedy:
+    _, tok_BR = jax.lax.top_k(logits_BV, count)
+    tok_BR = tok_BR.astype(jnp.int32)
+    probs = None if mode == "top_k" else jax.nn.one_hot(tok_BR, logits_BV.shape[-1],
+                                                        dtype=jnp.float32)
+    return tok_BR, probs, jnp.ones((b, count), bool)
+  p_BV = process_logits(logits_BV, sampling)
+  toks, probs, valid = [], [], []
+  q_BV = p_BV
+  for r in range(count):
+    mass_B = jnp.sum(q_BV, axis=-1)
+    q_BV = q_BV / jnp.maximum(mass_B, 1e-30)[:, None]
+    tok_B = sample_from_uniform(u_BR[:, r], q_BV)
+    toks.append(tok_B.astype(jnp.int32))
+    probs.append(q_BV)
+    valid.append(mass_B > 0)
+    if mode == "without":
+      q_BV = jnp.where(jax.nn.one_hot(tok_B, q_BV.shape[-1], dtype=bool), 0.0, q_BV)
+  return jnp.stack(toks, 1), jnp.stack(probs, 1), jnp.stack(valid, 1)

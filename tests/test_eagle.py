@@ -112,16 +112,18 @@ def test_head_drafting_equals_the_unrolled_training_forward():
     feat = out
 
 
-@pytest.mark.parametrize("version,tree", [
-    (1, TokenTree.chain(3)), (1, TREE), (1, DynamicTree(top_k=3, depth=3, nodes=7)),
-    (3, DynamicTree(top_k=2, depth=4, nodes=6))], ids=["chain", "tree", "dynamic", "eagle3"])
-def test_eagle_greedy_equals_autoregressive(version, tree):
+@pytest.mark.parametrize("version,tree,children", [
+    (1, TokenTree.chain(3), "top_k"), (1, TREE, "top_k"), (1, TREE, "without"),
+    (1, DynamicTree(top_k=3, depth=3, nodes=7), "top_k"),
+    (3, DynamicTree(top_k=2, depth=4, nodes=6), "top_k")],
+    ids=["chain", "tree", "sampled_tree", "dynamic", "eagle3"])
+def test_eagle_greedy_equals_autoregressive(version, tree, children):
   lm, params = target()
   prompts, lengths = ragged_prompts(batch=8)
   ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=20, sampling=GREEDY,
                          eos_id=EOS)
   config, hp = _head(lm, version)
-  out = specjax.speculative_generate(lm, params, Eagle(config, tree, lm),
+  out = specjax.speculative_generate(lm, params, Eagle(config, tree, lm, children),
                                      {"head": hp, "target": params}, prompts, lengths,
                                      max_new_tokens=20, sampling=GREEDY, eos_id=EOS)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -172,6 +174,26 @@ def test_eagle2_sampling_is_exact_and_the_control_is_caught():
   assert pvalues["exact"] > 1e-3 and pvalues["broken"] < 1e-6, pvalues
 
 
+@pytest.mark.parametrize("children,cfg", [("iid", SamplingConfig(1.0)),
+                                          ("without", SamplingConfig(0.7, top_p=0.9))], ids=str)
+def test_sampled_children_are_exact_and_the_control_is_caught(children, cfg):
+  lm, params = exact_lm()
+  prompt = [3, 1, 4]
+  joint = joint_t2_t4(lm, params, prompt, cfg)
+  config, hp = _head(lm)
+  drafter = Eagle(config, TokenTree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]), lm,
+                  children)
+  pvalues = {}
+  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
+    out = decode_copies(lm, params, drafter, {"head": hp, "target": params}, prompt, cfg, 3,
+                        tree_fn=fn)
+    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
+    if name == "exact":
+      hist = np.asarray(out.stats.accepted_hist).sum(0)
+      assert hist[0] > 0 and hist[1:].sum() > 0, hist
+  assert pvalues["exact"] > 1e-3 and pvalues["broken"] < 1e-6, pvalues
+
+
 def test_eagle_misuse():
   lm, params = target()
   config, hp = _head(lm)
@@ -180,6 +202,10 @@ def test_eagle_misuse():
     Eagle(config, 3, lm)
   with pytest.raises(ValueError, match="needs the target"):
     Eagle(config, TokenTree.chain(2), None)
+  with pytest.raises(ValueError, match=r"children must be one of \['top_k', 'iid', 'without'\]"):
+    Eagle(config, TokenTree.chain(2), lm, "sampled")
+  with pytest.raises(ValueError, match="children='iid' needs a static TokenTree"):
+    Eagle(config, DynamicTree(top_k=2, depth=2, nodes=4), lm, "iid")
   with pytest.raises(ValueError, match="exceeds the 6 candidates"):
     DynamicTree(top_k=2, depth=2, nodes=7)
   wrong = Eagle(EagleConfig(d_model=32, vocab_size=99), TokenTree.chain(2), lm)

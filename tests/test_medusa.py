@@ -46,15 +46,17 @@ def _heads(lm, params, k=3, seed=0, scale=0.5):
 TREE = TokenTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
 
 
-@pytest.mark.parametrize("tree", [TokenTree.chain(3), TREE], ids=["chain", "tree"])
-def test_medusa_greedy_equals_autoregressive(tree):
+@pytest.mark.parametrize("tree,children", [(TokenTree.chain(3), "top_k"), (TREE, "top_k"),
+                                           (TREE, "iid")], ids=["chain", "tree", "sampled"])
+def test_medusa_greedy_equals_autoregressive(tree, children):
   lm, params = target()
   prompts, lengths = ragged_prompts(batch=8)
   ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=20, sampling=GREEDY,
                          eos_id=EOS)
   config, dp = _heads(lm, params)
-  out = specjax.speculative_generate(lm, params, Medusa(config, tree), dp, prompts, lengths,
-                                     max_new_tokens=20, sampling=GREEDY, eos_id=EOS)
+  out = specjax.speculative_generate(lm, params, Medusa(config, tree, children=children), dp,
+                                     prompts, lengths, max_new_tokens=20, sampling=GREEDY,
+                                     eos_id=EOS)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   np.testing.assert_array_equal(out.lengths, ref.lengths)
   assert np.asarray(out.stats.accepted_hist).shape == (8, tree.depth + 1)
@@ -108,12 +110,13 @@ def test_medusa_misuse():
     MedusaConfig(0, 8, 8)
 
 
-def test_medusa_sampling_is_exact_and_the_control_is_caught():
+@pytest.mark.parametrize("children", ["top_k", "without"])
+def test_medusa_sampling_is_exact_and_the_control_is_caught(children):
   lm, params = exact_lm()
   prompt, cfg = [3, 1, 4], SamplingConfig(1.0)
   joint = joint_t2_t4(lm, params, prompt, cfg)
   config, dp = _heads(lm, params, k=2, scale=1.0)
-  drafter = Medusa(config, TokenTree.from_paths([(0,), (1,), (0, 0)]))
+  drafter = Medusa(config, TokenTree.from_paths([(0,), (1,), (0, 0)]), children=children)
   pvalues = {}
   for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
     out = decode_copies(lm, params, drafter, dp, prompt, cfg, 3, tree_fn=fn)

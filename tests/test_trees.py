@@ -215,3 +215,29 @@ def test_tree_sampling_is_exact_and_the_control_is_caught(mode, cfg):
       assert hist[0] > 0 and hist[1:].sum() > 0, hist  # rejections and acceptances
   assert pvalues["exact"] > 1e-3, pvalues
   assert pvalues["broken"] < 1e-6, pvalues
+
+
+def test_draw_children_gives_each_child_its_proposal():
+  from specjax.tree import draw_children
+  logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]], jnp.float32))
+  u = jnp.asarray([[0.1, 0.1, 0.99]], jnp.float32)   # inverse CDF: token 0, then ...
+  t1 = SamplingConfig(1.0)
+  tok, probs, valid = draw_children(logits, t1, 3, u, "iid")
+  np.testing.assert_array_equal(tok[0], [0, 0, 3])             # with replacement: 0 twice
+  np.testing.assert_allclose(probs[0], np.tile([[0.5, 0.3, 0.15, 0.05]], (3, 1)), rtol=1e-5)
+  tok, probs, valid = draw_children(logits, t1, 3, u, "without")
+  np.testing.assert_array_equal(tok[0], [0, 1, 3])             # 0.1 of (0.6, 0.3, 0.1) → 1
+  np.testing.assert_allclose(probs[0, 1], [0, 0.6, 0.3, 0.1], rtol=1e-5)
+  np.testing.assert_allclose(probs[0, 2], [0, 0, 0.75, 0.25], rtol=1e-5)
+  assert valid.all()
+  nucleus = SamplingConfig(1.0, top_p=0.4)                       # one token left: one child
+  _, _, valid = draw_children(logits, nucleus, 2, u[:, :2], "without")
+  np.testing.assert_array_equal(valid[0], [True, False])
+  tok, probs, _ = draw_children(logits, GREEDY, 2, None, "without")   # T = 0: the top-k
+  np.testing.assert_array_equal(tok[0], [0, 1])
+  np.testing.assert_array_equal(probs[0], np.eye(4)[[0, 1]])
+  tok, probs, _ = draw_children(logits, t1, 2, None, "top_k")
+  np.testing.assert_array_equal(tok[0], [0, 1])
+  assert probs is None
+  with pytest.raises(ValueError, match=r"mode must be one of \['top_k', 'iid', 'without'\]"):
+    draw_children(logits, t1, 2, u, "beam")

@@ -60,7 +60,7 @@ from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Pr
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
                                        init_eagle, pair_inputs, qkv, shared_weights)
 from specjax.protocol import check_tree
-from specjax.tree import TokenTree
+from specjax.tree import TokenTree, check_child_mode, draw_children
 
 __all__ = ["Eagle", "EagleState", "DynamicTree", "load_eagle"]
 
@@ -121,13 +121,23 @@ class Eagle(Drafter):
   """The EAGLE drafter: `config`, the `tree` (a static `TokenTree`, or a
   `DynamicTree` for EAGLE-2) and the `target` (a `DecoderLM`: its
   embedding and LM head are shared). Params: {"head": head params,
-  "target": the target's params}."""
+  "target": the target's params}.
+
+  `children` (static trees): "top_k" — each node's children are the head's
+  most likely tokens (deterministic, verified as one-hot proposals: at
+  T > 0 a child is accepted with the target's probability of it); "iid" /
+  "without" — drawn from the head's distribution after the target's
+  temperature / top-k / top-p, with or without replacement among siblings,
+  and verified against those distributions (`specjax.tree.draw_children`):
+  what keeps acceptance up at T > 0. Exact either way. EAGLE-2's dynamic
+  tree ranks candidates by their path probabilities over the whole tree,
+  so its children stay "top_k"."""
 
   config: EagleConfig
   tree: Any
   target: Any
+  children: str = "top_k"
 
-  deterministic = True
   uses_target_params = False
   needs_hidden = True
   needs_prompt_hidden = True
@@ -137,6 +147,15 @@ class Eagle(Drafter):
       raise TypeError(f"tree must be a TokenTree or a DynamicTree, got {self.tree!r}")
     if self.target is None:
       raise ValueError("Eagle needs the target (its embedding and LM head are shared)")
+    check_child_mode("children", self.children)
+    if self.children != "top_k" and isinstance(self.tree, DynamicTree):
+      raise ValueError(f"children={self.children!r} needs a static TokenTree: EAGLE-2's dynamic "
+                       f"tree keeps the best candidates of the whole tree, which would bias "
+                       f"sampled children (use children='top_k')")
+
+  @property
+  def deterministic(self) -> bool:
+    return self.children == "top_k"
 
   @property
   def hidden_layers(self) -> Optional[Tuple[int, ...]]:
@@ -229,7 +248,7 @@ class Eagle(Drafter):
               gamma: int) -> Tuple[Proposal, EagleState]:
     state = state.replace(root_B=inp.pending_B.astype(jnp.int32))
     if isinstance(self.tree, TokenTree):
-      return self._propose_static(params, state, inp), state
+      return self._propose_static(params, state, inp, u_BT, sampling), state
     return self._propose_dynamic(params, state, inp), state
 
   def _side(self, b, m):
@@ -237,15 +256,17 @@ class Eagle(Drafter):
     z = jnp.zeros((b, m, c.num_heads, c.head_dim), jnp.float32)
     return z, z
 
-  def _propose_static(self, params, state: EagleState, inp: DraftInput) -> Proposal:
+  def _propose_static(self, params, state: EagleState, inp: DraftInput, u_BT, sampling
+                      ) -> Proposal:
     tree = self.tree
     b, n = inp.pending_B.shape[0], tree.size
     parents = np.asarray(tree.parents)
     depths, anc = tree.depths, tree.ancestor_mask
     kids = tree.children
-    ranks = max(int(kids.shape[1]), 1)
     tokens = [None] * n
     tokens[0] = inp.pending_B.astype(jnp.int32)
+    valid = [jnp.ones((b,), bool)] * n
+    probs = [None] * n
     feats = {0: state.feat_BE}   # the feature each node's pair carries
     side_k, side_v = self._side(b, n)
     for d in range(tree.depth):
@@ -257,15 +278,23 @@ class Eagle(Drafter):
       mask = jnp.broadcast_to(jnp.asarray(anc[idx])[None], (b, len(idx), n))
       out, logp, side_k, side_v = self._level(params, state, f, t, d, side_k, side_v,
                                               np.asarray(idx), mask)
-      _, top_BTR = jax.lax.top_k(logp, ranks)
       for j, i in enumerate(idx):
-        for r, child in enumerate(kids[i]):
-          if child >= 0:
-            tokens[child] = top_BTR[:, j, r].astype(jnp.int32)
-            feats[child] = out[:, j]
+        cs = [int(c) for c in kids[i] if c >= 0]
+        tok_BR, p_BRV, ok_BR = draw_children(
+            logp[:, j], sampling, len(cs), None if u_BT is None else u_BT[:, cs], self.children)
+        for r, child in enumerate(cs):
+          tokens[child] = tok_BR[:, r]
+          feats[child] = out[:, j]
+          valid[child] = ok_BR[:, r]
+          if p_BRV is not None:
+            probs[child] = p_BRV[:, r]
     tokens_BT = jnp.stack(tokens, axis=1)
-    return Proposal(tokens_BT=tokens_BT, valid_BKN=None,
-                    node_valid_BT=jnp.ones((b, n), bool))
+    node_probs = None
+    if not self.deterministic:
+      probs[0] = jnp.zeros_like(probs[1])
+      node_probs = jnp.stack(probs, axis=1)
+    return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=jnp.stack(valid, axis=1),
+                    node_probs_BTV=node_probs)
 
   def _propose_dynamic(self, params, state: EagleState, inp: DraftInput) -> Proposal:
     dt = self.tree

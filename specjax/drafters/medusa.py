@@ -41,7 +41,7 @@ from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Pr
                               check_head_params)
 from specjax.models.medusa_head import MedusaConfig, head_logits, target_lm_head
 from specjax.protocol import check_tree
-from specjax.tree import TokenTree
+from specjax.tree import TokenTree, check_child_mode, draw_children
 from specjax._checks import check_int
 
 __all__ = ["Medusa", "MedusaState", "choose_tree", "load_medusa"]
@@ -60,13 +60,18 @@ class MedusaState:
 class Medusa(Drafter):
   """The Medusa drafter: `config`, the `tree` it proposes, and (with
   `share_lm_head`) the target whose LM head the heads use. Its params are
-  {"heads": heads params, "target": the target's params if shared}."""
+  {"heads": heads params, "target": the target's params if shared}.
+
+  `children`: "top_k" (each head's most likely tokens, deterministic) or
+  "iid" / "without" (drawn from head d's distribution after the target's
+  temperature / top-k / top-p, with or without replacement among
+  siblings) — as `Eagle.children`, `specjax.tree.draw_children`."""
 
   config: MedusaConfig
   tree: TokenTree
   target: Any = None
+  children: str = "top_k"
 
-  deterministic = True
   uses_target_params = False
   needs_hidden = True
 
@@ -76,6 +81,11 @@ class Medusa(Drafter):
                        f"{self.config.num_heads} heads (one per depth)")
     if self.config.share_lm_head and self.target is None:
       raise ValueError("share_lm_head needs the target (Medusa(config, tree, target=...))")
+    check_child_mode("children", self.children)
+
+  @property
+  def deterministic(self) -> bool:
+    return self.children == "top_k"
 
   @property
   def fixed_gamma(self) -> int:
@@ -122,18 +132,31 @@ class Medusa(Drafter):
     if self.config.share_lm_head:
       shared = target_lm_head(self.target, params["target"])
     logits_BKV = head_logits(self.config, params["heads"], state.hidden, shared)
-    ranks = max(int(self.tree.children.shape[1]), 1)
-    _, top_BKR = jax.lax.top_k(logits_BKV, ranks)
     tree = self.tree
-    paths = tree.paths()
-    b = inp.pending_B.shape[0]
-    cols = [inp.pending_B.astype(jnp.int32)]
-    for i in range(1, tree.size):
-      d, r = len(paths[i]), paths[i][-1]
-      cols.append(top_BKR[:, d - 1, r].astype(jnp.int32))
-    tokens_BT = jnp.stack(cols, axis=1)
-    valid = jnp.broadcast_to(state.ready[:, None], (b, tree.size)).at[:, 0].set(True)
-    return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=valid), state
+    b, n = inp.pending_B.shape[0], tree.size
+    depths, kids = tree.depths, tree.children
+    tokens = [inp.pending_B.astype(jnp.int32)] + [None] * (n - 1)
+    drawn = [jnp.ones((b,), bool)] * n
+    probs = [None] * n
+    for i in range(n):   # node i's children come from head depth(i) (Medusa-1: any parent)
+      cs = [int(c) for c in kids[i] if c >= 0]
+      if not cs:
+        continue
+      tok_BR, p_BRV, ok_BR = draw_children(
+          logits_BKV[:, depths[i]], sampling, len(cs), None if u_BT is None else u_BT[:, cs],
+          self.children)
+      for r, child in enumerate(cs):
+        tokens[child], drawn[child] = tok_BR[:, r], ok_BR[:, r]
+        if p_BRV is not None:
+          probs[child] = p_BRV[:, r]
+    tokens_BT = jnp.stack(tokens, axis=1)
+    valid = (jnp.stack(drawn, axis=1) & state.ready[:, None]).at[:, 0].set(True)
+    node_probs = None
+    if not self.deterministic:
+      probs[0] = jnp.zeros_like(probs[1])
+      node_probs = jnp.stack(probs, axis=1)
+    return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=valid,
+                    node_probs_BTV=node_probs), state
 
   def update(self, params, state: MedusaState, feedback: DraftFeedback) -> MedusaState:
     del params
