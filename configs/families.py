@@ -49,6 +49,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.medusa_trees = ["chain", "16", "64"]
   c.eagle_dynamic = [4, 4, 16]         # EAGLE-2 / -3: top_k, depth, nodes (root not counted)
   c.eagle_tree_nodes = 16              # EAGLE-1's static tree (root included)
+  c.sampled_children = "without"       # static trees again with sampled children ("": none)
   c.auto = True                        # rows with gamma="auto" (classic draft, prompt lookup)
   if preset == "quick":
     c.chen_dir = "runs/chen_quick"

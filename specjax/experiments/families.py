@@ -85,7 +85,9 @@ class FamilyOptions:
   node counts), `eagle_dir` (an EAGLE-1 head: "EAGLE-1 chain" of γ,
   "EAGLE-1 tree" of `eagle_tree_nodes` from its agreement, and "EAGLE-2" with
   the dynamic tree `eagle_dynamic` = (top_k, depth, nodes)), `eagle3_dir`
-  (an EAGLE-3 head with the same dynamic tree)."""
+  (an EAGLE-3 head with the same dynamic tree). `sampled_children` ("iid" or
+  "without"; "" for none): the static trees of Medusa and EAGLE-1 again with
+  children drawn from the head's distribution ("... sampled" rows)."""
 
   out_dir: str = "benchmarks/results"
   name: str = "drafters"
@@ -112,6 +114,7 @@ class FamilyOptions:
   auto: bool = False   # also rows with gamma="auto" for the classic draft and prompt lookup
   eagle_dynamic: Tuple[int, int, int] = (4, 4, 16)
   eagle_tree_nodes: int = 16
+  sampled_children: str = "without"
 
 
 SPEC_BENCH = {"EAGLE-2": 2.25, "EAGLE": 2.16, "classic draft": 1.83, "prompt lookup": 1.55,
@@ -210,7 +213,11 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
       for spec in opts.medusa_trees:
         tree = "chain" if spec == "chain" else int(spec)
         d, mp = drafters.load_medusa(opts.medusa_dir, target, tp, tree)
-        medusa["Medusa chain" if tree == "chain" else f"Medusa tree {tree}"] = (d, mp, None)
+        name = "Medusa chain" if tree == "chain" else f"Medusa tree {tree}"
+        medusa[name] = (d, mp, None)
+        if opts.sampled_children and tree != "chain":
+          medusa[name + " sampled"] = (dataclasses.replace(d, children=opts.sampled_children),
+                                       mp, None)
   return {
       "classic draft": (draft, dp, g),
       "prompt lookup": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None,
@@ -258,8 +265,11 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
     with open(os.path.join(final_dir(opts.eagle_dir), "agreement.json"), encoding="utf-8") as f:
       agreement = json.load(f)["agreement_by_step"]
     out["EAGLE-1 chain"] = (Eagle(cfg, TokenTree.chain(opts.gamma), target), dp, None)
-    out[f"EAGLE-1 tree {opts.eagle_tree_nodes}"] = (
-        Eagle(cfg, eagle_static_tree(agreement, opts.eagle_tree_nodes), target), dp, None)
+    static = eagle_static_tree(agreement, opts.eagle_tree_nodes)
+    out[f"EAGLE-1 tree {opts.eagle_tree_nodes}"] = (Eagle(cfg, static, target), dp, None)
+    if opts.sampled_children:
+      out[f"EAGLE-1 tree {opts.eagle_tree_nodes} sampled"] = (
+          Eagle(cfg, static, target, opts.sampled_children), dp, None)
     out["EAGLE-2"] = (Eagle(cfg, dyn, target), dp, None)
   if opts.eagle3_dir:
     cfg, head = load_eagle_head(opts.eagle3_dir)
@@ -696,7 +706,8 @@ def options(cfg) -> FamilyOptions:
       gamma=int(cfg.gamma), lookup_gamma=int(cfg.lookup_gamma), window=int(cfg.window),
       medusa_trees=tuple(str(t) for t in cfg.medusa_trees),
       eagle_dynamic=tuple(int(x) for x in cfg.eagle_dynamic),
-      eagle_tree_nodes=int(cfg.eagle_tree_nodes), auto=bool(cfg.get("auto", False)), **dirs)
+      eagle_tree_nodes=int(cfg.eagle_tree_nodes), auto=bool(cfg.get("auto", False)),
+      sampled_children=str(cfg.get("sampled_children", "without")), **dirs)
 
 
 def run(cfg) -> dict:
