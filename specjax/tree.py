@@ -212,21 +212,18 @@ def draw_children(logits_BV: jax.Array, sampling: SamplingConfig, count: int,
   distribution p (`sampling`: the target's temperature / top-k / top-p) with
   its own uniform `u_BR[:, r]`; "without" — drawn without replacement: child
   r from p with the earlier children removed, renormalised. At temperature 0
-  every mode takes the top-k tokens (one-hot proposals).
+  every mode takes the top-k tokens.
 
   Returns `(tokens_BR, probs_BRV, valid_BR)`: the children, the distribution
   each was drawn from given its earlier siblings (what `tree_verify` needs;
-  None for "top_k") and whether it exists (without replacement, a child
+  None for top-k children, verified as one-hot proposals) and whether it exists (without replacement, a child
   needs probability mass left: top-p may leave fewer tokens than children).
   """
   check_child_mode("mode", mode)
   b = logits_BV.shape[0]
-  if mode == "top_k" or sampling.is_greedy:
+  if mode == "top_k" or sampling.is_greedy:   # T = 0: the same decisions as one-hot proposals
     _, tok_BR = jax.lax.top_k(logits_BV, count)
-    tok_BR = tok_BR.astype(jnp.int32)
-    probs = None if mode == "top_k" else jax.nn.one_hot(tok_BR, logits_BV.shape[-1],
-                                                        dtype=jnp.float32)
-    return tok_BR, probs, jnp.ones((b, count), bool)
+    return tok_BR.astype(jnp.int32), None, jnp.ones((b, count), bool)
   p_BV = process_logits(logits_BV, sampling)
   toks, probs, valid = [], [], []
   q_BV = p_BV

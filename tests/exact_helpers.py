@@ -10,9 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import specjax
-from reference import processed_probs
+from reference import chi_square_pvalue, processed_probs
 from specjax.generation import SpeculativeDecoder
 from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.sampling import row_uniforms, sample_from_uniform
+from specjax.verify import tree_verify
 
 N_SAMPLES = 50_000
 V_LM = 8
@@ -60,3 +62,30 @@ def decode_copies(lm, params, drafter, draft_params, prompt, cfg, seed, gamma=No
   dec = SpeculativeDecoder(lm, drafter, g, cfg, 4, **decoder_fields)
   return dec.run(params, draft_params, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
                  drafter.alloc(N_SAMPLES, len(prompt), need, g))
+
+
+def broken_tree_verify(keys, tokens, valid, q, children, depth, p=None, greedy=False):
+  """Broken on purpose: after the children of a node are rejected it samples
+  from the target's distribution at the node, not from the residual."""
+  path, n, nxt = tree_verify(keys, tokens, valid, q, children, depth, p, greedy)
+  node = jnp.where(n > 0, jnp.take_along_axis(path, jnp.maximum(n - 1, 0)[:, None], 1)[:, 0], 0)
+  kids = children[node] if children.ndim == 2 else children[jnp.arange(node.shape[0]), node]
+  tried = jnp.any((kids >= 0) & jnp.take_along_axis(valid, jnp.maximum(kids, 0), axis=1), axis=1)
+  q_here = jnp.take_along_axis(q, node[:, None, None], axis=1)[:, 0]
+  u = row_uniforms(jax.vmap(lambda k: jax.random.fold_in(k, 7))(keys), 1)[:, 0]
+  return path, n, jnp.where(tried, sample_from_uniform(u, q_here), nxt)
+
+
+def assert_tree_drafter_exact(lm, params, drafter, draft_params, prompt, cfg, seed):
+  """Chi-square of tokens 2..4 against the target's exact joint law, for the
+  tree verifier (p > 1e-3, after both acceptances and rejections) and for
+  `broken_tree_verify` (p < 1e-6: the test can tell)."""
+  joint = joint_t2_t4(lm, params, prompt, cfg)
+  pvalues = {}
+  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
+    out = decode_copies(lm, params, drafter, draft_params, prompt, cfg, seed, tree_fn=fn)
+    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
+    if name == "exact":
+      hist = np.asarray(out.stats.accepted_hist).sum(0)
+      assert hist[0] > 0 and hist[1:].sum() > 0, hist  # rejections and acceptances
+  assert pvalues["exact"] > 1e-3 and pvalues["broken"] < 1e-6, pvalues

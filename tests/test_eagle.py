@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 import specjax
-from exact_helpers import counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
-from reference import chi_square_pvalue
+from exact_helpers import assert_tree_drafter_exact, exact_lm
 from specjax.drafters.eagle import DynamicTree, Eagle
 from specjax.models.eagle_head import EagleConfig, fuse_features, init_eagle, shared_weights
 from specjax.sampling import GREEDY, SamplingConfig
@@ -20,9 +19,7 @@ from specjax.training.eagle import (EagleLoss, _states, step_agreement, train_ea
                                    unrolled_outputs)
 from specjax.training.heads import DistillData
 from specjax.tree import TokenTree, dynamic_tree_arrays
-from specjax.verify import tree_verify
 from test_medusa import _train_cfg
-from test_trees import broken_tree_verify
 from tiny import EOS, ragged_prompts, target
 
 TREE = TokenTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
@@ -159,39 +156,21 @@ def test_dynamic_tree_proposal_is_a_valid_per_row_tree():
 
 def test_eagle2_sampling_is_exact_and_the_control_is_caught():
   lm, params = exact_lm()
-  prompt, cfg = [3, 1, 4], SamplingConfig(1.0)
-  joint = joint_t2_t4(lm, params, prompt, cfg)
   config, hp = _head(lm)
   drafter = Eagle(config, DynamicTree(top_k=2, depth=2, nodes=4), lm)
-  pvalues = {}
-  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
-    out = decode_copies(lm, params, drafter, {"head": hp, "target": params}, prompt, cfg, 3,
-                        tree_fn=fn)
-    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
-    if name == "exact":
-      accepted = int(np.asarray(out.stats.accepted).sum())
-      assert 0 < accepted < int(np.asarray(out.stats.drafted).sum())
-  assert pvalues["exact"] > 1e-3 and pvalues["broken"] < 1e-6, pvalues
+  assert_tree_drafter_exact(lm, params, drafter, {"head": hp, "target": params}, [3, 1, 4],
+                            SamplingConfig(1.0), 3)
 
 
 @pytest.mark.parametrize("children,cfg", [("iid", SamplingConfig(1.0)),
                                           ("without", SamplingConfig(0.7, top_p=0.9))], ids=str)
 def test_sampled_children_are_exact_and_the_control_is_caught(children, cfg):
   lm, params = exact_lm()
-  prompt = [3, 1, 4]
-  joint = joint_t2_t4(lm, params, prompt, cfg)
   config, hp = _head(lm)
   drafter = Eagle(config, TokenTree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)]), lm,
                   children)
-  pvalues = {}
-  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
-    out = decode_copies(lm, params, drafter, {"head": hp, "target": params}, prompt, cfg, 3,
-                        tree_fn=fn)
-    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
-    if name == "exact":
-      hist = np.asarray(out.stats.accepted_hist).sum(0)
-      assert hist[0] > 0 and hist[1:].sum() > 0, hist
-  assert pvalues["exact"] > 1e-3 and pvalues["broken"] < 1e-6, pvalues
+  assert_tree_drafter_exact(lm, params, drafter, {"head": hp, "target": params}, [3, 1, 4], cfg,
+                            3)
 
 
 def test_eagle_misuse():

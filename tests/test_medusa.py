@@ -8,15 +8,12 @@ import numpy as np
 import pytest
 
 import specjax
-from exact_helpers import counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
-from reference import chi_square_pvalue
+from exact_helpers import assert_tree_drafter_exact, exact_lm
 from specjax.drafters.medusa import Medusa, choose_tree
 from specjax.models.medusa_head import MedusaConfig, head_logits, init_heads
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.training.heads import DistillData, train_medusa
 from specjax.tree import TokenTree
-from specjax.verify import tree_verify
-from test_trees import broken_tree_verify
 from tiny import EOS, ragged_prompts, target
 
 
@@ -113,18 +110,9 @@ def test_medusa_misuse():
 @pytest.mark.parametrize("children", ["top_k", "without"])
 def test_medusa_sampling_is_exact_and_the_control_is_caught(children):
   lm, params = exact_lm()
-  prompt, cfg = [3, 1, 4], SamplingConfig(1.0)
-  joint = joint_t2_t4(lm, params, prompt, cfg)
   config, dp = _heads(lm, params, k=2, scale=1.0)
   drafter = Medusa(config, TokenTree.from_paths([(0,), (1,), (0, 0)]), children=children)
-  pvalues = {}
-  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
-    out = decode_copies(lm, params, drafter, dp, prompt, cfg, 3, tree_fn=fn)
-    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
-    if name == "exact":
-      accepted = int(np.asarray(out.stats.accepted).sum())
-      assert 0 < accepted < int(np.asarray(out.stats.drafted).sum())
-  assert pvalues["exact"] > 1e-3 and pvalues["broken"] < 1e-6, pvalues
+  assert_tree_drafter_exact(lm, params, drafter, dp, [3, 1, 4], SamplingConfig(1.0), 3)
 
 
 def _train_cfg(**kw):

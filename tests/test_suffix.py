@@ -14,14 +14,11 @@ import numpy as np
 import pytest
 
 import specjax
-from exact_helpers import counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
-from reference import chi_square_pvalue
+from exact_helpers import assert_tree_drafter_exact, exact_lm
 from specjax.drafters import LookupState, SuffixCorpus, SuffixDraft, outputs_of
 from specjax.measure.compiles import TraceCounter
 from specjax.sampling import GREEDY, SamplingConfig
-from specjax.verify import tree_verify
 from test_drafters import _repetitive_ragged
-from test_trees import broken_tree_verify
 from tiny import EOS, VOCAB, ragged_prompts, target
 
 A, B_, C, X, Y, Z, Q = 10, 11, 12, 20, 21, 22, 23
@@ -207,19 +204,10 @@ CORPUS = [[3, 1, 5, 2], [3, 1, 4, 4, 3, 1, 6], [1, 2, 2, 5], [4, 3, 1, 0, 7]]
 @pytest.mark.parametrize("cfg", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=str)
 def test_sampling_is_exact_and_the_control_is_caught(cfg):
   lm, params = exact_lm()
-  joint = joint_t2_t4(lm, params, PROMPT, cfg)
   drafter = SuffixDraft(max_match=3, nodes=6, depth=3, max_children=3, occurrences=8,
                         min_prob=0.0, share_rows=False)
   corpus = SuffixCorpus.build(CORPUS, size=32, vocab_size=lm.vocab_size)
-  pvalues = {}
-  for name, fn in (("exact", tree_verify), ("broken", broken_tree_verify)):
-    out = decode_copies(lm, params, drafter, corpus, PROMPT, cfg, 5, tree_fn=fn)
-    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
-    if name == "exact":
-      hist = np.asarray(out.stats.accepted_hist).sum(0)
-      assert hist[0] > 0 and hist[1:].sum() > 0, hist  # rejections and acceptances
-  assert pvalues["exact"] > 1e-3, pvalues
-  assert pvalues["broken"] < 1e-6, pvalues
+  assert_tree_drafter_exact(lm, params, drafter, corpus, PROMPT, cfg, 5)
 
 
 # ------------------------------------------------------------------ the experiment

@@ -290,7 +290,7 @@ class Eagle(Drafter):
             probs[child] = p_BRV[:, r]
     tokens_BT = jnp.stack(tokens, axis=1)
     node_probs = None
-    if not self.deterministic:
+    if probs[1] is not None:   # sampled children (at T > 0)
       probs[0] = jnp.zeros_like(probs[1])
       node_probs = jnp.stack(probs, axis=1)
     return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=jnp.stack(valid, axis=1),

@@ -152,7 +152,7 @@ class Medusa(Drafter):
     tokens_BT = jnp.stack(tokens, axis=1)
     valid = (jnp.stack(drawn, axis=1) & state.ready[:, None]).at[:, 0].set(True)
     node_probs = None
-    if not self.deterministic:
+    if probs[1] is not None:   # sampled children (at T > 0)
       probs[0] = jnp.zeros_like(probs[1])
       node_probs = jnp.stack(probs, axis=1)
     return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=valid,
