@@ -110,10 +110,10 @@ def test_head_drafting_equals_the_unrolled_training_forward():
 
 
 @pytest.mark.parametrize("version,tree,children", [
-    (1, TokenTree.chain(3), "top_k"), (1, TREE, "top_k"), (1, TREE, "without"),
-    (1, DynamicTree(top_k=3, depth=3, nodes=7), "top_k"),
-    (3, DynamicTree(top_k=2, depth=4, nodes=6), "top_k")],
-    ids=["chain", "tree", "sampled_tree", "dynamic", "eagle3"])
+    (1, TokenTree.chain(3), None), (1, TREE, "top_k"),
+    (1, DynamicTree(top_k=3, depth=3, nodes=7), None),
+    (3, DynamicTree(top_k=2, depth=4, nodes=6), None)],
+    ids=["chain_default_children", "tree", "dynamic", "eagle3"])
 def test_eagle_greedy_equals_autoregressive(version, tree, children):
   lm, params = target()
   prompts, lengths = ragged_prompts(batch=8)

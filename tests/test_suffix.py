@@ -132,16 +132,19 @@ def test_greedy_t5_equals_autoregressive():
   np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
+SMALL = SuffixDraft(nodes=6, depth=3, occurrences=4, share_rows=False)
+
+
 def test_rows_are_independent_of_the_batch_without_sharing():
   lm, params = target()
   prompts, lengths = _repetitive_ragged(batch=4, seed=9)
   keys = jax.random.split(jax.random.key(11), 4)
-  kw = dict(max_new_tokens=16, sampling=SamplingConfig(1.0), eos_id=EOS)
-  drafter = SuffixDraft(share_rows=False)
+  kw = dict(max_new_tokens=12, sampling=SamplingConfig(1.0), eos_id=EOS)
+  drafter = SMALL
   corpus = SuffixCorpus.build([[7, 8, 9]], size=64, vocab_size=VOCAB)  # the next test's program
   full = specjax.speculative_generate(lm, params, drafter, corpus, prompts, lengths, key=keys,
                                       **kw)
-  for r in (0, 2):
+  for r in (2,):
     alone = specjax.speculative_generate(lm, params, drafter, corpus, prompts[r:r + 1],
                                          lengths[r:r + 1], key=keys[r:r + 1], **kw)
     np.testing.assert_array_equal(alone.tokens[0], full.tokens[r])
@@ -150,8 +153,8 @@ def test_rows_are_independent_of_the_batch_without_sharing():
 
 def test_no_retrace_across_prompts_and_corpora():
   lm, params = target()
-  kw = dict(max_new_tokens=16, sampling=SamplingConfig(1.0), eos_id=EOS)
-  drafter = SuffixDraft(share_rows=False)
+  kw = dict(max_new_tokens=12, sampling=SamplingConfig(1.0), eos_id=EOS)
+  drafter = SMALL
   p1, l1 = _repetitive_ragged(batch=4, seed=20)
   p2, l2 = _repetitive_ragged(batch=4, seed=21)
   c1 = SuffixCorpus.build([[7, 8, 9]], size=64, vocab_size=VOCAB)
@@ -204,7 +207,7 @@ CORPUS = [[3, 1, 5, 2], [3, 1, 4, 4, 3, 1, 6], [1, 2, 2, 5], [4, 3, 1, 0, 7]]
 @pytest.mark.parametrize("cfg", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=str)
 def test_sampling_is_exact_and_the_control_is_caught(cfg):
   lm, params = exact_lm()
-  drafter = SuffixDraft(max_match=3, nodes=6, depth=3, max_children=3, occurrences=8,
+  drafter = SuffixDraft(max_match=3, nodes=5, depth=3, max_children=3, occurrences=4,
                         min_prob=0.0, share_rows=False)
   corpus = SuffixCorpus.build(CORPUS, size=32, vocab_size=lm.vocab_size)
   assert_tree_drafter_exact(lm, params, drafter, corpus, PROMPT, cfg, 5)
@@ -240,8 +243,7 @@ def test_the_experiment_smoke_preset(tmp_path):
   assert set(res["tasks"]) == {"code_edits", "summarize"}
   for task in res["tasks"].values():
     rows = task["rows"]
-    assert set(rows) == {"prompt lookup γ=4", "prompt lookup γ=8", "suffix",
-                         "suffix + job corpus"}
+    assert set(rows) == {"prompt lookup γ=4", "suffix", "suffix + job corpus"}
     assert all(r["greedy_outputs_identical"] for r in rows.values())
     assert all(r["tokens_per_call"] >= 1.0 for r in rows.values())
     # The job corpus holds the earlier requests' outputs: it can only add matches here.

@@ -85,9 +85,11 @@ class FamilyOptions:
   node counts), `eagle_dir` (an EAGLE-1 head: "EAGLE-1 chain" of γ,
   "EAGLE-1 tree" of `eagle_tree_nodes` from its agreement, and "EAGLE-2" with
   the dynamic tree `eagle_dynamic` = (top_k, depth, nodes)), `eagle3_dir`
-  (an EAGLE-3 head with the same dynamic tree). `sampled_children` ("iid" or
-  "without"; "" for none): the static trees of Medusa and EAGLE-1 again with
-  children drawn from the head's distribution ("... sampled" rows)."""
+  (an EAGLE-3 head with the same dynamic tree). The static trees' children
+  are the heads' top-k; `sampled_children` ("iid" or "without"; "" for
+  none): the same trees again with children drawn from the head's
+  distribution ("... sampled" rows). The EAGLE-1 chain takes `Eagle`'s
+  default (a sampled child at T > 0)."""
 
   out_dir: str = "benchmarks/results"
   name: str = "drafters"
@@ -226,7 +228,7 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
       "windowed KV": (drafters.WindowedKV.of(target, window=window, sinks=opts.sinks,
                                              gamma=g), None, g),
       "lookahead": (drafters.Lookahead(window=w, ngram=n, candidates=c), None, None),
-      "suffix": (drafters.SuffixDraft(nodes=8, depth=4) if smoke else drafters.SuffixDraft(),
+      "suffix": (drafters.SuffixDraft(nodes=4, depth=2, occurrences=4) if smoke else drafters.SuffixDraft(),
                  None, None),
       **({"classic draft auto": (draft, dp, "auto"),
           "prompt lookup auto": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None, "auto")}
@@ -266,7 +268,8 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
       agreement = json.load(f)["agreement_by_step"]
     out["EAGLE-1 chain"] = (Eagle(cfg, TokenTree.chain(opts.gamma), target), dp, None)
     static = eagle_static_tree(agreement, opts.eagle_tree_nodes)
-    out[f"EAGLE-1 tree {opts.eagle_tree_nodes}"] = (Eagle(cfg, static, target), dp, None)
+    out[f"EAGLE-1 tree {opts.eagle_tree_nodes}"] = (Eagle(cfg, static, target, "top_k"), dp,
+                                                     None)
     if opts.sampled_children:
       out[f"EAGLE-1 tree {opts.eagle_tree_nodes} sampled"] = (
           Eagle(cfg, static, target, opts.sampled_children), dp, None)

@@ -174,7 +174,9 @@ def _summarize_task(cfg):
     model = DecoderLM(decoder_config("tiny", vocab_size=64, num_layers=2))
     params = model.init(jax.random.PRNGKey(1))
     rng = np.random.default_rng(1)
-    rows = [list(np.tile(rng.integers(3, 64, size=8), 3)) for _ in range(int(cfg.summaries))]
+    # The code task's prompt length: the smoke run's two tasks share their programs.
+    rows = [list(np.tile(rng.integers(3, 64, size=8), int(cfg.prompt_len) // 8))
+            for _ in range(int(cfg.summaries))]
     return model, params, rows, None, "tiny random-init decoder; random repeated tokens"
   chen = os.path.abspath(cfg.chen_dir)
   final = os.path.join(chen, "target", "final")
