@@ -3,7 +3,7 @@ edit sessions and summarisation, batch 1, greedy (`specjax.experiments.suffix`).
 
 Run (from the repository root):
   python experiments/suffix.py --config=configs/suffix.py \
-      --config.results_dir=results/suffix       # ~3 min; code_edits reuses the demo's model (runs/demo)
+      --config.results_dir=results/suffix   # ~3 min; code_edits reuses the demo's model
   python experiments/suffix.py --config=configs/suffix.py:smoke   # tiny random models, seconds
 
 `summarize` needs the Chen reproduction's trained target (`chen_dir`; ~13 min):
