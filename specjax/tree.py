@@ -216,8 +216,9 @@ def draw_children(logits_BV: jax.Array, sampling: SamplingConfig, count: int,
 
   Returns `(tokens_BR, probs_BRV, valid_BR)`: the children, the distribution
   each was drawn from given its earlier siblings (what `tree_verify` needs;
-  None for top-k children, verified as one-hot proposals) and whether it exists (without replacement, a child
-  needs probability mass left: top-p may leave fewer tokens than children).
+  None for top-k children, verified as one-hot proposals) and whether it
+  exists (without replacement, a child needs probability mass left: top-p
+  may leave fewer tokens than children).
   """
   check_child_mode("mode", mode)
   b = logits_BV.shape[0]

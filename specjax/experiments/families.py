@@ -228,8 +228,8 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
       "windowed KV": (drafters.WindowedKV.of(target, window=window, sinks=opts.sinks,
                                              gamma=g), None, g),
       "lookahead": (drafters.Lookahead(window=w, ngram=n, candidates=c), None, None),
-      "suffix": (drafters.SuffixDraft(nodes=4, depth=2, occurrences=4) if smoke else drafters.SuffixDraft(),
-                 None, None),
+      "suffix": (drafters.SuffixDraft(nodes=4, depth=2, occurrences=4) if smoke
+                 else drafters.SuffixDraft(), None, None),
       **({"classic draft auto": (draft, dp, "auto"),
           "prompt lookup auto": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None, "auto")}
          if opts.auto else {}),
