@@ -39,7 +39,7 @@ import specjax
 from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.checkpoints.orbax_io import restore_model
 from specjax.data import load_task
-from specjax.drafters import PromptLookup, SuffixCorpus, SuffixDraft
+from specjax.drafters import PromptLookup, SuffixCorpus, SuffixDraft, outputs_of
 from specjax.experiments import long_context, report
 from specjax.experiments.common import find_tokenizer, open_workdir, pad_batch
 from specjax.experiments.demo import train_target
@@ -127,7 +127,7 @@ def measure_task(cfg, model, params, requests: List[Tuple[np.ndarray, int]],
       t["drafted"] += int(out.stats.drafted.sum())
       t["accepted"] += int(out.stats.accepted.sum())
       t["identical"] &= bool(np.array_equal(np.asarray(out.tokens), np.asarray(ref.tokens)))
-    corpus = corpus.add([np.asarray(ref.tokens[0, :int(ref.lengths[0])])], vocab)
+    corpus = corpus.add(outputs_of(ref), vocab)
     if (i + 1) % max(len(requests) // 4, 1) == 0:
       done = sum(v["s"] for v in tot.values())
       logging.info("%d/%d requests, %.2f requests/s, ETA %.0f s", i + 1, len(requests),
