@@ -38,6 +38,15 @@ for any sampling). Two tree rules:
     best of all candidates (scores fall along a path, so a kept node's
     ancestors are kept) — each row its own tree, in-graph.
 
+A block head (`EagleConfig.block` = K; DFlash, arXiv 2602.06036) drafts
+a static tree of depth ≤ K in ONE head call: the root pair and K-1 mask
+slots give the draft distribution of every depth at once (each depth's
+distribution shared by all of its nodes, which ignore their parents'
+tokens); children are drawn from their depth's distribution as above — a
+chain of the slots' top-1 (or samples), or a tree of their top-k. Exact:
+a node's proposal distribution is the one its token was drawn from,
+whatever it conditions on.
+
 Shapes: B batch, S head-cache slots, H heads, D head dim, E target width,
 X the target's feature width (E, or len(feature_layers) * E), N tree nodes.
 """
@@ -58,7 +67,7 @@ from specjax.checkpoints.heads import load_eagle_head
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               check_head_params)
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
-                                       init_eagle, pair_inputs, qkv, shared_weights)
+                                       init_eagle, mask_inputs, pair_inputs, qkv, shared_weights)
 from specjax.protocol import check_tree
 from specjax.tree import TokenTree, check_child_mode, draw_children
 
@@ -135,7 +144,10 @@ class Eagle(Drafter):
   static tree, "top_k" for EAGLE-2's dynamic tree, which ranks candidates
   by their path probabilities over the whole tree (a selection that
   depends on the drawn tokens themselves would bias sampled children).
-  Exact in every mode."""
+  Exact in every mode.
+
+  A block head (`config.block` = K) drafts a static tree of depth ≤ K in one
+  head call per iteration (module doc); it has no dynamic tree."""
 
   config: EagleConfig
   tree: Any
@@ -157,6 +169,13 @@ class Eagle(Drafter):
       raise ValueError(f"children={self.children!r} needs a static TokenTree: EAGLE-2's dynamic "
                        f"tree keeps the best candidates of the whole tree, which would bias "
                        f"sampled children (use children='top_k')")
+    if self.config.block:
+      if not isinstance(self.tree, TokenTree):
+        raise ValueError(f"a block head (EagleConfig.block={self.config.block}) drafts a static "
+                         f"TokenTree in one call; got {self.tree!r}")
+      if self.tree.depth > self.config.block:
+        raise ValueError(f"tree depth {self.tree.depth} exceeds the block head's "
+                         f"{self.config.block} slots (EagleConfig.block)")
 
   @property
   def deterministic(self) -> bool:
@@ -207,7 +226,7 @@ class Eagle(Drafter):
     return CallLayout.dynamic(self.tree.nodes + 1, self.tree.depth, self.tree.top_k)
 
   def calls_per_iteration(self, gamma: int) -> int:
-    return self.tree.depth
+    return 1 if self.config.block else self.tree.depth
 
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> EagleState:
     c = self.config
@@ -249,12 +268,26 @@ class Eagle(Drafter):
     q, k, v = qkv(c, hp, x, pos)
     side_k = side_k.at[:, slots].set(k)
     side_v = side_v.at[:, slots].set(v)
-    s = state.k_BSHD.shape[1]
-    cache_mask = (jnp.arange(s)[None, :] < state.lengths_B[:, None])[:, None, :]
-    att = attend(c, q, [(state.k_BSHD, state.v_BSHD, cache_mask), (side_k, side_v, anc_BTM)])
+    att = attend(c, q, [_cache_source(state), (side_k, side_v, anc_BTM)])
     out = finish(c, hp, x, att)
     logp = jax.nn.log_softmax(head_logits(c, hp, lm, out), axis=-1)
     return out, logp, side_k, side_v
+
+  def _block(self, params, state, pending_B, depth: int) -> jax.Array:
+    """A block head's one call: the root pair and `depth - 1` mask slots at
+    positions lengths + j, causal within the block → log-probs `[B, depth,
+    V]` (slot j: the draft distribution of the tree's depth j + 1)."""
+    c, hp = self.config, params["head"]
+    emb, lm = shared_weights(self.target, params["target"])
+    b = pending_B.shape[0]
+    root = pair_inputs(hp, emb, state.feat_BE[:, None], pending_B[:, None].astype(jnp.int32))
+    x = jnp.concatenate([root, mask_inputs(hp, (b, depth - 1))], axis=1)
+    pos = state.lengths_B[:, None] + jnp.arange(depth, dtype=jnp.int32)[None]
+    q, k, v = qkv(c, hp, x, pos)
+    causal = np.tril(np.ones((depth, depth), bool))[None]
+    att = attend(c, q, [_cache_source(state), (k, v, causal)])
+    out = finish(c, hp, x, att)
+    return jax.nn.log_softmax(head_logits(c, hp, lm, out), axis=-1)
 
   def propose(self, params, state: EagleState, inp: DraftInput, u_BT, sampling,
               gamma: int) -> Tuple[Proposal, EagleState]:
@@ -281,22 +314,27 @@ class Eagle(Drafter):
     probs = [None] * n
     feats = {0: state.feat_BE}   # the feature each node's pair carries
     side_k, side_v = self._side(b, n)
+    block = (self._block(params, state, inp.pending_B, tree.depth) if self.config.block
+             else None)
     for d in range(tree.depth):
       idx = [i for i in range(n) if depths[i] == d and (parents == i).any()]
       if not idx:
         continue
-      f = jnp.stack([feats[i] for i in idx], axis=1)
-      t = jnp.stack([tokens[i] for i in idx], axis=1)
-      mask = jnp.broadcast_to(jnp.asarray(anc[idx])[None], (b, len(idx), n))
-      out, logp, side_k, side_v = self._level(params, state, f, t, d, side_k, side_v,
-                                              np.asarray(idx), mask)
+      if block is None:
+        f = jnp.stack([feats[i] for i in idx], axis=1)
+        t = jnp.stack([tokens[i] for i in idx], axis=1)
+        mask = jnp.broadcast_to(jnp.asarray(anc[idx])[None], (b, len(idx), n))
+        out, logp, side_k, side_v = self._level(params, state, f, t, d, side_k, side_v,
+                                                np.asarray(idx), mask)
       for j, i in enumerate(idx):
         cs = [int(c) for c in kids[i] if c >= 0]
         tok_BR, p_BRV, ok_BR = draw_children(
-            logp[:, j], sampling, len(cs), None if u_BT is None else u_BT[:, cs], self.child_mode)
+            block[:, d] if block is not None else logp[:, j], sampling, len(cs),
+            None if u_BT is None else u_BT[:, cs], self.child_mode)
         for r, child in enumerate(cs):
           tokens[child] = tok_BR[:, r]
-          feats[child] = out[:, j]
+          if block is None:
+            feats[child] = out[:, j]
           valid[child] = ok_BR[:, r]
           if p_BRV is not None:
             probs[child] = p_BRV[:, r]
@@ -388,6 +426,13 @@ class Eagle(Drafter):
         v_BSHD=_write(state.v_BSHD, v, state.lengths_B),
         lengths_B=jnp.where(moved, feedback.seq_len_B - 1, state.lengths_B),
         feat_BE=jnp.where(moved[:, None], last, state.feat_BE))
+
+
+def _cache_source(state: EagleState):
+  """The head's cache as an `attend` source: slots below each row's length."""
+  s = state.k_BSHD.shape[1]
+  mask = (jnp.arange(s)[None, :] < state.lengths_B[:, None])[:, None, :]
+  return state.k_BSHD, state.v_BSHD, mask
 
 
 def load_eagle(directory: str, target, target_params, tree) -> Tuple[Eagle, Dict[str, Any]]:

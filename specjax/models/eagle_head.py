@@ -8,7 +8,13 @@ embedding), fused by `fc: [2E] → E` (`pair_inputs`) — and its output a
 prediction of the next feature; the target's frozen LM head turns it into
 draft logits (`head_logits`). EAGLE-1's feature is the target's final-normed
 state; EAGLE-3 fuses the outputs of several target blocks (`fuse_features`)
-and normalises its output before the LM head. The layer is `qkv` → `attend`
+and normalises its output before the LM head.
+
+A *block* head (`EagleConfig.block` = K > 0; DFlash, arXiv 2602.06036)
+drafts K positions in one pass instead of feeding on its own outputs: slot
+0 is the pair (f_t, x_{t+1}) at position t, slots 1..K-1 a learned mask
+input (`mask_inputs`) at positions t+1..t+K-1, each slot attending to the
+head's cache and causally to the block; slot j predicts x_{t+j+2}. The layer is `qkv` → `attend`
 (over any number of key / value sources) → `finish` (output projection,
 residual, SwiGLU MLP).
 
@@ -28,8 +34,8 @@ from specjax._checks import check_int
 from specjax.models.layers import apply_rope
 from specjax.models.medusa_head import target_lm_head
 
-__all__ = ["EagleConfig", "init_eagle", "shared_weights", "fuse_features", "pair_inputs", "qkv",
-           "attend", "finish", "head_logits"]
+__all__ = ["EagleConfig", "init_eagle", "shared_weights", "fuse_features", "pair_inputs",
+           "mask_inputs", "qkv", "attend", "finish", "head_logits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +49,8 @@ class EagleConfig:
     feature_layers: () for EAGLE-1 (the target's final-normed state), or
       the target blocks whose outputs are fused (EAGLE-3: low, middle, high).
     rope_theta, norm_eps: as the target's.
+    block: 0 for an autoregressive head (EAGLE), or K > 0 for a block
+      head that drafts K positions in one pass (module doc).
   """
 
   d_model: int
@@ -53,6 +61,7 @@ class EagleConfig:
   feature_layers: Tuple[int, ...] = ()
   rope_theta: float = 10000.0
   norm_eps: float = 1e-6
+  block: int = 0
 
   def __post_init__(self):
     for name in ("d_model", "vocab_size", "num_heads"):
@@ -66,6 +75,7 @@ class EagleConfig:
       object.__setattr__(self, "mlp_dim", 4 * self.d_model)
     check_int("head_dim", self.head_dim, 1)
     check_int("mlp_dim", self.mlp_dim, 1)
+    check_int("block", self.block, 0)
     layers = tuple(self.feature_layers)
     for i in layers:
       check_int("feature_layers entries", i, 0)
@@ -86,7 +96,7 @@ class EagleConfig:
     n = 2 * e * e + 4 * e * hd + 3 * e * f + 2 * e
     if self.version == 3:
       n += self.feature_width * e + e
-    return n
+    return n + (e if self.block else 0)
 
 
 def init_eagle(config: EagleConfig, key: jax.Array) -> Dict[str, jax.Array]:
@@ -110,6 +120,8 @@ def init_eagle(config: EagleConfig, key: jax.Array) -> Dict[str, jax.Array]:
     x = config.feature_width
     params["fuse"] = normal(ks[6], (x, e), x)
     params["out_norm"] = jnp.ones((e,), jnp.float32)
+  if config.block:   # the mask slots' input (unit scale, as the normed features)
+    params["mask"] = jax.random.normal(ks[7], (e,), jnp.float32)
   return params
 
 
@@ -135,6 +147,11 @@ def pair_inputs(params, embedding_VE, feat_xE: jax.Array, tokens_x: jax.Array) -
   """The head's input for pairs (feature, next token) → `[..., E]`."""
   emb = jnp.take(embedding_VE, tokens_x, axis=0).astype(jnp.float32)
   return jnp.concatenate([feat_xE.astype(jnp.float32), emb], axis=-1) @ params["fc"]
+
+
+def mask_inputs(params, shape: Tuple[int, ...]) -> jax.Array:
+  """A block head's mask-slot input broadcast to `shape + (E,)`."""
+  return jnp.broadcast_to(params["mask"], tuple(shape) + params["mask"].shape)
 
 
 def qkv(config: EagleConfig, params, x_BTE, positions_BT):

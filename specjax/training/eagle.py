@@ -16,6 +16,15 @@ transformer over the pairs (f_t, x_{t+1}) of a whole sequence at once:
           of positions ≤ t and to its own steps 2..j — exactly what the
           drafter sees at depth j-1 of a tree)
 
+A block head (`EagleConfig.block` = K; DFlash, arXiv 2602.06036) is the
+same forward with step j ≥ 2's input the learned mask instead of
+(out{j-1}_t, x_{t+j}) — slot j-1 of the block anchored at every base t at
+once, the masks attending to the step-1 keys ≤ t and to the block's earlier
+slots, as in drafting. Its objective: CE against the target's distribution
+at every slot, slot j weighted `step_decay`^(j-1) (DFlash's exponentially
+decaying position weights — a slot counts only when every earlier one is
+accepted), K steps, no feature loss or noise (`EagleLoss.for_config`).
+
 EAGLE-1 adds the feature regression smooth-L1(out1_t, f_{t+1}) (weight
 `feature_weight`, CE weight `ce_weight`; the paper's 1.0 / 0.1) and
 uniform noise U(-noise, noise) on the input features; EAGLE-3 uses CE only,
@@ -41,14 +50,15 @@ from absl import logging
 
 from specjax import atomic_io
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
-                                       init_eagle, pair_inputs, qkv, shared_weights)
+                                       init_eagle, mask_inputs, pair_inputs, qkv, shared_weights)
 from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import save_final_params
 from specjax.training.heads import DistillData, head_mesh, resumable_loop, target_states
 from specjax.training.loop import quiet_orbax_info_logs
 from specjax.training.optim import OptimizerSpec, make_optimizer, state_step
 
-__all__ = ["EagleLoss", "unrolled_outputs", "eagle_loss", "train_eagle", "step_agreement"]
+__all__ = ["EagleLoss", "unrolled_outputs", "eagle_loss", "train_eagle", "step_agreement",
+           "head_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +79,21 @@ class EagleLoss:
                  noise=0.0)
     return cls(unroll=1 if unroll is None else unroll)
 
+  @classmethod
+  def for_config(cls, config: EagleConfig, unroll: Optional[int] = None) -> "EagleLoss":
+    """`for_version`, or for a block head: CE only over its `block` slots."""
+    if config.block:
+      return cls(unroll=config.block if unroll is None else unroll, feature_weight=0.0,
+                 ce_weight=1.0, noise=0.0)
+    return cls.for_version(config.version, unroll)
+
 
 def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, tokens_BL,
                      unroll: int):
   """The head over whole sequences, unrolled `unroll` steps (module doc).
 
   feats_BLE: head-space features (fused) at positions 0..L-1; tokens_BL.
+  A block head's steps ≥ 2 read the mask input instead (module doc).
   Returns a list of `unroll` arrays `[B, L-1, E]`: step j's output at base
   position t (for t + j < L; later entries are padding-fed)."""
   b, l = tokens_BL.shape
@@ -85,7 +104,10 @@ def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, token
   feat = feats_BLE[:, :-1]
   k1 = v1 = None
   for j in range(1, unroll + 1):
-    x = pair_inputs(params, embedding_VE, feat, tokens_pad[:, j:j + l - 1])
+    if config.block and j > 1:
+      x = mask_inputs(params, (b, l - 1))
+    else:
+      x = pair_inputs(params, embedding_VE, feat, tokens_pad[:, j:j + l - 1])
     q, k, v = qkv(config, params, x, base + (j - 1))
     if j == 1:
       k1, v1 = k, v
@@ -134,6 +156,11 @@ def eagle_loss(config: EagleConfig, loss: EagleLoss, params, shared, feats_BLX, 
       total = total + loss.feature_weight * fl
       metrics["feature"] = fl
   return total, metrics
+
+
+def head_name(config: EagleConfig) -> str:
+  """"EAGLE-1", "EAGLE-3" or "block-K" (a block head of K slots)."""
+  return f"block-{config.block}" if config.block else f"EAGLE-{config.version}"
 
 
 def _valid_rows(data: DistillData) -> np.ndarray:
@@ -200,7 +227,10 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
   over `model`, as `train_medusa`). A rerun resumes exactly (on any mesh);
   other settings are a ValueError naming the field."""
   quiet_orbax_info_logs()
-  loss = loss or EagleLoss.for_version(config.version)
+  loss = loss or EagleLoss.for_config(config)
+  if config.block and loss.unroll > config.block:
+    raise ValueError(f"loss.unroll ({loss.unroll}) exceeds the block head's {config.block} "
+                     f"slots (EagleConfig.block)")
   mesh_data, mesh = head_mesh(train)
   atomic_io.as_path(workdir).mkdir(parents=True, exist_ok=True)
   shared = shared_weights(target, target_params)
@@ -243,17 +273,19 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
 
   describe = lambda m: "loss %.4f | top-1 agreement by step %s" % (m["loss"], " ".join(
       f"{m[f'agree{j + 1}']:.3f}" for j in range(loss.unroll)))
-  state = resumable_loop(workdir, meta, state, step_fn, batch, train, f"EAGLE-{config.version}",
+  state = resumable_loop(workdir, meta, state, step_fn, batch, train, head_name(config),
                          describe, layout, stop_at_step)
   agreement = final_dir = None
   if int(state["step"]) == int(train.steps):
     eval_data = valid if valid is not None else data
     ef, eh = (feats, final) if valid is None else _states(target, target_params, config,
                                                          valid.tokens)
-    # Several depths even when trained on one step (EAGLE-1 drafts chains too).
-    agreement = step_agreement(config, dataclasses.replace(loss, unroll=max(loss.unroll, 3)),
+    # Several depths even when trained on one step (EAGLE-1 drafts chains too); a block
+    # head's slots.
+    depths = config.block or max(loss.unroll, 3)
+    agreement = step_agreement(config, dataclasses.replace(loss, unroll=depths),
                                state["params"], shared, ef, eh, eval_data)
-    logging.info("EAGLE-%d top-1 agreement by step on %s: %s", config.version,
+    logging.info("%s top-1 agreement by step on %s: %s", head_name(config),
                  "validation" if valid else "training data", np.round(agreement, 3).tolist())
     final_dir = save_final_params(workdir, state["params"], config, meta,
                                   {"agreement.json": {"agreement_by_step": agreement.tolist()}})
