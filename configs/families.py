@@ -1,11 +1,12 @@
 """The drafter families on one trained target (issue 26): classic draft, prompt
 lookup, layer skip, windowed KV, lookahead, Medusa (chain and trees), EAGLE-1
-(chain and tree), EAGLE-2 (dynamic tree) and EAGLE-3 — same target, same prompts.
+(chain and tree), EAGLE-2 (dynamic tree), EAGLE-3, suffix drafting and a block head
+(DFlash-style) — same target, same prompts.
 
 Run (from the repository root), after the Chen experiment and the learned drafters:
   python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:quick \
       --config.workdir=runs/chen_quick
-  for k in medusa eagle eagle3; do python experiments/train_drafter.py \
+  for k in medusa eagle eagle3 block; do python experiments/train_drafter.py \
       --config=configs/train_drafter.py:${k}_quick --config.target_dir=runs/chen_quick/target \
       --config.workdir=runs/${k}_quick --config.data.dir=runs/distill_chen_quick; done
   python experiments/families.py --config=configs/families.py:quick \
@@ -33,6 +34,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.medusa_dir = "runs/medusa_full"
   c.eagle_dir = "runs/eagle_full"
   c.eagle3_dir = "runs/eagle3_full"
+  c.block_dir = "runs/block_full"        # a block head (train_drafter.py:block_*)
+  c.only = []                          # measure only these rows (names; [] = all)
   c.data_cache = "data_cache"
   c.workdir = f"runs/families_{preset}"
   c.results_dir = ""                   # also write families.{json,md} here
@@ -56,13 +59,14 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.medusa_dir = "runs/medusa_quick"
     c.eagle_dir = "runs/eagle_quick"
     c.eagle3_dir = "runs/eagle3_quick"
+    c.block_dir = "runs/block_quick"
     c.prompts = 8
     c.max_new = 48
     c.medusa_trees = ["chain", "16"]
   elif preset == "smoke":
     c.smoke = True
     c.auto = False
-    c.medusa_dir = c.eagle_dir = c.eagle3_dir = ""
+    c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = ""
   elif preset != "full":
     raise ValueError(f"unknown preset {preset!r}; known: quick, full, smoke")
   return c

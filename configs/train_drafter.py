@@ -1,6 +1,7 @@
 """Learned drafters trained on a frozen target (`experiments/train_drafter.py`):
-Medusa heads (`medusa_*`), EAGLE-1 heads (`eagle_*`, also EAGLE-2's drafter)
-and EAGLE-3 heads (`eagle3_*`), each at `quick` / `full` / `micro`.
+Medusa heads (`medusa_*`), EAGLE-1 heads (`eagle_*`, also EAGLE-2's drafter),
+EAGLE-3 heads (`eagle3_*`) and block heads (`block_*`: DFlash-style, `eagle.block`
+positions drafted in one call), each at `quick` / `full` / `micro`.
 
 Run (after the Chen experiment trained its target):
   python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_quick \
@@ -15,6 +16,8 @@ Run (after the Chen experiment trained its target):
       --config.target_dir=runs/chen_full/target      # EAGLE-1 (EAGLE-2 drafts with it)
   python experiments/train_drafter.py --config=configs/train_drafter.py:eagle3_full \
       --config.target_dir=runs/chen_full/target --config.results_dir=results/eagle
+  python experiments/train_drafter.py --config=configs/train_drafter.py:block_quick \
+      --config.target_dir=runs/chen_quick/target --config.data.dir=runs/eagle_quick
 
 A rerun with the same workdir reuses the self-distillation data and resumes
 training from the newest intact checkpoint. Results: `<workdir>/final` (the
@@ -25,13 +28,14 @@ built from them and their expected tokens per target call).
 import ml_collections
 
 
-_KIND = {"medusa": "medusa", "eagle": "eagle1", "eagle3": "eagle3"}
+_KIND = {"medusa": "medusa", "eagle": "eagle1", "eagle3": "eagle3", "block": "block"}
 
 
 def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   family, _, size = preset.rpartition("_")
   if family not in _KIND or size not in ("quick", "full", "micro"):
-    raise ValueError(f"unknown preset {preset!r}; known: <medusa|eagle|eagle3>_<quick|full|micro>")
+    raise ValueError(f"unknown preset {preset!r}; known: <medusa|eagle|eagle3|block>_"
+                     f"<quick|full|micro>")
   c = ml_collections.ConfigDict()
   c.kind = _KIND[family]
   c.preset = preset
@@ -60,7 +64,10 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   c.eagle.num_heads = 0              # the head layer's attention heads (0: the target's)
   c.eagle.mlp_dim = 0                # 0: the target's
   c.eagle.feature_layers = []        # EAGLE-3: [] = the second, middle and third-from-top blocks
-  c.eagle.unroll = 0                 # 0: 1 step for EAGLE-1, 3 (training-time test) for EAGLE-3
+  c.eagle.unroll = 0                 # 0: 1 step for EAGLE-1, 3 (training-time test) for EAGLE-3,
+                                     # every slot for a block head
+  c.eagle.block = 5                  # block heads: positions drafted in one call
+  c.eagle.layers = 1                 # block heads: layers (the context enters each one)
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 2000
@@ -90,6 +97,7 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
     c.data.valid_sequences = 4
     c.medusa.num_heads = 2
     c.medusa.tree_sizes = [4, 6]
+    c.eagle.block = 3
     c.train.steps = 6
     c.train.batch_size = 4
     c.train.warmup_steps = 1

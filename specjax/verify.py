@@ -241,7 +241,7 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
   token that follows.
   """
   b, n = tokens_BN.shape
-  c = children_NC.shape[1]
+  c = children_NC.shape[-1]   # [N, C] or per row [B, N, C]
   if greedy:
     u_BX = jnp.full((b, depth * c + 1), 0.5, jnp.float32)
   else:

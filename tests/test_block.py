@@ -29,23 +29,27 @@ from tiny import EOS, ragged_prompts, target
 TREE = TokenTree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
 
 
-def _block_head(lm, block=3, layers=(0, 1), seed=3):
+def _block_head(lm, block=3, layers=(0, 1), seed=3, num_layers=1):
   config = EagleConfig(d_model=lm.config.d_model, vocab_size=lm.vocab_size, num_heads=2,
-                       mlp_dim=64, feature_layers=layers, block=block)
+                       mlp_dim=64, feature_layers=layers, block=block, num_layers=num_layers)
   hp = init_eagle(config, jax.random.key(seed))
-  keys = jax.random.split(jax.random.key(seed + 1), len(hp))
-  hp = {k: v + 0.3 * jax.random.normal(kk, v.shape) * (jnp.std(v) + 0.1)
-        for (k, v), kk in zip(sorted(hp.items()), keys)}
+  leaves, tree = jax.tree_util.tree_flatten(hp)   # perturbed: no zero-initialised weights
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  hp = jax.tree_util.tree_unflatten(tree, [
+      v + 0.3 * jax.random.normal(kk, v.shape) * (jnp.std(v) + 0.1)
+      for v, kk in zip(leaves, keys)])
   return config, hp
 
 
-def test_one_call_drafts_what_the_training_forward_predicts():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_one_call_drafts_what_the_training_forward_predicts(num_layers):
   """Incremental vs full: the drafter's block call (the head's cache from
   the prompt, the root pair and two mask slots) gives the training
-  forward's slot-1..3 logits at the same base position, in one call."""
+  forward's slot-1..3 logits at the same base position, in one call — with
+  one layer and with two (the context entering each layer)."""
   lm, params = target()
-  config, hp = _block_head(lm)
-  assert config.num_params() == sum(int(np.size(v)) for v in hp.values())
+  config, hp = _block_head(lm, num_layers=num_layers)
+  assert config.num_params() == sum(int(np.size(v)) for v in jax.tree_util.tree_leaves(hp))
   tokens = jnp.asarray(np.random.default_rng(1).integers(6, 60, (1, 12)), jnp.int32)
   _, feats = lm.forward_with_hidden(params, tokens, layers=config.feature_layers)
   emb, lm_head = shared_weights(lm, params)
@@ -70,12 +74,13 @@ def test_one_call_drafts_what_the_training_forward_predicts():
                              rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("tree,children", [(TokenTree.chain(3), None), (TREE, "top_k")],
-                         ids=["chain", "tree"])
-def test_block_greedy_equals_autoregressive(tree, children):
+@pytest.mark.parametrize("tree,children,num_layers", [(TokenTree.chain(3), None, 1),
+                                                      (TREE, "top_k", 2)],
+                         ids=["chain", "tree_two_layers"])
+def test_block_greedy_equals_autoregressive(tree, children, num_layers):
   lm, params = target()
   prompts, lengths = ragged_prompts(batch=8)
-  config, hp = _block_head(lm)
+  config, hp = _block_head(lm, num_layers=num_layers)
   drafter = Eagle(config, tree, lm, children)
   for eos in (EOS, None):   # rows end by EOS, and by length
     ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=20, sampling=GREEDY,
@@ -121,6 +126,8 @@ def test_block_misuse_is_named(tmp_path):
   config, hp = _block_head(lm, block=2)
   with pytest.raises(ValueError, match="block must be an int >= 0, got -1"):
     EagleConfig(d_model=32, vocab_size=64, block=-1)
+  with pytest.raises(ValueError, match="num_layers=2 needs a block head"):
+    EagleConfig(d_model=32, vocab_size=64, num_layers=2)
   with pytest.raises(ValueError, match="drafts a static TokenTree in one call"):
     Eagle(config, DynamicTree(top_k=2, depth=2, nodes=4), lm)
   with pytest.raises(ValueError, match=r"tree depth 3 exceeds the block head's 2 slots"):

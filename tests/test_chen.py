@@ -223,26 +223,33 @@ def test_medusa_heads_train_on_the_micro_target(micro_run, tmp_path):
       (tmp_path / "medusa" / "report.md").read_text()
 
 
-def test_eagle3_head_trains_on_the_micro_target(micro_run, tmp_path):
+@pytest.mark.parametrize("kind", ["eagle3", "block"])
+def test_eagle3_head_trains_on_the_micro_target(micro_run, tmp_path, kind):
   """experiments/train_drafter.py's EAGLE-3 job on the micro target: the
   fused-feature head trains with the training-time test, reports its
-  agreement by depth, and drafts exactly as EAGLE-2's dynamic tree."""
+  agreement by depth, and drafts exactly as EAGLE-2's dynamic tree; the
+  block job's head (3 slots) likewise, drafting a chain in one call."""
   import jax.numpy as jnp
   import specjax
   from configs import train_drafter as td_config
   from specjax.drafters import DynamicTree, load_eagle
   from specjax.experiments import drafter_training
+  from specjax.tree import TokenTree
   cfg, _ = micro_run
-  td = td_config.get_config("eagle3_micro")
+  td = td_config.get_config(f"{kind}_micro")
   td.target_dir = os.path.join(cfg.workdir, "target")
-  td.workdir = str(tmp_path / "eagle3")
+  td.workdir = str(tmp_path / kind)
   td.data.cache_dir = cfg.data.cache_dir
   out = drafter_training.run(td)
   agree = out["agreement_by_step"]
   assert len(agree) == 3 and all(0 <= a <= 1 for a in agree)
-  assert "agreement with the target's argmax" in (tmp_path / "eagle3" / "eagle3.md").read_text()
+  report = (tmp_path / kind / f"{kind}.md").read_text()
+  assert "agreement with the target's argmax" in report
   target, tp, _ = drafter_training.load_target(td.target_dir, cfg.data.cache_dir)
-  d, dp = load_eagle(td.workdir, target, tp, DynamicTree(top_k=2, depth=2, nodes=4))
+  tree = DynamicTree(top_k=2, depth=2, nodes=4) if kind == "eagle3" else TokenTree.chain(3)
+  d, dp = load_eagle(td.workdir, target, tp, tree)
+  assert d.config.block == (3 if kind == "block" else 0)
+  assert report.startswith("# block-3 head" if kind == "block" else "# EAGLE-3 head")
   assert d.config.feature_layers == drafter_training.eagle_feature_layers(
       target.config.num_layers)
   prompts = jnp.asarray(np.random.default_rng(0).integers(3, target.vocab_size, (2, 8)),

@@ -154,12 +154,62 @@ def test_dynamic_tree_proposal_is_a_valid_per_row_tree():
       assert len(set(kids.tolist())) == len(kids) <= 3
 
 
-def test_eagle2_sampling_is_exact_and_the_control_is_caught():
+@pytest.mark.parametrize("children,cfg", [(None, SamplingConfig(1.0)),
+                                          ("iid", SamplingConfig(0.7, top_p=0.9)),
+                                          ("top_k", SamplingConfig(1.0))], ids=str)
+def test_eagle2_sampling_is_exact_and_the_control_is_caught(children, cfg):
+  """EAGLE-2's sampled tree (the default: children drawn without
+  replacement, the last level cut to `nodes`; i.i.d.) and its top-k tree."""
   lm, params = exact_lm()
   config, hp = _head(lm)
-  drafter = Eagle(config, DynamicTree(top_k=2, depth=2, nodes=4), lm)
+  drafter = Eagle(config, DynamicTree(top_k=2, depth=3, nodes=5), lm, children)
   assert_tree_drafter_exact(lm, params, drafter, {"head": hp, "target": params}, [3, 1, 4],
-                            SamplingConfig(1.0), 3)
+                            cfg, 3)
+
+
+def test_sampled_dynamic_tree_is_grown_by_path_probability():
+  """At T > 0: the root's top_k drawn children, then each level's m best
+  nodes (by the head's path log-probability) expanded with c children; all
+  drawn children kept, siblings distinct without replacement."""
+  lm, params = target()
+  config, hp = _head(lm)
+  dt = DynamicTree(top_k=4, depth=3, nodes=11)
+  assert dt.sampled_expansion == (2, 2)
+  drafter = Eagle(config, dt, lm)
+  assert drafter.child_mode == "without" and not drafter.deterministic
+  dp = {"head": hp, "target": params}
+  state = drafter.alloc(3, 4, 32, 3).replace(
+      lengths_B=jnp.array([3, 5, 0]), feat_BE=jax.random.normal(jax.random.key(0), (3, 32)))
+  inp = specjax.drafters.DraftInput(
+      seq_len_B=jnp.array([4, 6, 1]), pending_B=jnp.array([7, 9, 11]),
+      prev_B=jnp.zeros(3, jnp.int32), done_B=jnp.zeros(3, bool), step=jnp.int32(1))
+  u = jax.random.uniform(jax.random.key(1), (3, 12))
+  cfg = SamplingConfig(1.0)
+  prop, _ = drafter.propose(dp, state, inp, u, cfg, 3)
+  parents, tokens = np.asarray(prop.node_parents_BT), np.asarray(prop.tokens_BT)
+  assert parents.shape == (3, 12) and np.asarray(prop.node_probs_BTV).shape == (3, 12, 64)
+  np.testing.assert_array_equal(parents[:, :5], [[-1, 0, 0, 0, 0]] * 3)
+  # Levels 2 and 3: two expanded nodes of the level above, two children each; the last
+  # level cut to 11 nodes (its second expansion keeps one child).
+  for b in range(3):
+    lvl2, lvl3 = parents[b, 5:9], parents[b, 9:]
+    assert lvl2[0] == lvl2[1] != lvl2[2] == lvl2[3] and set(lvl2) <= {1, 2, 3, 4}
+    assert lvl3[0] == lvl3[1] != lvl3[2] and set(lvl3) <= {5, 6, 7, 8}
+    for p in range(12):   # siblings distinct (drawn without replacement)
+      kids = tokens[b][parents[b] == p]
+      assert len(set(kids.tolist())) == len(kids)
+  # The expanded nodes are the best by path log-probability under the head.
+  _, logp, _, _ = drafter._level(dp, state, state.feat_BE[:, None], inp.pending_B[:, None], 0,
+                                 *drafter._side(3, 5), np.array([0]),
+                                 jnp.broadcast_to(np.eye(5, dtype=bool)[:1][None], (3, 1, 5)))
+  lp1 = np.take_along_axis(np.asarray(logp[:, 0]), tokens[:, 1:5], axis=1)
+  best = np.argsort(-lp1, axis=1)[:, :2] + 1
+  np.testing.assert_array_equal(np.sort(parents[:, [5, 7]], 1), np.sort(best, 1))
+  # At T = 0 the same drafter grows EAGLE-2's top-k tree.
+  greedy, _ = drafter.propose(dp, state, inp, u, GREEDY, 3)
+  top, _ = Eagle(config, dt, lm, "top_k").propose(dp, state, inp, None, GREEDY, 3)
+  np.testing.assert_array_equal(greedy.tokens_BT, top.tokens_BT)
+  np.testing.assert_array_equal(greedy.node_parents_BT, top.node_parents_BT)
 
 
 @pytest.mark.parametrize("children,cfg", [("iid", SamplingConfig(1.0)),
@@ -183,8 +233,10 @@ def test_eagle_misuse():
     Eagle(config, TokenTree.chain(2), None)
   with pytest.raises(ValueError, match=r"children must be one of \['top_k', 'iid', 'without'\]"):
     Eagle(config, TokenTree.chain(2), lm, "sampled")
-  with pytest.raises(ValueError, match="children='iid' needs a static TokenTree"):
-    Eagle(config, DynamicTree(top_k=2, depth=2, nodes=4), lm, "iid")
+  with pytest.raises(ValueError, match=r"draws top_k x depth = 4 nodes at T > 0, fewer than "
+                                       r"nodes=5 \(use nodes <= 4, or children='top_k'\)"):
+    Eagle(config, DynamicTree(top_k=2, depth=2, nodes=5), lm)
+  Eagle(config, DynamicTree(top_k=2, depth=2, nodes=5), lm, "top_k")
   with pytest.raises(ValueError, match="exceeds the 6 candidates"):
     DynamicTree(top_k=2, depth=2, nodes=7)
   wrong = Eagle(EagleConfig(d_model=32, vocab_size=99), TokenTree.chain(2), lm)

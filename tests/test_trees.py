@@ -72,6 +72,14 @@ def test_a_chain_tree_is_the_chain_rule():
   np.testing.assert_array_equal(path, np.where(np.arange(g)[None] < np.asarray(n)[:, None],
                                                np.arange(1, g + 1)[None], 0))
   assert 0 < int((n == 0).sum()) and 0 < int((n == g).sum())
+  # Per-row children tables (a dynamic tree's `[B, N, C]`) make the same decisions as the
+  # static `[N, C]` one: C read from the last axis (read as N, a rejected sampled child
+  # was tried again, biasing the output).
+  rows = jnp.broadcast_to(jnp.asarray(tree.children), (b,) + tree.children.shape)
+  path2, n2, nxt2 = tree_verify(keys, tokens, jnp.ones((b, g + 1), bool), q, rows, g, probs)
+  np.testing.assert_array_equal(n2, n_ref)
+  np.testing.assert_array_equal(nxt2, next_ref)
+  np.testing.assert_array_equal(path2, path)
 
 
 @pytest.fixture(scope="module")

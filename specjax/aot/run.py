@@ -196,7 +196,7 @@ def _lowerings(run: AotRun, mesh: Mesh):
     if "eagle_tree" in run.programs:
       tree = DynamicTree(*run.eagle_tree)
       out.append(lambda: lower_speculative_loop(
-          t, Eagle(ecfg, tree, t), mesh, gamma=tree.depth, draft_params_fn=eagle_params,
+          t, Eagle(ecfg, tree, t, "top_k"), mesh, gamma=tree.depth, draft_params_fn=eagle_params,
           name=f"speculative {label} dynamic tree {tree.nodes + 1} nodes", **common))
   if "medusa" in run.programs and dec:
     c = t.config

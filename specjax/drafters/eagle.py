@@ -67,7 +67,8 @@ from specjax.checkpoints.heads import load_eagle_head
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               check_head_params)
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
-                                       init_eagle, mask_inputs, pair_inputs, qkv, shared_weights)
+                                       init_eagle, layer_params, mask_inputs, pair_inputs, qkv,
+                                       shared_weights)
 from specjax.protocol import check_tree
 from specjax.tree import TokenTree, check_child_mode, draw_children
 
@@ -99,6 +100,14 @@ class DynamicTree:
   def pool(self) -> int:
     return self.top_k + (self.depth - 1) * self.top_k ** 2
 
+  @property
+  def sampled_expansion(self) -> Tuple[int, int]:
+    """(m, c) of the sampled tree (children drawn at T > 0): each level
+    after the root's expands its m best nodes with c children each, m * c
+    = top_k (m the largest divisor of top_k not above its square root)."""
+    m = max(d for d in range(1, self.top_k + 1) if self.top_k % d == 0 and d * d <= self.top_k)
+    return m, self.top_k // m
+
 
 @struct.dataclass
 class EagleState:
@@ -106,18 +115,36 @@ class EagleState:
   lengths_B: committed pairs (the pending token's position − 1);
   feat_BE: the head-space feature at the last committed position (the
   root pair's feature); root_B: the pending token the last proposal was
-  rooted at."""
+  rooted at; xk_LBSHD, xv_LBSHD: a block head's later layers' projections
+  of the same pairs (`[num_layers - 1, B, S, H, D]`, empty for one layer)."""
 
   k_BSHD: jax.Array
   v_BSHD: jax.Array
   lengths_B: jax.Array
   feat_BE: jax.Array
   root_B: jax.Array
+  xk_LBSHD: jax.Array
+  xv_LBSHD: jax.Array
 
 
 def _write(buf_BSHD, new_BTHD, start_B):
   return jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (s, 0, 0)))(
       buf_BSHD, new_BTHD, start_B)
+
+
+def _write_pairs(config: EagleConfig, hp, state: "EagleState", x_BTE, pos_BT, start_B):
+  """Every layer's keys and values of the pairs `x_BTE` written at `start_B`."""
+  _, k, v = qkv(config, hp, x_BTE, pos_BT)
+  state = state.replace(k_BSHD=_write(state.k_BSHD, k, start_B),
+                        v_BSHD=_write(state.v_BSHD, v, start_B))
+  if config.num_layers > 1:
+    xk, xv = [], []
+    for i in range(1, config.num_layers):
+      _, k, v = qkv(config, layer_params(hp, i), x_BTE, pos_BT)
+      xk.append(_write(state.xk_LBSHD[i - 1], k, start_B))
+      xv.append(_write(state.xv_LBSHD[i - 1], v, start_B))
+    state = state.replace(xk_LBSHD=jnp.stack(xk), xv_LBSHD=jnp.stack(xv))
+  return state
 
 
 @functools.lru_cache(maxsize=16)
@@ -140,11 +167,14 @@ class Eagle(Drafter):
   and verified against those distributions (`specjax.tree.draw_children`):
   what keeps acceptance up at T > 0 (results/families/sampled: τ at T = 1
   0.91-0.96x its T = 0 value, against ~0.42x with top-k children). At T = 0
-  every mode makes the same decisions. Default (None): "without" for a
-  static tree, "top_k" for EAGLE-2's dynamic tree, which ranks candidates
-  by their path probabilities over the whole tree (a selection that
-  depends on the drawn tokens themselves would bias sampled children).
-  Exact in every mode.
+  every mode makes the same decisions. On EAGLE-2's dynamic tree, "top_k"
+  keeps the best `nodes` of all candidates by path probability; at T > 0
+  the sampled modes grow a tree whose shape is fixed before each level's
+  children are drawn (a selection that depends on the drawn tokens
+  themselves would bias them): the root draws top_k children, each later
+  level expands its best nodes (`DynamicTree.sampled_expansion`), every
+  drawn child kept — so nodes <= top_k * depth; at T = 0 it is the top-k
+  tree. Default (None): "without". Exact in every mode.
 
   A block head (`config.block` = K) drafts a static tree of depth ≤ K in one
   head call per iteration (module doc); it has no dynamic tree."""
@@ -165,10 +195,12 @@ class Eagle(Drafter):
       raise ValueError("Eagle needs the target (its embedding and LM head are shared)")
     if self.children is not None:
       check_child_mode("children", self.children)
-    if self.child_mode != "top_k" and isinstance(self.tree, DynamicTree):
-      raise ValueError(f"children={self.children!r} needs a static TokenTree: EAGLE-2's dynamic "
-                       f"tree keeps the best candidates of the whole tree, which would bias "
-                       f"sampled children (use children='top_k')")
+    if isinstance(self.tree, DynamicTree) and self.child_mode != "top_k":
+      most = self.tree.top_k * self.tree.depth
+      if self.tree.nodes > most:
+        raise ValueError(f"children={self.child_mode!r}: the sampled dynamic tree draws top_k x "
+                         f"depth = {most} nodes at T > 0, fewer than nodes={self.tree.nodes} "
+                         f"(use nodes <= {most}, or children='top_k')")
     if self.config.block:
       if not isinstance(self.tree, TokenTree):
         raise ValueError(f"a block head (EagleConfig.block={self.config.block}) drafts a static "
@@ -183,10 +215,8 @@ class Eagle(Drafter):
 
   @property
   def child_mode(self) -> str:
-    """`children`, or its default for this tree."""
-    if self.children is not None:
-      return self.children
-    return "top_k" if isinstance(self.tree, DynamicTree) else "without"
+    """`children`, or its default: "without" (sampled at T > 0)."""
+    return "without" if self.children is None else self.children
 
   @property
   def hidden_layers(self) -> Optional[Tuple[int, ...]]:
@@ -231,10 +261,13 @@ class Eagle(Drafter):
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> EagleState:
     c = self.config
     shape = (batch_size, cache_len, c.num_heads, c.head_dim)
+    extra = (c.num_layers - 1,) + shape
     return EagleState(k_BSHD=jnp.zeros(shape, jnp.float32), v_BSHD=jnp.zeros(shape, jnp.float32),
                       lengths_B=jnp.zeros((batch_size,), jnp.int32),
                       feat_BE=jnp.zeros((batch_size, c.d_model), jnp.float32),
-                      root_B=jnp.zeros((batch_size,), jnp.int32))
+                      root_B=jnp.zeros((batch_size,), jnp.int32),
+                      xk_LBSHD=jnp.zeros(extra, jnp.float32),
+                      xv_LBSHD=jnp.zeros(extra, jnp.float32))
 
   def start(self, params, state: EagleState, prompts_BP, lengths_B, first_B, target_cache,
             prompt_hidden_BPX=None) -> EagleState:
@@ -248,10 +281,7 @@ class Eagle(Drafter):
     if p > 1:  # the pairs (f_t, x_{t+1}), t < P - 1, at slots t
       x = pair_inputs(hp, emb, feats_BPE[:, :-1], prompts_BP[:, 1:])
       pos = jnp.broadcast_to(jnp.arange(p - 1, dtype=jnp.int32)[None], x.shape[:2])
-      _, k, v = qkv(c, hp, x, pos)
-      zero = jnp.zeros_like(lengths_B)
-      state = state.replace(k_BSHD=_write(state.k_BSHD, k, zero),
-                            v_BSHD=_write(state.v_BSHD, v, zero))
+      state = _write_pairs(c, hp, state, x, pos, jnp.zeros_like(lengths_B))
     last = jnp.take_along_axis(feats_BPE, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
     return state.replace(lengths_B=lengths_B - 1, feat_BE=last, root_B=first_B.astype(jnp.int32))
 
@@ -283,18 +313,24 @@ class Eagle(Drafter):
     root = pair_inputs(hp, emb, state.feat_BE[:, None], pending_B[:, None].astype(jnp.int32))
     x = jnp.concatenate([root, mask_inputs(hp, (b, depth - 1))], axis=1)
     pos = state.lengths_B[:, None] + jnp.arange(depth, dtype=jnp.int32)[None]
-    q, k, v = qkv(c, hp, x, pos)
     causal = np.tril(np.ones((depth, depth), bool))[None]
-    att = attend(c, q, [_cache_source(state), (k, v, causal)])
-    out = finish(c, hp, x, att)
-    return jax.nn.log_softmax(head_logits(c, hp, lm, out), axis=-1)
+    k_c, v_c, mask = _cache_source(state)
+    for i in range(c.num_layers):   # later layers read their own projections of the pairs
+      p = layer_params(hp, i)
+      if i:
+        k_c, v_c = state.xk_LBSHD[i - 1], state.xv_LBSHD[i - 1]
+      q, k, v = qkv(c, p, x, pos)
+      x = finish(c, p, x, attend(c, q, [(k_c, v_c, mask), (k, v, causal)]))
+    return jax.nn.log_softmax(head_logits(c, hp, lm, x), axis=-1)
 
   def propose(self, params, state: EagleState, inp: DraftInput, u_BT, sampling,
               gamma: int) -> Tuple[Proposal, EagleState]:
     state = state.replace(root_B=inp.pending_B.astype(jnp.int32))
     if isinstance(self.tree, TokenTree):
       return self._propose_static(params, state, inp, u_BT, sampling), state
-    return self._propose_dynamic(params, state, inp), state
+    if self.child_mode == "top_k" or sampling.is_greedy:
+      return self._propose_dynamic(params, state, inp), state
+    return self._propose_dynamic_sampled(params, state, inp, u_BT, sampling), state
 
   def _side(self, b, m):
     c = self.config
@@ -409,6 +445,65 @@ class Eagle(Drafter):
     return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=valid_BT,
                     node_parents_BT=parents_BT)
 
+  def _propose_dynamic_sampled(self, params, state: EagleState, inp: DraftInput, u_BT,
+                               sampling) -> Proposal:
+    """EAGLE-2's tree with sampled children (T > 0): the root draws top_k
+    children; each later level expands its m best nodes by path
+    probability (the head's log-probs of the drawn tokens, summed along the
+    path) with c children each (`DynamicTree.sampled_expansion`); every
+    drawn child is kept, the nodes past `nodes` dropped (children of the
+    worst expansions of the last level) or left invalid. A node's number of
+    children is fixed before they are drawn (it depends only on the tokens
+    of its level and above), so recursive rejection sampling stays exact."""
+    dt = self.tree
+    k, depth = dt.top_k, dt.depth
+    m, c = dt.sampled_expansion
+    b = inp.pending_B.shape[0]
+    slots = 1 + (depth - 1) * m                 # expanded nodes (side slots)
+    side_k, side_v = self._side(b, slots)
+    eye = np.eye(slots, dtype=bool)
+    out, logp, side_k, side_v = self._level(
+        params, state, state.feat_BE[:, None], inp.pending_B[:, None].astype(jnp.int32), 0,
+        side_k, side_v, np.array([0]), jnp.broadcast_to(eye[:1][None], (b, 1, slots)))
+    u = jnp.pad(u_BT, ((0, 0), (0, 1 + k * depth - u_BT.shape[1])))   # dropped nodes: zeros
+    tok, prob, ok = draw_children(logp[:, 0], sampling, k, u[:, 1:1 + k], self.child_mode)
+    score = jnp.take_along_axis(logp[:, 0], tok, axis=1)
+    toks, probs, oks = [tok], [prob], [ok]
+    parents = [jnp.zeros((b, k), jnp.int32)]
+    lvl_feat = jnp.broadcast_to(out[:, :1], (b, k, out.shape[-1]))
+    lvl_anc = jnp.broadcast_to(eye[0][None, None], (b, k, slots))
+    first = 1                                    # node index of the level's first node
+    for d in range(1, depth):
+      # The level's m best nodes (invalid ones last), expanded by one head call.
+      _, pick = jax.lax.top_k(jnp.where(ok, score, -jnp.inf), m)
+      take = lambda a: jnp.take_along_axis(a, pick.reshape(b, m, *([1] * (a.ndim - 2))), axis=1)
+      feats, ptok, anc, pscore = take(lvl_feat), take(tok), take(lvl_anc), take(score)
+      rows = 1 + (d - 1) * m + np.arange(m)
+      anc = anc | eye[rows][None]
+      out, logp, side_k, side_v = self._level(params, state, feats, ptok, d, side_k, side_v,
+                                              rows, anc)
+      at = first + k                             # node index of this new level's first node
+      t_, p_, o_ = [], [], []
+      for j in range(m):
+        tj, pj, oj = draw_children(logp[:, j], sampling, c, u[:, at + j * c:at + (j + 1) * c],
+                                   self.child_mode)
+        t_.append(tj), p_.append(pj), o_.append(oj & take(ok)[:, j:j + 1])
+      tok = jnp.concatenate(t_, axis=1)
+      prob, ok = jnp.concatenate(p_, axis=1), jnp.concatenate(o_, axis=1)
+      score = jnp.repeat(pscore, c, axis=1) + jnp.take_along_axis(
+          jnp.repeat(logp, c, axis=1), tok[..., None], axis=2)[..., 0]
+      parents.append(jnp.repeat(first + pick.astype(jnp.int32), c, axis=1))
+      toks.append(tok), probs.append(prob), oks.append(ok)
+      lvl_feat, lvl_anc = jnp.repeat(out, c, axis=1), jnp.repeat(anc, c, axis=1)
+      first = at
+    fit = lambda parts: jnp.concatenate(parts, axis=1)[:, :dt.nodes]   # nodes <= k * depth
+    root_prob = jnp.zeros((b, 1, prob.shape[-1]), prob.dtype)
+    return Proposal(
+        tokens_BT=jnp.concatenate([inp.pending_B[:, None].astype(jnp.int32), fit(toks)], 1),
+        valid_BKN=None, node_valid_BT=jnp.concatenate([jnp.ones((b, 1), bool), fit(oks)], 1),
+        node_probs_BTV=jnp.concatenate([root_prob, fit(probs)], 1),
+        node_parents_BT=jnp.concatenate([jnp.full((b, 1), -1, jnp.int32), fit(parents)], 1))
+
   def update(self, params, state: EagleState, feedback: DraftFeedback) -> EagleState:
     c, hp = self.config, params["head"]
     emb, _ = shared_weights(self.target, params["target"])
@@ -418,12 +513,9 @@ class Eagle(Drafter):
     toks = jnp.concatenate([state.root_B[:, None], feedback.committed_BC[:, :-1]], axis=1)
     x = pair_inputs(hp, emb, feats, toks)
     pos = state.lengths_B[:, None] + jnp.arange(x.shape[1], dtype=jnp.int32)[None]
-    _, k, v = qkv(c, hp, x, pos)
     moved = feedback.count_B > 0
     last = jnp.take_along_axis(f_BCE, feedback.accepted_B[:, None, None], axis=1)[:, 0]
-    return state.replace(
-        k_BSHD=_write(state.k_BSHD, k, state.lengths_B),
-        v_BSHD=_write(state.v_BSHD, v, state.lengths_B),
+    return _write_pairs(c, hp, state, x, pos, state.lengths_B).replace(
         lengths_B=jnp.where(moved, feedback.seq_len_B - 1, state.lengths_B),
         feat_BE=jnp.where(moved[:, None], last, state.feat_BE))
 

@@ -1,5 +1,7 @@
 """Training learned drafters on a frozen target: Medusa-1 heads, EAGLE-1 and EAGLE-3
-heads (configs/train_drafter.py; EAGLE-2 drafts with the EAGLE-1 head).
+heads (configs/train_drafter.py; EAGLE-2 drafts with the EAGLE-1 head), and block
+heads (DFlash-style: `EagleConfig.block` slots drafted in one call, on EAGLE-3's
+fused features).
 
   1. the target (a trained Chen decoder, `<target_dir>`) and its vocabulary;
   2. prompts from its own training corpora (code documents, "<description>
@@ -32,7 +34,7 @@ from specjax.experiments.common import find_tokenizer, open_workdir, pad_batch
 from specjax.experiments.stages import fingerprint
 from specjax.models.eagle_head import EagleConfig
 from specjax.models.medusa_head import MedusaConfig
-from specjax.training.eagle import EagleLoss, train_eagle
+from specjax.training.eagle import EagleLoss, head_name, train_eagle
 from specjax.training.heads import DistillData, distillation_data, train_medusa
 from specjax.training.loop import quiet_orbax_info_logs
 
@@ -94,7 +96,7 @@ def _data(cfg, split: str, n: int, target, tp, tok, workdir: str) -> DistillData
   return data
 
 
-KINDS = ("medusa", "eagle1", "eagle3")
+KINDS = ("medusa", "eagle1", "eagle3", "block")
 
 
 def run(cfg) -> Dict[str, Any]:
@@ -168,15 +170,17 @@ def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
   tc = target.config
   e = cfg.eagle
   layers = ()
-  if cfg.kind == "eagle3":
+  if cfg.kind in ("eagle3", "block"):
     layers = tuple(e.feature_layers) or eagle_feature_layers(tc.num_layers)
   heads = int(e.num_heads) or tc.num_heads  # 0: the target's attention shape
   config = EagleConfig(d_model=tc.d_model, vocab_size=target.vocab_size, num_heads=heads,
                        head_dim=tc.head_dim if heads == tc.num_heads else 0,
                        mlp_dim=int(e.mlp_dim) or tc.mlp_dim, feature_layers=layers,
-                       rope_theta=tc.rope_theta)
-  version = 3 if cfg.kind == "eagle3" else 1
-  loss = EagleLoss.for_version(version, unroll=int(e.unroll) or None)
+                       rope_theta=tc.rope_theta,
+                       block=int(e.block) if cfg.kind == "block" else 0,
+                       num_layers=int(e.get("layers", 1)) if cfg.kind == "block" else 1)
+  version = config.version
+  loss = EagleLoss.for_config(config, unroll=int(e.unroll) or None)
   res = train_eagle(target, tp, config, train_data, valid, cfg.train, workdir, loss=loss)
   out = {"config": cfg.to_dict(), "final": res["final"], "head_params": config.num_params(),
          "target_params": tc.num_params()}
@@ -186,9 +190,10 @@ def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
     # A greedy chain's expected tokens per call if depth j is accepted with
     # the teacher-forced agreement of step j (the steps taken as independent).
     out["expected_chain_tokens_per_call"] = expected_tokens_per_call(list(np.cumprod(agree)))
-    name = f"EAGLE-{version}"
+    name = head_name(config)
     lines = [f"# {name} head on the Chen target", "",
-             f"One decoder layer ({config.num_params() / 1e6:.2f}M params; the target "
+             f"{config.num_layers} decoder layer(s) ({config.num_params() / 1e6:.2f}M params; "
+             f"the target "
              f"{tc.num_params() / 1e6:.1f}M) over "
              + ("the target's final state" if version == 1 else
                 f"the target blocks {list(layers)} fused")

@@ -85,11 +85,15 @@ class FamilyOptions:
   node counts), `eagle_dir` (an EAGLE-1 head: "EAGLE-1 chain" of γ,
   "EAGLE-1 tree" of `eagle_tree_nodes` from its agreement, and "EAGLE-2" with
   the dynamic tree `eagle_dynamic` = (top_k, depth, nodes)), `eagle3_dir`
-  (an EAGLE-3 head with the same dynamic tree). The static trees' children
+  (an EAGLE-3 head with the same dynamic tree), `block_dir` (a block head,
+  DFlash-style: "block chain" of its slots and "block tree" of
+  `eagle_tree_nodes` from its agreement, each drafted in one head call).
+  `only`: the rows to measure (names; empty: all). The static trees' children
   are the heads' top-k; `sampled_children` ("iid" or "without"; "" for
   none): the same trees again with children drawn from the head's
-  distribution ("... sampled" rows). The EAGLE-1 chain takes `Eagle`'s
-  default (a sampled child at T > 0)."""
+  distribution ("... sampled" rows; EAGLE-2 / -3: the sampled dynamic
+  tree). The EAGLE-1 chain takes `Eagle`'s default (a sampled child at
+  T > 0)."""
 
   out_dir: str = "benchmarks/results"
   name: str = "drafters"
@@ -113,6 +117,8 @@ class FamilyOptions:
   medusa_trees: Tuple[str, ...] = ("chain", "4", "8", "16", "32", "64")
   eagle_dir: str = ""
   eagle3_dir: str = ""
+  block_dir: str = ""
+  only: Tuple[str, ...] = ()
   auto: bool = False   # also rows with gamma="auto" for the classic draft and prompt lookup
   eagle_dynamic: Tuple[int, int, int] = (4, 4, 16)
   eagle_tree_nodes: int = 16
@@ -259,7 +265,10 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
       cfg = EagleConfig(target.config.d_model, target.vocab_size, num_heads=2,
                         feature_layers=layers)
       dp = {"head": init_eagle(cfg, jax.random.PRNGKey(6)), "target": tp}
-      out[f"EAGLE-{2 if version == 1 else 3}"] = (Eagle(cfg, dyn, target), dp, None)
+      out[f"EAGLE-{2 if version == 1 else 3}"] = (Eagle(cfg, dyn, target, "top_k"), dp, None)
+    cfg = EagleConfig(target.config.d_model, target.vocab_size, num_heads=2, block=2)
+    out["block chain"] = (Eagle(cfg, TokenTree.chain(2), target),
+                          {"head": init_eagle(cfg, jax.random.PRNGKey(7)), "target": tp}, None)
     return out
   if opts.eagle_dir:
     cfg, head = load_eagle_head(opts.eagle_dir)
@@ -273,10 +282,29 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
     if opts.sampled_children:
       out[f"EAGLE-1 tree {opts.eagle_tree_nodes} sampled"] = (
           Eagle(cfg, static, target, opts.sampled_children), dp, None)
-    out["EAGLE-2"] = (Eagle(cfg, dyn, target), dp, None)
+    out["EAGLE-2"] = (Eagle(cfg, dyn, target, "top_k"), dp, None)
+    if opts.sampled_children:
+      out["EAGLE-2 sampled"] = (Eagle(cfg, dyn, target, opts.sampled_children), dp, None)
   if opts.eagle3_dir:
     cfg, head = load_eagle_head(opts.eagle3_dir)
-    out["EAGLE-3"] = (Eagle(cfg, dyn, target), {"head": head, "target": tp}, None)
+    dp = {"head": head, "target": tp}
+    out["EAGLE-3"] = (Eagle(cfg, dyn, target, "top_k"), dp, None)
+    if opts.sampled_children:
+      out["EAGLE-3 sampled"] = (Eagle(cfg, dyn, target, opts.sampled_children), dp, None)
+  if opts.block_dir:
+    cfg, head = load_eagle_head(opts.block_dir)
+    if not cfg.block:
+      raise ValueError(f"block_dir={opts.block_dir!r} holds an autoregressive EAGLE head "
+                       f"(EagleConfig.block = 0), not a block head")
+    dp = {"head": head, "target": tp}
+    with open(os.path.join(final_dir(opts.block_dir), "agreement.json"), encoding="utf-8") as f:
+      agreement = json.load(f)["agreement_by_step"]
+    out["block chain"] = (Eagle(cfg, TokenTree.chain(cfg.block), target), dp, None)
+    static = eagle_static_tree(agreement, opts.eagle_tree_nodes)
+    out[f"block tree {opts.eagle_tree_nodes}"] = (Eagle(cfg, static, target, "top_k"), dp, None)
+    if opts.sampled_children:
+      out[f"block tree {opts.eagle_tree_nodes} sampled"] = (
+          Eagle(cfg, static, target, opts.sampled_children), dp, None)
   return out
 
 
@@ -571,15 +599,17 @@ def goals(results: dict) -> list:
   summ = [c for c in results["tasks"].get("summarize", []) if c["temperature"] == 0
           and c["batch"] == 1]
   for c in summ:
-    r = next(r for r in c["rows"] if r["drafter"] == "prompt lookup")
+    r = next((r for r in c["rows"] if r["drafter"] == "prompt lookup"), None)
+    if r is None:   # a run of selected rows (`only`)
+      continue
     out.append({"goal": "prompt lookup ≥ 1.5 tokens per target call, summarisation, greedy",
                 "measured": f"{r['tokens_per_call']:.2f}",
                 "status": "PASS" if r["tokens_per_call"] >= 1.5 else "FAIL"})
   for task, cells in results["tasks"].items():
     for c in cells:
       if c["temperature"] == 0 and c["batch"] == 1:
-        r = next(r for r in c["rows"] if r["drafter"] == "windowed KV")
-        if r.get("alpha") is not None:
+        r = next((r for r in c["rows"] if r["drafter"] == "windowed KV"), None)
+        if r is not None and r.get("alpha") is not None:
           ok = r["alpha"] >= 0.8
           out.append({"goal": f"windowed self-draft α ≥ 0.8 at T=0, W = {results['meta']['window']}"
                               f", {task} (prompts up to {results['meta']['prompt_len']} tokens)",
@@ -604,10 +634,26 @@ def goals(results: dict) -> list:
           out.append({"goal": f"EAGLE-2 τ above the classic draft's and Medusa's, {task}, T=0",
                       "measured": f"{tau['EAGLE-2']:.2f} vs {others[best]:.2f} ({best})",
                       "status": "PASS" if tau["EAGLE-2"] > others[best] else "FAIL"})
+      blocks = {k: v for k, v in tau.items() if k.startswith("block")}
+      if blocks and "EAGLE-2" in tau:
+        best = max(blocks, key=blocks.get)
+        out.append({"goal": f"block drafter τ ≥ EAGLE-2's, {task}, T=0 (one head call)",
+                    "measured": f"{blocks[best]:.2f} ({best}) vs {tau['EAGLE-2']:.2f}",
+                    "status": "PASS" if blocks[best] >= tau["EAGLE-2"] else "FAIL"})
       if "EAGLE-3" in tau and "EAGLE-2" in tau:
         out.append({"goal": f"EAGLE-3 τ ≥ EAGLE-2's, {task}, T=0",
                     "measured": f"{tau['EAGLE-3']:.2f} vs {tau['EAGLE-2']:.2f}",
                     "status": "PASS" if tau["EAGLE-3"] >= tau["EAGLE-2"] else "FAIL"})
+  for task, cells in results["tasks"].items():
+    for c in cells:
+      speed = {r["drafter"]: r["speedup"] for r in c["rows"]}
+      blocks = {k: v for k, v in speed.items() if k.startswith("block")}
+      if c["batch"] == 1 and blocks and "EAGLE-1 chain" in speed:
+        best = max(blocks, key=blocks.get)
+        out.append({"goal": f"block drafter walltime above the EAGLE-1 chain's, {task}, "
+                            f"T={c['temperature']:g}, batch 1",
+                    "measured": f"{blocks[best]:.2f}x ({best}) vs {speed['EAGLE-1 chain']:.2f}x",
+                    "status": "PASS" if blocks[best] > speed["EAGLE-1 chain"] else "FAIL"})
   retraced = [(t, c["batch"], c["temperature"], c["retraced_while_timing"])
               for t, cells in results["tasks"].items() for c in cells
               if c["retraced_while_timing"]]
@@ -639,6 +685,12 @@ def run_options(opts: "FamilyOptions") -> dict:
   first = prompts[tasks[0]]
   stages = Stages(os.path.join(opts.work_dir, "smoke" if smoke else "cells"))
   entries, choice = build_drafters(opts, target, tp, draft, dp, first[0], first[1], stages)
+  if opts.only:
+    unknown = sorted(set(opts.only) - set(entries))
+    if unknown:
+      raise ValueError(f"only names rows {unknown} that this run does not have; its rows: "
+                       f"{sorted(entries)}")
+    entries = {k: v for k, v in entries.items() if k in opts.only}
   results = {"meta": {
       **provenance(), "pair": pair, "target_params": specjax.measure.timing.count_params(tp),
       "draft_params": specjax.measure.timing.count_params(dp), "prompts": n, "prompt_len": p,
@@ -693,7 +745,7 @@ def options(cfg) -> FamilyOptions:
   """The config as `FamilyOptions` (a learned drafter whose directory does
   not exist is left out, with a warning naming it)."""
   dirs = {}
-  for key in ("medusa_dir", "eagle_dir", "eagle3_dir"):
+  for key in ("medusa_dir", "eagle_dir", "eagle3_dir", "block_dir"):
     d = cfg.get(key) or ""
     if d and not os.path.exists(d):
       logging.warning("%s=%s does not exist: its rows are left out (train it with "
@@ -710,7 +762,8 @@ def options(cfg) -> FamilyOptions:
       medusa_trees=tuple(str(t) for t in cfg.medusa_trees),
       eagle_dynamic=tuple(int(x) for x in cfg.eagle_dynamic),
       eagle_tree_nodes=int(cfg.eagle_tree_nodes), auto=bool(cfg.get("auto", False)),
-      sampled_children=str(cfg.get("sampled_children", "without")), **dirs)
+      sampled_children=str(cfg.get("sampled_children", "without")),
+      only=tuple(str(x) for x in cfg.get("only", ())), **dirs)
 
 
 def run(cfg) -> dict:

@@ -14,7 +14,12 @@ A *block* head (`EagleConfig.block` = K > 0; DFlash, arXiv 2602.06036)
 drafts K positions in one pass instead of feeding on its own outputs: slot
 0 is the pair (f_t, x_{t+1}) at position t, slots 1..K-1 a learned mask
 input (`mask_inputs`) at positions t+1..t+K-1, each slot attending to the
-head's cache and causally to the block; slot j predicts x_{t+j+2}. The layer is `qkv` → `attend`
+head's cache and causally to the block; slot j predicts x_{t+j+2}. A block
+head may stack `num_layers` layers; as in DFlash the context enters every
+layer directly — layer i's keys and values of a committed pair are layer
+i's projections of the pair's input (`layer_params`), so the cache still
+depends on the pairs alone — while only the block's slots flow through the
+layers. The layer is `qkv` → `attend`
 (over any number of key / value sources) → `finish` (output projection,
 residual, SwiGLU MLP).
 
@@ -35,7 +40,7 @@ from specjax.models.layers import apply_rope
 from specjax.models.medusa_head import target_lm_head
 
 __all__ = ["EagleConfig", "init_eagle", "shared_weights", "fuse_features", "pair_inputs",
-           "mask_inputs", "qkv", "attend", "finish", "head_logits"]
+           "mask_inputs", "layer_params", "qkv", "attend", "finish", "head_logits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +56,7 @@ class EagleConfig:
     rope_theta, norm_eps: as the target's.
     block: 0 for an autoregressive head (EAGLE), or K > 0 for a block
       head that drafts K positions in one pass (module doc).
+    num_layers: the head's layers (> 1 for block heads only).
   """
 
   d_model: int
@@ -62,6 +68,7 @@ class EagleConfig:
   rope_theta: float = 10000.0
   norm_eps: float = 1e-6
   block: int = 0
+  num_layers: int = 1
 
   def __post_init__(self):
     for name in ("d_model", "vocab_size", "num_heads"):
@@ -76,6 +83,10 @@ class EagleConfig:
     check_int("head_dim", self.head_dim, 1)
     check_int("mlp_dim", self.mlp_dim, 1)
     check_int("block", self.block, 0)
+    check_int("num_layers", self.num_layers, 1)
+    if self.num_layers > 1 and not self.block:
+      raise ValueError(f"num_layers={self.num_layers} needs a block head (block > 0): an "
+                       f"autoregressive EAGLE head has one layer")
     layers = tuple(self.feature_layers)
     for i in layers:
       check_int("feature_layers entries", i, 0)
@@ -93,7 +104,7 @@ class EagleConfig:
 
   def num_params(self) -> int:
     e, hd, f = self.d_model, self.num_heads * self.head_dim, self.mlp_dim
-    n = 2 * e * e + 4 * e * hd + 3 * e * f + 2 * e
+    n = 2 * e * e + (4 * e * hd + 3 * e * f + 2 * e) * self.num_layers
     if self.version == 3:
       n += self.feature_width * e + e
     return n + (e if self.block else 0)
@@ -122,7 +133,23 @@ def init_eagle(config: EagleConfig, key: jax.Array) -> Dict[str, jax.Array]:
     params["out_norm"] = jnp.ones((e,), jnp.float32)
   if config.block:   # the mask slots' input (unit scale, as the normed features)
     params["mask"] = jax.random.normal(ks[7], (e,), jnp.float32)
+  if config.num_layers > 1:   # the block head's later layers, stacked `[L - 1, ...]`
+    one = dataclasses.replace(config, num_layers=1, feature_layers=(), block=0)
+    keys = jax.random.split(jax.random.fold_in(ks[7], 1), config.num_layers - 1)
+    extra = [init_eagle(one, k) for k in keys]
+    params["layers"] = {n: jnp.stack([x[n] for x in extra]) for n in _LAYER_KEYS}
   return params
+
+
+_LAYER_KEYS = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down")
+
+
+def layer_params(params, i: int) -> Dict[str, jax.Array]:
+  """Layer `i`'s weights (0: the head's first layer; i > 0: a block head's
+  later layers) — what `qkv` and `finish` read."""
+  if i == 0:
+    return params
+  return {n: params["layers"][n][i - 1] for n in _LAYER_KEYS}
 
 
 def _rms(x, scale, eps):

@@ -50,15 +50,16 @@ from absl import logging
 
 from specjax import atomic_io
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
-                                       init_eagle, mask_inputs, pair_inputs, qkv, shared_weights)
+                                       init_eagle, layer_params, mask_inputs, pair_inputs, qkv,
+                                       shared_weights)
 from specjax.training import mesh as mesh_lib
 from specjax.training.checkpoint import save_final_params
 from specjax.training.heads import DistillData, head_mesh, resumable_loop, target_states
 from specjax.training.loop import quiet_orbax_info_logs
 from specjax.training.optim import OptimizerSpec, make_optimizer, state_step
 
-__all__ = ["EagleLoss", "unrolled_outputs", "eagle_loss", "train_eagle", "step_agreement",
-           "head_name"]
+__all__ = ["EagleLoss", "unrolled_outputs", "block_outputs", "eagle_loss", "train_eagle",
+           "step_agreement", "head_name"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,11 +104,10 @@ def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, token
   outs, diag = [], []
   feat = feats_BLE[:, :-1]
   k1 = v1 = None
+  if config.block:
+    return block_outputs(config, params, embedding_VE, feats_BLE, tokens_BL, unroll)
   for j in range(1, unroll + 1):
-    if config.block and j > 1:
-      x = mask_inputs(params, (b, l - 1))
-    else:
-      x = pair_inputs(params, embedding_VE, feat, tokens_pad[:, j:j + l - 1])
+    x = pair_inputs(params, embedding_VE, feat, tokens_pad[:, j:j + l - 1])
     q, k, v = qkv(config, params, x, base + (j - 1))
     if j == 1:
       k1, v1 = k, v
@@ -119,6 +119,27 @@ def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, token
     outs.append(out)
     feat = out
   return outs
+
+
+def block_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, tokens_BL, slots: int):
+  """A block head over whole sequences: the block anchored at every base t
+  at once (slot 0 the pair (f_t, x_{t+1}), slots 1.. the mask, at positions
+  t + j). Each layer's slot queries attend to that layer's projections of
+  the pairs before t and to the block's slots up to their own (module doc
+  of `specjax.models.eagle_head`). Returns `slots` arrays `[B, L-1, E]`."""
+  b, l = tokens_BL.shape
+  pair = pair_inputs(params, embedding_VE, feats_BLE[:, :-1], tokens_BL[:, 1:])
+  base = jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32)[None], (b, l - 1))
+  before = (jnp.arange(l - 1)[None, :] < jnp.arange(l - 1)[:, None])[None]
+  hs = [pair] + [mask_inputs(params, (b, l - 1))] * (slots - 1)
+  for i in range(config.num_layers):
+    p = layer_params(params, i)
+    _, ctx_k, ctx_v = qkv(config, p, pair, base)
+    proj = [qkv(config, p, h, base + j) for j, h in enumerate(hs)]
+    hs = [finish(config, p, h, attend(config, q, [(ctx_k, ctx_v, before)],
+                                      [(k, v) for _, k, v in proj[:j + 1]]))
+          for j, (h, (q, _, _)) in enumerate(zip(hs, proj))]
+  return hs
 
 
 def eagle_loss(config: EagleConfig, loss: EagleLoss, params, shared, feats_BLX, final_BLE,
