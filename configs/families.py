@@ -15,6 +15,8 @@ Run (from the repository root), after the Chen experiment and the learned drafte
   (`full`: the same with runs/chen_full and the *_full drafters; 28 min measured, the
   exact commands in results/families/README.md.)
   python experiments/families.py --config=configs/families.py:smoke   # tiny random models
+  python experiments/families.py --config=configs/families.py:block \
+      --config.results_dir=results/families/block   # block heads, EAGLE-2's sampled trees
 
 Measured (`specjax.experiments.families`): on code, summarisation and free text, at
 T = 0 and T = 1, batch 1 and 8: α, τ (tokens per target call), the target
@@ -36,6 +38,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eagle3_dir = "runs/eagle3_full"
   c.block_dir = "runs/block_full"        # a block head (train_drafter.py:block_*)
   c.only = []                          # measure only these rows (names; [] = all)
+  c.eagle_shapes = []                  # more EAGLE-2 rows: [top_k, depth, nodes, expand] each
   c.data_cache = "data_cache"
   c.workdir = f"runs/families_{preset}"
   c.results_dir = ""                   # also write families.{json,md} here
@@ -54,7 +57,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eagle_tree_nodes = 16              # EAGLE-1's static tree (root included)
   c.sampled_children = "without"       # static trees again with sampled children ("": none)
   c.auto = True                        # rows with gamma="auto" (classic draft, prompt lookup)
-  if preset == "quick":
+  if preset in ("quick", "block"):
     c.chen_dir = "runs/chen_quick"
     c.medusa_dir = "runs/medusa_quick"
     c.eagle_dir = "runs/eagle_quick"
@@ -63,10 +66,19 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.prompts = 8
     c.max_new = 48
     c.medusa_trees = ["chain", "16"]
+    if preset == "block":   # results/families/block: block heads and EAGLE-2's sampled trees
+      c.block_dir = "runs/block2_quick"
+      c.medusa_dir = c.eagle3_dir = ""
+      c.auto = False
+      c.eagle_shapes = [[4, 4, 16, 2], [4, 4, 16, 1], [2, 8, 16, 2]]
+      c.only = ["classic draft", "EAGLE-1 chain", "EAGLE-1 tree 16 sampled", "EAGLE-2",
+                "EAGLE-2 sampled", "EAGLE-2 4/4/16 expand 2", "EAGLE-2 4/4/16 expand 1",
+                "EAGLE-2 2/8/16 expand 2", "block chain", "block tree 16",
+                "block tree 16 sampled"]
   elif preset == "smoke":
     c.smoke = True
     c.auto = False
     c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = ""
   elif preset != "full":
-    raise ValueError(f"unknown preset {preset!r}; known: quick, full, smoke")
+    raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, smoke")
   return c

@@ -154,15 +154,17 @@ def test_dynamic_tree_proposal_is_a_valid_per_row_tree():
       assert len(set(kids.tolist())) == len(kids) <= 3
 
 
-@pytest.mark.parametrize("children,cfg", [(None, SamplingConfig(1.0)),
-                                          ("iid", SamplingConfig(0.7, top_p=0.9)),
-                                          ("top_k", SamplingConfig(1.0))], ids=str)
-def test_eagle2_sampling_is_exact_and_the_control_is_caught(children, cfg):
-  """EAGLE-2's sampled tree (the default: children drawn without
-  replacement, the last level cut to `nodes`; i.i.d.) and its top-k tree."""
+@pytest.mark.parametrize("children,expand,cfg", [(None, 1, SamplingConfig(1.0)),
+                                                 ("iid", 0, SamplingConfig(0.7, top_p=0.9))],
+                         ids=str)
+def test_eagle2_sampling_is_exact_and_the_control_is_caught(children, expand, cfg):
+  """EAGLE-2's sampled tree: children drawn without replacement, the best
+  node of each level expanded, the last level cut to `nodes`; i.i.d.
+  children, every node expanded. (Its top-k tree: one-hot proposals, as the
+  other deterministic trees.)"""
   lm, params = exact_lm()
   config, hp = _head(lm)
-  drafter = Eagle(config, DynamicTree(top_k=2, depth=3, nodes=5), lm, children)
+  drafter = Eagle(config, DynamicTree(top_k=2, depth=3, nodes=5, expand=expand), lm, children)
   assert_tree_drafter_exact(lm, params, drafter, {"head": hp, "target": params}, [3, 1, 4],
                             cfg, 3)
 
@@ -173,8 +175,11 @@ def test_sampled_dynamic_tree_is_grown_by_path_probability():
   drawn children kept, siblings distinct without replacement."""
   lm, params = target()
   config, hp = _head(lm)
-  dt = DynamicTree(top_k=4, depth=3, nodes=11)
+  assert DynamicTree(top_k=4, depth=3, nodes=11).sampled_expansion == (4, 1)   # the default
+  dt = DynamicTree(top_k=4, depth=3, nodes=11, expand=2)
   assert dt.sampled_expansion == (2, 2)
+  with pytest.raises(ValueError, match=r"expand \(3\) must divide top_k \(4\)"):
+    DynamicTree(top_k=4, depth=3, nodes=11, expand=3)
   drafter = Eagle(config, dt, lm)
   assert drafter.child_mode == "without" and not drafter.deterministic
   dp = {"head": hp, "target": params}
@@ -256,11 +261,9 @@ def test_eagle_misuse():
                                  max_new_tokens=4, sampling=GREEDY, prefilled=pre)
 
 
-@pytest.mark.parametrize("version", [1, 3])
-def test_eagle_training_learns_and_resumes_exactly(tmp_path, version):
-  """On the target's own greedy continuations the head learns to agree with
-  it; a killed run resumes to the same weights; other settings refuse."""
-  lm, params = target()
+def greedy_distill_data(lm, params):
+  """(prompts, lengths, greedy output, DistillData): 16 ragged prompts and
+  the target's 18 greedy tokens after each, as training sequences."""
   prompts, lengths = ragged_prompts(batch=16, max_len=6, seed=5)
   gen = specjax.generate(lm, params, prompts, lengths, max_new_tokens=18, sampling=GREEDY)
   tokens = np.zeros((16, 24), np.int32)
@@ -269,7 +272,16 @@ def test_eagle_training_learns_and_resumes_exactly(tmp_path, version):
     tokens[i, :m] = p[:m]
     tokens[i, m:m + 18] = np.asarray(gen.tokens)[i]
     generated[i, m:m + 18] = True
-  data = DistillData(tokens=tokens, generated=generated)
+  return prompts, lengths, gen, DistillData(tokens=tokens, generated=generated)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_eagle_training_learns_and_resumes_exactly(tmp_path, version):
+  """On the target's own greedy continuations the head learns to agree with
+  it; a killed run resumes to the same weights; other settings refuse."""
+  lm, params = target()
+  prompts, lengths, gen, data = greedy_distill_data(lm, params)
+  tokens = data.tokens
   config, _ = _head(lm, version)
   loss = EagleLoss.for_version(version, unroll=2)
   cfg = _train_cfg(steps=40, learning_rate=1e-2)

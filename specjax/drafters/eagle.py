@@ -79,16 +79,22 @@ __all__ = ["Eagle", "EagleState", "DynamicTree", "load_eagle"]
 class DynamicTree:
   """EAGLE-2's dynamic tree: expand the `top_k` best nodes per level (top-k
   children each) to `depth` levels, then keep the best `nodes` candidates
-  (the root not counted). Static shape: a call of `nodes + 1` tokens."""
+  (the root not counted). Static shape: a call of `nodes + 1` tokens.
+  `expand`: the sampled tree's nodes expanded per level (a divisor of
+  top_k; 0: all top_k of them, one child each — `sampled_expansion`)."""
 
   top_k: int
   depth: int
   nodes: int
+  expand: int = 0
 
   def __post_init__(self):
     check_int("top_k", self.top_k, 1)
     check_int("depth", self.depth, 1)
     check_int("nodes", self.nodes, 1)
+    check_int("expand", self.expand, 0)
+    if self.expand and self.top_k % self.expand:
+      raise ValueError(f"expand ({self.expand}) must divide top_k ({self.top_k})")
     pool = self.top_k + (self.depth - 1) * self.top_k ** 2
     if self.nodes > pool:
       raise ValueError(f"nodes ({self.nodes}) exceeds the {pool} candidates of top_k "
@@ -104,8 +110,13 @@ class DynamicTree:
   def sampled_expansion(self) -> Tuple[int, int]:
     """(m, c) of the sampled tree (children drawn at T > 0): each level
     after the root's expands its m best nodes with c children each, m * c
-    = top_k (m the largest divisor of top_k not above its square root)."""
-    m = max(d for d in range(1, self.top_k + 1) if self.top_k % d == 0 and d * d <= self.top_k)
+    = top_k; m = `expand`, by default top_k (c = 1: the root's top_k
+    sampled children each grow a sampled chain). Measured on the Chen quick
+    pair at T = 1 (results/families/README.md): τ 3.86-4.04 with the
+    default, 2.62-2.83 with m = c = 2, 2.28-2.45 with m = 1, c = 4 — a
+    second sampled sibling comes from what the first left, rarely what the
+    target samples."""
+    m = self.expand or self.top_k
     return m, self.top_k // m
 
 
@@ -172,9 +183,10 @@ class Eagle(Drafter):
   the sampled modes grow a tree whose shape is fixed before each level's
   children are drawn (a selection that depends on the drawn tokens
   themselves would bias them): the root draws top_k children, each later
-  level expands its best nodes (`DynamicTree.sampled_expansion`), every
-  drawn child kept — so nodes <= top_k * depth; at T = 0 it is the top-k
-  tree. Default (None): "without". Exact in every mode.
+  level expands its best nodes by path probability
+  (`DynamicTree.sampled_expansion`; by default all of them, one child
+  each), every drawn child kept — so nodes <= top_k * depth; at T = 0 it
+  is the top-k tree. Default (None): "without". Exact in every mode.
 
   A block head (`config.block` = K) drafts a static tree of depth ≤ K in one
   head call per iteration (module doc); it has no dynamic tree."""
@@ -382,17 +394,23 @@ class Eagle(Drafter):
     return Proposal(tokens_BT=tokens_BT, valid_BKN=None, node_valid_BT=jnp.stack(valid, axis=1),
                     node_probs_BTV=node_probs)
 
+  def _root_level(self, params, state: EagleState, inp: DraftInput, slots: int):
+    """A dynamic tree's level 0: the root through the head, at side slot 0
+    of `slots` → (outputs, log-probs, side_k, side_v) as `_level`."""
+    b = inp.pending_B.shape[0]
+    side_k, side_v = self._side(b, slots)
+    first = np.eye(slots, dtype=bool)[:1]
+    return self._level(params, state, state.feat_BE[:, None],
+                       inp.pending_B[:, None].astype(jnp.int32), 0, side_k, side_v,
+                       np.array([0]), jnp.broadcast_to(first[None], (b, 1, slots)))
+
   def _propose_dynamic(self, params, state: EagleState, inp: DraftInput) -> Proposal:
     dt = self.tree
     k, depth = dt.top_k, dt.depth
     b = inp.pending_B.shape[0]
     m = 1 + (depth - 1) * k                     # expanded nodes (side slots)
-    side_k, side_v = self._side(b, m)
     eye = jnp.eye(m, dtype=bool)
-    # Level 0: the root.
-    out, logp, side_k, side_v = self._level(
-        params, state, state.feat_BE[:, None], inp.pending_B[:, None].astype(jnp.int32), 0,
-        side_k, side_v, np.array([0]), jnp.broadcast_to(eye[:1][None], (b, 1, m)))
+    out, logp, side_k, side_v = self._root_level(params, state, inp, m)
     top_lp, top_tok = jax.lax.top_k(logp[:, 0], k)               # [B, k]
     pool_tok, pool_score = [top_tok], [top_lp]
     pool_parent = [jnp.full((b, k), -1, jnp.int32)]               # pool index, -1: root
@@ -450,7 +468,8 @@ class Eagle(Drafter):
     """EAGLE-2's tree with sampled children (T > 0): the root draws top_k
     children; each later level expands its m best nodes by path
     probability (the head's log-probs of the drawn tokens, summed along the
-    path) with c children each (`DynamicTree.sampled_expansion`); every
+    path; all of them by default) with c children each
+    (`DynamicTree.sampled_expansion`); every
     drawn child is kept, the nodes past `nodes` dropped (children of the
     worst expansions of the last level) or left invalid. A node's number of
     children is fixed before they are drawn (it depends only on the tokens
@@ -460,11 +479,8 @@ class Eagle(Drafter):
     m, c = dt.sampled_expansion
     b = inp.pending_B.shape[0]
     slots = 1 + (depth - 1) * m                 # expanded nodes (side slots)
-    side_k, side_v = self._side(b, slots)
     eye = np.eye(slots, dtype=bool)
-    out, logp, side_k, side_v = self._level(
-        params, state, state.feat_BE[:, None], inp.pending_B[:, None].astype(jnp.int32), 0,
-        side_k, side_v, np.array([0]), jnp.broadcast_to(eye[:1][None], (b, 1, slots)))
+    out, logp, side_k, side_v = self._root_level(params, state, inp, slots)
     u = jnp.pad(u_BT, ((0, 0), (0, 1 + k * depth - u_BT.shape[1])))   # dropped nodes: zeros
     tok, prob, ok = draw_children(logp[:, 0], sampling, k, u[:, 1:1 + k], self.child_mode)
     score = jnp.take_along_axis(logp[:, 0], tok, axis=1)

@@ -88,7 +88,9 @@ class FamilyOptions:
   (an EAGLE-3 head with the same dynamic tree), `block_dir` (a block head,
   DFlash-style: "block chain" of its slots and "block tree" of
   `eagle_tree_nodes` from its agreement, each drafted in one head call).
-  `only`: the rows to measure (names; empty: all). The static trees' children
+  `eagle_shapes`: more EAGLE-2 rows, (top_k, depth, nodes, expand) each,
+  sampled at T > 0 ("EAGLE-2 k/d/n expand e"). `only`: the rows to measure
+  (names; empty: all). The static trees' children
   are the heads' top-k; `sampled_children` ("iid" or "without"; "" for
   none): the same trees again with children drawn from the head's
   distribution ("... sampled" rows; EAGLE-2 / -3: the sampled dynamic
@@ -118,6 +120,7 @@ class FamilyOptions:
   eagle_dir: str = ""
   eagle3_dir: str = ""
   block_dir: str = ""
+  eagle_shapes: Tuple[Tuple[int, int, int, int], ...] = ()
   only: Tuple[str, ...] = ()
   auto: bool = False   # also rows with gamma="auto" for the classic draft and prompt lookup
   eagle_dynamic: Tuple[int, int, int] = (4, 4, 16)
@@ -285,6 +288,10 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
     out["EAGLE-2"] = (Eagle(cfg, dyn, target, "top_k"), dp, None)
     if opts.sampled_children:
       out["EAGLE-2 sampled"] = (Eagle(cfg, dyn, target, opts.sampled_children), dp, None)
+    for k, d, n, e in opts.eagle_shapes:
+      out[f"EAGLE-2 {k}/{d}/{n} expand {e}"] = (
+          Eagle(cfg, DynamicTree(k, d, n, expand=e), target, opts.sampled_children or "without"),
+          dp, None)
   if opts.eagle3_dir:
     cfg, head = load_eagle_head(opts.eagle3_dir)
     dp = {"head": head, "target": tp}
@@ -645,6 +652,16 @@ def goals(results: dict) -> list:
                     "measured": f"{tau['EAGLE-3']:.2f} vs {tau['EAGLE-2']:.2f}",
                     "status": "PASS" if tau["EAGLE-3"] >= tau["EAGLE-2"] else "FAIL"})
   for task, cells in results["tasks"].items():
+    tau_at = {c["temperature"]: {r["drafter"]: r["tokens_per_call"] for r in c["rows"]}
+              for c in cells if c["batch"] == 1}
+    greedy, hot = tau_at.get(0.0, {}), tau_at.get(1.0, {})
+    if "EAGLE-2 sampled" in hot and "EAGLE-2" in greedy and "classic draft" in hot:
+      t1, t0, cl = hot["EAGLE-2 sampled"], greedy["EAGLE-2"], hot["classic draft"]
+      out.append({"goal": f"EAGLE-2 sampled τ at T=1 ≥ 0.8× EAGLE-2's at T=0 and above the "
+                          f"classic draft's at T=1, {task}, batch 1",
+                  "measured": f"{t1:.2f} = {t1 / t0:.2f}× {t0:.2f}; classic {cl:.2f}",
+                  "status": "PASS" if t1 >= 0.8 * t0 and t1 > cl else "FAIL"})
+  for task, cells in results["tasks"].items():
     for c in cells:
       speed = {r["drafter"]: r["speedup"] for r in c["rows"]}
       blocks = {k: v for k, v in speed.items() if k.startswith("block")}
@@ -763,7 +780,9 @@ def options(cfg) -> FamilyOptions:
       eagle_dynamic=tuple(int(x) for x in cfg.eagle_dynamic),
       eagle_tree_nodes=int(cfg.eagle_tree_nodes), auto=bool(cfg.get("auto", False)),
       sampled_children=str(cfg.get("sampled_children", "without")),
-      only=tuple(str(x) for x in cfg.get("only", ())), **dirs)
+      only=tuple(str(x) for x in cfg.get("only", ())),
+      eagle_shapes=tuple(tuple(int(v) for v in x) for x in cfg.get("eagle_shapes", ())),
+      **dirs)
 
 
 def run(cfg) -> dict:
