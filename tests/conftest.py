@@ -47,7 +47,8 @@ _HEAVY_FIRST = ("test_bench_drafters", "test_leviathan", "test_benchmarks", "tes
                 "test_bench_scripts", "test_chen", "test_eagle", "test_paper_presets",
                 "test_long_context", "test_trees", "test_suffix", "test_generation",
                 "test_shakespeare", "test_notebooks", "test_properties", "test_adaptive",
-                "test_medusa")
+                "test_medusa", "test_block", "test_soak", "test_cache_layout", "test_aot",
+                "test_sharding")
 
 
 def pytest_collection_modifyitems(items):

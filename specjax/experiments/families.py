@@ -269,9 +269,6 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
                         feature_layers=layers)
       dp = {"head": init_eagle(cfg, jax.random.PRNGKey(6)), "target": tp}
       out[f"EAGLE-{2 if version == 1 else 3}"] = (Eagle(cfg, dyn, target, "top_k"), dp, None)
-    cfg = EagleConfig(target.config.d_model, target.vocab_size, num_heads=2, block=2)
-    out["block chain"] = (Eagle(cfg, TokenTree.chain(2), target),
-                          {"head": init_eagle(cfg, jax.random.PRNGKey(7)), "target": tp}, None)
     return out
   if opts.eagle_dir:
     cfg, head = load_eagle_head(opts.eagle_dir)
