@@ -361,9 +361,9 @@ class Eagle(Drafter):
     valid = [jnp.ones((b,), bool)] * n
     probs = [None] * n
     feats = {0: state.feat_BE}   # the feature each node's pair carries
-    side_k, side_v = self._side(b, n)
     block = (self._block(params, state, inp.pending_B, tree.depth) if self.config.block
              else None)
+    side_k, side_v = self._side(b, n) if block is None else (None, None)
     for d in range(tree.depth):
       idx = [i for i in range(n) if depths[i] == d and (parents == i).any()]
       if not idx:
@@ -469,9 +469,9 @@ class Eagle(Drafter):
     children; each later level expands its m best nodes by path
     probability (the head's log-probs of the drawn tokens, summed along the
     path; all of them by default) with c children each
-    (`DynamicTree.sampled_expansion`); every
-    drawn child is kept, the nodes past `nodes` dropped (children of the
-    worst expansions of the last level) or left invalid. A node's number of
+    (`DynamicTree.sampled_expansion`); every drawn child is kept, the nodes
+    past `nodes` dropped (children of the last level's worst expansions).
+    A node's number of
     children is fixed before they are drawn (it depends only on the tokens
     of its level and above), so recursive rejection sampling stays exact."""
     dt = self.tree
@@ -499,11 +499,12 @@ class Eagle(Drafter):
       out, logp, side_k, side_v = self._level(params, state, feats, ptok, d, side_k, side_v,
                                               rows, anc)
       at = first + k                             # node index of this new level's first node
+      pok = take(ok)                             # an invalid node's children are invalid
       t_, p_, o_ = [], [], []
       for j in range(m):
         tj, pj, oj = draw_children(logp[:, j], sampling, c, u[:, at + j * c:at + (j + 1) * c],
                                    self.child_mode)
-        t_.append(tj), p_.append(pj), o_.append(oj & take(ok)[:, j:j + 1])
+        t_.append(tj), p_.append(pj), o_.append(oj & pok[:, j:j + 1])
       tok = jnp.concatenate(t_, axis=1)
       prob, ok = jnp.concatenate(p_, axis=1), jnp.concatenate(o_, axis=1)
       score = jnp.repeat(pscore, c, axis=1) + jnp.take_along_axis(

@@ -193,8 +193,7 @@ def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
     name = head_name(config)
     lines = [f"# {name} head on the Chen target", "",
              f"{config.num_layers} decoder layer(s) ({config.num_params() / 1e6:.2f}M params; "
-             f"the target "
-             f"{tc.num_params() / 1e6:.1f}M) over "
+             f"the target {tc.num_params() / 1e6:.1f}M) over "
              + ("the target's final state" if version == 1 else
                 f"the target blocks {list(layers)} fused")
              + f"; {len(train_data.tokens)} self-distilled sequences ({cfg.data.max_new} target "

@@ -134,8 +134,9 @@ def block_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, tokens_B
   hs = [pair] + [mask_inputs(params, (b, l - 1))] * (slots - 1)
   for i in range(config.num_layers):
     p = layer_params(params, i)
-    _, ctx_k, ctx_v = qkv(config, p, pair, base)
     proj = [qkv(config, p, h, base + j) for j, h in enumerate(hs)]
+    # The context: this layer's projections of the pairs (layer 0's are slot 0's own).
+    _, ctx_k, ctx_v = proj[0] if i == 0 else qkv(config, p, pair, base)
     hs = [finish(config, p, h, attend(config, q, [(ctx_k, ctx_v, before)],
                                       [(k, v) for _, k, v in proj[:j + 1]]))
           for j, (h, (q, _, _)) in enumerate(zip(hs, proj))]
