@@ -11,7 +11,12 @@ Cases (bf16, greedy, every program compiled by the TPU compiler from libtpu):
   chips (the paper's setup) and v5e-16, the draft replicated (the launchers'
   default); chen_sharded: on the 16 v4 chips with the draft split too.
 * today: Llama-3.1-8B with a Llama-3.2-1B draft and an EAGLE-3 head (chain,
-  γ = 4) on v5e-8 and v6e-8, batch 1 / 32, contexts 2k / 32k.
+  γ = 4) on v5e-8 and v6e-8, batch 1 / 32, contexts 2k / 32k, both drafts
+  replicated; today_split: the same on v5e-8 / v6e-8 at batch 1 and 32, 2k, with
+  the draft and the head split over the 8 chips like the target.
+* chen_llama_split: Llama-3.1-70B with a split Llama-3.2-1B on 16 v4 chips
+  (the TPU compiler needs more than this machine's 24 GB of host memory for it:
+  run it where there is more).
 
 Each case writes `<out>/<case>.json` when it finishes (a rerun skips finished
 cases) and the tables are collected into `<out>/README.md`.
@@ -32,7 +37,7 @@ from specjax.measure.provenance import provenance
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
-_ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "chen_sharded", "today"],
+_ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "chen_sharded", "today", "today_split"],
                           "Case groups to run.")
 _OUT = flags.DEFINE_string("out", "results/tpu_aot", "Output directory.")
 _REPLAN = flags.DEFINE_bool("replan", False, "Compile nothing: recompute the memory-plan "
@@ -52,10 +57,14 @@ def _t5(name):
   return T5(t5_config(name, **BF16))
 
 
-def _chunk(ctx):
+def _chunk(ctx, batch=1):
   """Long prompts prefill in chunks of 512 positions (attention scores of one chunk at a
-  time: `DecoderConfig.prefill_chunk`)."""
-  return 512 if ctx > 4096 else None
+  time: `DecoderConfig.prefill_chunk`), large batches in chunks of 256 (a model-split
+  prefill keeps two `[B·T, E]` partial sums per layer live: 34 GB per chip for 32 × 1792
+  tokens of Llama-3.1-8B on a v5e-8 unchunked)."""
+  if ctx > 4096:
+    return 512
+  return 256 if batch * ctx > 16384 else None
 
 
 def cases():
@@ -78,10 +87,11 @@ def cases():
                       alphas=((draft, 0.8),))))
   # The paper's setup splits the draft over the 16 chips too: a replicated 4B draft reads
   # all 8 GB on every chip at every draft step.
-  # (Llama-3.1-70B with a split Llama-3.2-1B is left out: its speculative loop did not
-  # compile here, the TPU compiler was killed at 24 GB of host memory.)
-  for tgt, draft in (("chinchilla-70b", "chinchilla-4b-draft"),):
-    out.append(("chen_sharded", f"chen_{tgt}_v4-2x2x4_draft-split",
+  # (Llama-3.1-70B with a split Llama-3.2-1B: group chen_llama_split, not run by
+  # default — the TPU compiler was killed at 24 GB of host memory compiling it.)
+  for group, tgt, draft in (("chen_sharded", "chinchilla-70b", "chinchilla-4b-draft"),
+                            ("chen_llama_split", "llama-3.1-70b", "llama-3.2-1b")):
+    out.append((group, f"chen_{tgt}_v4-2x2x4_draft-split",
                 lambda tgt=tgt, draft=draft: AotRun(
                     "v4:2x2x4", _dec(tgt), ((draft, _dec(draft)),), gammas=(4,), batch_size=1,
                     prompt_len=1024, max_new_tokens=128, programs=("ar", "draft"),
@@ -92,11 +102,25 @@ def cases():
         continue
       out.append(("today", f"today_llama-3.1-8b_{topo.replace(':', '-')}_b{batch}_ctx{ctx}",
                   lambda topo=topo, batch=batch, ctx=ctx: AotRun(
-                      topo, _dec("llama-3.1-8b", prefill_chunk=_chunk(ctx)),
-                      (("llama-3.2-1b", _dec("llama-3.2-1b", prefill_chunk=_chunk(ctx))),),
+                      topo, _dec("llama-3.1-8b", prefill_chunk=_chunk(ctx, batch)),
+                      (("llama-3.2-1b", _dec("llama-3.2-1b", prefill_chunk=_chunk(ctx, batch))),),
                       gammas=(4,), batch_size=batch, prompt_len=ctx - 256, max_new_tokens=128,
                       cache_len=ctx, programs=("ar", "draft", "eagle_chain"),
                       eagle_features=(2, 16, 29), alphas=(("llama-3.2-1b", 0.8),))))
+  # The drafts split like the target: each chip reads 1/8 of the 1B draft and of the
+  # EAGLE-3 head at every draft step instead of all of it.
+  for topo in ("v5e:2x4", "v6e:2x4"):
+    for batch in (1, 32):
+      out.append(("today_split",
+                  f"today_llama-3.1-8b_{topo.replace(':', '-')}_b{batch}_ctx2048_draft-split",
+                  lambda topo=topo, batch=batch: AotRun(
+                      topo, _dec("llama-3.1-8b", prefill_chunk=_chunk(2048, batch)),
+                      (("llama-3.2-1b", _dec("llama-3.2-1b",
+                                             prefill_chunk=_chunk(2048, batch))),),
+                      gammas=(4,), batch_size=batch, prompt_len=2048 - 256, max_new_tokens=128,
+                      cache_len=2048, programs=("ar", "draft", "eagle_chain"),
+                      draft_replicated=False, eagle_features=(2, 16, 29),
+                      alphas=(("llama-3.2-1b", 0.8),))))
   return out
 
 

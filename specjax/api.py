@@ -25,7 +25,7 @@ from specjax.drafters.model import ModelDrafter
 from specjax.drafting import Drafter
 from specjax.generation import (AutoregressiveDecoder, EosIds, GenerationOutput, Prefill,
                                 SpeculativeDecoder, check_adaptive, run_prefill)
-from specjax.parallel.sharding import place_cache_like
+from specjax.parallel.sharding import decode_mesh, params_mesh, place_cache_like, place_state
 from specjax.protocol import check_model, check_params, required_cache_len
 from specjax.sampling import SamplingConfig
 from specjax.verify import rejection_verify
@@ -289,8 +289,9 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
   prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, model.vocab_size)
   b, p = prompts.shape
   cache = _check_cache("cache", model, None, b, p, max_new_tokens, gamma, cache_len, params)
-  out = run_prefill(model, params, sampling, prompts, prompt_lengths,
-                    _row_keys(key, b, sampling), cache)
+  with decode_mesh(params):
+    out = run_prefill(model, params, sampling, prompts, prompt_lengths,
+                      _row_keys(key, b, sampling), cache)
   enforce_limit()
   return out
 
@@ -533,6 +534,9 @@ def _draft_state(drafter, draft_cache, draft_params, b, p, max_new, gamma, cache
                      "its own state (pass draft_cache=None)")
   if draft_cache is None:
     draft_cache = drafter.alloc(b, p, target_cache.max_len, gamma)
+    mesh = params_mesh(target_cache)   # placed like the target's params (`place_cache_like`)
+    if mesh is not None:
+      draft_cache = place_state(draft_cache, mesh, drafter.splits_state)
   return draft_cache
 
 

@@ -266,6 +266,10 @@ class Drafter(abc.ABC):
       committed in its place (at a plain step: the first draft; after a
       call whose drafts were all accepted: the next one) is a free
       observation of the acceptance rate.
+    splits_state: on a mesh, the drafter's weights are split over `model`
+      like the target's, and its state (`alloc`) is laid out by its fields'
+      shape suffixes — heads over `model`, rows over `data`
+      (`sharding.state_spec`); False: only its rows over `data`.
   """
 
   deterministic: bool = False
@@ -277,6 +281,7 @@ class Drafter(abc.ABC):
   adaptive: bool = False
   catches_up: bool = False
   offers_room: bool = False
+  splits_state: bool = False
 
   def calls_per_iteration(self, gamma: int) -> int:
     """Drafter forward passes per iteration (for the statistics; default 0)."""

@@ -62,6 +62,7 @@ from specjax.adaptive import AdaptiveGamma
 from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
 from specjax.sampling import SamplingConfig, argmax_first, draw, process_logits, row_uniforms
 from specjax.tree import TokenTree, dynamic_tree_arrays
+from specjax.parallel.sharding import decode_mesh
 from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_verify,
                             rejection_verify, tree_verify)
 
@@ -349,8 +350,9 @@ class AutoregressiveDecoder:
     `acceptance`: with `report_adaptive`, the carried estimate to idle."""
     if acceptance is not None and self.report_adaptive is None:
       raise ValueError("acceptance is reported by a decoder with report_adaptive set")
-    return autoregressive_loop(self, params, prompts_BP, lengths_B, keys_B, cache, prefilled,
-                               acceptance)
+    with decode_mesh(params):
+      return autoregressive_loop(self, params, prompts_BP, lengths_B, keys_B, cache, prefilled,
+                                 acceptance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -764,8 +766,9 @@ class SpeculativeDecoder:
     elif gamma_costs is not None or acceptance is not None:
       raise ValueError("gamma_costs and acceptance are for an adaptive decoder "
                        "(adaptive=AdaptiveGamma(...))")
-    return speculative_loop(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                            target_cache, draft_cache, prefilled, gamma_costs, acceptance)
+    with decode_mesh(target_params):
+      return speculative_loop(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
+                              target_cache, draft_cache, prefilled, gamma_costs, acceptance)
 
 
 def check_adaptive(drafter: Drafter, ad: AdaptiveGamma) -> None:

@@ -1,5 +1,8 @@
 """Compile-only runs for TPU topologies (libtpu's compiler, no TPU attached)."""
 
+import dataclasses
+from unittest import mock
+
 import numpy as np
 import pytest
 from jax.sharding import Mesh
@@ -153,7 +156,12 @@ def test_tiny_decoder_compiles_for_v5e_and_fits(tiny_decoder_report):
     loop = p["loop"]
     assert loop["host_transfers"] == 0, p["name"]          # the loop stays on the device
     assert loop["hbm_copies"] == [], p["name"]             # no cache-sized copy per iteration
-    assert loop["collectives"]["all-reduce"]["count"] >= 2 * _DEC.num_layers
+    # Collectives at the Megatron minimum: 2 all-reduces per target layer and 1 for the
+    # vocab-parallel embedding; the vocab-split logits gathered once (`whole_vocab`), not
+    # one collective per reduction of the sampler. The replicated draft adds none.
+    assert loop["collectives"] == {
+        "all-reduce": {"count": 2 * _DEC.num_layers + 1, "bytes": mock.ANY},
+        "all-gather": {"count": 1, "bytes": mock.ANY}}, (p["name"], loop["collectives"])
     assert p["predicted_s"]["total_s"] > 0
   # The donated cache is updated in place: the aliased bytes cover it.
   assert by["ar"]["alias_bytes"] >= 0.99 * by["ar"]["slices"]["target_cache"]
@@ -234,3 +242,30 @@ def test_tree_drafters_compile_for_v5e():
                    "speculative EAGLE-1 dynamic tree 5 nodes", "speculative Medusa chain 2"]
   for p in r["programs"]:
     assert p["error"] is None and p["fits"] and p["loop"]["host_transfers"] == 0, p["name"]
+
+
+def test_a_split_eagle_head_is_laid_out_megatron_style():
+  """`draft_replicated=False`: the head's kernels and its cache split over `model`
+  (`param_spec`, `suffix_spec`), its activations pinned (`EagleConfig.split`): per head
+  call 1 embedding all-reduce, 1 all-gather of fc's output, 2 all-reduces (o, down) and 1
+  all-gather of the logits — no weight gathered, no all-to-all; replicated: 1 + 1."""
+  run = AotRun("v5e:2x2", DecoderLM(_DEC), gammas=(3,), batch_size=8, prompt_len=120,
+               max_new_tokens=8, cache_len=256, programs=("eagle_chain",))
+  by = {}
+  for split in (False, True):
+    r = run_aot(dataclasses.replace(run, draft_replicated=not split), progress=lambda m: None)
+    (p,) = r["programs"]
+    assert p["error"] is None and p["fits"] and p["loop"]["hbm_copies"] == []
+    by[split] = p
+  target = 2 * _DEC.num_layers + 1   # all-reduces of the verify call; + 1 logits all-gather
+  for split, (reduces, gathers) in ((False, (1, 1)), (True, (3, 2))):
+    coll = by[split]["loop"]["collectives"]
+    assert set(coll) == {"all-reduce", "all-gather"}, coll
+    # 3 head calls per iteration + the feedback's pairs (embedding, and fc when split).
+    assert coll["all-reduce"]["count"] == target + 3 * reduces + 1, (split, coll)
+    assert coll["all-gather"]["count"] == 1 + 3 * gathers + split, (split, coll)
+  # The head's params and cache: a quarter per device when split.
+  whole, split = by[False]["slices"], by[True]["slices"]
+  assert split["draft_params"] < 0.3 * whole["draft_params"]
+  assert split["draft_cache"] < 0.3 * whole["draft_cache"]
+  assert 0.9 <= by[True]["plan"]["ratio"] <= 1.1

@@ -1,5 +1,7 @@
 """Decoding on a (data, model) mesh of 8 CPU devices equals single-device decoding."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -206,3 +208,38 @@ def test_caches_the_api_allocates_are_placed_like_the_params():
   assert sharding.params_mesh(params) is None
   assert P("data") == sharding.place_cache_like(
       lm.init_cache(8, 16), sharding.replicate(params, mesh)).lengths.sharding.spec
+
+
+def test_a_split_eagle_head_and_gathered_logits_decode_exactly():
+  """An EAGLE head split over `model` like its target (`EagleConfig.split`, the head's
+  kernels laid out by `param_spec`, its cache by head: `Drafter.splits_state`) and the
+  logits gathered once under the params' mesh (`sharding.decode_mesh`) give the
+  single-device tokens, sampled at T = 1."""
+  from specjax.drafters.eagle import Eagle
+  from specjax.tree import TokenTree
+  from test_eagle import _head
+  mesh = sharding.make_mesh(data=2, model=2)
+  lm, params = target()
+  config, hp = _head(lm)
+  prompts, lengths = ragged_prompts(batch=4)
+  keys = jax.random.split(jax.random.key(5), 4)
+  kw = dict(max_new_tokens=10, sampling=specjax.SamplingConfig(1.0), eos_id=EOS)
+  ref = specjax.speculative_generate(lm, params, Eagle(config, TokenTree.chain(3), lm),
+                                     {"head": hp, "target": params}, prompts, lengths,
+                                     key=keys, **kw)
+  split = dataclasses.replace(config, split=True)
+  tp, shp = sharding.shard_params(params, mesh), sharding.shard_params(hp, mesh)
+  P = jax.sharding.PartitionSpec
+  col, row = P(None, "model"), P("model", None)
+  assert shp["q"].sharding.spec == col and shp["o"].sharding.spec == row
+  assert shp["fc"].sharding.spec == col and shp["down"].sharding.spec == row
+  sp, ln, ks = sharding.shard_batch(mesh, prompts, lengths, keys)
+  out = specjax.speculative_generate(lm, tp, Eagle(split, TokenTree.chain(3), lm),
+                                     {"head": shp, "target": tp}, sp, ln, key=ks, **kw)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.stats.accepted, ref.stats.accepted)
+  k = out.draft_cache.k_BSHD   # [B, S, H, D]: rows over data, heads over model
+  assert k.sharding.shard_shape(k.shape) == (k.shape[0] // 2, k.shape[1], k.shape[2] // 2,
+                                             k.shape[3])
+  assert sharding.suffix_spec("k_BSHD", (4, 16, 2, 8), mesh) == P("data", None, "model", None)
+  assert sharding.suffix_spec("lengths", (4,), mesh) == P("data")

@@ -26,7 +26,7 @@ from specjax import generation
 from specjax.drafters.model import ModelDrafter
 from specjax.measure.roofline import decode_reads
 from specjax.models.eagle_head import init_eagle, shared_weights
-from specjax.parallel.sharding import cache_spec, fsdp_spec, param_spec, rows_spec
+from specjax.parallel.sharding import cache_spec, fsdp_spec, param_spec, rows_spec, state_spec
 from specjax.sampling import SamplingConfig
 from specjax.training.eagle import EagleLoss, _step_fn as eagle_step_fn
 from specjax.training.mesh import sharded_jit, sharded_train_step, state_shardings
@@ -119,8 +119,9 @@ def lower_prefill(model, mesh: Mesh, *, batch_size: int, prompt_len: int, cache_
   params = abstract_params(model, mesh, replicated)
   cache = abstract_cache(model, mesh, batch_size, cache_len, prompt_len, replicated)
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
-  return Lowered(name, _prefill.lower(model, params, sampling, prompts, lengths, keys, cache),
-                 "prefill", tokens_per_call=prompt_len,
+  with jax.set_mesh(mesh):
+    lowered = _prefill.lower(model, params, sampling, prompts, lengths, keys, cache)
+  return Lowered(name, lowered, "prefill", tokens_per_call=prompt_len,
                  slices={"target_params": device_bytes(params),
                          "target_cache": device_bytes(cache)})
 
@@ -133,8 +134,9 @@ def lower_ar_loop(model, mesh: Mesh, *, batch_size: int, prompt_len: int, max_ne
   params = abstract_params(model, mesh)
   cache = abstract_cache(model, mesh, batch_size, cache_len, prompt_len)
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
-  return Lowered("ar", generation.autoregressive_loop.lower(dec, params, prompts, lengths, keys,
-                                                            cache), "ar",
+  with jax.set_mesh(mesh):   # as `generate` traces it on a mesh (`sharding.decode_mesh`)
+    lowered = generation.autoregressive_loop.lower(dec, params, prompts, lengths, keys, cache)
+  return Lowered("ar", lowered, "ar",
                  slices={"target_params": decode_bytes(params),
                          "target_cache": device_bytes(cache)})
 
@@ -150,7 +152,8 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   `drafter`: a `specjax.drafting.Drafter`. Its params: a `ModelDrafter`'s
   model's (replicated or split per `draft_replicated`); otherwise
   `draft_params_fn(target_params)` builds the abstract tree (e.g. EAGLE's
-  {"head": ..., "target": target_params}), None for drafters without params.
+  {"head": ..., "target": target_params}), None for drafters without params;
+  its state is laid out by `sharding.state_spec` (`Drafter.splits_state`).
   """
   tp = abstract_params(target, mesh)
   call_len = drafter.layout(gamma).length
@@ -163,12 +166,15 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   else:
     dp = draft_params_fn(tp) if draft_params_fn is not None else None
     shapes = jax.eval_shape(lambda: drafter.alloc(batch_size, prompt_len, cache_len, gamma))
-    dcache = jax.tree_util.tree_map(
-        lambda x: _struct(x, NamedSharding(mesh, rows_spec(x.shape, mesh))), shapes)
+    # Its rows over `data`; a split drafter's heads over `model` (`state_spec`).
+    dcache = jax.tree_util.tree_map_with_path(lambda path, x: _struct(x, NamedSharding(
+        mesh, state_spec(path, x.shape, mesh, drafter.splits_state))), shapes)
     draft_model = None
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
   dec = generation.SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, 0)
-  lowered = generation.speculative_loop.lower(dec, tp, dp, prompts, lengths, keys, tcache, dcache)
+  with jax.set_mesh(mesh):
+    lowered = generation.speculative_loop.lower(dec, tp, dp, prompts, lengths, keys, tcache,
+                                                dcache)
   return Lowered(name or f"speculative {type(drafter).__name__} γ={gamma}", lowered,
                  "speculative", tokens_per_call=call_len,
                  draft_calls=drafter.calls_per_iteration(gamma), draft_model=draft_model,

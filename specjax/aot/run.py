@@ -42,7 +42,7 @@ from specjax.drafters.model import ModelDrafter
 from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig
-from specjax.parallel.sharding import DATA, MODEL, fit_to_mesh
+from specjax.parallel.sharding import DATA, MODEL, fit_to_mesh, param_spec
 from specjax.planning.memory import memory_plan
 from specjax.planning.mesh import choose_mesh
 from specjax.tree import TokenTree
@@ -166,19 +166,28 @@ def _lowerings(run: AotRun, mesh: Mesh):
     c = t.config
     ecfg = EagleConfig(c.d_model, c.vocab_size, num_heads=c.num_heads, head_dim=c.head_dim,
                        mlp_dim=c.mlp_dim, feature_layers=tuple(run.eagle_features),
-                       rope_theta=c.rope_theta, norm_eps=c.norm_eps)
+                       rope_theta=c.rope_theta, norm_eps=c.norm_eps,
+                       split=not run.draft_replicated)
     head = jax.eval_shape(lambda: init_eagle(ecfg, jax.random.PRNGKey(0)))
     label = "EAGLE-3" if run.eagle_features else "EAGLE-1"
 
     # The head as deployed next to a bf16 target: in the target's parameter dtype (it is
-    # trained in float32; `specjax.models.cast_params` casts it), whole on every device.
+    # trained in float32; `specjax.models.cast_params` casts it), whole on every device,
+    # or split over `model` like the target (`draft_replicated=False`: `param_spec`'s
+    # layout of a head, its cache's heads over `model` too).
     head_dtype = np.dtype(getattr(c, "param_dtype", "float32"))
 
+    def head_spec(path, x):
+      if run.draft_replicated:
+        return jax.sharding.PartitionSpec()
+      return param_spec(("head",) + tuple(path), x.shape, mesh)
+
     def eagle_params(tp, head=head):
-      rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-      return {"head": jax.tree_util.tree_map(
-          lambda x: jax.ShapeDtypeStruct(x.shape, head_dtype, sharding=rep), head),
-              "target": tp}
+      return {"head": jax.tree_util.tree_map_with_path(
+          lambda path, x: jax.ShapeDtypeStruct(
+              x.shape, head_dtype, sharding=jax.sharding.NamedSharding(mesh, head_spec(path, x))),
+          head), "target": tp}
+    split = dict(draft_replicated=run.draft_replicated)
     if "train_eagle" in run.programs:
       out.append(lambda: lower_eagle_train_step(t, ecfg, mesh, batch_size=run.train_batch,
                                                 seq_len=run.train_seq_len,
@@ -187,17 +196,17 @@ def _lowerings(run: AotRun, mesh: Mesh):
       for g in run.gammas:
         out.append(lambda g=g: lower_speculative_loop(
             t, Eagle(ecfg, TokenTree.chain(g), t), mesh, gamma=g, draft_params_fn=eagle_params,
-            name=f"speculative {label} chain γ={g}", **common))
+            name=f"speculative {label} chain γ={g}", **split, **common))
     if "eagle_static" in run.programs:
       static = TokenTree.from_paths(_STATIC_TREE_PATHS)
       out.append(lambda: lower_speculative_loop(
           t, Eagle(ecfg, static, t), mesh, gamma=static.depth, draft_params_fn=eagle_params,
-          name=f"speculative {label} static tree {static.size} nodes", **common))
+          name=f"speculative {label} static tree {static.size} nodes", **split, **common))
     if "eagle_tree" in run.programs:
       tree = DynamicTree(*run.eagle_tree)
       out.append(lambda: lower_speculative_loop(
           t, Eagle(ecfg, tree, t, "top_k"), mesh, gamma=tree.depth, draft_params_fn=eagle_params,
-          name=f"speculative {label} dynamic tree {tree.nodes + 1} nodes", **common))
+          name=f"speculative {label} dynamic tree {tree.nodes + 1} nodes", **split, **common))
   if "medusa" in run.programs and dec:
     c = t.config
     mcfg = MedusaConfig(run.medusa_heads, c.d_model, c.vocab_size, share_lm_head=True)

@@ -200,6 +200,11 @@ class Eagle(Drafter):
   needs_hidden = True
   needs_prompt_hidden = True
 
+  @property
+  def splits_state(self) -> bool:
+    """A head split like the target (`EagleConfig.split`) has its cache split by head."""
+    return self.config.split
+
   def __post_init__(self):
     if not isinstance(self.tree, (TokenTree, DynamicTree)):
       raise TypeError(f"tree must be a TokenTree or a DynamicTree, got {self.tree!r}")
@@ -291,7 +296,7 @@ class Eagle(Drafter):
     p = prompts_BP.shape[1]
     lengths_B = lengths_B.astype(jnp.int32)
     if p > 1:  # the pairs (f_t, x_{t+1}), t < P - 1, at slots t
-      x = pair_inputs(hp, emb, feats_BPE[:, :-1], prompts_BP[:, 1:])
+      x = pair_inputs(c, hp, emb, feats_BPE[:, :-1], prompts_BP[:, 1:])
       pos = jnp.broadcast_to(jnp.arange(p - 1, dtype=jnp.int32)[None], x.shape[:2])
       state = _write_pairs(c, hp, state, x, pos, jnp.zeros_like(lengths_B))
     last = jnp.take_along_axis(feats_BPE, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
@@ -305,7 +310,7 @@ class Eagle(Drafter):
     `[B, T, V]`, side_k, side_v)."""
     c, hp = self.config, params["head"]
     emb, lm = shared_weights(self.target, params["target"])
-    x = pair_inputs(hp, emb, feats_BTE, tokens_BT)
+    x = pair_inputs(c, hp, emb, feats_BTE, tokens_BT)
     pos = jnp.broadcast_to((state.lengths_B + depth)[:, None], tokens_BT.shape)
     q, k, v = qkv(c, hp, x, pos)
     side_k = side_k.at[:, slots].set(k)
@@ -322,7 +327,7 @@ class Eagle(Drafter):
     c, hp = self.config, params["head"]
     emb, lm = shared_weights(self.target, params["target"])
     b = pending_B.shape[0]
-    root = pair_inputs(hp, emb, state.feat_BE[:, None], pending_B[:, None].astype(jnp.int32))
+    root = pair_inputs(c, hp, emb, state.feat_BE[:, None], pending_B[:, None].astype(jnp.int32))
     x = jnp.concatenate([root, mask_inputs(hp, (b, depth - 1))], axis=1)
     pos = state.lengths_B[:, None] + jnp.arange(depth, dtype=jnp.int32)[None]
     causal = np.tril(np.ones((depth, depth), bool))[None]
@@ -528,7 +533,7 @@ class Eagle(Drafter):
     # Pairs at slots lengths + j: (f_root-1, root), (f_root, a_1), ..., (f_{a_{C-2}}, a_{C-1}).
     feats = jnp.concatenate([state.feat_BE[:, None], f_BCE[:, :-1]], axis=1)
     toks = jnp.concatenate([state.root_B[:, None], feedback.committed_BC[:, :-1]], axis=1)
-    x = pair_inputs(hp, emb, feats, toks)
+    x = pair_inputs(c, hp, emb, feats, toks)
     pos = state.lengths_B[:, None] + jnp.arange(x.shape[1], dtype=jnp.int32)[None]
     moved = feedback.count_B > 0
     last = jnp.take_along_axis(f_BCE, feedback.accepted_B[:, None, None], axis=1)[:, 0]

@@ -35,7 +35,7 @@ import numpy as np
 
 from specjax.models import decoder_layout, matvec_cache, rope
 from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, contract,
-                                   copy_slots, replace_layer)
+                                   copy_slots, replace_layer, whole_vocab)
 from specjax._checks import check_bool, check_int, check_optional_int
 
 __all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]
@@ -339,11 +339,12 @@ class DecoderModule(nn.Module):
     return self.project(h_BTE)
 
   def project(self, h_xE: jax.Array) -> jax.Array:
-    """Hidden states `[..., E]` → float32 logits `[..., V]`."""
+    """Hidden states `[..., E]` → float32 logits `[..., V]` (whole over the
+    vocabulary on every device: `layers.whole_vocab`)."""
     c = self.config
     if self.is_initializing():
       logits = self.embed.attend(h_xE) if c.tie_embeddings else self.lm_head(h_xE)
-      return logits.astype(jnp.float32)
+      return whole_vocab(logits.astype(jnp.float32))
     params = self.variables["params"]
     packed = "qkv" in params.get("layer_0", {})
     mm = functools.partial(contract, max_matvec_rows=matvec_rows(c, packed),
@@ -352,7 +353,7 @@ class DecoderModule(nn.Module):
       logits = mm(h_xE, params["embed"]["embedding"], (1,))
     else:
       logits = mm(h_xE, params["lm_head"]["kernel"], (0,))
-    return logits.astype(jnp.float32)
+    return whole_vocab(logits.astype(jnp.float32))
 
 
 @functools.lru_cache(maxsize=32)

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax._checks import check_int
-from specjax.models.layers import apply_rope
+from specjax.models.layers import apply_rope, on_mesh, whole_vocab
 from specjax.models.medusa_head import target_lm_head
 
 __all__ = ["EagleConfig", "init_eagle", "shared_weights", "fuse_features", "pair_inputs",
@@ -57,6 +57,11 @@ class EagleConfig:
     block: 0 for an autoregressive head (EAGLE), or K > 0 for a block
       head that drafts K positions in one pass (module doc).
     num_layers: the head's layers (> 1 for block heads only).
+    split: decoding on a mesh (`sharding.decode_mesh`), the head is split over
+      `model` like the target (`sharding.shard_params` lays its kernels out
+      Megatron-style) and its activations are pinned to that layout; False:
+      whole on every device (`sharding.replicate`). A layout, not a shape:
+      no effect off a mesh, nor on the parameters.
   """
 
   d_model: int
@@ -69,6 +74,7 @@ class EagleConfig:
   norm_eps: float = 1e-6
   block: int = 0
   num_layers: int = 1
+  split: bool = False
 
   def __post_init__(self):
     for name in ("d_model", "vocab_size", "num_heads"):
@@ -152,6 +158,24 @@ def layer_params(params, i: int) -> Dict[str, jax.Array]:
   return {n: params["layers"][n][i - 1] for n in _LAYER_KEYS}
 
 
+# A split head's layout (`EagleConfig.split`), pinned under a mesh
+# (`layers.on_mesh`; no-ops otherwise): its activations `[B, ..., E]` whole on
+# every device (partial sums added where they are made), a column-split
+# kernel's output split on its last axis as it is made (XLA then gathers the
+# output, not the kernel), queries / keys / values / attention over `model` by
+# head.
+def _whole(config: EagleConfig, x_BxE: jax.Array) -> jax.Array:
+  return on_mesh(x_BxE, "B" + "_" * (x_BxE.ndim - 1)) if config.split else x_BxE
+
+
+def _split(config: EagleConfig, x_BxE: jax.Array) -> jax.Array:
+  return on_mesh(x_BxE, "B" + "_" * (x_BxE.ndim - 2) + "F") if config.split else x_BxE
+
+
+def _heads(config: EagleConfig, x_BTHD: jax.Array) -> jax.Array:
+  return on_mesh(x_BTHD, "BTHD") if config.split else x_BTHD
+
+
 def _rms(x, scale, eps):
   x = x.astype(jnp.float32)
   return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
@@ -166,14 +190,16 @@ def fuse_features(config: EagleConfig, params, feats_xX: jax.Array) -> jax.Array
   """The target's per-position features `[..., X]` → the head's `[..., E]`."""
   feats = feats_xX.astype(jnp.float32)
   if config.version == 3:
-    return feats @ params["fuse"]
+    return _whole(config, _split(config, feats @ params["fuse"]))
   return feats
 
 
-def pair_inputs(params, embedding_VE, feat_xE: jax.Array, tokens_x: jax.Array) -> jax.Array:
+def pair_inputs(config: EagleConfig, params, embedding_VE, feat_xE: jax.Array,
+                tokens_x: jax.Array) -> jax.Array:
   """The head's input for pairs (feature, next token) → `[..., E]`."""
   emb = jnp.take(embedding_VE, tokens_x, axis=0).astype(jnp.float32)
-  return jnp.concatenate([feat_xE.astype(jnp.float32), emb], axis=-1) @ params["fc"]
+  x = jnp.concatenate([feat_xE.astype(jnp.float32), emb], axis=-1) @ params["fc"]
+  return _whole(config, _split(config, x))
 
 
 def mask_inputs(params, shape: Tuple[int, ...]) -> jax.Array:
@@ -186,9 +212,10 @@ def qkv(config: EagleConfig, params, x_BTE, positions_BT):
   b, t = x_BTE.shape[:2]
   h = _rms(x_BTE, params["attn_norm"], config.norm_eps)
   shape = (b, t, config.num_heads, config.head_dim)
-  q = apply_rope((h @ params["q"]).reshape(shape), positions_BT, config.rope_theta)
-  k = apply_rope((h @ params["k"]).reshape(shape), positions_BT, config.rope_theta)
-  return q, k, (h @ params["v"]).reshape(shape)
+  heads = lambda x: _heads(config, x.reshape(shape))
+  q = apply_rope(heads(h @ params["q"]), positions_BT, config.rope_theta)
+  k = apply_rope(heads(h @ params["k"]), positions_BT, config.rope_theta)
+  return q, k, heads(h @ params["v"])
 
 
 def attend(config: EagleConfig, q_BTHD, sources, diag=()):
@@ -216,15 +243,16 @@ def attend(config: EagleConfig, q_BTHD, sources, diag=()):
       out = out + jnp.einsum("bhts,bshd->bthd", part, v)
     else:
       out = out + part[..., 0].transpose(0, 2, 1)[..., None] * v
-  return out
+  return _heads(config, out)
 
 
 def finish(config: EagleConfig, params, x_BTE, att_BTHD):
   """The layer after attention: output projection, residual, SwiGLU MLP."""
   b, t = x_BTE.shape[:2]
-  x = x_BTE + att_BTHD.reshape(b, t, -1) @ params["o"]
+  x = _whole(config, x_BTE + att_BTHD.reshape(b, t, -1) @ params["o"])
   h = _rms(x, params["mlp_norm"], config.norm_eps)
-  return x + (jax.nn.silu(h @ params["gate"]) * (h @ params["up"])) @ params["down"]
+  return _whole(config,
+                x + (jax.nn.silu(h @ params["gate"]) * (h @ params["up"])) @ params["down"])
 
 
 def head_logits(config: EagleConfig, params, lm_head_EV, out_xE: jax.Array) -> jax.Array:
@@ -233,5 +261,5 @@ def head_logits(config: EagleConfig, params, lm_head_EV, out_xE: jax.Array) -> j
     out_xE = _rms(out_xE, params["out_norm"], config.norm_eps)
   # The shared head is read in its own dtype (a bf16 target's 1-2 GB table is not copied
   # to float32 every draft step), accumulating in float32.
-  return jnp.matmul(out_xE.astype(lm_head_EV.dtype), lm_head_EV,
-                    preferred_element_type=jnp.float32)
+  return whole_vocab(jnp.matmul(out_xE.astype(lm_head_EV.dtype), lm_head_EV,
+                               preferred_element_type=jnp.float32))

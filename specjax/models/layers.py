@@ -18,7 +18,7 @@ from specjax.models.rope import rope_frequencies
 
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "accumulate_f32_dot", "kv_specs",
            "zero_arrays", "replace_layer", "to_cache_layout", "write_kv", "copy_slots", "attend",
-           "attend_cached"]
+           "attend_cached", "whole_vocab", "on_mesh", "suffix_partition"]
 
 
 @struct.dataclass
@@ -140,6 +140,54 @@ def contract(x: jax.Array, kernel: jax.Array, kernel_in_axes: Sequence[int],
   else:
     y = dot(x_NI, kernel, dims)
   return y.reshape(tuple(lead) + y.shape[1:])
+
+
+# Mesh axes of the shape letters (`specjax.parallel.sharding`'s layout: rows over
+# `data`; attention heads and MLP hidden units over `model`); other letters are
+# not split.
+_LETTER_AXES = {"B": "data", "H": "model", "K": "model", "F": "model"}
+
+
+def suffix_partition(suffix: str, shape: Sequence[int], axis_sizes) -> Tuple[Optional[str], ...]:
+  """The mesh axis of each axis of an array named by its shape `suffix`
+  (e.g. "BTHD"): `B` over `data`, `H` / `K` / `F` over `model`, where the mesh has
+  that axis (`axis_sizes`: name → size) and its size divides the length; any
+  other letter, or a `_`, is not split."""
+  if len(suffix) != len(shape):
+    raise ValueError(f"suffix {suffix!r} names {len(suffix)} axes; the array has shape "
+                     f"{tuple(shape)}")
+  out = []
+  for letter, n in zip(suffix, shape):
+    name = _LETTER_AXES.get(letter)
+    out.append(name if name in axis_sizes and n % axis_sizes[name] == 0 else None)
+  return tuple(out)
+
+
+def on_mesh(x: jax.Array, suffix: str) -> jax.Array:
+  """`x` laid out by its shape `suffix` (`suffix_partition`) when traced under
+  a mesh with a `model` axis of size > 1 (`jax.set_mesh`: what
+  `specjax.generate` / `speculative_generate` and `specjax.aot` trace
+  decoding under when the params are split, `sharding.decode_mesh`); else `x`
+  unchanged. Pins the layout where XLA's propagation would otherwise pick a
+  costly one (a split head's activations, logits over a split vocabulary)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or "model" not in mesh.axis_names or mesh.shape["model"] == 1:
+    return x
+  spec = suffix_partition(suffix, x.shape, dict(mesh.shape))
+  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
+
+
+def whole_vocab(logits_xV: jax.Array) -> jax.Array:
+  """Logits `[B, ..., V]` whole over the vocabulary on every device of the
+  mesh's `model` axis, rows still over `data` (`on_mesh`).
+
+  A vocab-parallel LM head leaves the logits split over the vocabulary, and
+  every reduction the sampler then runs over them (max, sum, argmax, the draw,
+  the finite check) becomes a collective of its own; gathering them once here
+  costs one all-gather of `[B, T, V]` instead. Decoding only: specjax's train
+  steps do not trace under a mesh, and a loss over split logits should not
+  gather them."""
+  return on_mesh(logits_xV, "B" + "_" * (logits_xV.ndim - 1))
 
 
 def accumulate_f32_dot(lhs, rhs, dimension_numbers, precision=None, out_dtype=None, **kw):
@@ -350,10 +398,14 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
     out_BKTGD = (cached.reshape(b, kv, t, g, d)
                  + jnp.einsum("bktgu,bukd->bktgd", weights[..., s:], new_v_BTKD))
   out_BTHD = out_BKTGD.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
-  # Zero, but computed from the output (a NaN or inf in one row must not
-  # reach the others' keys: hence nan_to_num, which XLA cannot fold away).
-  after = jnp.nan_to_num(out_BTHD[0, 0, 0, :1] * 0, nan=0.0, posinf=0.0,
-                         neginf=0.0).astype(new_k_BTKD.dtype)
+  # Zero, but computed from the output, so the cache is written after it is
+  # read (in place). One element per row and kv head `[B, 1, K, 1]`: local to
+  # the device holding that head (one element for all would be broadcast
+  # from device 0 by an all-reduce at every layer of a model-split target),
+  # and a NaN or inf in one row must not reach the others' keys: hence
+  # nan_to_num, which XLA cannot fold away.
+  after = jnp.nan_to_num(jnp.swapaxes(out_BKTGD[:, :, :1, 0, :1], 1, 2) * 0, nan=0.0,
+                         posinf=0.0, neginf=0.0).astype(new_k_BTKD.dtype)
   if write_slots_BT is None:
     k_BKDS, v_BKSD = write_kv(k_BKDS, v_BKSD, new_k_BTKD + after, new_v_BTKD + after, lengths_B)
   else:

@@ -19,6 +19,7 @@ from typing import Dict
 import jax
 import jax.numpy as jnp
 
+from specjax.models.layers import whole_vocab
 from specjax._checks import check_int
 
 __all__ = ["MedusaConfig", "target_lm_head", "init_heads", "head_logits"]
@@ -62,6 +63,6 @@ def head_logits(config: MedusaConfig, params, h_xE: jax.Array, shared_lm_head=No
   z = h[..., None, :] + jax.nn.silu(jnp.einsum("...e,kef->...kf", h, params["w"]) + params["b"])
   if config.share_lm_head:
     # Read in its own dtype (no float32 copy of a bf16 table per step), float32 sums.
-    return jnp.einsum("...ke,ev->...kv", z.astype(shared_lm_head.dtype), shared_lm_head,
-                      preferred_element_type=jnp.float32)
-  return jnp.einsum("...ke,kev->...kv", z, params["lm_head"])
+    return whole_vocab(jnp.einsum("...ke,ev->...kv", z.astype(shared_lm_head.dtype),
+                                  shared_lm_head, preferred_element_type=jnp.float32))
+  return whole_vocab(jnp.einsum("...ke,kev->...kv", z, params["lm_head"]))

@@ -51,7 +51,7 @@ from flax import struct
 
 from specjax.models.layers import (RMSNorm, accumulate_f32_dot, attend, attend_cached,
                                    copy_slots, kv_specs, replace_layer, to_cache_layout,
-                                   zero_arrays)
+                                   whole_vocab, zero_arrays)
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 from specjax._checks import check_int
 
@@ -361,7 +361,7 @@ class T5Module(nn.Module):
       logits = self.shared.attend(h_xE * (c.d_model ** -0.5))
     else:
       logits = self.lm_head(h_xE)
-    return logits.astype(jnp.float32)
+    return whole_vocab(logits.astype(jnp.float32))
 
   def prefill(self, inputs_BP, lengths_B, cache: T5Cache):
     cache = self.start(inputs_BP, lengths_B, cache)

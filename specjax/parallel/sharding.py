@@ -41,15 +41,19 @@ them puts every core on the target's matrix-vector products at batch 1
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from specjax.models.layers import suffix_partition
+
 __all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch",
            "replicate", "fsdp_spec", "kv_head_repeats", "fit_to_mesh", "params_mesh",
-           "place_cache_like", "rows_spec"]
+           "place_cache_like", "rows_spec", "decode_mesh", "suffix_spec", "state_spec",
+           "place_state"]
 
 DATA, MODEL = "data", "model"
 
@@ -61,6 +65,14 @@ _ROW_KERNELS = {"down", "wo"}              # [F, E]: axis 0
 # The packed decode layout (`specjax.models.decoder_layout`): the axis of kv
 # heads / hidden units, by kernel name and rank.
 _PACKED_KERNELS = {("qkv", 4): 1, ("gate_up", 3): 1, ("down_t", 2): 1}
+# An EAGLE head's flat kernels (`specjax.models.eagle_head`; a block head's later
+# layers stacked `[L - 1, ...]` before them): `[..., in, out]`, split over `model`
+# on the output (q / k / v `[E, H·D]`, gate / up `[E, F]`, and the input fusions
+# fc `[2E, E]` / fuse `[X, E]`, gathered after) or on the input (o `[H·D, E]`,
+# down `[F, E]`: one all-reduce each) — Megatron's layout of a layer. The head
+# pins its activations to it under a mesh (`eagle_head._whole`, `on_mesh`).
+_FLAT_OUT_KERNELS = {"q", "k", "v", "gate", "up", "fc", "fuse"}
+_FLAT_IN_KERNELS = {"o", "down"}
 
 
 def make_mesh(data: int = 1, model: int = 1, devices: Sequence[Any] | None = None) -> Mesh:
@@ -98,6 +110,10 @@ def param_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
     spec[0] = MODEL
   elif names[-1] == "bias" and owner in _HEAD_KERNELS | {"qkv"} and len(shape) in (2, 3):
     spec[0] = MODEL  # q/k/v biases [H | K, D], packed [K, G + 2, D]: heads first
+  elif names[-1] in _FLAT_OUT_KERNELS and len(shape) >= 2:
+    spec[-1] = MODEL
+  elif names[-1] in _FLAT_IN_KERNELS and len(shape) >= 2:
+    spec[-2] = MODEL
   for axis, name in enumerate(spec):
     if name is not None and not _divisible(shape, axis, mesh, name):
       spec[axis] = None
@@ -193,6 +209,37 @@ def rows_spec(shape: Sequence[int], mesh) -> P:
   return P(DATA) if len(shape) >= 1 and shape[0] % mesh.shape[DATA] == 0 else P()
 
 
+def suffix_spec(name: str, shape: Sequence[int], mesh) -> P:
+  """PartitionSpec of a state array from its name's shape suffix (the
+  codebase's convention, e.g. an EAGLE head's cache `k_BSHD`): `B` over
+  `data`, `H` / `K` (attention heads) over `model`, where each divides
+  (`specjax.models.layers.suffix_partition`); a name without a suffix of
+  `len(shape)` capitals: `rows_spec`. The layout of a drafter's state when its
+  weights are split over `model` like the target's."""
+  suffix = str(name).rsplit("_", 1)[-1]
+  if len(suffix) != len(shape) or not suffix.isalpha() or not suffix.isupper():
+    return rows_spec(shape, mesh)
+  return P(*suffix_partition(suffix, shape, dict(mesh.shape)))
+
+
+def state_spec(path, shape: Sequence[int], mesh, split: bool) -> P:
+  """A drafter's state array (`path`: its key path in the state, the last key
+  naming the field) → its rows over `data`, and with `split` (a drafter whose
+  weights are split over `model`: `Drafter.splits_state`) its heads over
+  `model` by the field's shape suffix (`suffix_spec`)."""
+  if not split or not path:
+    return rows_spec(shape, mesh)
+  last = path[-1]
+  return suffix_spec(getattr(last, "name", getattr(last, "key", "")), shape, mesh)
+
+
+def place_state(state, mesh: Mesh, split: bool):
+  """A drafter's fresh state placed on `mesh` by `state_spec`."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: jax.device_put(x, NamedSharding(mesh, state_spec(path, x.shape, mesh,
+                                                                       split))), state)
+
+
 def shard_batch(mesh: Mesh, *arrays):
   """Places per-row arrays (prompts `[B, P]`, lengths `[B]`, keys `[B]`)
   with their leading axis over `data`."""
@@ -215,6 +262,23 @@ def params_mesh(params) -> Optional[Mesh]:
     if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
       return sharding.mesh
   return None
+
+
+def decode_mesh(params):
+  """The context a decoding program over `params` is traced in:
+  `jax.set_mesh(mesh)` when `params` lie on a mesh of several devices, else a
+  null context. Under it the models gather their logits over the vocabulary
+  once per call (`specjax.models.layers.whole_vocab`) instead of running every
+  reduction of the sampler as a collective over vocab-split logits.
+
+  Decided from the first leaf alone (a few microseconds per call; a params tree
+  is placed as a whole by `shard_params` / `replicate`). Only the layout of the
+  logits depends on it, never a value."""
+  leaves = jax.tree_util.tree_leaves(params)
+  sharding = getattr(leaves[0], "sharding", None) if leaves else None
+  if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
+    return jax.set_mesh(sharding.mesh)
+  return contextlib.nullcontext()
 
 
 def place_cache_like(cache, params):

@@ -107,7 +107,7 @@ def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, token
   if config.block:
     return block_outputs(config, params, embedding_VE, feats_BLE, tokens_BL, unroll)
   for j in range(1, unroll + 1):
-    x = pair_inputs(params, embedding_VE, feat, tokens_pad[:, j:j + l - 1])
+    x = pair_inputs(config, params, embedding_VE, feat, tokens_pad[:, j:j + l - 1])
     q, k, v = qkv(config, params, x, base + (j - 1))
     if j == 1:
       k1, v1 = k, v
@@ -128,7 +128,7 @@ def block_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, tokens_B
   the pairs before t and to the block's slots up to their own (module doc
   of `specjax.models.eagle_head`). Returns `slots` arrays `[B, L-1, E]`."""
   b, l = tokens_BL.shape
-  pair = pair_inputs(params, embedding_VE, feats_BLE[:, :-1], tokens_BL[:, 1:])
+  pair = pair_inputs(config, params, embedding_VE, feats_BLE[:, :-1], tokens_BL[:, 1:])
   base = jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32)[None], (b, l - 1))
   before = (jnp.arange(l - 1)[None, :] < jnp.arange(l - 1)[:, None])[None]
   hs = [pair] + [mask_inputs(params, (b, l - 1))] * (slots - 1)
