@@ -521,37 +521,42 @@ class DecoderLM:
     if p > cache.max_len:
       raise ValueError(f"prompts length {p} exceeds the cache's {cache.max_len} slots")
     chunk = min(self.config.prefill_chunk or p, p)
-    pieces, hidden = [], []
+    last_B = prompt_lengths_B.astype(jnp.int32) - 1
+    hidden = []
 
-    def piece(start, cache, tokens_BC):
+    def piece(start, cache, h_last_BE, tokens_BC):
+      """One chunk at positions start..: the cache, the final-normed state at each
+      row's last prompt position if it lies in the chunk (only that one is kept:
+      `[B, E]`, not `[B, P, E]`), the states to return."""
       cache = cache.replace(lengths=jnp.full_like(cache.lengths, start))
-      return self._hidden(params, tokens_BC, cache, isinstance(start, int) and start == 0,
-                          None, None, layers)
+      h_BCE, x_BCX, cache = self._hidden(params, tokens_BC, cache,
+                                         isinstance(start, int) and start == 0, None, None,
+                                         layers)
+      at_B = last_B - start
+      inside_B = (at_B >= 0) & (at_B < h_BCE.shape[1])
+      h_BE = jnp.take_along_axis(h_BCE, jnp.clip(at_B, 0, h_BCE.shape[1] - 1)[:, None, None],
+                                 axis=1)[:, 0]
+      h_last_BE = h_BE if h_last_BE is None else jnp.where(inside_B[:, None], h_BE, h_last_BE)
+      return cache, h_last_BE, x_BCX
     # One call unless config.prefill_chunk < P. Chunks after the first run in one
     # `lax.scan` (one compiled chunk however long the prompt: 64 unrolled chunks of a 32k
     # prompt exhausted the TPU compiler's memory), the remainder after it.
     full = p // chunk
-    h_BCE, x_BCX, cache = piece(0, cache, prompts_BP[:, :chunk])
-    pieces.append(h_BCE)
+    cache, h_BE, x_BCX = piece(0, cache, None, prompts_BP[:, :chunk])
     hidden.append(x_BCX)
     if full > 1:
-      def body(cache, start):
+      def body(carry, start):
         tokens_BC = jax.lax.dynamic_slice_in_dim(prompts_BP, start, chunk, axis=1)
-        h_BCE, x_BCX, cache = piece(start, cache, tokens_BC)
-        return cache, (h_BCE, x_BCX)
-      cache, (h_NBCE, x_NBCX) = jax.lax.scan(
-          body, cache, jnp.arange(1, full, dtype=jnp.int32) * chunk)
-      for stacked, out in ((h_NBCE, pieces), (x_NBCX, hidden)):
-        out.append(jnp.moveaxis(stacked, 0, 1).reshape(
-            stacked.shape[1], -1, *stacked.shape[3:]))
+        cache, h_BE, x_BCX = piece(start, *carry, tokens_BC)
+        return (cache, h_BE), x_BCX
+      (cache, h_BE), x_NBCX = jax.lax.scan(
+          body, (cache, h_BE), jnp.arange(1, full, dtype=jnp.int32) * chunk)
+      hidden.append(jnp.moveaxis(x_NBCX, 0, 1).reshape(x_NBCX.shape[1], -1,
+                                                        *x_NBCX.shape[3:]))
     if p % chunk:
-      h_BCE, x_BCX, cache = piece(full * chunk, cache, prompts_BP[:, full * chunk:])
-      pieces.append(h_BCE)
+      cache, h_BE, x_BCX = piece(full * chunk, cache, h_BE, prompts_BP[:, full * chunk:])
       hidden.append(x_BCX)
-    h_BPE = pieces[0] if len(pieces) == 1 else jnp.concatenate(pieces, axis=1)
     x_BPX = hidden[0] if len(hidden) == 1 else jnp.concatenate(hidden, axis=1)
-    last_B = prompt_lengths_B.astype(jnp.int32) - 1
-    h_BE = jnp.take_along_axis(h_BPE, last_B[:, None, None], axis=1)[:, 0]
     logits_BV = self.module.apply({"params": params}, h_BE, method=DecoderModule.project)
     last_token_B = jnp.take_along_axis(prompts_BP, last_B[:, None], axis=1)[:, 0]
     return logits_BV, last_token_B.astype(jnp.int32), cache.replace(
