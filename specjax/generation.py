@@ -60,9 +60,9 @@ from flax import struct
 from specjax import adaptive as adapt_lib
 from specjax.adaptive import AdaptiveGamma
 from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
+from specjax.parallel.sharding import decode_mesh
 from specjax.sampling import SamplingConfig, argmax_first, draw, process_logits, row_uniforms
 from specjax.tree import TokenTree, dynamic_tree_arrays
-from specjax.parallel.sharding import decode_mesh
 from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_verify,
                             rejection_verify, tree_verify)
 

@@ -187,7 +187,7 @@ def _lowerings(run: AotRun, mesh: Mesh):
           lambda path, x: jax.ShapeDtypeStruct(
               x.shape, head_dtype, sharding=jax.sharding.NamedSharding(mesh, head_spec(path, x))),
           head), "target": tp}
-    split = dict(draft_replicated=run.draft_replicated)
+    layout = dict(draft_replicated=run.draft_replicated)   # recorded on each `Lowered`
     if "train_eagle" in run.programs:
       out.append(lambda: lower_eagle_train_step(t, ecfg, mesh, batch_size=run.train_batch,
                                                 seq_len=run.train_seq_len,
@@ -196,17 +196,17 @@ def _lowerings(run: AotRun, mesh: Mesh):
       for g in run.gammas:
         out.append(lambda g=g: lower_speculative_loop(
             t, Eagle(ecfg, TokenTree.chain(g), t), mesh, gamma=g, draft_params_fn=eagle_params,
-            name=f"speculative {label} chain γ={g}", **split, **common))
+            name=f"speculative {label} chain γ={g}", **layout, **common))
     if "eagle_static" in run.programs:
       static = TokenTree.from_paths(_STATIC_TREE_PATHS)
       out.append(lambda: lower_speculative_loop(
           t, Eagle(ecfg, static, t), mesh, gamma=static.depth, draft_params_fn=eagle_params,
-          name=f"speculative {label} static tree {static.size} nodes", **split, **common))
+          name=f"speculative {label} static tree {static.size} nodes", **layout, **common))
     if "eagle_tree" in run.programs:
       tree = DynamicTree(*run.eagle_tree)
       out.append(lambda: lower_speculative_loop(
           t, Eagle(ecfg, tree, t, "top_k"), mesh, gamma=tree.depth, draft_params_fn=eagle_params,
-          name=f"speculative {label} dynamic tree {tree.nodes + 1} nodes", **split, **common))
+          name=f"speculative {label} dynamic tree {tree.nodes + 1} nodes", **layout, **common))
   if "medusa" in run.programs and dec:
     c = t.config
     mcfg = MedusaConfig(run.medusa_heads, c.d_model, c.vocab_size, share_lm_head=True)

@@ -212,7 +212,7 @@ def rows_spec(shape: Sequence[int], mesh) -> P:
 def suffix_spec(name: str, shape: Sequence[int], mesh) -> P:
   """PartitionSpec of a state array from its name's shape suffix (the
   codebase's convention, e.g. an EAGLE head's cache `k_BSHD`): `B` over
-  `data`, `H` / `K` (attention heads) over `model`, where each divides
+  `data`, `H` / `K` (attention heads) and `F` (MLP units) over `model`, where each divides
   (`specjax.models.layers.suffix_partition`); a name without a suffix of
   `len(shape)` capitals: `rows_spec`. The layout of a drafter's state when its
   weights are split over `model` like the target's."""
@@ -271,9 +271,10 @@ def decode_mesh(params):
   once per call (`specjax.models.layers.whole_vocab`) instead of running every
   reduction of the sampler as a collective over vocab-split logits.
 
-  Decided from the first leaf alone (a few microseconds per call; a params tree
-  is placed as a whole by `shard_params` / `replicate`). Only the layout of the
-  logits depends on it, never a value."""
+  Decided from the first leaf alone (one flatten of the tree per call, not a
+  look at every leaf's sharding as `params_mesh` takes: a params tree is placed
+  as a whole by `shard_params` / `replicate`). Only the layout of the logits
+  depends on it, never a value."""
   leaves = jax.tree_util.tree_leaves(params)
   sharding = getattr(leaves[0], "sharding", None) if leaves else None
   if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
