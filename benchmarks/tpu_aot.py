@@ -12,8 +12,11 @@ Cases (bf16, greedy, every program compiled by the TPU compiler from libtpu):
   default); chen_sharded: on the 16 v4 chips with the draft split too.
 * today: Llama-3.1-8B with a Llama-3.2-1B draft and an EAGLE-3 head (chain,
   γ = 4) on v5e-8 and v6e-8, batch 1 / 32, contexts 2k / 32k, both drafts
-  replicated; today_split: the same on v5e-8 / v6e-8 at batch 1 and 32, 2k, with
-  the draft and the head split over the 8 chips like the target.
+  replicated; today_split: the same on v5e-8 / v6e-8 at batch 1 and 32, 2k (and
+  v6e-8 at batch 32 × 32k), with the draft and the head split over the 8 chips
+  like the target.
+* prefill: Llama-3.1-8B's prefill alone on v5e-8, chunked and not, batch 1–32
+  (the memory plan's activation terms against the compiler; not in the default run).
 * chen_llama_split: Llama-3.1-70B with a split Llama-3.2-1B on 16 v4 chips
   (the TPU compiler needs more than this machine's 24 GB of host memory for it:
   run it where there is more).
@@ -58,13 +61,20 @@ def _t5(name):
 
 
 def _chunk(ctx, batch=1):
-  """Long prompts prefill in chunks of 512 positions (attention scores of one chunk at a
-  time: `DecoderConfig.prefill_chunk`), large batches in chunks of 256 (a model-split
-  prefill keeps two `[B·T, E]` partial sums per layer live: 34 GB per chip for 32 × 1792
-  tokens of Llama-3.1-8B on a v5e-8 unchunked)."""
-  if ctx > 4096:
-    return 512
-  return 256 if batch * ctx > 16384 else None
+  """The prefill chunk (`DecoderConfig.prefill_chunk`; None: one call) of a batch of
+  `ctx`-slot rows, the largest power of two up to 512 positions that keeps two
+  per-chip temporaries of the chunk small:
+  * the float32 attention scores of a chunk over the whole cache, ∝ batch × chunk × ctx:
+    batch × chunk × ctx ≤ 2**26 (at 32 rows × 32k slots a 512-position chunk's scores
+    took 17 GB per chip of a v5e-8: 43 GB of temporaries with the 17 GB cache);
+  * the two `[B·T, E]` partial sums per layer a model-split prefill keeps live,
+    ∝ batch × chunk: batch × chunk ≤ 8192 (34 GB per chip for 32 × 1792 tokens of
+    Llama-3.1-8B on a v5e-8 unchunked).
+  Short contexts at small batches (batch × ctx ≤ 16384) prefill in one call."""
+  if batch * ctx <= 16384:
+    return None
+  limit = min(512, 8192 // batch, (1 << 26) // (batch * ctx))
+  return 1 << (max(limit, 1).bit_length() - 1)
 
 
 def cases():
@@ -109,18 +119,28 @@ def cases():
                       eagle_features=(2, 16, 29), alphas=(("llama-3.2-1b", 0.8),))))
   # The drafts split like the target: each chip reads 1/8 of the 1B draft and of the
   # EAGLE-3 head at every draft step instead of all of it.
-  for topo in ("v5e:2x4", "v6e:2x4"):
-    for batch in (1, 32):
-      out.append(("today_split",
-                  f"today_llama-3.1-8b_{topo.replace(':', '-')}_b{batch}_ctx2048_draft-split",
-                  lambda topo=topo, batch=batch: AotRun(
-                      topo, _dec("llama-3.1-8b", prefill_chunk=_chunk(2048, batch)),
-                      (("llama-3.2-1b", _dec("llama-3.2-1b",
-                                             prefill_chunk=_chunk(2048, batch))),),
-                      gammas=(4,), batch_size=batch, prompt_len=2048 - 256, max_new_tokens=128,
-                      cache_len=2048, programs=("ar", "draft", "eagle_chain"),
-                      draft_replicated=False, eagle_features=(2, 16, 29),
-                      alphas=(("llama-3.2-1b", 0.8),))))
+  # Batch 32 at 32k on a v6e-8 (32 GB per chip): the target's cache takes 17 GB per chip
+  # and a replicated 1B draft's 34 GB; split, the draft's is 4 GB.
+  for topo, batch, ctx in (("v5e:2x4", 1, 2048), ("v5e:2x4", 32, 2048), ("v6e:2x4", 1, 2048),
+                           ("v6e:2x4", 32, 2048), ("v6e:2x4", 32, 32768)):
+    out.append(("today_split",
+                f"today_llama-3.1-8b_{topo.replace(':', '-')}_b{batch}_ctx{ctx}_draft-split",
+                lambda topo=topo, batch=batch, ctx=ctx: AotRun(
+                    topo, _dec("llama-3.1-8b", prefill_chunk=_chunk(ctx, batch)),
+                    (("llama-3.2-1b", _dec("llama-3.2-1b", prefill_chunk=_chunk(ctx, batch))),),
+                    gammas=(4,), batch_size=batch, prompt_len=ctx - 256, max_new_tokens=128,
+                    cache_len=ctx, programs=("ar", "draft", "eagle_chain"),
+                    draft_replicated=False, eagle_features=(2, 16, 29),
+                    alphas=(("llama-3.2-1b", 0.8),))))
+  # The target's prefill alone, chunked and not, at a few batch sizes: what the compiler
+  # keeps live against the memory plan's activation terms (results/tpu_aot/README.md).
+  for batch, prompt, chunk in ((1, 1792, None), (8, 1792, None), (1, 1792, 256),
+                               (32, 1792, 256), (32, 1792, 64), (1, 16384, 512)):
+    out.append(("prefill", f"prefill_llama-3.1-8b_v5e-2x4_b{batch}_p{prompt}_chunk{chunk}",
+                lambda batch=batch, prompt=prompt, chunk=chunk: AotRun(
+                    "v5e:2x4", _dec("llama-3.1-8b", prefill_chunk=chunk), (),
+                    batch_size=batch, prompt_len=prompt, max_new_tokens=128,
+                    cache_len=prompt + 256, programs=("prefill",))))
   return out
 
 

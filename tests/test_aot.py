@@ -11,7 +11,7 @@ from specjax.aot import chips, hlo_cost
 from specjax.aot.programs import lower_ar_loop
 from specjax.aot.report import compile_program
 from specjax.aot.run import AotRun, run_aot
-from specjax.models.decoder import DecoderConfig, DecoderLM
+from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
 
@@ -202,6 +202,30 @@ def test_bad_runs_are_refused():
     AotRun("v5e:2x2", DecoderLM(_DEC), programs=("ar", "nope"))
   with pytest.raises(ValueError, match="mesh 2x4 needs 8 devices"):
     run_aot(AotRun("v5e:2x2", DecoderLM(_DEC), mesh=(2, 4)), progress=lambda m: None)
+
+
+def test_replan_names_the_smallest_slice_that_fits():
+  """`replan` (no compilation) recomputes where a run that did not fit would: Llama-3.1-8B
+  at 32 rows x 32k slots holds a 137.4 GB bf16 KV cache (32 x 32768 x 32 layers x 8 kv
+  heads x 128 x 2 x 2 bytes), more than a v5e-8's 8 x 16 GB, so at least 16 chips."""
+  from specjax.aot.run import replan
+  from specjax.planning.memory import memory_plan
+  from specjax.planning.mesh import choose_mesh
+  cfg = decoder_config("llama-3.1-8b", dtype="bfloat16", param_dtype="bfloat16",
+                       prefill_chunk=64)
+  run = AotRun("v5e:2x4", DecoderLM(cfg), batch_size=32, prompt_len=32512,
+               max_new_tokens=128, cache_len=32768, programs=("ar",))
+  hbm = chips.chip("v5e").hbm_bytes
+  out = replan({"mesh": [1, 8], "fits": False, "programs": []}, run)
+  n, (data, model) = out["smallest_fitting"]["chips"], out["smallest_fitting"]["mesh"]
+  assert n >= 16 and data * model <= n and 32 % data == 0
+  plan = memory_plan(cfg, mesh_shape=(data, model), batch_size=32, cache_len=32768,
+                     activation_tokens=64, prompt_len=32512, logit_tokens=5)
+  assert plan.per_device_bytes <= hbm
+  with pytest.raises(ValueError, match="no mesh of"):
+    choose_mesh(cfg, num_devices=n // 2, batch_size=32, cache_len=32768, capacity_bytes=hbm,
+                activation_tokens=64, prompt_len=32512, logit_tokens=5)
+  assert "smallest_fitting" not in replan({"mesh": [1, 8], "fits": True, "programs": []}, run)
 
 
 def test_runs_from_the_launchers_configs():

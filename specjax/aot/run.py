@@ -321,8 +321,8 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
 def replan(result: Dict[str, Any], run: AotRun) -> Dict[str, Any]:
   """`result` (a `run_aot` result, e.g. read back from JSON) with every program's
   memory-plan comparison recomputed by the current plan code against the
-  compiler figures it holds — no compilation (how a plan change reaches committed
-  results)."""
+  compiler figures it holds, and the smallest fitting slice of a run that does not
+  fit — no compilation (how a plan change reaches committed results)."""
   mesh = types.SimpleNamespace(shape={DATA: result["mesh"][0], MODEL: result["mesh"][1]})
   drafts = dict(run.drafts)
   for p in result["programs"]:
@@ -341,6 +341,8 @@ def replan(result: Dict[str, Any], run: AotRun) -> Dict[str, Any]:
     rep = types.SimpleNamespace(error=None, argument_bytes=p["argument_bytes"],
                                 peak_bytes=p["peak_bytes"])
     p["plan"] = _plan_check(run, mesh, lowered, rep, draft)
+  if not result.get("fits", True):
+    result["smallest_fitting"] = smallest_fitting_slice(run, chip_named(run.topology.split(":")[0]))
   return result
 
 
