@@ -10,9 +10,11 @@ from jax.sharding import Mesh
 from specjax.aot import chips, hlo_cost
 from specjax.aot.programs import lower_ar_loop
 from specjax.aot.report import compile_program
-from specjax.aot.run import AotRun, run_aot
+from specjax.aot.run import AotRun, replan, run_aot
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
+from specjax.planning.memory import memory_plan
+from specjax.planning.mesh import choose_mesh
 
 
 # A hand-written module: every accounting rule of `hlo_cost`, with known answers.
@@ -208,9 +210,6 @@ def test_replan_names_the_smallest_slice_that_fits():
   """`replan` (no compilation) recomputes where a run that did not fit would: Llama-3.1-8B
   at 32 rows x 32k slots holds a 137.4 GB bf16 KV cache (32 x 32768 x 32 layers x 8 kv
   heads x 128 x 2 x 2 bytes), more than a v5e-8's 8 x 16 GB, so at least 16 chips."""
-  from specjax.aot.run import replan
-  from specjax.planning.memory import memory_plan
-  from specjax.planning.mesh import choose_mesh
   cfg = decoder_config("llama-3.1-8b", dtype="bfloat16", param_dtype="bfloat16",
                        prefill_chunk=64)
   run = AotRun("v5e:2x4", DecoderLM(cfg), batch_size=32, prompt_len=32512,

@@ -260,6 +260,11 @@ def _plan_check(run: AotRun, mesh: Mesh, lowered: Lowered, report: ProgramReport
   return out
 
 
+def _topology_chip(run: AotRun):
+  """The chip generation `run.topology` names ("v5e:2x4" → v5e's figures)."""
+  return chip_named(run.topology.split(":")[0])
+
+
 def run_aot(run: AotRun, progress: Callable[[str], None] = print,
             devices: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
   """Compiles every program of `run` for its topology and reports them.
@@ -269,7 +274,7 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
   devices (e.g. local CPU devices, to check the programs without libtpu)."""
   devices = list(devices) if devices is not None else topology_devices(run.topology)
   chip = (chip_of_device(devices[0]) if devices[0].platform == "tpu"
-          else chip_named(run.topology.split(":")[0]))
+          else _topology_chip(run))
   mesh = _mesh(run, devices)
   data, model = mesh.shape[DATA], mesh.shape[MODEL]
   rows = run.batch_size // data if run.batch_size % data == 0 else run.batch_size
@@ -342,7 +347,7 @@ def replan(result: Dict[str, Any], run: AotRun) -> Dict[str, Any]:
                                 peak_bytes=p["peak_bytes"])
     p["plan"] = _plan_check(run, mesh, lowered, rep, draft)
   if not result.get("fits", True):
-    result["smallest_fitting"] = smallest_fitting_slice(run, chip_named(run.topology.split(":")[0]))
+    result["smallest_fitting"] = smallest_fitting_slice(run, _topology_chip(run))
   return result
 
 
