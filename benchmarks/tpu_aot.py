@@ -67,9 +67,10 @@ def _chunk(ctx, batch=1):
   * the float32 attention scores of a chunk over the whole cache, ∝ batch × chunk × ctx:
     batch × chunk × ctx ≤ 2**26 (at 32 rows × 32k slots a 512-position chunk's scores
     took 17 GB per chip of a v5e-8: 43 GB of temporaries with the 17 GB cache);
-  * the two `[B·T, E]` partial sums per layer a model-split prefill keeps live,
-    ∝ batch × chunk: batch × chunk ≤ 8192 (34 GB per chip for 32 × 1792 tokens of
-    Llama-3.1-8B on a v5e-8 unchunked).
+  * one layer's states and MLP units, ∝ batch × chunk: batch × chunk ≤ 8192 rows
+    (before the decoder materialised its residual stream per block, XLA kept every
+    layer's outputs live: 34 GB per chip for 32 × 1792 tokens of Llama-3.1-8B on a
+    v5e-8 unchunked).
   Short contexts at small batches (batch × ctx ≤ 16384) prefill in one call."""
   if batch * ctx <= 16384:
     return None

@@ -244,9 +244,9 @@ class Drafter(abc.ABC):
       passes the target's.
     needs_hidden: `update` reads the target's hidden states of the call
       (`DraftFeedback.target_hidden_BE` / `target_hidden_BCX`).
-    needs_prompt_hidden: `start` reads the target's hidden states over the
-      prompt (`prompt_hidden_BPX`; the target must offer
-      `prefill_with_hidden`).
+    needs_prompt_hidden: the drafter reads the target's hidden states over
+      the prompt, chunk by chunk during the target's prefill (`absorb`; the
+      target must offer `prefill_with_hidden`), before `start`.
     hidden_layers: the target blocks whose outputs the hidden states are
       (None: the final-normed state).
     fixed_gamma: the γ the drafter always uses (None: the caller's).
@@ -312,7 +312,17 @@ class Drafter(abc.ABC):
             first_B: jax.Array, target_cache: Any) -> Any:
     """The state after the prompts' prefill (in the loop's trace); `first_B`
     is the first generated token, `target_cache` the target's prefilled
-    cache. Drafters with `needs_prompt_hidden` also get `prompt_hidden_BPX`."""
+    cache. Drafters with `needs_prompt_hidden` get the state `absorb` left."""
+
+  def absorb(self, params: Any, state: Any, prompts_BP: jax.Array, lengths_B: jax.Array,
+             start: Any, hidden_BCX: jax.Array) -> Any:
+    """For drafters that `needs_prompt_hidden`: the state after reading the
+    target's hidden states `hidden_BCX` of prompt positions start .. start
+    + C - 1 (`start` an int or a traced int32), called once per prefill
+    chunk in order, inside the target's prefill — the whole prompt's
+    `[B, P, X]` states are never held at once."""
+    raise NotImplementedError(f"{type(self).__name__} declares needs_prompt_hidden but has no "
+                              "absorb")
 
   @abc.abstractmethod
   def propose(self, params: Any, state: Any, inp: DraftInput, u_BG: Optional[jax.Array],

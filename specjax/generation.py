@@ -412,13 +412,15 @@ class SpeculativeDecoder:
         raise ValueError(f"{type(drafter).__name__} reads the target's hidden states over the "
                          "prompt, which a shared prefill does not keep: decode it from its own "
                          "prefill (prefilled=None)")
-      logits_BV, last_B, target_cache, hidden_BPX = self.target.prefill_with_hidden(
-          target_params, prompts_BP, lengths_B, target_cache,
-          layers=drafter.hidden_layers)
+      def absorb(state, start, hidden_BCX):
+        return drafter.absorb(draft_params, state, prompts_BP, lengths_B, start, hidden_BCX)
+      logits_BV, last_B, target_cache, draft_cache = self.target.prefill_with_hidden(
+          target_params, prompts_BP, lengths_B, target_cache, layers=drafter.hidden_layers,
+          fold=(absorb, draft_cache))
       first_B = _first_token(logits_BV, self.sampling, keys_B)
       bad_B = nonfinite_rows(logits_BV)
       draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
-                                  target_cache, prompt_hidden_BPX=hidden_BPX)
+                                  target_cache)
     else:
       first_B, last_B, target_cache, bad_B = _prefill(
           self.target, target_params, self.sampling, prompts_BP, lengths_B, target_cache,

@@ -23,7 +23,7 @@ from specjax.training.eagle import (EagleLoss, _states, step_agreement, train_ea
                                    unrolled_outputs)
 from specjax.training.heads import DistillData
 from specjax.tree import TokenTree
-from test_eagle import greedy_distill_data
+from test_eagle import greedy_distill_data, prompt_state
 from test_medusa import _train_cfg
 from tiny import EOS, ragged_prompts, target
 
@@ -59,11 +59,7 @@ def test_one_call_drafts_what_the_training_forward_predicts():
   assert drafter.calls_per_iteration(3) == 1
   dp = {"head": hp, "target": params}
   t = 6
-  cache = lm.init_cache(1, 24)
-  _, _, _, hid = lm.prefill_with_hidden(params, tokens[:, :t + 1], jnp.array([t + 1]), cache,
-                                        layers=config.feature_layers)
-  state = drafter.start(dp, drafter.alloc(1, t + 1, 24, 3), tokens[:, :t + 1], jnp.array([t + 1]),
-                        tokens[:, t + 1], None, prompt_hidden_BPX=hid)
+  state = prompt_state(lm, drafter, dp, tokens[:, :t + 1], jnp.array([t + 1]), tokens[:, t + 1])
   logp = drafter._block(dp, state, tokens[:, t + 1], 3)
   for j in range(3):
     want = jax.nn.log_softmax(head_logits(config, hp, lm_head, outs[j][0, t]))

@@ -13,7 +13,8 @@ import pytest
 import specjax
 from exact_helpers import assert_tree_drafter_exact, exact_lm
 from specjax.drafters.eagle import DynamicTree, Eagle
-from specjax.models.eagle_head import EagleConfig, fuse_features, init_eagle, shared_weights
+from specjax.models.eagle_head import (EagleConfig, fuse_features, init_eagle, pair_inputs, qkv,
+                                       shared_weights)
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.training.eagle import (EagleLoss, _states, step_agreement, train_eagle,
                                    unrolled_outputs)
@@ -61,6 +62,87 @@ def test_target_returns_the_chosen_blocks_outputs():
     lm.forward_with_hidden(params, tokens, layers=(0, 0))
 
 
+def prompt_state(lm, drafter, dp, prompts_BP, lengths_B, first_B, slots=24):
+  """The head's state after the target's prefill of `prompts_BP` (pairs
+  absorbed chunk by chunk, as `speculative_generate` does)."""
+  b = prompts_BP.shape[0]
+
+  def absorb(state, start, hidden_BCX):
+    return drafter.absorb(dp, state, prompts_BP, lengths_B, start, hidden_BCX)
+  _, _, _, state = lm.prefill_with_hidden(
+      dp["target"], prompts_BP, lengths_B, lm.init_cache(b, slots),
+      layers=drafter.hidden_layers, fold=(absorb, drafter.alloc(b, prompts_BP.shape[1], slots, 3)))
+  return drafter.start(dp, state, prompts_BP, lengths_B, first_B, None)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_head_state_is_the_same_from_a_chunked_prefill(version):
+  """The prompt's pairs absorbed chunk by chunk (first chunk, scanned chunks,
+  a remainder) equal those of a one-call prefill: the head's keys and values
+  of every valid slot, the last feature and the lengths, on ragged rows; and
+  both equal the pairs written from the whole forward's features."""
+  lm, params = target()
+  config, hp = _head(lm, version=version)
+  drafter = Eagle(config, TokenTree.chain(3), lm)
+  dp = {"head": hp, "target": params}
+  prompts = jnp.asarray(np.random.default_rng(2).integers(6, 60, (3, 13)), jnp.int32)
+  lengths = jnp.array([13, 9, 4])
+  first = jnp.array([7, 8, 9])
+  whole = prompt_state(lm, drafter, dp, prompts, lengths, first)
+  chunked_lm = specjax.DecoderLM(lm.config.replace(prefill_chunk=4))
+  chunked = prompt_state(chunked_lm, Eagle(config, TokenTree.chain(3), chunked_lm), dp, prompts,
+                         lengths, first)
+  np.testing.assert_array_equal(whole.lengths_B, [12, 8, 3])
+  np.testing.assert_array_equal(chunked.lengths_B, whole.lengths_B)
+  np.testing.assert_array_equal(chunked.root_B, first)
+  np.testing.assert_allclose(chunked.feat_BE, whole.feat_BE, rtol=1e-5, atol=1e-6)
+  _, feats = lm.forward_with_hidden(params, prompts, layers=config.feature_layers)
+  f = fuse_features(config, hp, feats)
+  for b, n in enumerate(np.asarray(lengths)):
+    np.testing.assert_allclose(whole.feat_BE[b], f[b, n - 1], rtol=1e-4, atol=1e-5)
+    for buf in ("k_BSHD", "v_BSHD"):
+      np.testing.assert_allclose(getattr(chunked, buf)[b, :n - 1], getattr(whole, buf)[b, :n - 1],
+                                 rtol=1e-5, atol=1e-6)
+  # The pairs themselves: slot t holds (f_t, x_{t+1}).
+  emb, _ = shared_weights(lm, params)
+  x = pair_inputs(config, hp, emb, f[:, :-1], prompts[:, 1:])
+  _, k, _ = qkv(config, hp, x, jnp.broadcast_to(jnp.arange(12)[None], (3, 12)))
+  np.testing.assert_allclose(whole.k_BSHD[0, :12], k[0], rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_prefill_never_holds_the_prompts_features_whole():
+  """The head absorbs the prompt chunk by chunk inside the target's prefill:
+  the compiled prefill's temporaries stay well below the `[B, P, X]`
+  features (an EAGLE-3 head at 32 rows x 32k: 25 GB), which the states
+  returned whole (no fold) take."""
+  b, p, x = 4, 2048, 256
+  lm = specjax.DecoderLM(specjax.decoder_config(
+      "tiny", vocab_size=64, num_layers=2, d_model=128, num_heads=2, num_kv_heads=1,
+      mlp_dim=128, prefill_chunk=16))
+  config = EagleConfig(d_model=128, vocab_size=64, num_heads=2, mlp_dim=64,
+                       feature_layers=(0, 1))
+  drafter = Eagle(config, TokenTree.chain(3), lm)
+  dp = {"head": init_eagle(config, jax.random.key(3)), "target": lm.init(jax.random.key(0))}
+  prompts, lengths = jnp.ones((b, p), jnp.int32), jnp.full((b,), p)
+  cache, state = lm.init_cache(b, p + 32), drafter.alloc(b, p, p + 32, 3)
+
+  def folded(dp, cache, state):
+    def absorb(st, start, hidden_BCX):
+      return drafter.absorb(dp, st, prompts, lengths, start, hidden_BCX)
+    return lm.prefill_with_hidden(dp["target"], prompts, lengths, cache, layers=(0, 1),
+                                  fold=(absorb, state))[2:]
+
+  def whole(dp, cache, state):
+    return lm.prefill_with_hidden(dp["target"], prompts, lengths, cache, layers=(0, 1))[2:]
+
+  def temps(f):
+    compiled = jax.jit(f, donate_argnums=(1, 2)).lower(dp, cache, state).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+  features = b * p * x * 4
+  assert temps(whole) > features  # the control: the states returned whole
+  assert temps(folded) < features / 2
+
+
 def test_dynamic_tree_arrays_match_the_static_tree():
   trees = [TREE, TokenTree.chain(4), TokenTree.from_paths([(0,), (1,), (1, 0), (1, 1)])]
   n = max(t.size for t in trees)
@@ -92,11 +174,7 @@ def test_head_drafting_equals_the_unrolled_training_forward():
   drafter = Eagle(config, TokenTree.chain(3), lm)
   dp = {"head": hp, "target": params}
   t = 6  # the prompt is tokens[:t + 1]; the root pair is (f_t, x_{t+1})
-  cache = lm.init_cache(1, 24)
-  _, _, _, hid = lm.prefill_with_hidden(params, tokens[:, :t + 1], jnp.array([t + 1]), cache,
-                                        layers=config.feature_layers)
-  state = drafter.start(dp, drafter.alloc(1, t + 1, 24, 3), tokens[:, :t + 1], jnp.array([t + 1]),
-                        tokens[:, t + 1], None, prompt_hidden_BPX=hid)
+  state = prompt_state(lm, drafter, dp, tokens[:, :t + 1], jnp.array([t + 1]), tokens[:, t + 1])
   assert int(state.lengths_B[0]) == t
   side_k, side_v = drafter._side(1, 4)
   feat, anc = state.feat_BE[:, None], np.zeros((1, 1, 4), bool)

@@ -83,8 +83,7 @@ def test_activation_estimate_matches_its_definition():
   expected = (rows * v * F32                    # float32 logits, vocabulary whole
               + 4 * rows * e * F32              # hidden states
               + 3 * rows * (f // 2) * F32       # MLP hidden units over model
-              + 2 * rows * (h // 2) * s * F32   # scores and softmax of one layer
-              + 2 * 2 * rows * e * F32)         # SPMD partial sums, 2 per layer (L = 2)
+              + 2 * rows * (h // 2) * s * F32)  # scores and softmax of one layer
   assert plan.activations == expected
   assert plan.activation_tokens == t
   default = memory_plan(TARGET, mesh_shape=(1, 1), batch_size=b, cache_len=s)

@@ -107,8 +107,9 @@ def device_bytes(tree) -> int:
   return total
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2))
+@functools.partial(jax.jit, static_argnums=(0, 2), donate_argnames=("cache",))
 def _prefill(model, params, sampling, prompts_BP, lengths_B, keys_B, cache):
+  # The cache donated as `specjax.prefill` donates it (else the program holds two).
   return generation.run_prefill(model, params, sampling, prompts_BP, lengths_B, keys_B, cache)
 
 

@@ -19,7 +19,7 @@ outputs: (f̂_{t+1}, d_{t+2}) → f̂_{t+2}, ...
 
 The head keeps its own KV cache (one layer, `[B, S, H, D]`) over the
 committed pairs (slot t holds the pair (f_t, x_{t+1})); the prompt's pairs
-are written from the target's prefill hidden states (`needs_prompt_hidden`),
+are written from the target's prefill hidden states chunk by chunk (`absorb`),
 the accepted ones after each verification from the hidden states the target
 call returns (`needs_hidden`) — only keys and values: with one layer they
 depend on the pair alone.
@@ -69,6 +69,7 @@ from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Pr
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
                                        init_eagle, layer_params, mask_inputs, pair_inputs, qkv,
                                        shared_weights)
+from specjax.models.layers import on_mesh
 from specjax.protocol import check_tree
 from specjax.tree import TokenTree, check_child_mode, draw_children
 
@@ -156,6 +157,19 @@ def _write_pairs(config: EagleConfig, hp, state: "EagleState", x_BTE, pos_BT, st
       xv.append(_write(state.xv_LBSHD[i - 1], v, start_B))
     state = state.replace(xk_LBSHD=jnp.stack(xk), xv_LBSHD=jnp.stack(xv))
   return state
+
+
+def _pinned(config: EagleConfig, state: "EagleState") -> "EagleState":
+  """The state in the layout it has in the decode loop (`layers.on_mesh`; no-op
+  off a mesh): the cache by head for a split head, else rows only; the feature
+  whole. Written from the target's (split) prefill, XLA would otherwise carry the
+  state into the loop in a layout of the prefill's choosing: an all-reduce per
+  head call for a replicated head."""
+  cache = "BSHD" if config.split else "B___"
+  return state.replace(k_BSHD=on_mesh(state.k_BSHD, cache), v_BSHD=on_mesh(state.v_BSHD, cache),
+                       xk_LBSHD=on_mesh(state.xk_LBSHD, "L" + cache),
+                       xv_LBSHD=on_mesh(state.xv_LBSHD, "L" + cache),
+                       feat_BE=on_mesh(state.feat_BE, "B_"))
 
 
 @functools.lru_cache(maxsize=16)
@@ -286,21 +300,34 @@ class Eagle(Drafter):
                       xk_LBSHD=jnp.zeros(extra, jnp.float32),
                       xv_LBSHD=jnp.zeros(extra, jnp.float32))
 
-  def start(self, params, state: EagleState, prompts_BP, lengths_B, first_B, target_cache,
-            prompt_hidden_BPX=None) -> EagleState:
-    if prompt_hidden_BPX is None:
-      raise ValueError("Eagle.start needs the prompt's hidden states (prompt_hidden_BPX)")
+  def absorb(self, params, state: EagleState, prompts_BP, lengths_B, start,
+             hidden_BCX) -> EagleState:
+    """Writes the pairs (f_t, x_{t+1}) of prompt positions t = start .. start
+    + C - 1 at slots t (the last prompt position's pair takes a stand-in
+    token: it lies at or past each row's `lengths - 1` and is overwritten
+    before it is read), and keeps the feature at each row's last prompt
+    position."""
     c, hp = self.config, params["head"]
     emb, _ = shared_weights(self.target, params["target"])
-    feats_BPE = fuse_features(c, hp, prompt_hidden_BPX)
-    p = prompts_BP.shape[1]
-    lengths_B = lengths_B.astype(jnp.int32)
-    if p > 1:  # the pairs (f_t, x_{t+1}), t < P - 1, at slots t
-      x = pair_inputs(c, hp, emb, feats_BPE[:, :-1], prompts_BP[:, 1:])
-      pos = jnp.broadcast_to(jnp.arange(p - 1, dtype=jnp.int32)[None], x.shape[:2])
-      state = _write_pairs(c, hp, state, x, pos, jnp.zeros_like(lengths_B))
-    last = jnp.take_along_axis(feats_BPE, (lengths_B - 1)[:, None, None], axis=1)[:, 0]
-    return state.replace(lengths_B=lengths_B - 1, feat_BE=last, root_B=first_B.astype(jnp.int32))
+    feats_BCE = fuse_features(c, hp, hidden_BCX)
+    b, n = feats_BCE.shape[:2]
+    pos_C = start + jnp.arange(n, dtype=jnp.int32)
+    next_BC = jnp.take(prompts_BP, jnp.minimum(pos_C + 1, prompts_BP.shape[1] - 1), axis=1)
+    x = pair_inputs(c, hp, emb, feats_BCE, next_BC)
+    state = _write_pairs(c, hp, state, x, jnp.broadcast_to(pos_C[None], (b, n)),
+                         jnp.full((b,), start, jnp.int32))
+    at_B = lengths_B.astype(jnp.int32) - 1 - start
+    last_BE = jnp.take_along_axis(feats_BCE, jnp.clip(at_B, 0, n - 1)[:, None, None], axis=1)
+    inside_B = (at_B >= 0) & (at_B < n)
+    state = state.replace(feat_BE=jnp.where(inside_B[:, None], last_BE[:, 0], state.feat_BE))
+    return _pinned(c, state)
+
+  def start(self, params, state: EagleState, prompts_BP, lengths_B, first_B,
+            target_cache) -> EagleState:
+    """The state `absorb` left, its length the prompt's pairs (lengths - 1)."""
+    del params, prompts_BP, target_cache
+    return state.replace(lengths_B=lengths_B.astype(jnp.int32) - 1,
+                         root_B=first_B.astype(jnp.int32))
 
   def _level(self, params, state, feats_BTE, tokens_BT, depth, side_k, side_v, slots, anc_BTM):
     """One tree level: T nodes at depth `depth` (positions lengths + depth)

@@ -50,8 +50,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.models.layers import (RMSNorm, accumulate_f32_dot, attend, attend_cached,
-                                   copy_slots, kv_specs, replace_layer, to_cache_layout,
-                                   whole_vocab, zero_arrays)
+                                   block_boundary, copy_slots, kv_specs, replace_layer,
+                                   to_cache_layout, whole_vocab, zero_arrays)
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 from specjax._checks import check_int
 
@@ -269,7 +269,7 @@ class _Encoder(nn.Module):
     bias_BHPP = jnp.broadcast_to(bias_HPP[None], (b,) + bias_HPP.shape)
     mask_B1P = (pos_P[None, :] < lengths_B[:, None])[:, None, :]
     for layer in self.layers:
-      x_BPE = layer(x_BPE, mask_B1P, bias_BHPP)
+      x_BPE = block_boundary(layer(x_BPE, mask_B1P, bias_BHPP))
     return self.final_norm(x_BPE)
 
 
@@ -318,6 +318,7 @@ class _Decoder(nn.Module):
     for i, layer in enumerate(self.layers):
       x_BTE, cache = layer(x_BTE, cache, i, bias_BHTS, bias_new_1HTT, cross_mask_B1P, empty,
                            mask_TT)
+      x_BTE = block_boundary(x_BTE)
     cache = cache.replace(lengths=cache.lengths + t)
     return self.final_norm(x_BTE), cache
 

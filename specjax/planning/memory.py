@@ -47,10 +47,6 @@ ModelConfig = Union[DecoderConfig, T5Config]
 _HIDDEN_BUFFERS = 4   # residual stream, its normed copy, attention output, the call's input
 _MLP_BUFFERS = 3      # gate, up and their product (relu MLPs: fewer, counted the same)
 _SCORE_BUFFERS = 2    # float32 attention scores and their softmax, one layer at a time
-# On a model axis > 1, XLA's TPU schedule of a prefill keeps two [B'T, E] partial sums (the
-# attention and MLP outputs being all-reduced) of every layer live until the call ends
-# (measured on libtpu 0.0.42: results/tpu_aot/README.md).
-_SPMD_LAYER_BUFFERS = 2
 
 
 def format_bytes(n: float) -> str:
@@ -149,9 +145,7 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
   states = _HIDDEN_BUFFERS * rows * width * itemsize
   mlp = _MLP_BUFFERS * rows * _split(hidden, mesh, MODEL) * itemsize
   scores = _SCORE_BUFFERS * rows * _split(heads, mesh, MODEL) * context * 4
-  spmd = (_SPMD_LAYER_BUFFERS * config.num_layers * rows * width * itemsize
-          if mesh.shape[MODEL] > 1 else 0)
-  return logits + states + mlp + scores + spmd
+  return logits + states + mlp + scores
 
 
 _COMPONENTS = ("target params", "target KV cache", "draft params", "draft KV cache",
@@ -289,12 +283,10 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
     MLP              3 B' T F' * s         (gate, up, their product)
     attention        2 B' H' T C * 4       (float32 scores and softmax of one
                                             layer over the C = max(S, P) context)
-    SPMD partial sums 2 L B' T E * s       (model axis > 1 only: the TPU schedule
-                                            of a split call keeps every layer's
-                                            two all-reduced outputs live)
 
-  Layers run one after another, so one layer's buffers count once (but for
-  the SPMD partial sums, measured on libtpu: `results/tpu_aot/`); the
+  Layers run one after another, so one layer's buffers count once (the
+  decoder materialises its residual stream after every block of a call of
+  T > 1 tokens, so no layer's output outlives the next: `DecoderModule`); the
   target's and the draft's calls alternate, so the larger of their estimates
   counts. Workspace XLA adds (fusion temporaries, collectives' buffers) is
   not included: leave headroom.
