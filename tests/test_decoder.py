@@ -111,6 +111,26 @@ def test_prefill_and_extend_match_full_forward(name):
   assert worst <= TOL, f"{name}: incremental vs full max abs diff {worst}"
 
 
+def test_calls_of_several_positions_materialise_the_residual_stream_per_block():
+  """`layers.block_boundary`: one optimization barrier after each block of a
+  call of T > 1 positions (a prefill, a verification call), none in a decode
+  step — without them XLA's TPU compiler kept every block's all-reduced output
+  live to the end of a prefill (results/tpu_aot/README.md)."""
+  lm, params = _model(sorted(CONFIGS)[0])
+  layers = lm.config.num_layers
+  cache = lm.init_cache(2, SLOTS, PROMPT_LEN)
+
+  def barriers(t):
+    tokens = jnp.ones((2, t), jnp.int32)
+    text = jax.jit(lm.extend).lower(params, tokens, cache).as_text()
+    return text.count("optimization_barrier")
+  assert barriers(4) == layers
+  assert barriers(1) == 0
+  text = jax.jit(lm.prefill).lower(params, jnp.ones((2, PROMPT_LEN), jnp.int32),
+                                   jnp.array([3, 5]), cache).as_text()
+  assert text.count("optimization_barrier") == layers
+
+
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_per_row_rollback(name):
   lm, params = _model(name)
