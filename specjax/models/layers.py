@@ -405,10 +405,18 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
       old = jnp.where(valid_BTS[:, None, :, None, :], old, neg)
     else:
       old = jnp.where(valid_BS[:, None, None, None, :], old, neg)
-    weights = jax.nn.softmax(jnp.concatenate([old, new], axis=-1), axis=-1).astype(v_BKSD.dtype)
-    cached = jnp.einsum("bkqs,bksd->bkqd", weights[..., :s].reshape(b, kv, t * g, s), v_BKSD)
-    out_BKTGD = (cached.reshape(b, kv, t, g, d)
-                 + jnp.einsum("bktgu,bukd->bktgd", weights[..., s:], new_v_BTKD))
+    # One softmax over both parts without joining them: unnormalised weights of each
+    # part against their common max, the outputs summed, then one division of the
+    # [T, D] output (not of the [T, S + T] weights).
+    top = jnp.maximum(old.max(axis=-1, keepdims=True), new.max(axis=-1, keepdims=True))
+    e_old, e_new = jnp.exp(old - top), jnp.exp(new - top)
+    total = e_old.sum(axis=-1, keepdims=True) + e_new.sum(axis=-1, keepdims=True)
+    cached = jnp.einsum("bkqs,bksd->bkqd", e_old.astype(v_BKSD.dtype).reshape(b, kv, t * g, s),
+                        v_BKSD, preferred_element_type=jnp.float32)
+    out_BKTGD = ((cached.reshape(b, kv, t, g, d)
+                  + jnp.einsum("bktgu,bukd->bktgd", e_new.astype(v_BKSD.dtype), new_v_BTKD,
+                               preferred_element_type=jnp.float32))
+                 / total).astype(v_BKSD.dtype)
   out_BTHD = out_BKTGD.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
   # Zero, but computed from the output, so the cache is written after it is
   # read (in place). One element per row and kv head `[B, 1, K, 1]`: local to
