@@ -510,8 +510,10 @@ class DecoderLM:
 
   def prefill(self, params, prompts_BP: jax.Array, prompt_lengths_B: jax.Array,
               cache: KVCache) -> Tuple[jax.Array, jax.Array, KVCache]:
-    """Fills the cache with right-padded prompts; next-token logits `[B, V]`."""
-    return self.prefill_with_hidden(params, prompts_BP, prompt_lengths_B, cache)[:3]
+    """Fills the cache with right-padded prompts; next-token logits `[B, V]`
+    (the states are folded into nothing: none is kept)."""
+    return self.prefill_with_hidden(params, prompts_BP, prompt_lengths_B, cache,
+                                    fold=(lambda acc, start, x_BCX: acc, ()))[:3]
 
   def prefill_with_hidden(self, params, prompts_BP: jax.Array, prompt_lengths_B: jax.Array,
                           cache: KVCache, layers: Optional[Sequence[int]] = None,
@@ -530,9 +532,6 @@ class DecoderLM:
       raise ValueError(f"prompts length {p} exceeds the cache's {cache.max_len} slots")
     chunk = min(self.config.prefill_chunk or p, p)
     last_B = prompt_lengths_B.astype(jnp.int32) - 1
-    hidden = []
-    if fold is not None:
-      fold_fn, acc = fold
 
     def piece(start, cache, h_last_BE, tokens_BC):
       """One chunk at positions start..: the cache, the final-normed state at each
@@ -553,33 +552,22 @@ class DecoderLM:
     # prompt exhausted the TPU compiler's memory), the remainder after it.
     full = p // chunk
     cache, h_BE, x_BCX = piece(0, cache, None, prompts_BP[:, :chunk])
-    if fold is None:
-      hidden.append(x_BCX)
-    else:
-      acc = fold_fn(acc, 0, x_BCX)
+    if fold is None:  # the states themselves: each chunk written into a [B, P, X] buffer
+      fold = (lambda buf, start, x: jax.lax.dynamic_update_slice_in_dim(buf, x, start, axis=1),
+              jnp.zeros(prompts_BP.shape[:2] + x_BCX.shape[2:], x_BCX.dtype))
+    fold_fn, acc = fold
+    acc = fold_fn(acc, 0, x_BCX)
     if full > 1:
       def body(carry, start):
+        cache, h_BE, acc = carry
         tokens_BC = jax.lax.dynamic_slice_in_dim(prompts_BP, start, chunk, axis=1)
-        cache, h_BE, x_BCX = piece(start, *carry[:2], tokens_BC)
-        if fold is None:
-          return (cache, h_BE), x_BCX
-        return (cache, h_BE, fold_fn(carry[2], start, x_BCX)), None
-      carry = (cache, h_BE) if fold is None else (cache, h_BE, acc)
-      carry, x_NBCX = jax.lax.scan(body, carry, jnp.arange(1, full, dtype=jnp.int32) * chunk)
-      cache, h_BE = carry[:2]
-      if fold is None:
-        hidden.append(jnp.moveaxis(x_NBCX, 0, 1).reshape(x_NBCX.shape[1], -1,
-                                                          *x_NBCX.shape[3:]))
-      else:
-        acc = carry[2]
+        cache, h_BE, x_BCX = piece(start, cache, h_BE, tokens_BC)
+        return (cache, h_BE, fold_fn(acc, start, x_BCX)), None
+      (cache, h_BE, acc), _ = jax.lax.scan(body, (cache, h_BE, acc),
+                                           jnp.arange(1, full, dtype=jnp.int32) * chunk)
     if p % chunk:
       cache, h_BE, x_BCX = piece(full * chunk, cache, h_BE, prompts_BP[:, full * chunk:])
-      if fold is None:
-        hidden.append(x_BCX)
-      else:
-        acc = fold_fn(acc, full * chunk, x_BCX)
-    if fold is None:
-      acc = hidden[0] if len(hidden) == 1 else jnp.concatenate(hidden, axis=1)
+      acc = fold_fn(acc, full * chunk, x_BCX)
     logits_BV = self.module.apply({"params": params}, h_BE, method=DecoderModule.project)
     last_token_B = jnp.take_along_axis(prompts_BP, last_B[:, None], axis=1)[:, 0]
     return logits_BV, last_token_B.astype(jnp.int32), cache.replace(

@@ -285,8 +285,8 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
                                             layer over the C = max(S, P) context)
 
   Layers run one after another, so one layer's buffers count once (the
-  decoder materialises its residual stream after every block of a call of
-  T > 1 tokens, so no layer's output outlives the next: `DecoderModule`); the
+  models materialise their residual stream after every block of a call of
+  T > 1 tokens, so no layer's output outlives the next: `layers.block_boundary`); the
   target's and the draft's calls alternate, so the larger of their estimates
   counts. Workspace XLA adds (fusion temporaries, collectives' buffers) is
   not included: leave headroom.
