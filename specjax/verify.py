@@ -240,12 +240,11 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
   order (`path_BD[b, :accepted_B[b]]`; 0 past them), how many, and the
   token that follows.
   """
+  if greedy:
+    return _greedy_tree_walk(tokens_BN, valid_BN, argmax_first(q_BNV), children_NC, depth)
   b, n = tokens_BN.shape
   c = children_NC.shape[-1]   # [N, C] or per row [B, N, C]
-  if greedy:
-    u_BX = jnp.full((b, depth * c + 1), 0.5, jnp.float32)
-  else:
-    u_BX = row_uniforms(keys_B, depth * c + 1)
+  u_BX = row_uniforms(keys_B, depth * c + 1)
   r_BV = q_BNV[:, 0].astype(jnp.float32)
   cur_B = jnp.zeros((b,), jnp.int32)
   stopped_B = jnp.zeros((b,), bool)
@@ -255,11 +254,7 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
   for d in range(depth):
     hit_B = jnp.zeros((b,), bool)
     acc_B = jnp.zeros((b,), jnp.int32)
-    # The current node's children, one row per batch row `[B, C]` (a per-row gather; a
-    # static column below: no gather whose indices mix an iota and constants, which
-    # libtpu 0.0.42's gather simplification mis-shapes).
-    kids_BC = (children_NC[cur_B] if children_NC.ndim == 2
-               else jnp.take_along_axis(children_NC, cur_B[:, None, None], axis=1)[:, 0])
+    kids_BC = _children_of(children_NC, cur_B)
     for k in range(c):
       child_B = kids_BC[:, k]
       safe_B = jnp.maximum(child_B, 0)
@@ -287,9 +282,47 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
     accepted_B = accepted_B + hit_B.astype(jnp.int32)
     path.append(jnp.where(hit_B, acc_B, 0))
     stopped_B = stopped_B | ~hit_B
-  if greedy:
-    next_B = argmax_first(r_BV)
-  else:
-    next_B = sample_from_uniform(u_BX[:, depth * c], r_BV)
+  next_B = sample_from_uniform(u_BX[:, depth * c], r_BV)
   path_BD = jnp.stack(path, axis=1) if path else jnp.zeros((b, 0), jnp.int32)
   return path_BD.astype(jnp.int32), accepted_B, next_B
+
+
+def _children_of(children_NC: jax.Array, cur_B: jax.Array) -> jax.Array:
+  """The current nodes' children `[B, C]` from a static `[N, C]` table (a per-row
+  gather) or each row's own `[B, N, C]` (a static column below: no gather whose
+  indices mix an iota and constants, which libtpu 0.0.42's gather simplification
+  mis-shapes)."""
+  if children_NC.ndim == 2:
+    return children_NC[cur_B]
+  return jnp.take_along_axis(children_NC, cur_B[:, None, None], axis=1)[:, 0]
+
+
+def _greedy_tree_walk(tokens_BN, valid_BN, best_BN, children_NC, depth: int):
+  """`tree_verify` for one-hot target distributions, from their argmaxes
+  `best_BN` alone (no pass over the vocabulary per child).
+
+  With q one-hot on best[cur] at the current node, the residual stays that
+  one-hot through every rejection (a child x != best has no mass to remove;
+  renormalising leaves it), and a child is accepted iff it is tried and its
+  token is best[cur] (u · p(x) < q(x) = 1 for any p(x) <= 1, and q(x) = 0
+  otherwise): the first such child in order. The token after the path is
+  best at its last node."""
+  b = tokens_BN.shape[0]
+  cur_B = jnp.zeros((b,), jnp.int32)
+  accepted_B = jnp.zeros((b,), jnp.int32)
+  path = []
+  for _ in range(depth):   # a row that stopped stays put: its children fail again
+    kids_BC = _children_of(children_NC, cur_B)
+    safe_BC = jnp.maximum(kids_BC, 0)
+    want_B = jnp.take_along_axis(best_BN, cur_B[:, None], axis=1)[:, 0]
+    ok_BC = ((kids_BC >= 0) & jnp.take_along_axis(valid_BN, safe_BC, axis=1)
+             & (jnp.take_along_axis(tokens_BN, safe_BC, axis=1) == want_B[:, None]))
+    hit_B = jnp.any(ok_BC, axis=1)
+    first_B = jnp.argmax(ok_BC, axis=1)   # the first child that matches
+    acc_B = jnp.take_along_axis(safe_BC, first_B[:, None], axis=1)[:, 0]
+    cur_B = jnp.where(hit_B, acc_B, cur_B)
+    accepted_B = accepted_B + hit_B.astype(jnp.int32)
+    path.append(jnp.where(hit_B, acc_B, 0))
+  next_B = jnp.take_along_axis(best_BN, cur_B[:, None], axis=1)[:, 0]
+  path_BD = jnp.stack(path, axis=1) if path else jnp.zeros((b, 0), jnp.int32)
+  return path_BD.astype(jnp.int32), accepted_B, next_B.astype(jnp.int32)

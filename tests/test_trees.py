@@ -82,6 +82,30 @@ def test_a_chain_tree_is_the_chain_rule():
   np.testing.assert_array_equal(path2, path)
 
 
+def test_the_greedy_walk_makes_the_rejection_rules_decisions():
+  """One-hot target distributions: `greedy=True` (argmaxes only) gives what the
+  generic rule gives with any keys, for one-hot and sampled proposals, static and
+  per-row children tables, with repeated and invalid children."""
+  b, v = 512, 5
+  rng = np.random.default_rng(1)
+  tree = TokenTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (2, 0), (0, 0, 0),
+                               (0, 1, 0), (1, 0, 0)])
+  n = tree.size
+  tokens = jnp.asarray(rng.integers(0, v, size=(b, n)), jnp.int32)   # siblings may repeat
+  valid = jnp.asarray(rng.random((b, n)) < 0.85)
+  q = jax.nn.one_hot(jnp.asarray(rng.integers(0, v, size=(b, n))), v, dtype=jnp.float32)
+  p = jax.nn.softmax(jnp.asarray(rng.normal(size=(b, n, v)) * 2, jnp.float32), -1)
+  keys = jax.random.split(jax.random.key(3), b)
+  for children in (jnp.asarray(tree.children),
+                   jnp.broadcast_to(jnp.asarray(tree.children), (b,) + tree.children.shape)):
+    for probs in (None, p):
+      ref = tree_verify(keys, tokens, valid, q, children, tree.depth, probs)
+      got = tree_verify(keys, tokens, valid, q, children, tree.depth, probs, greedy=True)
+      for r, g in zip(ref, got):
+        np.testing.assert_array_equal(g, r)
+      assert {0, 1, 2, 3} <= set(np.asarray(ref[1]).tolist())   # every depth reached
+
+
 @pytest.fixture(scope="module")
 def greedy_ref():
   lm, params = target()
