@@ -270,6 +270,10 @@ class Drafter(abc.ABC):
       like the target's, and its state (`alloc`) is laid out by its fields'
       shape suffixes — heads over `model`, rows over `data`
       (`sharding.state_spec`); False: only its rows over `data`.
+    reads_target_lm_head: every drafter call projects through the target's
+      own output head (EAGLE heads; Medusa heads sharing it): weights the
+      drafter does not own but reads once per call (`specjax.aot` counts
+      them in what an iteration must read).
   """
 
   deterministic: bool = False
@@ -282,6 +286,7 @@ class Drafter(abc.ABC):
   catches_up: bool = False
   offers_room: bool = False
   splits_state: bool = False
+  reads_target_lm_head: bool = False
 
   def calls_per_iteration(self, gamma: int) -> int:
     """Drafter forward passes per iteration (for the statistics; default 0)."""

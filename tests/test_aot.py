@@ -292,3 +292,15 @@ def test_a_split_eagle_head_is_laid_out_megatron_style():
   assert split["draft_params"] < 0.3 * whole["draft_params"]
   assert split["draft_cache"] < 0.3 * whole["draft_cache"]
   assert 0.9 <= by[True]["plan"]["ratio"] <= 1.1
+  # Each head call reads the target's LM head (vocab-split: a quarter per device), counted
+  # in what an iteration must read beside the head's own params and cache.
+  for p in by.values():
+    s = p["slices"]
+    assert s["draft_shared"] == _DEC.d_model * _DEC.vocab_size * 2 // 4
+    assert p["expected_bytes"] == s["target_params"] + s["target_cache"] + 3 * (
+        s["draft_params"] + s["draft_cache"] + s["draft_shared"])
+    # The target's embedding and LM head, passed again inside the drafter's params, are
+    # one buffer each: the compiler's second count of them is not held twice.
+    assert p["shared_argument_bytes"] == 2 * s["draft_shared"]
+    assert 0.9 <= p["plan"]["ratio"] <= 1.1, p["plan"]
+    assert p["plan"]["prompt_hidden_width"] == _DEC.d_model

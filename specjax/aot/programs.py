@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -85,6 +85,12 @@ class Lowered:
     draft_model: the model whose weights each draft call reads (None: no
       weights, e.g. prompt lookup).
     draft_replicated: whether the draft's weights are whole on every device.
+    shared_args: (i, j, bytes per device) of argument leaves j passed again
+      as leaf i (flat argument order): an EAGLE / Medusa drafter's params
+      hold the target's, one buffer that the compiler counts once per
+      argument it keeps.
+    prompt_hidden_width: X, the target features a drafter absorbs per prompt
+      position during the prefill (`Drafter.needs_prompt_hidden`; else 0).
   """
 
   name: str
@@ -95,6 +101,20 @@ class Lowered:
   draft_model: Any = None
   draft_replicated: bool = True
   slices: dict = dataclasses.field(default_factory=dict)
+  shared_args: Tuple[Tuple[int, int, int], ...] = ()
+  prompt_hidden_width: int = 0
+
+
+def shared_leaves(*args) -> Tuple[Tuple[int, int, int], ...]:
+  """(first index, repeated index, bytes per device) of every leaf object that
+  appears more than once among the flattened `args`."""
+  first, out = {}, []
+  for i, x in enumerate(jax.tree_util.tree_leaves(args)):
+    if id(x) in first:
+      out.append((first[id(x)], i, device_bytes(x)))
+    else:
+      first[id(x)] = i
+  return tuple(out)
 
 
 def device_bytes(tree) -> int:
@@ -176,12 +196,19 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   with jax.set_mesh(mesh):
     lowered = generation.speculative_loop.lower(dec, tp, dp, prompts, lengths, keys, tcache,
                                                 dcache)
+  width = 0
+  if drafter.needs_prompt_hidden:
+    width = target.config.d_model * max(1, len(drafter.hidden_layers or ()))
   return Lowered(name or f"speculative {type(drafter).__name__} γ={gamma}", lowered,
                  "speculative", tokens_per_call=call_len,
                  draft_calls=drafter.calls_per_iteration(gamma), draft_model=draft_model,
                  draft_replicated=draft_replicated,
+                 shared_args=shared_leaves(tp, dp, prompts, lengths, keys, tcache, dcache),
+                 prompt_hidden_width=width,
                  slices={"target_params": decode_bytes(tp), "target_cache": device_bytes(tcache),
-                         "draft_params": _own_bytes(dp, tp), "draft_cache": device_bytes(dcache)})
+                         "draft_params": _own_bytes(dp, tp), "draft_cache": device_bytes(dcache),
+                         "draft_shared": (lm_head_bytes(tp) if drafter.reads_target_lm_head
+                                          else 0)})
 
 
 def decode_bytes(params) -> int:
@@ -193,6 +220,12 @@ def decode_bytes(params) -> int:
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
   return device_bytes([x for path, x in leaves
                        if decode_reads([getattr(k, "key", k) for k in path], tied) == "whole"])
+
+
+def lm_head_bytes(params) -> int:
+  """Per-device bytes of a decoder's output head `[E, V]` (tied: the embedding)."""
+  tied = not (isinstance(params, dict) and "lm_head" in params)
+  return device_bytes(params["embed"]["embedding"] if tied else params["lm_head"]["kernel"])
 
 
 def _own_bytes(draft_params, target_params) -> int:

@@ -52,11 +52,15 @@ class ProgramReport:
   flops: float
   predicted_s: Dict[str, float]
   error: Optional[str] = None
+  shared_argument_bytes: int = 0
 
   @property
   def peak_bytes(self) -> int:
-    """Live bytes per device: arguments + outputs − aliased + temporaries."""
-    return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes
+    """Live bytes per device: arguments + outputs − aliased + temporaries, a
+    buffer passed as two arguments counted once (`shared_argument_bytes`:
+    the compiler's argument size counts it per argument)."""
+    return (self.argument_bytes - self.shared_argument_bytes + self.output_bytes
+            - self.alias_bytes + self.temp_bytes)
 
   @property
   def fits(self) -> bool:
@@ -80,14 +84,20 @@ def _loop_dict(cost: LoopCost) -> Dict[str, Any]:
 
 def expected_bytes(lowered: Lowered) -> int:
   """Bytes one iteration must read per device: the target's params and cache
-  slices once, and each draft call its draft's params and cache slices."""
+  slices once, and each draft call its draft's params and cache slices and the
+  target weights it reads (`draft_shared`: an EAGLE head's LM head)."""
   s = lowered.slices
   if lowered.kind == "train":
     return s.get("train_state", 0)
   total = s.get("target_params", 0) + s.get("target_cache", 0)
   if lowered.kind == "speculative":
-    total += lowered.draft_calls * (s.get("draft_params", 0) + s.get("draft_cache", 0))
+    total += lowered.draft_calls * _draft_call_bytes(s)
   return total
+
+
+def _draft_call_bytes(slices) -> int:
+  return slices.get("draft_params", 0) + slices.get("draft_cache", 0) \
+      + slices.get("draft_shared", 0)
 
 
 def _flops(lowered: Lowered, batch_rows: int, group: int, itemsize: int = 2) -> float:
@@ -97,8 +107,7 @@ def _flops(lowered: Lowered, batch_rows: int, group: int, itemsize: int = 2) -> 
   flops = 2.0 * s.get("target_params", 0) / itemsize * batch_rows * t
   flops += 2.0 * s.get("target_cache", 0) / itemsize * t * group
   if lowered.kind == "speculative":
-    flops += lowered.draft_calls * 2.0 * (s.get("draft_params", 0) + s.get("draft_cache", 0)) \
-        / itemsize * batch_rows
+    flops += lowered.draft_calls * 2.0 * _draft_call_bytes(s) / itemsize * batch_rows
   if lowered.kind == "train":
     flops = 6.0 * s.get("train_state", 0) / 3 / 4 * batch_rows * t  # params ~ 1/3 of f32 state
   return flops
@@ -123,6 +132,11 @@ def compile_program(lowered: Lowered, chip: Chip, *, batch_rows: int = 1, group:
                          None, 0.0, {}, error=(msg[0] if msg else type(e).__name__)[:500])
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
+  # The arguments jax kept (it drops unused ones before XLA sees them); unknown: no
+  # repeated argument is discounted.
+  kept = getattr(getattr(compiled, "_executable", None), "_kept_var_idx", None)
+  shared = 0 if kept is None else sum(n for i, j, n in lowered.shared_args
+                                      if i in kept and j in kept)
   hlo = compiled.as_text()
   if hlo_path:
     with open(hlo_path, "w", encoding="utf-8") as f:
@@ -149,7 +163,7 @@ def compile_program(lowered: Lowered, chip: Chip, *, batch_rows: int = 1, group:
       # The per-iteration goal applies to loops; a prefill or a train step is one call.
       read_ratio=(None if cost is None or not exp or lowered.kind not in ("ar", "speculative")
                   else cost.bytes_read / exp),
-      flops=flops, predicted_s=pred)
+      flops=flops, predicted_s=pred, shared_argument_bytes=shared)
 
 
 def _gb(n: float) -> str:
@@ -157,7 +171,8 @@ def _gb(n: float) -> str:
 
 
 def format_reports(reports: List[ProgramReport], title: str) -> str:
-  """A markdown table of reports (per device; GB = 10^9 bytes)."""
+  """A markdown table of reports (per device; GB = 10^9 bytes; args: each
+  buffer once, `ProgramReport.shared_argument_bytes`)."""
   lines = [f"### {title}", "",
            "| program | compile s | args GB | temp GB | peak GB / HBM | fits | read/iter GB "
            "| expected GB | ratio | collectives/iter | HBM-copies | host | HBM floor ms "
@@ -172,7 +187,8 @@ def format_reports(reports: List[ProgramReport], title: str) -> str:
     coll = ", ".join(f"{v['count']} {k}" for k, v in sorted(loop.get("collectives", {}).items()))
     p = r.predicted_s
     lines.append(
-        f"| {r.name} | {r.compile_s:.0f} | {_gb(r.argument_bytes)} | {_gb(r.temp_bytes)} "
+        f"| {r.name} | {r.compile_s:.0f} | {_gb(r.argument_bytes - r.shared_argument_bytes)} "
+        f"| {_gb(r.temp_bytes)} "
         f"| {_gb(r.peak_bytes)} / {_gb(r.hbm_bytes)} | {'yes' if r.fits else '**no**'} "
         f"| {_gb(loop.get('bytes_read', 0))} | {_gb(r.expected_bytes)} "
         f"| {'' if r.read_ratio is None else f'{r.read_ratio:.2f}'} | {coll or '0'} "

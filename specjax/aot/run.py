@@ -43,7 +43,8 @@ from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig
 from specjax.parallel.sharding import DATA, MODEL, fit_to_mesh, param_spec
-from specjax.planning.memory import memory_plan
+from specjax.sampling import GREEDY, SamplingConfig
+from specjax.planning.memory import memory_plan, prompt_feature_bytes
 from specjax.planning.mesh import choose_mesh
 from specjax.tree import TokenTree
 from specjax._checks import check_int
@@ -80,6 +81,9 @@ class AotRun:
       the target).
     train_batch, train_seq_len: the draft train step's batch.
     alphas: {draft name: acceptance rate} for the predicted speedup.
+    sampling: how every program samples (default greedy, as the acceptance
+      rates of the predictions are: the papers' T = 0 columns; a sampled
+      program also processes the full vocabulary on every device).
   """
 
   topology: str
@@ -99,6 +103,7 @@ class AotRun:
   train_batch: int = 8
   train_seq_len: int = 512
   alphas: Tuple[Tuple[str, float], ...] = ()
+  sampling: SamplingConfig = GREEDY
 
   def __post_init__(self):
     bad = [k for k in self.programs if k not in PROGRAM_KINDS]
@@ -139,14 +144,16 @@ def _lowerings(run: AotRun, mesh: Mesh):
     run = dataclasses.replace(run, drafts=tuple((name, fit_to_mesh(d, None, mesh)[0])
                                                 for name, d in run.drafts))
   b, p, n, s = run.batch_size, run.prompt_len, run.max_new_tokens, run.slots
-  common = dict(batch_size=b, prompt_len=p, max_new_tokens=n, cache_len=s)
+  common = dict(batch_size=b, prompt_len=p, max_new_tokens=n, cache_len=s,
+                sampling=run.sampling)
   out = []
   if "prefill" in run.programs:
-    out.append(lambda: lower_prefill(t, mesh, batch_size=b, prompt_len=p, cache_len=s))
+    out.append(lambda: lower_prefill(t, mesh, batch_size=b, prompt_len=p, cache_len=s,
+                                     sampling=run.sampling))
     for name, d in run.drafts:
       out.append(lambda d=d, name=name: lower_prefill(
           d, mesh, batch_size=b, prompt_len=p, cache_len=s, name=f"prefill draft {name}",
-          replicated=run.draft_replicated))
+          replicated=run.draft_replicated, sampling=run.sampling))
   if "ar" in run.programs:
     out.append(lambda: lower_ar_loop(t, mesh, **common))
   if "draft" in run.programs:
@@ -250,13 +257,21 @@ def _plan_check(run: AotRun, mesh: Mesh, lowered: Lowered, report: ProgramReport
     # plan has the target; the drafter's own params and state come from their shapes
     own = lowered.slices.get("draft_params", 0) + lowered.slices.get("draft_cache", 0)
     held = plan.target_params + plan.target_cache + own
-  out = {"plan_params_and_caches": held, "compiler_arguments": report.argument_bytes,
-         "ratio": report.argument_bytes / held if held else None}
+  args = report.argument_bytes - report.shared_argument_bytes   # each buffer once
+  out = {"plan_params_and_caches": held, "compiler_arguments": args,
+         "ratio": args / held if held else None}
   if holds_target:  # the plan's activation estimate is the target's prefill (or the draft's)
     total = plan.per_device_bytes + (held - plan.target_params - plan.target_cache
                                      if draft is None and lowered.kind == "speculative" else 0)
+    width = lowered.prompt_hidden_width
+    if width:   # a head absorbing the prompt's features during the target's prefill
+      c = run.target.config
+      rows = run.batch_size // mesh.shape[DATA] if run.batch_size % mesh.shape[DATA] == 0 \
+          else run.batch_size
+      total += prompt_feature_bytes(rows, _prefill_tokens(run), c.d_model, width,
+                                    np.dtype(c.dtype).itemsize)
     out.update(plan_total=total, compiler_peak=report.peak_bytes,
-               total_ratio=report.peak_bytes / total)
+               total_ratio=report.peak_bytes / total, prompt_hidden_width=width)
   return out
 
 
@@ -311,6 +326,7 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
          "hosts": num_hosts(devices), "devices": len(devices), "mesh": [data, model],
          "batch_size": run.batch_size, "prompt_len": run.prompt_len,
          "max_new_tokens": run.max_new_tokens, "cache_len": run.slots,
+         "sampling": dataclasses.asdict(run.sampling),
          "programs": [dict(r.to_dict(), plan=p) for r, p in zip(reports, plans)]}
   out["speedups"] = predicted_speedups(reports, dict(run.alphas))
   out["fits"] = all(r.fits for r in reports)
@@ -319,7 +335,9 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
   out["markdown"] = format_reports(reports, f"{run.topology} ({len(devices)} chips, "
                                    f"{num_hosts(devices)} host(s)), mesh data={data} x "
                                    f"model={model}, batch {run.batch_size}, prompt "
-                                   f"{run.prompt_len}, {run.slots} cache slots")
+                                   f"{run.prompt_len}, {run.slots} cache slots, "
+                                   + ("greedy" if run.sampling.is_greedy
+                                      else f"sampled {run.sampling}"))
   return out
 
 
@@ -342,8 +360,11 @@ def replan(result: Dict[str, Any], run: AotRun) -> Dict[str, Any]:
     elif p["name"].startswith("prefill draft "):
       draft = drafts.get(p["name"][len("prefill draft "):])
     lowered = types.SimpleNamespace(kind=p["kind"], name=p["name"], tokens_per_call=tokens,
-                                    slices=p.get("slices", {}))
+                                    slices=p.get("slices", {}),
+                                    prompt_hidden_width=(p.get("plan") or {}).get(
+                                        "prompt_hidden_width", 0))
     rep = types.SimpleNamespace(error=None, argument_bytes=p["argument_bytes"],
+                                shared_argument_bytes=p.get("shared_argument_bytes", 0),
                                 peak_bytes=p["peak_bytes"])
     p["plan"] = _plan_check(run, mesh, lowered, rep, draft)
   if not result.get("fits", True):

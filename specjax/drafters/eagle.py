@@ -213,6 +213,7 @@ class Eagle(Drafter):
   uses_target_params = False
   needs_hidden = True
   needs_prompt_hidden = True
+  reads_target_lm_head = True
 
   @property
   def splits_state(self) -> bool:

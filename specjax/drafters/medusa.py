@@ -88,6 +88,10 @@ class Medusa(Drafter):
     return self.children == "top_k"
 
   @property
+  def reads_target_lm_head(self) -> bool:
+    return self.config.share_lm_head
+
+  @property
   def fixed_gamma(self) -> int:
     return self.tree.depth
 

@@ -39,7 +39,7 @@ from specjax.models.t5_config import T5Config
 from specjax.parallel.sharding import DATA, MODEL, cache_spec, kv_head_repeats, param_spec
 
 __all__ = ["MemoryPlan", "memory_plan", "device_memory_bytes", "check_fits", "format_bytes",
-           "mesh_pair"]
+           "mesh_pair", "prompt_feature_bytes"]
 
 ModelConfig = Union[DecoderConfig, T5Config]
 
@@ -146,6 +146,21 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
   mlp = _MLP_BUFFERS * rows * _split(hidden, mesh, MODEL) * itemsize
   scores = _SCORE_BUFFERS * rows * _split(heads, mesh, MODEL) * context * 4
   return logits + states + mlp + scores
+
+
+def prompt_feature_bytes(rows: int, tokens: int, d_model: int, feature_width: int,
+                         itemsize: int) -> int:
+  """The activation estimate of a head absorbing one prefill chunk of the
+  target's features (`Drafter.absorb`: EAGLE), beside the target's own
+  activations of that chunk: B' rows x T positions of the features `[X]` in
+  the target's dtype (itemsize s), and in float32 the head's fused feature
+  (E), its pair input (2 E) and the pair's keys and values (at most E):
+  B' T (X s + 16 E) bytes."""
+  rows, tokens = check_int("rows", rows, 1), check_int("tokens", tokens, 1)
+  d_model = check_int("d_model", d_model, 1)
+  feature_width = check_int("feature_width", feature_width, 1)
+  itemsize = check_int("itemsize", itemsize, 1)
+  return rows * tokens * (feature_width * itemsize + 4 * d_model * 4)
 
 
 _COMPONENTS = ("target params", "target KV cache", "draft params", "draft KV cache",
