@@ -40,10 +40,13 @@ import numpy as np
 import pytest
 
 import specjax
+from specjax.drafters.eagle import Eagle
 from specjax.models import cast_params, layers
 from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.t5 import T5, T5Config, t5_config
 from specjax.sampling import GREEDY
+from specjax.tree import TokenTree
 
 BF16 = jnp.bfloat16
 V = 256
@@ -390,6 +393,26 @@ def test_speculative_greedy_equals_autoregressive_in_bf16(kind):
   # (odds ~0.3%) is a sign of something else.
   assert parted < B, f"every row parted from greedy at a near tie ({kind})"
   assert 0.1 < spec.acceptance_rate < 0.95, spec.acceptance_rate
+
+
+def test_eagle_on_a_bf16_target_keeps_a_bf16_head_cache_and_greedy_output():
+  """An EAGLE head beside a bf16 target stores its keys and values in bf16 (half
+  of what each head call reads; computed in float32), and greedy speculative
+  decoding still gives the target's greedy tokens (near ties as above)."""
+  kind = "decoder-gqa"
+  model, params, _, prompts, lengths, ref, _ = _greedy_runs(kind, GREEDY_SEEDS[kind])
+  c = model.config
+  config = EagleConfig(d_model=c.d_model, vocab_size=c.vocab_size, num_heads=2, mlp_dim=64)
+  drafter = Eagle(config, TokenTree.chain(3), model)
+  spec = specjax.speculative_generate(
+      model, params, drafter, {"head": init_eagle(config, jax.random.key(3)), "target": params},
+      prompts, lengths, max_new_tokens=SPEC_N, sampling=GREEDY)
+  state = spec.draft_cache
+  assert {x.dtype for x in (state.k_BSHD, state.v_BSHD)} == {jnp.dtype(BF16)}
+  assert np.abs(np.asarray(state.k_BSHD, np.float32)).max() > 0   # written, not just allocated
+  np.testing.assert_array_equal(spec.lengths, ref.lengths)
+  parted = _assert_greedy_equal(kind, model, params, prompts, lengths, ref.tokens, spec.tokens)
+  assert parted < B
 
 
 @pytest.mark.parametrize("kind", ["decoder-gqa", "t5-v1.1"])

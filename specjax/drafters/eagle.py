@@ -123,7 +123,8 @@ class DynamicTree:
 
 @struct.dataclass
 class EagleState:
-  """k_BSHD, v_BSHD: the head's cache (slot t: the pair (f_t, x_{t+1}));
+  """k_BSHD, v_BSHD: the head's cache (slot t: the pair (f_t, x_{t+1})), in
+  the target's compute dtype;
   lengths_B: committed pairs (the pending token's position − 1);
   feat_BE: the head-space feature at the last committed position (the
   root pair's feature); root_B: the pending token the last proposal was
@@ -294,12 +295,14 @@ class Eagle(Drafter):
     c = self.config
     shape = (batch_size, cache_len, c.num_heads, c.head_dim)
     extra = (c.num_layers - 1,) + shape
-    return EagleState(k_BSHD=jnp.zeros(shape, jnp.float32), v_BSHD=jnp.zeros(shape, jnp.float32),
+    # The head's keys and values are stored as the target stores its own (a bf16
+    # target: bf16, half the bytes each head call reads); computed in float32.
+    kv = jnp.dtype(self.target.config.dtype)
+    return EagleState(k_BSHD=jnp.zeros(shape, kv), v_BSHD=jnp.zeros(shape, kv),
                       lengths_B=jnp.zeros((batch_size,), jnp.int32),
                       feat_BE=jnp.zeros((batch_size, c.d_model), jnp.float32),
                       root_B=jnp.zeros((batch_size,), jnp.int32),
-                      xk_LBSHD=jnp.zeros(extra, jnp.float32),
-                      xv_LBSHD=jnp.zeros(extra, jnp.float32))
+                      xk_LBSHD=jnp.zeros(extra, kv), xv_LBSHD=jnp.zeros(extra, kv))
 
   def absorb(self, params, state: EagleState, prompts_BP, lengths_B, start,
              hidden_BCX) -> EagleState:
