@@ -6,6 +6,8 @@ import socket
 import subprocess
 import sys
 
+from bench_helpers import one_device_xla_flags
+
 
 def free_port() -> int:
   with socket.socket() as s:
@@ -22,8 +24,9 @@ def run_two_processes(script_text: str, tmp_path, *args: str, timeout: float = 1
   # The workers import specjax from this checkout whatever the install (a worker
   # once failed with "No module named 'specjax'" mid-suite on an editable install).
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS="--xla_force_host_platform_device_count=4",
+  # 4 devices each, and conftest.py's codegen flags (compile fast).
+  xla_flags = f"--xla_force_host_platform_device_count=4 {one_device_xla_flags()}".strip()
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags,
              PYTHONPATH=os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p))
   port = str(free_port())
   procs = [subprocess.Popen([sys.executable, str(script), str(i), port, *args], env=env,

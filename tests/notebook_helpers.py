@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from bench_helpers import one_device_xla_flags
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 
@@ -32,6 +34,6 @@ def run_notebook(name, monkeypatch, workdir):
   under `workdir` (`SPECJAX_NOTEBOOK_WORKDIR`)."""
   monkeypatch.setenv("SPECJAX_NOTEBOOK_SMOKE", "1")
   monkeypatch.setenv("SPECJAX_NOTEBOOK_WORKDIR", str(workdir))
-  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  monkeypatch.setenv("XLA_FLAGS", one_device_xla_flags())  # the real CPU device
   monkeypatch.setenv("MPLBACKEND", "Agg")
   _execute(nbformat.read(os.path.join(COLAB, name), as_version=4), COLAB)
