@@ -72,12 +72,14 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   accept_BG = accept_BG & valid_BG
   num_accepted_B = jnp.sum(jnp.cumprod(accept_BG.astype(jnp.int32), axis=1), axis=1)
 
-  zeros_B1V = jnp.zeros_like(draft_probs_BGV[:, :1])
-  p_ext_BG1V = jnp.concatenate([jnp.where(valid_BG[..., None], draft_probs_BGV, 0.0), zeros_B1V],
-                               axis=1)
   idx = num_accepted_B[:, None, None]
   q_BV = jnp.take_along_axis(target_probs_BG1V, idx, axis=1)[:, 0]
-  p_BV = jnp.take_along_axis(p_ext_BG1V, idx, axis=1)[:, 0]
+  # p at the first rejection: 0 after all G drafts and at an invalid draft (gathered
+  # from the row's own position, not from a copy of p extended by zeros).
+  p_BV = jnp.take_along_axis(draft_probs_BGV, jnp.minimum(idx, g - 1), axis=1)[:, 0]
+  rejected_valid_B = jnp.take_along_axis(jnp.pad(valid_BG, ((0, 0), (0, 1))),
+                                         num_accepted_B[:, None], axis=1)[:, 0]
+  p_BV = jnp.where(rejected_valid_B[:, None], p_BV, 0.0)
   residual_BV = jnp.maximum(q_BV - p_BV, 0.0)
   mass_B1 = jnp.sum(residual_BV, axis=-1, keepdims=True)
   dist_BV = jnp.where(mass_B1 > 0, residual_BV / jnp.where(mass_B1 > 0, mass_B1, 1.0), q_BV)
