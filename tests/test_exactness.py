@@ -98,6 +98,36 @@ def test_first_token_after_rejection_has_target_conditional():
   assert pvalue > 1e-3, pvalue
 
 
+def test_invalid_drafts_count_as_rejected_with_no_proposal_mass():
+  """`num_valid_B`: a row's drafts past its count are never accepted, and the
+  token after its last valid draft is drawn from q there (p = 0): with every
+  draft matching (accepted for sure), a row of k valid drafts keeps k and its
+  next token follows q_{k+1} (chi-square), whatever lies past them."""
+  n, g, v = 60000, 3, 6
+  rng = np.random.default_rng(5)
+  q_G1V = jax.nn.softmax(jnp.asarray(rng.normal(size=(g + 1, v)) * 1.5, jnp.float32), -1)
+  drafts_G = jnp.argmax(q_G1V[:g], axis=-1).astype(jnp.int32)
+  # p puts all its mass on each draft, q gives it most: accepted with prob q(d) < 1 ...
+  p_GV = jax.nn.one_hot(drafts_G, v, dtype=jnp.float32)
+  keys = jax.random.split(jax.random.key(11), n)
+  q64 = np.asarray(q_G1V, np.float64)
+  q64 /= q64.sum(-1, keepdims=True)
+  for k in range(g + 1):
+    num_valid = jnp.full((n,), k, jnp.int32)
+    acc, nxt = rejection_verify(keys, jnp.broadcast_to(drafts_G, (n, g)),
+                                jnp.broadcast_to(p_GV, (n, g, v)),
+                                jnp.broadcast_to(q_G1V, (n, g + 1, v)), num_valid)
+    acc, nxt = np.asarray(acc), np.asarray(nxt)
+    assert acc.max() <= k and (k == 0 or acc.max() == k)
+    # ... so rows that kept all k valid drafts drew their next token from q_{k+1}.
+    rows = nxt[acc == k]
+    pvalue = chi_square_pvalue(np.bincount(rows, minlength=v), q64[k])
+    assert pvalue > 1e-3, (k, pvalue)
+  # Negative control: the token after k accepted drafts is not q_k's law.
+  wrong = chi_square_pvalue(np.bincount(rows, minlength=v), q64[g - 1])
+  assert wrong < 1e-6, wrong
+
+
 # ----------------------------------------------------- tiny transformer pair
 V_LM = 8
 PROMPT = [3, 1, 4]
