@@ -133,6 +133,20 @@ def cases():
                     cache_len=ctx, programs=("ar", "draft", "eagle_chain"),
                     draft_replicated=False, eagle_features=(2, 16, 29),
                     alphas=(("llama-3.2-1b", 0.8),))))
+  # The same pair on the fused cache-attention kernel (`attention_kernel="pallas"`): the
+  # verify call's float32 scores stay on chip.
+  for topo, batch, ctx in (("v6e:2x4", 32, 32768),):
+    out.append(("today_pallas",
+                f"today_llama-3.1-8b_{topo.replace(':', '-')}_b{batch}_ctx{ctx}_draft-split_pallas",
+                lambda topo=topo, batch=batch, ctx=ctx: AotRun(
+                    topo, _dec("llama-3.1-8b", prefill_chunk=_chunk(ctx, batch),
+                               attention_kernel="pallas"),
+                    (("llama-3.2-1b", _dec("llama-3.2-1b", prefill_chunk=_chunk(ctx, batch),
+                                           attention_kernel="pallas")),),
+                    gammas=(4,), batch_size=batch, prompt_len=ctx - 256, max_new_tokens=128,
+                    cache_len=ctx, programs=("ar", "draft", "eagle_chain"),
+                    draft_replicated=False, eagle_features=(2, 16, 29),
+                    alphas=(("llama-3.2-1b", 0.8),))))
   # The target's prefill alone, chunked and not, at a few batch sizes: what the compiler
   # keeps live against the memory plan's activation terms (results/tpu_aot/README.md).
   for batch, prompt, chunk in ((1, 1792, None), (8, 1792, None), (1, 1792, 256),

@@ -13,6 +13,7 @@ from specjax.aot.report import compile_program
 from specjax.aot.run import AotRun, replan, run_aot
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
+from specjax.parallel.sharding import DATA, MODEL
 from specjax.planning.memory import memory_plan
 from specjax.planning.mesh import choose_mesh
 
@@ -184,6 +185,23 @@ def test_tiny_t5_compiles_for_v5e():
   rep = compile_program(lowered, chips.chip("v5e"))
   assert rep.error is None and rep.fits and rep.loop is not None
   assert rep.loop["host_transfers"] == 0
+
+
+def test_the_fused_attention_kernel_compiles_for_v5e(tmp_path):
+  """`attention_kernel="pallas"`: the AR loop compiles for a TPU with each decode
+  step's cache attention one Mosaic kernel per layer, run per shard (kv heads over
+  `model`), with the same collectives as XLA's attention."""
+  mesh = Mesh(np.array(chips.topology_devices("v5e:2x2")).reshape(1, 4), (DATA, MODEL))
+  reps, hlo = {}, {}
+  for kern in ("xla", "pallas"):
+    lowered = lower_ar_loop(DecoderLM(_DEC.replace(attention_kernel=kern)), mesh, batch_size=8,
+                            prompt_len=120, max_new_tokens=8, cache_len=256)
+    reps[kern] = compile_program(lowered, chips.chip("v5e"), hlo_path=str(tmp_path / kern))
+    hlo[kern] = (tmp_path / kern).read_text()
+  assert reps["pallas"].error is None and reps["pallas"].fits
+  assert hlo["pallas"].count('custom_call_target="tpu_custom_call"') == _DEC.num_layers
+  assert "tpu_custom_call" not in hlo["xla"]
+  assert reps["pallas"].loop["collectives"] == reps["xla"].loop["collectives"]
 
 
 def test_compile_errors_are_reported_not_raised():

@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models import decoder_layout, matvec_cache, rope
+from specjax.models.attention_kernel import KERNELS
 from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, block_boundary,
                                    contract, copy_slots, replace_layer, whole_vocab)
 from specjax._checks import check_bool, check_int, check_optional_int
@@ -92,6 +93,12 @@ class DecoderConfig:
       float rounding). Attention scores then take `B·H·chunk·P` floats
       instead of `B·H·P²`: a batch of 32 prompts of 4096 positions needs
       12.9 GB per layer at once, 0.8 GB in chunks of 256. None: one call.
+    attention_kernel: "xla" (default, any backend) or "pallas": on a TPU,
+      attention over the cache in one fused kernel that keeps its scores on
+      chip (`specjax.models.attention_kernel`; compute only, the same values
+      up to float rounding; a cache of a multiple of 128 slots without a
+      sliding window, else XLA's); "pallas_interpret": that kernel through
+      Pallas's interpreter, on any backend (tests).
 
   The parameter tree has two layouts of the same weights: the standard one
   above (training, checkpoints, transformers export) and a packed decode
@@ -120,6 +127,7 @@ class DecoderConfig:
                                                      metadata={"compute_only": True})
   prefill_chunk: Optional[int] = dataclasses.field(default=None,
                                                    metadata={"compute_only": True})
+  attention_kernel: str = dataclasses.field(default="xla", metadata={"compute_only": True})
   # Compute-only fields of earlier versions, ignored when a stored config holds them.
   REMOVED_FIELDS: ClassVar[Tuple[str, ...]] = ("fused_projections",)
 
@@ -141,6 +149,9 @@ class DecoderConfig:
     check_optional_int("matvec_max_rows", self.matvec_max_rows, 0)  # 0: off, None: auto
     if self.prefill_chunk is not None:
       _check_positive_int("prefill_chunk", self.prefill_chunk)
+    if self.attention_kernel not in KERNELS:
+      raise ValueError(f"attention_kernel must be one of {KERNELS}, got "
+                       f"{self.attention_kernel!r}")
     for name in ("dtype", "param_dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
@@ -272,7 +283,8 @@ class _Block(nn.Module):
                                            cache.lengths, scale=c.head_dim ** -0.5, empty=empty,
                                            mask_TT=mask_TT, valid_BS=valid_BS,
                                            write_slots_BT=write_slots_BT,
-                                           positions_BT=positions_BT, window=c.sliding_window)
+                                           positions_BT=positions_BT, window=c.sliding_window,
+                                           kernel=c.attention_kernel)
     x_BTE = x_BTE + mm(att_BTHD, p["o"], (0, 1))
     h_BTE = norm("mlp_norm")(x_BTE)
     if "gate_up" in p:  # packed: [E, F, 2]

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.models.attention_kernel import block_slots, cached_attention
 from specjax.models.rope import rope_frequencies
 
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "accumulate_f32_dot", "kv_specs",
@@ -328,8 +329,8 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
                   scale: float = 1.0, empty: bool = False,
                   mask_TT: Optional[jax.Array] = None, valid_BS: Optional[jax.Array] = None,
                   write_slots_BT: Optional[jax.Array] = None,
-                  positions_BT: Optional[jax.Array] = None, window: Optional[int] = None
-                  ) -> Tuple[jax.Array, jax.Array, jax.Array]:
+                  positions_BT: Optional[jax.Array] = None, window: Optional[int] = None,
+                  kernel: str = "xla") -> Tuple[jax.Array, jax.Array, jax.Array]:
   """Attention of T new tokens (row b's at slots `lengths_B[b] + 0..T-1`)
   over the row's cached slots `< lengths_B[b]` and over each other —
   causally, or as `mask_TT` says (bool `[T, T]` or `[B, T, T]`: new token t
@@ -365,6 +366,12 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
   (default: their slots); a cached slot's position is its index (the
   committed prefix). Ignored for a ring buffer (`write_slots_BT`), which is
   a draft's approximation anyway.
+
+  `kernel="pallas"` (TPU; "pallas_interpret": any backend, tests;
+  `DecoderConfig.attention_kernel`) computes the
+  cached part in one fused kernel that keeps its scores on chip
+  (`specjax.models.attention_kernel`), for a plain prefix cache (no bias,
+  window or ring buffer) of a multiple of 128 slots; otherwise the XLA path.
   """
   b, t, h, d = q_BTHD.shape
   kv, s = k_BKDS.shape[1], k_BKDS.shape[3]
@@ -393,6 +400,18 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
   if empty:
     weights = jax.nn.softmax(new, axis=-1).astype(v_BKSD.dtype)
     out_BKTGD = jnp.einsum("bktgu,bukd->bktgd", weights, new_v_BTKD)
+  elif (kernel != "xla" and bias_BHTS is None and valid_BS is None and not use_window
+        and block_slots(s)):
+    acc_BKQD, m_BKQ, l_BKQ = cached_attention(_queries(q_BTHD, kv), k_BKDS, v_BKSD, lengths_B,
+                                              scale, interpret=kernel == "pallas_interpret")
+    m_BKTG1 = m_BKQ.reshape(b, kv, t, g, 1)
+    top = jnp.maximum(m_BKTG1, new.max(axis=-1, keepdims=True))
+    e_new, shrink = jnp.exp(new - top), jnp.exp(m_BKTG1 - top)
+    total = l_BKQ.reshape(b, kv, t, g, 1) * shrink + e_new.sum(axis=-1, keepdims=True)
+    out_BKTGD = ((acc_BKQD.reshape(b, kv, t, g, d) * shrink
+                  + jnp.einsum("bktgu,bukd->bktgd", e_new.astype(v_BKSD.dtype), new_v_BTKD,
+                               preferred_element_type=jnp.float32))
+                 / total).astype(v_BKSD.dtype)
   else:
     old = jnp.einsum("bkqd,bkds->bkqs", _queries(q_BTHD, kv), k_BKDS,
                      preferred_element_type=jnp.float32).reshape(b, kv, t, g, s) * scale
