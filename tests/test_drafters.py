@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import specjax
-from exact_helpers import N_SAMPLES, counts_t2_t4, decode_copies, exact_lm, joint_t2_t4
+from exact_helpers import (N_SAMPLES, counts_t2_t4, decode_copies, exact_lm, joint_t2_t4,
+                           optimized_codegen)
 from reference import chi_square_pvalue
 from specjax import drafters
 from specjax.drafters import Lookahead, PromptLookup, WindowedKV, LayerSkip
@@ -252,11 +253,12 @@ def _sample(lm, params, drafter, gamma, cfg, broken=False):
     from test_exactness import residual_from_q_verify
     prompts = jnp.asarray(np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1)))
     lengths = jnp.full((N_SAMPLES,), len(PROMPT), jnp.int32)
-    out = specjax.speculative_generate(lm, params, drafter, None, prompts, lengths,
-                                       max_new_tokens=4, gamma=gamma, sampling=cfg,
-                                       key=jax.random.key(5),
-                                       verify_fn=residual_from_q_verify if broken else
-                                       specjax.rejection_verify)
+    with optimized_codegen():
+      out = specjax.speculative_generate(lm, params, drafter, None, prompts, lengths,
+                                         max_new_tokens=4, gamma=gamma, sampling=cfg,
+                                         key=jax.random.key(5),
+                                         verify_fn=residual_from_q_verify if broken else
+                                         specjax.rejection_verify)
   else:
     out = decode_copies(lm, params, drafter, params, PROMPT, cfg, 5, gamma=gamma,
                         candidates_fn=_broken_candidates)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import specjax
+from exact_helpers import optimized_codegen
 from reference import chi_square_pvalue, processed_probs
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.ngram import BigramLM
@@ -165,9 +166,10 @@ def test_transformer_pair_is_exact_and_control_detected(cfg):
   prompts = np.tile(np.array(PROMPT, np.int32), (N_SAMPLES, 1))
   results = {}
   for name, fn in (("exact", rejection_verify), ("broken", residual_from_q_verify)):
-    out = specjax.speculative_generate(target, tp, target, dp, prompts, max_new_tokens=4,
-                                       gamma=2, sampling=cfg, key=jax.random.key(5),
-                                       verify_fn=fn)
+    with optimized_codegen():
+      out = specjax.speculative_generate(target, tp, target, dp, prompts, max_new_tokens=4,
+                                         gamma=2, sampling=cfg, key=jax.random.key(5),
+                                         verify_fn=fn)
     results[name] = chi_square_pvalue(_counts(np.asarray(out.tokens), (1, 2, 3), V_LM), joint)
     if name == "exact":
       assert 0.2 < out.acceptance_rate < 0.9, out.acceptance_rate

@@ -18,6 +18,7 @@ from specjax.models.t5 import T5, T5_CONFIGS, T5Cache, T5Config, t5_config
 from specjax.sampling import sample_tokens
 from specjax.verify import rejection_verify
 
+from exact_helpers import optimized_codegen
 from reference import chi_square_pvalue, processed_probs
 from t5_helpers import (B, P, ROW_LENGTHS, S, SPEC_N, T, extend_with_hidden, prefill,
                         ragged_inputs, random_params, spec_setup, tiny_config)
@@ -282,9 +283,10 @@ def _exact_joint(model, params, prompt, lengths, sampling_kw, steps=CHI_STEPS):
 
 def _sample_joint(target, tp, draft, dp, prompt, lengths, sampling, seed, verify_fn=None):
   kw = {} if verify_fn is None else {"verify_fn": verify_fn}
-  out = specjax.speculative_generate(
-      target, tp, draft, dp, np.repeat(prompt, CHI_N, 0), np.repeat(lengths, CHI_N),
-      max_new_tokens=CHI_STEPS, gamma=2, sampling=sampling, key=jax.random.key(seed), **kw)
+  with optimized_codegen():
+    out = specjax.speculative_generate(
+        target, tp, draft, dp, np.repeat(prompt, CHI_N, 0), np.repeat(lengths, CHI_N),
+        max_new_tokens=CHI_STEPS, gamma=2, sampling=sampling, key=jax.random.key(seed), **kw)
   tokens = np.asarray(out.tokens)
   assert (np.asarray(out.lengths) == CHI_STEPS).all()
   cells = np.ravel_multi_index(tuple(tokens.T), (CHI_V,) * CHI_STEPS)
