@@ -41,8 +41,9 @@ def test_the_kernel_is_the_softmax_over_each_rows_slots():
 
 def test_a_decoder_on_the_kernel_decodes_as_on_xla():
   """Prefill, a 4-token verify-shaped call and greedy decoding (plain and
-  speculative) give the XLA path's logits and tokens."""
-  models = {k: DecoderLM(decoder_config("tiny", attention_kernel=k))
+  speculative) give the XLA path's logits and tokens (heads of 128: the
+  kernel's width)."""
+  models = {k: DecoderLM(decoder_config("tiny", head_dim=128, attention_kernel=k))
             for k in ("xla", "pallas_interpret")}
   params = models["xla"].init(jax.random.PRNGKey(0))
   prompts, lengths = ragged_prompts(batch=3)
@@ -52,6 +53,8 @@ def test_a_decoder_on_the_kernel_decodes_as_on_xla():
     cache = lm.init_cache(3, 128)
     cache = lm.prefill(params, prompts, lengths, cache)[-1]
     logits[name], _ = lm.extend(params, ext, cache)
+    calls = str(jax.make_jaxpr(lambda p, c, lm=lm: lm.extend(p, ext, c))(params, cache))
+    assert ("pallas_call" in calls) == (name == "pallas_interpret")
   np.testing.assert_allclose(np.asarray(logits["pallas_interpret"]), np.asarray(logits["xla"]),
                              rtol=1e-5, atol=1e-5)
   outs = {name: specjax.generate(lm, params, prompts, lengths, max_new_tokens=12,
@@ -62,6 +65,17 @@ def test_a_decoder_on_the_kernel_decodes_as_on_xla():
   spec = specjax.speculative_generate(lm, params, lm, params, prompts, lengths,
                                       max_new_tokens=12, gamma=3, sampling=GREEDY, eos_id=EOS)
   np.testing.assert_array_equal(spec.tokens, outs["xla"].tokens)
+
+
+def test_narrow_heads_stay_on_xla():
+  """Heads narrower than the TPU's 128 lanes keep XLA's attention (the kernel
+  would need the cache copied into its layout)."""
+  lm = DecoderLM(decoder_config("tiny", attention_kernel="pallas_interpret"))   # head_dim 8
+  params = lm.init(jax.random.PRNGKey(0))
+  cache = lm.init_cache(2, 128)
+  calls = str(jax.make_jaxpr(lambda p, c: lm.extend(p, jnp.zeros((2, 3), jnp.int32), c))(
+      params, cache))
+  assert "pallas_call" not in calls
 
 
 def test_misuse_is_named():

@@ -96,8 +96,8 @@ class DecoderConfig:
     attention_kernel: "xla" (default, any backend) or "pallas": on a TPU,
       attention over the cache in one fused kernel that keeps its scores on
       chip (`specjax.models.attention_kernel`; compute only, the same values
-      up to float rounding; a cache of a multiple of 128 slots without a
-      sliding window, else XLA's); "pallas_interpret": that kernel through
+      up to float rounding; a cache of a multiple of 128 slots, heads of a
+      multiple of 128 and no sliding window, else XLA's); "pallas_interpret": that kernel through
       Pallas's interpreter, on any backend (tests).
 
   The parameter tree has two layouts of the same weights: the standard one

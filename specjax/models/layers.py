@@ -371,7 +371,10 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
   `DecoderConfig.attention_kernel`) computes the
   cached part in one fused kernel that keeps its scores on chip
   (`specjax.models.attention_kernel`), for a plain prefix cache (no bias,
-  window or ring buffer) of a multiple of 128 slots; otherwise the XLA path.
+  window or ring buffer) of a multiple of 128 slots and a head dim of a
+  multiple of 128 (the TPU's lanes: the kernel reads the buffers in their
+  row-major tiles, and XLA lays out narrower heads otherwise, so a
+  64-wide cache would be copied whole to feed it); otherwise the XLA path.
   """
   b, t, h, d = q_BTHD.shape
   kv, s = k_BKDS.shape[1], k_BKDS.shape[3]
@@ -401,7 +404,7 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
     weights = jax.nn.softmax(new, axis=-1).astype(v_BKSD.dtype)
     out_BKTGD = jnp.einsum("bktgu,bukd->bktgd", weights, new_v_BTKD)
   elif (kernel != "xla" and bias_BHTS is None and valid_BS is None and not use_window
-        and block_slots(s)):
+        and block_slots(s) and d % 128 == 0):
     acc_BKQD, m_BKQ, l_BKQ = cached_attention(_queries(q_BTHD, kv), k_BKDS, v_BKSD, lengths_B,
                                               scale, interpret=kernel == "pallas_interpret")
     m_BKTG1 = m_BKQ.reshape(b, kv, t, g, 1)
