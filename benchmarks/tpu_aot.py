@@ -14,7 +14,8 @@ Cases (bf16, greedy, every program compiled by the TPU compiler from libtpu):
   γ = 4) on v5e-8 and v6e-8, batch 1 / 32, contexts 2k / 32k, both drafts
   replicated; today_split: the same on v5e-8 / v6e-8 at batch 1 and 32, 2k (and
   v6e-8 at batch 32 × 32k), with the draft and the head split over the 8 chips
-  like the target.
+  like the target; today_pallas: v6e-8 at batch 32 × 32k split, the models'
+  attention over the cache on the fused Pallas kernel (`attention_kernel`).
 * prefill: Llama-3.1-8B's prefill alone on v5e-8, chunked and not, batch 1–32
   (the memory plan's activation terms against the compiler; not in the default run).
 * chen_llama_split: Llama-3.1-70B with a split Llama-3.2-1B on 16 v4 chips
@@ -22,7 +23,7 @@ Cases (bf16, greedy, every program compiled by the TPU compiler from libtpu):
   run it where there is more).
 
 Each case writes `<out>/<case>.json` when it finishes (a rerun skips finished
-cases) and the tables are collected into `<out>/README.md`.
+cases) and the tables are collected into `<out>/tables.md`.
 """
 
 import json
@@ -40,7 +41,8 @@ from specjax.measure.provenance import provenance
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 
-_ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "chen_sharded", "today", "today_split"],
+_ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "chen_sharded", "today", "today_split",
+                                   "today_pallas"],
                           "Case groups to run.")
 _OUT = flags.DEFINE_string("out", "results/tpu_aot", "Output directory.")
 _REPLAN = flags.DEFINE_bool("replan", False, "Compile nothing: recompute the memory-plan "
