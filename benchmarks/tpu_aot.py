@@ -15,7 +15,8 @@ Cases (bf16, greedy, every program compiled by the TPU compiler from libtpu):
   replicated; today_split: the same on v5e-8 / v6e-8 at batch 1 and 32, 2k (and
   v6e-8 at batch 32 × 32k), with the draft and the head split over the 8 chips
   like the target; today_pallas: v6e-8 at batch 32 × 32k split, the models'
-  attention over the cache on the fused Pallas kernel (`attention_kernel`).
+  attention over the cache on the fused Pallas kernel (`attention_kernel`);
+  today_sampled: v5e-8 at batch 32 × 2k split, sampled at T = 1.
 * prefill: Llama-3.1-8B's prefill alone on v5e-8, chunked and not, batch 1–32
   (the memory plan's activation terms against the compiler; not in the default run).
 * chen_llama_split: Llama-3.1-70B with a split Llama-3.2-1B on 16 v4 chips
@@ -40,9 +41,10 @@ from specjax.experiments.leviathan import PAPER_TABLE2
 from specjax.measure.provenance import provenance
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
+from specjax.sampling import SamplingConfig
 
 _ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "chen_sharded", "today", "today_split",
-                                   "today_pallas"],
+                                   "today_pallas", "today_sampled"],
                           "Case groups to run.")
 _OUT = flags.DEFINE_string("out", "results/tpu_aot", "Output directory.")
 _REPLAN = flags.DEFINE_bool("replan", False, "Compile nothing: recompute the memory-plan "
@@ -149,6 +151,16 @@ def cases():
                     cache_len=ctx, programs=("ar", "draft", "eagle_chain"),
                     draft_replicated=False, eagle_features=(2, 16, 29),
                     alphas=(("llama-3.2-1b", 0.8),))))
+  # The split pair at batch 32 sampled at T = 1 (the other cases decode greedily): what the
+  # sampler costs when every chip runs it over the whole vocabulary.
+  out.append(("today_sampled", "today_llama-3.1-8b_v5e-2x4_b32_ctx2048_draft-split_t1",
+              lambda: AotRun(
+                  "v5e:2x4", _dec("llama-3.1-8b", prefill_chunk=_chunk(2048, 32)),
+                  (("llama-3.2-1b", _dec("llama-3.2-1b", prefill_chunk=_chunk(2048, 32))),),
+                  gammas=(4,), batch_size=32, prompt_len=2048 - 256, max_new_tokens=128,
+                  cache_len=2048, programs=("ar", "draft", "eagle_chain"),
+                  draft_replicated=False, eagle_features=(2, 16, 29),
+                  alphas=(("llama-3.2-1b", 0.8),), sampling=SamplingConfig(1.0))))
   # The target's prefill alone, chunked and not, at a few batch sizes: what the compiler
   # keeps live against the memory plan's activation terms (results/tpu_aot/README.md).
   for batch, prompt, chunk in ((1, 1792, None), (8, 1792, None), (1, 1792, 256),
