@@ -43,9 +43,9 @@ from specjax.drafters.prompt_lookup import PromptLookup
 from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig
 from specjax.parallel.sharding import DATA, MODEL, fit_to_mesh, param_spec
-from specjax.sampling import GREEDY, SamplingConfig
 from specjax.planning.memory import memory_plan, prompt_feature_bytes
 from specjax.planning.mesh import choose_mesh
+from specjax.sampling import GREEDY, SamplingConfig
 from specjax.tree import TokenTree
 from specjax._checks import check_int
 
@@ -266,10 +266,8 @@ def _plan_check(run: AotRun, mesh: Mesh, lowered: Lowered, report: ProgramReport
     width = lowered.prompt_hidden_width
     if width:   # a head absorbing the prompt's features during the target's prefill
       c = run.target.config
-      rows = run.batch_size // mesh.shape[DATA] if run.batch_size % mesh.shape[DATA] == 0 \
-          else run.batch_size
-      total += prompt_feature_bytes(rows, _prefill_tokens(run), c.d_model, width,
-                                    np.dtype(c.dtype).itemsize)
+      total += prompt_feature_bytes(run.batch_size, _prefill_tokens(run), c.d_model, width,
+                                    np.dtype(c.dtype).itemsize, data=mesh.shape[DATA])
     out.update(plan_total=total, compiler_peak=report.peak_bytes,
                total_ratio=report.peak_bytes / total, prompt_hidden_width=width)
   return out

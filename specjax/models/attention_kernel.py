@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["cached_attention", "block_slots", "KERNELS"]
+__all__ = ["cached_attention", "block_slots", "fits", "KERNELS"]
 
 KERNELS = ("xla", "pallas", "pallas_interpret")
 _LANES = 128
@@ -42,6 +42,14 @@ def block_slots(s: int) -> int:
     if s % bs == 0:
       return bs
   return 0
+
+
+def fits(slots: int, head_dim: int) -> bool:
+  """Whether a cache of `slots` slots and heads `head_dim` wide takes the kernel:
+  both multiples of 128 (the TPU's lanes: the kernel reads the buffers in
+  row-major tiles, and XLA lays out narrower heads otherwise — Llama-3.2-1B's
+  64-wide cache fed to the kernel held 9.3 GB of temporaries at 32 × 32k)."""
+  return bool(block_slots(slots)) and head_dim % _LANES == 0
 
 
 def _pallas():

@@ -96,9 +96,9 @@ class DecoderConfig:
     attention_kernel: "xla" (default, any backend) or "pallas": on a TPU,
       attention over the cache in one fused kernel that keeps its scores on
       chip (`specjax.models.attention_kernel`; compute only, the same values
-      up to float rounding; a cache of a multiple of 128 slots, heads of a
-      multiple of 128 and no sliding window, else XLA's); "pallas_interpret": that kernel through
-      Pallas's interpreter, on any backend (tests).
+      up to float rounding; where `attention_kernel.fits` the cache and no
+      sliding window applies, else XLA's); "pallas_interpret": that kernel
+      through Pallas's interpreter, on any backend (tests).
 
   The parameter tree has two layouts of the same weights: the standard one
   above (training, checkpoints, transformers export) and a packed decode

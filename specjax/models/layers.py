@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from specjax.models.attention_kernel import block_slots, cached_attention
+from specjax.models import attention_kernel
 from specjax.models.rope import rope_frequencies
 
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "accumulate_f32_dot", "kv_specs",
@@ -323,6 +323,15 @@ def attend(q_BTHD: jax.Array, k_BKDS: jax.Array, v_BKSD: jax.Array, mask_BTS: ja
   return out.reshape(b, kv, t, g, d).transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
 
 
+def _with_new_block(cached_BKTGD, e_new_BKTGU, new_v_BUKD, total_BKTG1, dtype):
+  """The attention output `[B, K, T, G, D]`: the cached part's unnormalised
+  float32 output plus the new block's weighted values, divided once by the
+  total weight of both (against the same max)."""
+  new_BKTGD = jnp.einsum("bktgu,bukd->bktgd", e_new_BKTGU.astype(dtype), new_v_BUKD,
+                         preferred_element_type=jnp.float32)
+  return ((cached_BKTGD + new_BKTGD) / total_BKTG1).astype(dtype)
+
+
 def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Array,
                   k_BKDS: jax.Array, v_BKSD: jax.Array, lengths_B: jax.Array,
                   bias_BHTS: Optional[jax.Array] = None, bias_new_BHTT: Optional[jax.Array] = None,
@@ -368,13 +377,10 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
   a draft's approximation anyway.
 
   `kernel="pallas"` (TPU; "pallas_interpret": any backend, tests;
-  `DecoderConfig.attention_kernel`) computes the
-  cached part in one fused kernel that keeps its scores on chip
-  (`specjax.models.attention_kernel`), for a plain prefix cache (no bias,
-  window or ring buffer) of a multiple of 128 slots and a head dim of a
-  multiple of 128 (the TPU's lanes: the kernel reads the buffers in their
-  row-major tiles, and XLA lays out narrower heads otherwise, so a
-  64-wide cache would be copied whole to feed it); otherwise the XLA path.
+  `DecoderConfig.attention_kernel`) computes the cached part in one fused
+  kernel that keeps its scores on chip (`specjax.models.attention_kernel`)
+  for a plain prefix cache (no bias, window or ring buffer) whose shape
+  `attention_kernel.fits`; otherwise the XLA path.
   """
   b, t, h, d = q_BTHD.shape
   kv, s = k_BKDS.shape[1], k_BKDS.shape[3]
@@ -404,17 +410,16 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
     weights = jax.nn.softmax(new, axis=-1).astype(v_BKSD.dtype)
     out_BKTGD = jnp.einsum("bktgu,bukd->bktgd", weights, new_v_BTKD)
   elif (kernel != "xla" and bias_BHTS is None and valid_BS is None and not use_window
-        and block_slots(s) and d % 128 == 0):
-    acc_BKQD, m_BKQ, l_BKQ = cached_attention(_queries(q_BTHD, kv), k_BKDS, v_BKSD, lengths_B,
-                                              scale, interpret=kernel == "pallas_interpret")
+        and attention_kernel.fits(s, d)):
+    acc_BKQD, m_BKQ, l_BKQ = attention_kernel.cached_attention(
+        _queries(q_BTHD, kv), k_BKDS, v_BKSD, lengths_B, scale,
+        interpret=kernel == "pallas_interpret")
     m_BKTG1 = m_BKQ.reshape(b, kv, t, g, 1)
     top = jnp.maximum(m_BKTG1, new.max(axis=-1, keepdims=True))
     e_new, shrink = jnp.exp(new - top), jnp.exp(m_BKTG1 - top)
     total = l_BKQ.reshape(b, kv, t, g, 1) * shrink + e_new.sum(axis=-1, keepdims=True)
-    out_BKTGD = ((acc_BKQD.reshape(b, kv, t, g, d) * shrink
-                  + jnp.einsum("bktgu,bukd->bktgd", e_new.astype(v_BKSD.dtype), new_v_BTKD,
-                               preferred_element_type=jnp.float32))
-                 / total).astype(v_BKSD.dtype)
+    out_BKTGD = _with_new_block(acc_BKQD.reshape(b, kv, t, g, d) * shrink, e_new, new_v_BTKD,
+                                total, v_BKSD.dtype)
   else:
     old = jnp.einsum("bkqd,bkds->bkqs", _queries(q_BTHD, kv), k_BKDS,
                      preferred_element_type=jnp.float32).reshape(b, kv, t, g, s) * scale
@@ -435,10 +440,8 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
     total = e_old.sum(axis=-1, keepdims=True) + e_new.sum(axis=-1, keepdims=True)
     cached = jnp.einsum("bkqs,bksd->bkqd", e_old.astype(v_BKSD.dtype).reshape(b, kv, t * g, s),
                         v_BKSD, preferred_element_type=jnp.float32)
-    out_BKTGD = ((cached.reshape(b, kv, t, g, d)
-                  + jnp.einsum("bktgu,bukd->bktgd", e_new.astype(v_BKSD.dtype), new_v_BTKD,
-                               preferred_element_type=jnp.float32))
-                 / total).astype(v_BKSD.dtype)
+    out_BKTGD = _with_new_block(cached.reshape(b, kv, t, g, d), e_new, new_v_BTKD, total,
+                                v_BKSD.dtype)
   out_BTHD = out_BKTGD.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
   # Zero, but computed from the output, so the cache is written after it is
   # read (in place). One element per row and kv head `[B, 1, K, 1]`: local to

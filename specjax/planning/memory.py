@@ -148,18 +148,20 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
   return logits + states + mlp + scores
 
 
-def prompt_feature_bytes(rows: int, tokens: int, d_model: int, feature_width: int,
-                         itemsize: int) -> int:
+def prompt_feature_bytes(batch_size: int, tokens: int, d_model: int, feature_width: int,
+                         itemsize: int, data: int = 1) -> int:
   """The activation estimate of a head absorbing one prefill chunk of the
   target's features (`Drafter.absorb`: EAGLE), beside the target's own
-  activations of that chunk: B' rows x T positions of the features `[X]` in
-  the target's dtype (itemsize s), and in float32 the head's fused feature
-  (E), its pair input (2 E) and the pair's keys and values (at most E):
-  B' T (X s + 16 E) bytes."""
-  rows, tokens = check_int("rows", rows, 1), check_int("tokens", tokens, 1)
+  activations of that chunk: B' rows (B over `data` where it divides, as
+  `memory_plan` splits them) x T positions of the features `[X]` in the
+  target's dtype (itemsize s), and in float32 the head's fused feature (E),
+  its pair input (2 E) and the pair's keys and values (at most E):
+  B' T (X s + 16 E) bytes per device."""
+  batch_size, tokens = check_int("batch_size", batch_size, 1), check_int("tokens", tokens, 1)
   d_model = check_int("d_model", d_model, 1)
   feature_width = check_int("feature_width", feature_width, 1)
   itemsize = check_int("itemsize", itemsize, 1)
+  rows = _split(batch_size, _abstract_mesh(check_int("data", data, 1), 1), DATA)
   return rows * tokens * (feature_width * itemsize + 4 * d_model * 4)
 
 
