@@ -11,6 +11,8 @@ networks of Medusa and EAGLE are `specjax.models.medusa_head` /
 `eagle_head`. One small module per family:
 
   model          ModelDrafter   a separate draft model (Leviathan / Chen)
+  parallel       ParallelDraft  a draft model trained with mask slots (PARD): γ drafts in one
+                                call (`specjax.training.parallel` trains it)
   prompt_lookup  PromptLookup   copies what followed the last n-gram earlier in the row
   layer_skip     LayerSkip      the target through a subset of its layers
                                 (`specjax.measure.layers.choose_layers` picks them)
@@ -28,6 +30,7 @@ from specjax.drafters.layer_skip import LayerSkip, LayerSkipLM
 from specjax.drafters.lookahead import Lookahead, LookaheadState
 from specjax.drafters.medusa import Medusa, choose_tree, load_medusa
 from specjax.drafters.model import ModelDrafter
+from specjax.drafters.parallel import ParallelDraft, ParallelState
 from specjax.drafters.prompt_lookup import LookupState, PromptLookup
 from specjax.drafters.suffix import SuffixCorpus, SuffixDraft, outputs_of
 from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
@@ -37,7 +40,7 @@ from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig, init_heads
 
 __all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "chain_layout",
-           "is_drafter", "ModelDrafter", "PromptLookup", "LookupState", "SuffixDraft",
+           "is_drafter", "ModelDrafter", "ParallelDraft", "ParallelState", "PromptLookup", "LookupState", "SuffixDraft",
            "SuffixCorpus", "outputs_of", "LayerSkip",
            "LayerSkipLM", "WindowedKV", "WindowedLM", "WindowCache", "Lookahead",
            "LookaheadState", "Medusa", "MedusaConfig", "init_heads", "choose_tree", "load_medusa",

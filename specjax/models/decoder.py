@@ -585,17 +585,24 @@ class DecoderLM:
     return logits_BV, last_token_B.astype(jnp.int32), cache.replace(
         lengths=prompt_lengths_B.astype(jnp.int32)), acc
 
-  def forward(self, params, tokens_BT: jax.Array) -> jax.Array:
-    """Full causal forward without a persistent cache: logits `[B, T, V]`."""
-    return self.forward_with_hidden(params, tokens_BT)[0]
+  def forward(self, params, tokens_BT: jax.Array, positions_BT: Optional[jax.Array] = None,
+              mask_TT: Optional[jax.Array] = None) -> jax.Array:
+    """Full forward without a persistent cache: logits `[B, T, V]` (causal;
+    `positions_BT` / `mask_TT` as in `extend`: e.g. PARD's mask slots,
+    `specjax.training.parallel`)."""
+    return self.forward_with_hidden(params, tokens_BT, positions_BT=positions_BT,
+                                    mask_TT=mask_TT)[0]
 
   def forward_with_hidden(self, params, tokens_BT: jax.Array,
-                          layers: Optional[Sequence[int]] = None
+                          layers: Optional[Sequence[int]] = None,
+                          positions_BT: Optional[jax.Array] = None,
+                          mask_TT: Optional[jax.Array] = None
                           ) -> Tuple[jax.Array, jax.Array]:
-    """Full causal forward: logits `[B, T, V]` and the final-normed hidden
-    states `[B, T, E]` (what draft heads read), or with `layers` the
-    chosen blocks' outputs concatenated `[B, T, len(layers) * E]`."""
+    """Full forward (causal, or as `positions_BT` / `mask_TT` say): logits
+    `[B, T, V]` and the final-normed hidden states `[B, T, E]` (what draft
+    heads read), or with `layers` the chosen blocks' outputs concatenated
+    `[B, T, len(layers) * E]`."""
     b, t = tokens_BT.shape
-    h_BTE, hidden, _ = self._hidden(params, tokens_BT, self.init_cache(b, t), True, None, None,
-                                    layers)
+    h_BTE, hidden, _ = self._hidden(params, tokens_BT, self.init_cache(b, t), True,
+                                    positions_BT, mask_TT, layers)
     return self.module.apply({"params": params}, h_BTE, method=DecoderModule.project), hidden

@@ -49,6 +49,11 @@ def default_config() -> ml_collections.ConfigDict:
   c.grad_clip = 1.0            # global-norm clip; 0 disables
   c.distill_weight = 0.0       # loss = (1 - w) CE + w tau^2 KL(teacher || student)
   c.distill_temperature = 1.0  # tau
+  # PARD (`specjax.training.parallel`): also train `parallel_slots` mask slots
+  # (a draft of gamma tokens in one pass needs gamma - 1); 0 = a plain LM.
+  c.parallel_slots = 0
+  c.parallel_mask_id = 0       # the mask token (specjax's vocabularies: the pad id)
+  c.parallel_decay = 0.8       # slot j's loss weight decay^j
   c.checkpoint_every = 500     # steps between orbax checkpoints (the last step always)
   c.keep_checkpoints = 2       # the last k are kept
   c.async_checkpointing = True
@@ -66,9 +71,15 @@ def default_config() -> ml_collections.ConfigDict:
 _DEFAULTS = default_config()
 
 
+_PARALLEL_FIELDS = ("parallel_slots", "parallel_mask_id", "parallel_decay")
+
+
 def trajectory_fields(config) -> dict:
-  """The fields that determine the parameters a run ends with."""
-  return {k: config[k] for k in sorted(_DEFAULTS) if k not in RUN_ONLY_FIELDS}
+  """The fields that determine the parameters a run ends with (the PARD
+  fields only when `parallel_slots` > 0: runs stored before they existed
+  still resume)."""
+  skip = set(RUN_ONLY_FIELDS) | (set(_PARALLEL_FIELDS) if not config["parallel_slots"] else set())
+  return {k: config[k] for k in sorted(_DEFAULTS) if k not in skip}
 
 
 def _int(config, name, minimum):
@@ -121,6 +132,9 @@ def validate_config(config: Any) -> ml_collections.ConfigDict:
   _num(config, "grad_clip", 0)
   _num(config, "distill_weight", 0, 1)
   _num(config, "distill_temperature", 0, None, lo_open=True)
+  _int(config, "parallel_slots", 0)
+  _int(config, "parallel_mask_id", 0)
+  _num(config, "parallel_decay", 0, 1, lo_open=True)
   _int(config, "checkpoint_every", 1)
   _int(config, "keep_checkpoints", 1)
   check_bool("config.async_checkpointing", config["async_checkpointing"])

@@ -48,6 +48,7 @@ from specjax.training import batching, mesh as mesh_lib, steps as steps_lib
 from specjax.training.checkpoint import Checkpointer, save_final_params
 from specjax.training.config import trajectory_fields, validate_config
 from specjax.training.optim import OptimizerSpec
+from specjax.training.parallel import ParallelObjective
 from specjax.training.steps import StepSpec, TrainState, eval_step, init_state, train_step
 
 __all__ = ["train_model", "evaluate_loss", "summarize_metrics", "quiet_orbax_info_logs",
@@ -107,6 +108,11 @@ def summarize_metrics(sums: Mapping[str, float]) -> dict:
   tokens = max(float(sums.get("tokens", 0.0)), 1.0)
   out = {"ce": sums["ce_sum"] / tokens, "accuracy": sums["correct"] / tokens,
          "tokens": float(sums.get("tokens", 0.0))}
+  j = 1
+  while f"slot{j}_tokens" in sums:  # PARD's mask slots: accuracy against the data
+    n = max(float(sums[f"slot{j}_tokens"]), 1.0)
+    out[f"slot{j}_accuracy"] = sums[f"slot{j}_correct"] / n
+    j += 1
   if "kl_sum" in sums:
     out["kl"] = sums["kl_sum"] / tokens
     out["teacher_ce"] = sums["teacher_ce_sum"] / tokens
@@ -226,7 +232,7 @@ class _Progress:
     timed_tokens = float(sum(m["tokens"] for m, (_, t) in zip(fetched, self.pending) if t))
     self.pending = []
     sums = {k: float(np.sum([m[k] for m in fetched])) for k in fetched[0]
-            if k.endswith("_sum") or k in ("correct", "tokens")}
+            if k.endswith(("_sum", "_correct", "_tokens")) or k in ("correct", "tokens")}
     rec = {"step": step, "loss": float(np.mean([m["loss"] for m in fetched])),
            "learning_rate": float(fetched[-1]["learning_rate"]),
            "grad_norm": float(np.mean([m["grad_norm"] for m in fetched]))}
@@ -246,9 +252,17 @@ class _Progress:
       extra = (f" | {rec['tokens_per_s']:.0f} tok/s ({rec['positions_per_s']:.0f} pos/s)"
                f" | {rec['steps_per_s']:.2f} steps/s | ETA {rec['eta_s'] / 60:.1f} min")
     kl = f" kl {rec['train_kl']:.4f}" if "train_kl" in rec else ""
-    logging.info("step %d/%d | loss %.4f (ce %.4f%s, acc %.3f) | lr %.2e | gnorm %.3f%s", step,
+    logging.info("step %d/%d | loss %.4f (ce %.4f%s, acc %.3f%s) | lr %.2e | gnorm %.3f%s", step,
                  self.end_step, rec["loss"], rec["train_ce"], kl, rec["train_accuracy"],
-                 rec["learning_rate"], rec["grad_norm"], extra)
+                 _slot_accuracies(rec, "train_"), rec["learning_rate"], rec["grad_norm"], extra)
+
+
+def _slot_accuracies(res: Mapping[str, float], prefix: str = "") -> str:
+  """", slots 0.41 / 0.22" for PARD's mask slots' accuracies, "" without."""
+  accs = [res[k] for k in sorted((k for k in res if k.startswith(f"{prefix}slot")
+                                  and k.endswith("_accuracy")),
+                                 key=lambda k: int(k[len(prefix) + 4:].split("_")[0]))]
+  return ", slots " + " / ".join(f"{a:.3f}" for a in accs) if accs else ""
 
 
 def _positions_per_step(mixture: batching.Mixture, batch_size: int) -> int:
@@ -310,9 +324,14 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
     stop_at_step = batching._check_pos_int("stop_at_step", stop_at_step)  # pylint: disable=protected-access
   end = config.steps if stop_at_step is None else min(config.steps, stop_at_step)
 
+  parallel = None
+  if config.parallel_slots:
+    parallel = ParallelObjective(int(config.parallel_slots), int(config.parallel_mask_id),
+                                 float(config.parallel_decay))
+    parallel.check(model)
   spec = StepSpec(model=model, optimizer=OptimizerSpec.from_config(config), teacher=teacher_model,
                   distill_weight=float(config.distill_weight),
-                  distill_temperature=float(config.distill_temperature))
+                  distill_temperature=float(config.distill_temperature), parallel=parallel)
   atomic_io.as_path(workdir).mkdir(parents=True, exist_ok=True)
   meta = training_meta(model, config, teacher_model, mixture)
   for k, s in enumerate(mixture.sources):
@@ -364,9 +383,10 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
         rec = {"step": step, "eval": name, **{f"eval_{k}": v for k, v in res.items()}}
         progress.write(rec)
         progress.last_eval = rec
-        logging.info("step %d | %s: ce %.4f (ppl %.4g), acc %.3f%s | %.1fs", step, name,
+        logging.info("step %d | %s: ce %.4f (ppl %.4g), acc %.3f%s%s | %.1fs", step, name,
                      res["ce"], math.exp(min(res["ce"], 50.0)), res["accuracy"],
-                     f", kl {res['kl']:.4f}" if "kl" in res else "", time.perf_counter() - t0)
+                     f", kl {res['kl']:.4f}" if "kl" in res else "", _slot_accuracies(res),
+                     time.perf_counter() - t0)
         progress.exclude(time.perf_counter() - t0)
 
     if start == 0 and eval_sets:

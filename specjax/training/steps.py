@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,7 @@ import optax
 from flax import struct
 
 from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
+from specjax.training.parallel import ParallelObjective, parallel_logits, parallel_losses
 
 __all__ = ["TrainState", "StepSpec", "model_logits", "token_losses", "init_state", "init_params",
            "train_step", "eval_step"]
@@ -61,6 +62,7 @@ class StepSpec:
   teacher: Any = None
   distill_weight: float = 0.0
   distill_temperature: float = 1.0
+  parallel: Optional[ParallelObjective] = None   # PARD's mask slots (decoder rows)
 
 
 def model_logits(model, params, batch) -> jax.Array:
@@ -133,6 +135,8 @@ def init_state(spec: StepSpec, params, seed: int) -> TrainState:
 
 
 def _loss_fn(spec: StepSpec, params, teacher_params, batch):
+  if spec.parallel is not None:
+    return _parallel_loss_fn(spec, params, teacher_params, batch)
   logits = model_logits(spec.model, params, batch)
   teacher_logits = None
   if spec.teacher is not None:
@@ -140,6 +144,21 @@ def _loss_fn(spec: StepSpec, params, teacher_params, batch):
   loss, metrics = token_losses(logits, batch["targets"], batch["loss_mask"], teacher_logits,
                                spec.distill_weight, spec.distill_temperature)
   return loss, metrics
+
+
+def _parallel_loss_fn(spec: StepSpec, params, teacher_params, batch):
+  """The LM's loss on the real tokens (slot 0, distillation as configured)
+  plus PARD's mask slots (`specjax.training.parallel`), from one forward."""
+  obj = spec.parallel
+  logits_BKLV = parallel_logits(spec.model, params, batch["tokens"], obj.slots, obj.mask_id)
+  teacher_logits = None
+  if spec.teacher is not None:
+    teacher_logits = jax.lax.stop_gradient(model_logits(spec.teacher, teacher_params, batch))
+  lm_loss, metrics = token_losses(logits_BKLV[:, 0], batch["targets"], batch["loss_mask"],
+                                  teacher_logits, spec.distill_weight, spec.distill_temperature)
+  loss, slot_metrics = parallel_losses(obj, logits_BKLV, batch["targets"], batch["loss_mask"],
+                                       lm_loss)
+  return loss, dict(metrics, **slot_metrics)
 
 
 def _train_step(spec: StepSpec, state: TrainState, batch, teacher_params):

@@ -1,0 +1,148 @@
+"""PARD: a draft model that proposes its whole chain in one forward pass.
+
+PARD (Parallel Draft, arXiv 2504.18583) trains a small LM to also predict
+tokens several places ahead from mask tokens
+(`specjax.training.parallel`). `ParallelDraft(model, mask_id)` drafts γ
+tokens per iteration with **one** call of the draft, where the classic
+drafter (`ModelDrafter`) makes γ:
+
+  [committed tokens the draft has not read, pending, mask × (γ - 1)]
+
+— the output at the pending token gives draft 1's distribution, the output
+at mask slot j draft j + 1's; each draft is drawn from its own distribution
+with its own uniform. The draft never reads the target (a target-independent
+drafter: one trained draft serves every target with its vocabulary).
+
+The draft's cache holds every committed position before the row's last
+pending token. The drafted tokens are not fed back (the call holds mask
+tokens at their positions), so the next call first re-feeds what was
+committed since: up to γ accepted drafts, then the new pending token. The
+call therefore has a static 2γ tokens — n ≤ γ committed ones, the pending
+one, γ - 1 masks, then padding that nothing attends to — all contiguous
+from the cache's length, a plain causal block. Afterwards the cache's
+length is set just past the pending token: the masks' and the padding's
+keys and values lie beyond it and are overwritten later (rolling back is
+setting lengths, as for every cache here).
+
+Exactness: draft j is drawn from q_j, a function of committed tokens only,
+and q_j is what the verifier is given — the rejection rule is exact for any
+such proposal, whether or not q_j depends on the earlier drafts. The mask
+token itself is never proposed (its logit is removed before processing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Tuple
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from specjax._checks import check_int
+from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
+                              chain_layout)
+from specjax.protocol import check_model, check_params
+from specjax.sampling import SamplingConfig, draw, process_logits
+
+__all__ = ["ParallelDraft", "ParallelState"]
+
+
+@struct.dataclass
+class ParallelState:
+  """`ParallelDraft`'s state.
+
+  cache: the draft's KV cache, holding each row's positions < its length;
+  unread_BG: int32 `[B, G]`, committed tokens the cache has not read yet
+  (row b's first `seq_len - cache.lengths[b]` of them, in order; the
+  pending token is not among them).
+  """
+
+  cache: Any
+  unread_BG: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelDraft(Drafter):
+  """A PARD draft (see the module doc).
+
+  Attributes:
+    model: the draft, a `LanguageModel` with the target's vocabulary,
+      trained with mask slots (`specjax.training.parallel`, the training
+      config's `parallel_slots` ≥ γ - 1).
+    mask_id: the mask token it was trained with.
+  """
+
+  model: Any
+  mask_id: int = 0
+
+  deterministic = False
+
+  def __post_init__(self):
+    check_int("mask_id", self.mask_id, 0)
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.vocab_size
+
+  def check(self, target: Any, gamma: int) -> None:
+    check_model(self.model, "draft")
+    if self.model.vocab_size != target.vocab_size:
+      raise ValueError(
+          f"draft vocab_size ({self.model.vocab_size}) must equal target vocab_size "
+          f"({target.vocab_size}): both must share one tokenizer")
+    if self.mask_id >= self.model.vocab_size:
+      raise ValueError(f"mask_id ({self.mask_id}) must be a token of the draft's vocabulary "
+                       f"(< {self.model.vocab_size})")
+
+  def check_params(self, params: Any) -> None:
+    check_params(self.model, params, "draft_params")
+
+  def layout(self, gamma: int) -> CallLayout:
+    return chain_layout(gamma)
+
+  def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> ParallelState:
+    # A call writes 2γ slots from the cache's length (<= the target's): γ more than
+    # the target's call of γ + 1.
+    return ParallelState(cache=self.model.init_cache(batch_size, cache_len + gamma, prompt_len),
+                         unread_BG=jnp.zeros((batch_size, gamma), jnp.int32))
+
+  def start(self, params, state: ParallelState, prompts_BP, lengths_B, first_B,
+            target_cache) -> ParallelState:
+    del first_B, target_cache
+    _, _, cache = self.model.prefill(params, prompts_BP, lengths_B, state.cache)
+    return state.replace(cache=cache)
+
+  def propose(self, params, state: ParallelState, inp: DraftInput, u_BG: jax.Array,
+              sampling: SamplingConfig, gamma: int) -> Tuple[Proposal, ParallelState]:
+    cache = state.cache
+    t = jnp.arange(2 * gamma, dtype=jnp.int32)[None, :]
+    n_B1 = jnp.clip(inp.seq_len_B - cache.lengths, 0, gamma)[:, None]
+    unread_BT = jnp.take_along_axis(state.unread_BG, jnp.minimum(t, gamma - 1), axis=1)
+    tokens_BT = jnp.where(t < n_B1, unread_BT,
+                          jnp.where(t == n_B1, inp.pending_B[:, None], self.mask_id))
+    # Rows that are done may have run past their cache's length: start them at the
+    # committed length (their drafts are never used).
+    cache = cache.replace(lengths=inp.seq_len_B - n_B1[:, 0])
+    logits_BTV, cache = self.model.extend(params, tokens_BT, cache)
+    at_BG = n_B1 + jnp.arange(gamma, dtype=jnp.int32)[None, :]
+    logits_BGV = jnp.take_along_axis(logits_BTV, at_BG[:, :, None], axis=1)
+    logits_BGV = logits_BGV.at[..., self.mask_id].set(-jnp.inf)
+    probs_BGV = process_logits(logits_BGV, sampling)
+    b = probs_BGV.shape[0]
+    drafts_BG = draw(u_BG[:, :gamma].reshape(-1), probs_BGV.reshape(b * gamma, -1),
+                     sampling).reshape(b, gamma)
+    proposal = Proposal(tokens_BT=jnp.concatenate([inp.pending_B[:, None], drafts_BG], axis=1),
+                        valid_BKN=jnp.ones((b, 1, gamma), bool), probs_BGV=probs_BGV)
+    return proposal, state.replace(cache=cache.replace(lengths=inp.seq_len_B + 1))
+
+  def update(self, params, state: ParallelState, feedback: DraftFeedback) -> ParallelState:
+    """The accepted drafts (all committed tokens but the new pending one) are
+    what the next call re-feeds."""
+    del params
+    g = state.unread_BG.shape[1]
+    return state.replace(unread_BG=feedback.committed_BC[:, :g].astype(jnp.int32))
+
+  def calls_per_iteration(self, gamma: int) -> int:
+    """One draft call per iteration, whatever γ."""
+    return 1
