@@ -45,6 +45,8 @@ _MEDUSA_TREES = flags.DEFINE_list("medusa_trees", ["chain", "4", "8", "16", "32"
 _EAGLE = flags.DEFINE_string("eagle_dir", "", "A trained EAGLE-1 head (train_drafter.py's "
                              "workdir): adds EAGLE-1 chain / tree and EAGLE-2 rows.")
 _EAGLE3 = flags.DEFINE_string("eagle3_dir", "", "A trained EAGLE-3 head: adds an EAGLE-3 row.")
+_PARD = flags.DEFINE_string("pard_dir", "", "A PARD draft (the Chen run's draft_parallel/): "
+                            "adds a PARD chain row.")
 _EAGLE_DYN = flags.DEFINE_list("eagle_dynamic", ["4", "4", "16"],
                                "EAGLE-2 / EAGLE-3 dynamic tree: top_k, depth, nodes.")
 
@@ -61,7 +63,7 @@ def options() -> families.FamilyOptions:
       sinks=_SINKS.value, skip_layers=_SKIP.value,
       lookahead=tuple(int(x) for x in _LA.value), medusa_dir=_MEDUSA.value,
       medusa_trees=tuple(_MEDUSA_TREES.value), eagle_dir=_EAGLE.value,
-      eagle3_dir=_EAGLE3.value, eagle_dynamic=tuple(int(x) for x in _EAGLE_DYN.value))
+      eagle3_dir=_EAGLE3.value, pard_dir=_PARD.value, eagle_dynamic=tuple(int(x) for x in _EAGLE_DYN.value))
 
 
 def main(argv):

@@ -70,6 +70,13 @@ def _train(steps, batch_size, lr, warmup, distill_weight=0.0, log_every=50):
   return c
 
 
+def _parallel(c, slots, mask_id=0, decay=0.8):
+  c.parallel_slots = slots
+  c.parallel_mask_id = mask_id
+  c.parallel_decay = decay
+  return c
+
+
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.preset = preset
@@ -117,6 +124,10 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict()
   c.train.target = _train(600, 8, 2e-3, 60)
   c.train.draft = _train(400, 8, 3e-3, 40, distill_weight=0.5)
+  # PARD: the trained draft fine-tuned to fill mask slots (one draft call drafts
+  # parallel_slots + 1 tokens: specjax.drafters.ParallelDraft; the families comparison reads
+  # <workdir>/draft_parallel). Mask token: the pad id. parallel_slots = 0 skips it.
+  c.train.parallel = _parallel(_train(300, 8, 2e-3, 30, distill_weight=0.5), slots=3)
 
   c.eval = ml_collections.ConfigDict()
   c.eval.ks = list(range(0, 8))       # K = 0 is autoregressive
@@ -150,6 +161,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.models.draft = _decoder(96, 1, 2, 48, 256, tie_embeddings=True)  # 0.38M (1 : 17)
     c.train.target = _train(170, 8, 3e-3, 20)
     c.train.draft = _train(120, 8, 4e-3, 15, distill_weight=0.5)
+    c.train.parallel = _parallel(_train(200, 8, 2e-3, 20, distill_weight=0.5), slots=3)
     c.eval.xsum_prompts = 12
     c.eval.humaneval_prompts = 16       # the batch-16 setting needs 16
     # One prompt bucket for both tasks: one set of component timings and executables.
@@ -169,6 +181,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.models.draft = _decoder(16, 1, 2, 8, 32, tie_embeddings=True)
     c.train.target = _train(12, 4, 3e-3, 2, log_every=6)
     c.train.draft = _train(6, 4, 3e-3, 1, distill_weight=0.5, log_every=6)
+    c.train.parallel = _parallel(_train(2, 4, 3e-3, 1, log_every=2), slots=0)
     c.eval.ks = [0, 2]
     c.eval.headline_k = 2
     c.eval.auto = False   # CI's end-to-end run: auto's calibrations would double it

@@ -1,7 +1,8 @@
 """The drafter families on one trained target (issue 26): classic draft, prompt
 lookup, layer skip, windowed KV, lookahead, Medusa (chain and trees), EAGLE-1
-(chain and tree), EAGLE-2 (dynamic tree), EAGLE-3, suffix drafting and a block head
-(DFlash-style) — same target, same prompts.
+(chain and tree), EAGLE-2 (dynamic tree), EAGLE-3, suffix drafting, a block head
+(DFlash-style) and PARD (the classic draft trained with mask slots) — same target,
+same prompts.
 
 Run (from the repository root), after the Chen experiment and the learned drafters:
   python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:quick \
@@ -17,6 +18,8 @@ Run (from the repository root), after the Chen experiment and the learned drafte
   python experiments/families.py --config=configs/families.py:smoke   # tiny random models
   python experiments/families.py --config=configs/families.py:block \
       --config.results_dir=results/families/block   # block heads, EAGLE-2's sampled trees
+  python experiments/families.py --config=configs/families.py:pard \
+      --config.results_dir=results/families/pard    # PARD (the Chen quick run trains it)
 
 Measured (`specjax.experiments.families`): on code, summarisation and free text, at
 T = 0 and T = 1, batch 1 and 8: α, τ (tokens per target call), the target
@@ -37,6 +40,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eagle_dir = "runs/eagle_full"
   c.eagle3_dir = "runs/eagle3_full"
   c.block_dir = "runs/block_full"        # a block head (train_drafter.py:block_*)
+  c.pard_dir = "runs/chen_full/draft_parallel"   # a PARD draft (the Chen run trains it)
   c.only = []                          # measure only these rows (names; [] = all)
   c.eagle_shapes = []                  # more EAGLE-2 rows: [top_k, depth, nodes, expand] each
   c.data_cache = "data_cache"
@@ -63,6 +67,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eagle_dir = "runs/eagle_quick"
     c.eagle3_dir = "runs/eagle3_quick"
     c.block_dir = "runs/block_quick"
+    c.pard_dir = "runs/chen_quick/draft_parallel"
     c.prompts = 8
     c.max_new = 48
     c.medusa_trees = ["chain", "16"]
@@ -75,10 +80,19 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
                 "EAGLE-2 sampled", "EAGLE-2 4/4/16 expand 2", "EAGLE-2 4/4/16 expand 1",
                 "EAGLE-2 2/8/16 expand 2", "block chain", "block tree 16",
                 "block tree 16 sampled"]
+  elif preset == "pard":   # results/families/pard: PARD against the classic draft and EAGLE-1
+    c.chen_dir = "runs/chen_quick"
+    c.eagle_dir = "runs/eagle_quick"
+    c.pard_dir = "runs/chen_quick/draft_parallel"
+    c.medusa_dir = c.eagle3_dir = c.block_dir = ""
+    c.prompts = 8
+    c.max_new = 48
+    c.auto = False
+    c.only = ["classic draft", "PARD chain", "EAGLE-1 chain"]
   elif preset == "smoke":
     c.smoke = True
     c.auto = False
-    c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = ""
+    c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
   elif preset != "full":
-    raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, smoke")
+    raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, pard, smoke")
   return c

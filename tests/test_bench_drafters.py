@@ -26,7 +26,8 @@ def test_drafters_bench_smoke(tmp_path):
   assert "cell 1/2 summarize T=0 B=2 (reused" in res.stderr
   md = (tmp_path / "drafters_smoke.md").read_text()
   names = {"autoregressive", "classic draft", "prompt lookup", "layer skip", "windowed KV",
-           "lookahead", "suffix", "Medusa chain", "Medusa tree 6", "EAGLE-2", "EAGLE-3"}
+           "lookahead", "suffix", "Medusa chain", "Medusa tree 6", "EAGLE-2", "EAGLE-3",
+           "PARD chain"}
   # The tasks' prompts share one shape: the second task's cell runs the first one's programs.
   assert set(results["tasks"]) == {"summarize", "code"}
   assert results["tasks"]["summarize"][0]["warmup_traces"] >= len(names)
@@ -40,7 +41,7 @@ def test_drafters_bench_smoke(tmp_path):
         assert r["call_cost"] > 0 and r["call_tokens"] >= 1
         if c["temperature"] == 0 and r["drafter"] != "autoregressive":
           assert r["identical"] is True, (r["drafter"], c["batch"])
-        if r["drafter"] in ("EAGLE-2", "EAGLE-3", "classic draft"):  # own weights and state
+        if r["drafter"] in ("EAGLE-2", "EAGLE-3", "classic draft", "PARD chain"):  # own state
           assert r["memory"]["params"] > 0 and r["memory"]["state_bytes_per_row"] > 0, r
         if r["drafter"] == "prompt lookup":
           assert r["memory"]["params"] == 0
@@ -57,7 +58,7 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   drafter whose directory is missing is left out (not an error later)."""
   from configs import families as fam_config
   from specjax.experiments import families
-  for preset in ("quick", "full", "smoke"):
+  for preset in ("quick", "full", "block", "pard", "smoke"):
     fam_config.get_config(preset)
   with pytest.raises(ValueError, match="unknown preset 'huge'"):
     fam_config.get_config("huge")

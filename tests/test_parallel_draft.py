@@ -17,7 +17,7 @@ import specjax
 from exact_helpers import N_SAMPLES, exact_lm, joint_t2_t4, optimized_codegen
 from reference import chi_square_pvalue
 from specjax import training
-from specjax.drafters import ParallelDraft
+from specjax.drafters import ParallelDraft, load_parallel_draft
 from specjax.drafting import DraftInput
 from specjax.measure.compiles import TraceCounter
 from specjax.models.decoder import DecoderLM, decoder_config
@@ -62,7 +62,7 @@ def trained(tmp_path_factory):
   run's workdir."""
   workdir = str(tmp_path_factory.mktemp("pard") / "run")
   lm = _counting_model()
-  return lm, training.train_model(lm, None, _source(), _config(300), workdir)
+  return lm, training.train_model(lm, None, _source(), _config(300), workdir), workdir
 
 
 def test_layout_mask_by_hand():
@@ -103,7 +103,7 @@ def test_one_call_drafts_what_the_training_forward_predicts():
 
 
 def test_training_learns_every_slot_and_resumes_exactly(trained, tmp_path):
-  lm, params = trained
+  lm, params, workdir = trained
   x = jnp.asarray(np.stack([_counting(np.random.default_rng(s), 17) for s in range(50, 58)]))
   init = lm.init(jax.random.PRNGKey(0))
 
@@ -128,12 +128,17 @@ def test_training_learns_every_slot_and_resumes_exactly(trained, tmp_path):
 def test_a_trained_draft_is_accepted_whole_and_greedy_equals_autoregressive(trained):
   """The trained counting draft drafting for itself: whole chains accepted
   (the catch-up of γ drafts per call exercised), one draft call per
-  iteration, tokens those of plain greedy decoding."""
-  lm, params = trained
+  iteration, tokens those of plain greedy decoding; loaded from the run's
+  workdir with its mask id and slots."""
+  lm, params, workdir = trained
+  drafter, loaded = load_parallel_draft(workdir)
+  assert drafter == ParallelDraft(lm, 0, 3)
+  for a, b in zip(jax.tree_util.tree_leaves(loaded), jax.tree_util.tree_leaves(params)):
+    np.testing.assert_array_equal(a, b)
   rng = np.random.default_rng(3)
   prompts = jnp.asarray(np.stack([_counting(rng, 6) for _ in range(4)]))
   ref = specjax.generate(lm, params, prompts, max_new_tokens=20, sampling=GREEDY)
-  out = specjax.speculative_generate(lm, params, ParallelDraft(lm, 0), params, prompts,
+  out = specjax.speculative_generate(lm, params, drafter, loaded, prompts,
                                      max_new_tokens=20, gamma=4, sampling=GREEDY)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   hist = np.asarray(out.stats.accepted_hist).sum(0)
@@ -228,6 +233,15 @@ def test_misuse_is_named(tmp_path):
                          str(tmp_path / "a"))
   with pytest.raises(ValueError, match="config.parallel_slots must be an int >= 0, got -1"):
     training.validate_config(_config(2, parallel_slots=-1, warmup_steps=1))
+  with pytest.raises(ValueError, match=r"gamma \(5\) needs 4 mask slots; this PARD draft was "
+                     r"trained with 3 \(gamma <= 4\)"):
+    specjax.speculative_generate(lm, params, ParallelDraft(lm, 0, 3), params, prompts, lengths,
+                                 max_new_tokens=4, gamma=5, sampling=GREEDY)
+  plain = str(tmp_path / "plain")
+  training.train_model(_counting_model(), None, _source(),
+                       _config(2, parallel_slots=0, warmup_steps=1), plain)
+  with pytest.raises(ValueError, match="trained without mask slots"):
+    load_parallel_draft(plain)
   t5 = T5(T5Config(vocab_size=32, d_model=16, d_ff=32, num_heads=2, d_kv=8, num_layers=1))
   with pytest.raises(TypeError, match="trains a decoder-only DecoderLM, got T5"):
     ParallelObjective(2).check(t5)

@@ -30,7 +30,7 @@ from specjax.drafters.layer_skip import LayerSkip, LayerSkipLM
 from specjax.drafters.lookahead import Lookahead, LookaheadState
 from specjax.drafters.medusa import Medusa, choose_tree, load_medusa
 from specjax.drafters.model import ModelDrafter
-from specjax.drafters.parallel import ParallelDraft, ParallelState
+from specjax.drafters.parallel import ParallelDraft, ParallelState, load_parallel_draft
 from specjax.drafters.prompt_lookup import LookupState, PromptLookup
 from specjax.drafters.suffix import SuffixCorpus, SuffixDraft, outputs_of
 from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
@@ -40,7 +40,8 @@ from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig, init_heads
 
 __all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "chain_layout",
-           "is_drafter", "ModelDrafter", "ParallelDraft", "ParallelState", "PromptLookup", "LookupState", "SuffixDraft",
+           "is_drafter", "ModelDrafter", "ParallelDraft", "ParallelState", "load_parallel_draft",
+           "PromptLookup", "LookupState", "SuffixDraft",
            "SuffixCorpus", "outputs_of", "LayerSkip",
            "LayerSkipLM", "WindowedKV", "WindowedLM", "WindowCache", "Lookahead",
            "LookaheadState", "Medusa", "MedusaConfig", "init_heads", "choose_tree", "load_medusa",

@@ -33,19 +33,23 @@ token itself is never proposed (its logit is removed before processing).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Tuple
+import json
+from typing import Any, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from specjax._checks import check_int
+from specjax.atomic_io import as_path
+from specjax.checkpoints.heads import final_dir
+from specjax.checkpoints.orbax_io import restore_model
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               chain_layout)
 from specjax.protocol import check_model, check_params
 from specjax.sampling import SamplingConfig, draw, process_logits
 
-__all__ = ["ParallelDraft", "ParallelState"]
+__all__ = ["ParallelDraft", "ParallelState", "load_parallel_draft"]
 
 
 @struct.dataclass
@@ -71,15 +75,21 @@ class ParallelDraft(Drafter):
       trained with mask slots (`specjax.training.parallel`, the training
       config's `parallel_slots` ≥ γ - 1).
     mask_id: the mask token it was trained with.
+    slots: the mask slots it was trained for (γ <= slots + 1; checked when
+      decoding), or None: not checked (slots past those trained draft
+      poorly but exactly).
   """
 
   model: Any
   mask_id: int = 0
+  slots: Optional[int] = None
 
   deterministic = False
 
   def __post_init__(self):
     check_int("mask_id", self.mask_id, 0)
+    if self.slots is not None:
+      check_int("slots", self.slots, 1)
 
   @property
   def vocab_size(self) -> int:
@@ -94,6 +104,9 @@ class ParallelDraft(Drafter):
     if self.mask_id >= self.model.vocab_size:
       raise ValueError(f"mask_id ({self.mask_id}) must be a token of the draft's vocabulary "
                        f"(< {self.model.vocab_size})")
+    if self.slots is not None and gamma > self.slots + 1:
+      raise ValueError(f"gamma ({gamma}) needs {gamma - 1} mask slots; this PARD draft was "
+                       f"trained with {self.slots} (gamma <= {self.slots + 1})")
 
   def check_params(self, params: Any) -> None:
     check_params(self.model, params, "draft_params")
@@ -146,3 +159,23 @@ class ParallelDraft(Drafter):
   def calls_per_iteration(self, gamma: int) -> int:
     """One draft call per iteration, whatever γ."""
     return 1
+
+
+def load_parallel_draft(directory: str) -> Tuple[ParallelDraft, Any]:
+  """(drafter, params) of a draft trained with mask slots (`<dir>` or
+  `<dir>/final`, written by `specjax.training.train_model` with
+  `config.parallel_slots` > 0: the mask id and the slot count come from the
+  run's stored training fields: the drafter checks γ <= slots + 1)."""
+  d = final_dir(directory)
+  model, params = restore_model(d)
+  meta_path = as_path(d) / "train_meta.json"
+  try:
+    train = json.loads(meta_path.read_text())["train"]
+  except (OSError, ValueError, KeyError) as e:
+    raise ValueError(f"{meta_path}: no training record to read the mask token from ({e})") \
+        from None
+  slots = int(train.get("parallel_slots", 0))
+  if slots < 1:
+    raise ValueError(f"{d} holds a draft trained without mask slots (parallel_slots = 0): "
+                     "train it with config.parallel_slots > 0 (specjax.training.parallel)")
+  return ParallelDraft(model, int(train["parallel_mask_id"]), slots), params

@@ -164,7 +164,9 @@ def _sources(cfg, tok, split: str) -> Dict[str, object]:
 def train_models(cfg, tok, workdir: str, stages: Stages):
   """(target, params), (draft, params): trained, or restored when already trained.
   The corpora are tokenized only when a model has to be trained (or rebuilt
-  from its step checkpoints)."""
+  from its step checkpoints). With `train.parallel.parallel_slots` > 0 the
+  draft is also fine-tuned as a PARD draft (mask slots,
+  `specjax.training.parallel`) into `<workdir>/draft_parallel`."""
   data = {}
 
   def train():
@@ -190,6 +192,16 @@ def train_models(cfg, tok, workdir: str, stages: Stages):
                         teacher=(target, tp) if dcfg.distill_weight > 0 else None,
                         eval_dataset=valid)
   stages.note("timing/train_draft", time.time() - t0)
+  pcfg = cfg.train.get("parallel")
+  if pcfg is not None and int(pcfg.parallel_slots) > 0:
+    # PARD (`specjax.drafters.ParallelDraft`): the draft fine-tuned to fill mask
+    # slots too, from its trained weights; read by the families comparison.
+    pcfg = train_config(pcfg)
+    t0 = time.time()
+    train_or_restore(draft, train, pcfg, os.path.join(workdir, "draft_parallel"),
+                     teacher=(target, tp) if pcfg.distill_weight > 0 else None,
+                     eval_dataset=valid, init_params=dp)
+    stages.note("timing/train_draft_parallel", time.time() - t0)
   return (target, tp), (draft, dp)
 
 

@@ -87,7 +87,10 @@ class FamilyOptions:
   the dynamic tree `eagle_dynamic` = (top_k, depth, nodes)), `eagle3_dir`
   (an EAGLE-3 head with the same dynamic tree), `block_dir` (a block head,
   DFlash-style: "block chain" of its slots and "block tree" of
-  `eagle_tree_nodes` from its agreement, each drafted in one head call).
+  `eagle_tree_nodes` from its agreement, each drafted in one head call),
+  `pard_dir` (a PARD draft, the classic draft trained with mask slots:
+  "PARD chain" of γ, drafted in one draft call; the smoke test's random
+  draft stands in for it).
   `eagle_shapes`: more EAGLE-2 rows, (top_k, depth, nodes, expand) each,
   sampled at T > 0 ("EAGLE-2 k/d/n expand e"). `only`: the rows to measure
   (names; empty: all). The static trees' children
@@ -120,6 +123,7 @@ class FamilyOptions:
   eagle_dir: str = ""
   eagle3_dir: str = ""
   block_dir: str = ""
+  pard_dir: str = ""
   eagle_shapes: Tuple[Tuple[int, int, int, int], ...] = ()
   only: Tuple[str, ...] = ()
   auto: bool = False   # also rows with gamma="auto" for the classic draft and prompt lookup
@@ -229,8 +233,15 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
         if opts.sampled_children and tree != "chain":
           medusa[name + " sampled"] = (dataclasses.replace(d, children=opts.sampled_children),
                                        mp, None)
+  pard = {}
+  if smoke:
+    pard["PARD chain"] = (drafters.ParallelDraft(draft, 0), dp, g)
+  elif opts.pard_dir:
+    pd, pp = drafters.load_parallel_draft(opts.pard_dir)
+    pard["PARD chain"] = (pd, pp, min(g, pd.slots + 1))
   return {
       "classic draft": (draft, dp, g),
+      **pard,
       "prompt lookup": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None,
                         opts.lookup_gamma),
       "layer skip": (drafters.LayerSkip(target, choice["layers"]), None, g),
@@ -759,7 +770,7 @@ def options(cfg) -> FamilyOptions:
   """The config as `FamilyOptions` (a learned drafter whose directory does
   not exist is left out, with a warning naming it)."""
   dirs = {}
-  for key in ("medusa_dir", "eagle_dir", "eagle3_dir", "block_dir"):
+  for key in ("medusa_dir", "eagle_dir", "eagle3_dir", "block_dir", "pard_dir"):
     d = cfg.get(key) or ""
     if d and not os.path.exists(d):
       logging.warning("%s=%s does not exist: its rows are left out (train it with "
