@@ -2,6 +2,7 @@
 choice; specjax.parallel.distributed: processes (two real CPU processes);
 specjax.measure.tensorboard: scalars and profiler traces."""
 
+import dataclasses
 import glob
 import os
 import re
@@ -89,6 +90,22 @@ def test_activation_estimate_matches_its_definition():
   default = memory_plan(TARGET, mesh_shape=(1, 1), batch_size=b, cache_len=s)
   assert default.activation_tokens == s  # the whole context by default
   assert plan.per_device_bytes == (plan.target_params + plan.target_cache + plan.activations)
+
+
+def test_a_fused_attention_kernel_keeps_the_cached_scores_off_the_plan():
+  """With `attention_kernel="pallas"` on a cache the kernel takes (slots and
+  head_dim multiples of 128) the score term is the new tokens' block and the
+  kernel's output, not T x C; a cache it does not take keeps XLA's term."""
+  b, t, s, h, d = 4, 3, 256, 4, 128
+  wide = dataclasses.replace(TARGET, head_dim=d)
+  kw = dict(mesh_shape=(2, 2), batch_size=b, activation_tokens=t)
+  rows, heads = (b // 2) * t, h // 2
+  xla = memory_plan(wide, cache_len=s, **kw).activations
+  fused = memory_plan(dataclasses.replace(wide, attention_kernel="pallas"), cache_len=s,
+                      **kw).activations
+  assert xla - fused == 2 * rows * heads * s * F32 - rows * heads * (2 * t + d) * F32
+  odd = memory_plan(dataclasses.replace(wide, attention_kernel="pallas"), cache_len=s + 8, **kw)
+  assert odd.activations == memory_plan(wide, cache_len=s + 8, **kw).activations
 
 
 def test_draft_replicated_or_split():

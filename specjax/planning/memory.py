@@ -33,6 +33,7 @@ import numpy as np
 from jax.sharding import AbstractMesh
 
 from specjax._checks import check_int
+from specjax.models import attention_kernel
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
@@ -144,7 +145,14 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
       * config.vocab_size * 4
   states = _HIDDEN_BUFFERS * rows * width * itemsize
   mlp = _MLP_BUFFERS * rows * _split(hidden, mesh, MODEL) * itemsize
-  scores = _SCORE_BUFFERS * rows * _split(heads, mesh, MODEL) * context * 4
+  heads = _split(heads, mesh, MODEL)
+  if (isinstance(config, DecoderConfig) and config.attention_kernel != "xla"
+      and attention_kernel.fits(context, config.head_dim)):
+    # The fused kernel keeps the cached part's scores on chip: only the new
+    # tokens' [T, T] block and the kernel's float32 partial output remain.
+    scores = rows * heads * (_SCORE_BUFFERS * tokens + config.head_dim) * 4
+  else:
+    scores = _SCORE_BUFFERS * rows * heads * context * 4
   return logits + states + mlp + scores
 
 
@@ -299,7 +307,11 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
     hidden states    4 B' T E * s          (residual, normed, attention out, input)
     MLP              3 B' T F' * s         (gate, up, their product)
     attention        2 B' H' T C * 4       (float32 scores and softmax of one
-                                            layer over the C = max(S, P) context)
+                                            layer over the C = max(S, P) context;
+                                            with a fused attention kernel,
+                                            `DecoderConfig.attention_kernel`, where
+                                            it takes the cache: B' H' T (2 T + D) * 4,
+                                            the new tokens' block and its output)
 
   Layers run one after another, so one layer's buffers count once (the
   models materialise their residual stream after every block of a call of
