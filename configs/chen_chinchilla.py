@@ -181,7 +181,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.models.draft = _decoder(16, 1, 2, 8, 32, tie_embeddings=True)
     c.train.target = _train(12, 4, 3e-3, 2, log_every=6)
     c.train.draft = _train(6, 4, 3e-3, 1, distill_weight=0.5, log_every=6)
-    c.train.parallel = _parallel(_train(2, 4, 3e-3, 1, log_every=2), slots=0)
+    c.train.parallel = _parallel(_train(2, 4, 3e-3, 1, log_every=2), slots=1)
     c.eval.ks = [0, 2]
     c.eval.headline_k = 2
     c.eval.auto = False   # CI's end-to-end run: auto's calibrations would double it

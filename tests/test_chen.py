@@ -5,10 +5,14 @@ import json
 import os
 import shutil
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import specjax
 from configs import chen_chinchilla as chen_config
+from specjax.checkpoints.orbax_io import restore_model
+from specjax.drafters import load_parallel_draft
 from specjax.data import build_task
 from specjax.data import code as code_lib
 from specjax.data.code_vocab import code_sentences, round_trip_failures, train_code_sentencepiece
@@ -139,6 +143,22 @@ def test_micro_preset_end_to_end(micro_run):
   for heading in ("Table 1 layout", "K sweep", "speedup vs batch size", "## Findings",
                   "Quality is unchanged", "7.52 ms"):
     assert heading in md, heading
+
+
+def test_micro_run_trains_a_pard_draft(micro_run):
+  """train.parallel: the draft fine-tuned with a mask slot into draft_parallel/,
+  loadable as a PARD drafter (its slot count and mask id from the run), and
+  exact: greedy tokens those of plain decoding."""
+  cfg, _ = micro_run
+  target, tp = restore_model(os.path.join(cfg.workdir, "target", "final"))
+  pard, pp = load_parallel_draft(os.path.join(cfg.workdir, "draft_parallel"))
+  assert (pard.slots, pard.mask_id) == (1, 0)
+  prompts = jnp.asarray(np.random.default_rng(0).integers(3, target.vocab_size, (2, 6)),
+                        jnp.int32)
+  ref = specjax.generate(target, tp, prompts, max_new_tokens=6, sampling=specjax.GREEDY)
+  out = specjax.speculative_generate(target, tp, pard, pp, prompts, max_new_tokens=6, gamma=2,
+                                     sampling=specjax.GREEDY)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
 def test_micro_prompts_keep_their_end(micro_run):
