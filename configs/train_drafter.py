@@ -1,7 +1,9 @@
 """Learned drafters trained on a frozen target (`experiments/train_drafter.py`):
 Medusa heads (`medusa_*`), EAGLE-1 heads (`eagle_*`, also EAGLE-2's drafter),
-EAGLE-3 heads (`eagle3_*`) and block heads (`block_*`: DFlash-style, `eagle.block`
-positions drafted in one call), each at `quick` / `full` / `micro`.
+EAGLE-3 heads (`eagle3_*`), block heads (`block_*`: DFlash-style, `eagle.block`
+positions drafted in one call) and PARD drafts (`pard_*`: the Chen run's draft
+fine-tuned with mask slots on the target's continuations), each at `quick` /
+`full` / `micro`.
 
 Run (after the Chen experiment trained its target):
   python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_quick \
@@ -18,6 +20,8 @@ Run (after the Chen experiment trained its target):
       --config.target_dir=runs/chen_full/target --config.results_dir=results/eagle
   python experiments/train_drafter.py --config=configs/train_drafter.py:block_quick \
       --config.target_dir=runs/chen_quick/target --config.data.dir=runs/eagle_quick
+  python experiments/train_drafter.py --config=configs/train_drafter.py:pard_quick \
+      --config.target_dir=runs/chen_quick/target --config.data.dir=runs/distill_chen_quick
 
 A rerun with the same workdir reuses the self-distillation data and resumes
 training from the newest intact checkpoint. Results: `<workdir>/final` (the
@@ -28,13 +32,14 @@ built from them and their expected tokens per target call).
 import ml_collections
 
 
-_KIND = {"medusa": "medusa", "eagle": "eagle1", "eagle3": "eagle3", "block": "block"}
+_KIND = {"medusa": "medusa", "eagle": "eagle1", "eagle3": "eagle3", "block": "block",
+         "pard": "pard"}
 
 
 def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   family, _, size = preset.rpartition("_")
   if family not in _KIND or size not in ("quick", "full", "micro"):
-    raise ValueError(f"unknown preset {preset!r}; known: <medusa|eagle|eagle3|block>_"
+    raise ValueError(f"unknown preset {preset!r}; known: <medusa|eagle|eagle3|block|pard>_"
                      f"<quick|full|micro>")
   c = ml_collections.ConfigDict()
   c.kind = _KIND[family]
@@ -68,6 +73,12 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
                                      # every slot for a block head
   c.eagle.block = 5                  # block heads: positions drafted in one call
   c.eagle.layers = 1                 # block heads: layers (the context enters each one)
+
+  c.pard = ml_collections.ConfigDict()
+  c.pard.draft_dir = ""              # the draft to fine-tune ("": the target run's draft/)
+  c.pard.slots = 3                   # mask slots (a chain of slots + 1 in one draft call)
+  c.pard.mask_id = 0                 # the mask token (the Chen vocabulary's pad id)
+  c.pard.decay = 0.8                 # slot j's loss weight decay^j
 
   c.train = ml_collections.ConfigDict()
   c.train.steps = 2000

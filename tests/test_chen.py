@@ -145,20 +145,30 @@ def test_micro_preset_end_to_end(micro_run):
     assert heading in md, heading
 
 
-def test_micro_run_trains_a_pard_draft(micro_run):
+def test_micro_run_trains_a_pard_draft(micro_run, tmp_path):
   """train.parallel: the draft fine-tuned with a mask slot into draft_parallel/,
-  loadable as a PARD drafter (its slot count and mask id from the run), and
+  and train_drafter.py's pard job (3 slots, on the target's continuations):
+  each loadable as a PARD drafter (slot count and mask id from its run) and
   exact: greedy tokens those of plain decoding."""
+  from configs import train_drafter as td_config
+  from specjax.experiments import drafter_training
   cfg, _ = micro_run
+  td = td_config.get_config("pard_micro")
+  td.target_dir = os.path.join(cfg.workdir, "target")
+  td.workdir = str(tmp_path / "pard")
+  td.data.cache_dir = cfg.data.cache_dir
+  out = drafter_training.run(td)
+  assert "eval" in json.dumps(out["summary"]) and out["draft_params"] > 0
   target, tp = restore_model(os.path.join(cfg.workdir, "target", "final"))
-  pard, pp = load_parallel_draft(os.path.join(cfg.workdir, "draft_parallel"))
-  assert (pard.slots, pard.mask_id) == (1, 0)
   prompts = jnp.asarray(np.random.default_rng(0).integers(3, target.vocab_size, (2, 6)),
                         jnp.int32)
   ref = specjax.generate(target, tp, prompts, max_new_tokens=6, sampling=specjax.GREEDY)
-  out = specjax.speculative_generate(target, tp, pard, pp, prompts, max_new_tokens=6, gamma=2,
-                                     sampling=specjax.GREEDY)
-  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  for directory, slots in ((os.path.join(cfg.workdir, "draft_parallel"), 1), (td.workdir, 3)):
+    pard, pp = load_parallel_draft(directory)
+    assert (pard.slots, pard.mask_id) == (slots, 0)
+    out = specjax.speculative_generate(target, tp, pard, pp, prompts, max_new_tokens=6,
+                                       gamma=slots + 1, sampling=specjax.GREEDY)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
 def test_micro_prompts_keep_their_end(micro_run):

@@ -30,11 +30,13 @@ from specjax import atomic_io
 from specjax.checkpoints.orbax_io import restore_model
 from specjax.data import load_task
 from specjax.drafters.medusa import choose_tree
-from specjax.experiments.common import find_tokenizer, open_workdir, pad_batch
+from specjax.experiments.common import (find_tokenizer, open_workdir, pad_batch, train_config,
+                                        train_or_restore)
 from specjax.experiments.stages import fingerprint
 from specjax.models.eagle_head import EagleConfig
 from specjax.models.medusa_head import MedusaConfig
 from specjax.training.eagle import EagleLoss, head_name, train_eagle
+from specjax.training.batching import Example, LMSource
 from specjax.training.heads import DistillData, distillation_data, train_medusa
 from specjax.training.loop import quiet_orbax_info_logs
 
@@ -96,7 +98,7 @@ def _data(cfg, split: str, n: int, target, tp, tok, workdir: str) -> DistillData
   return data
 
 
-KINDS = ("medusa", "eagle1", "eagle3", "block")
+KINDS = ("medusa", "eagle1", "eagle3", "block", "pard")
 
 
 def run(cfg) -> Dict[str, Any]:
@@ -111,6 +113,8 @@ def run(cfg) -> Dict[str, Any]:
                             f"{cfg.data.cache_dir}/vocab (run the Chen experiment first)")
   train_data = _data(cfg, "train", cfg.data.train_sequences, target, tp, tok, workdir)
   valid = _data(cfg, "validation", cfg.data.valid_sequences, target, tp, tok, workdir)
+  if cfg.kind == "pard":
+    return _run_pard(cfg, target, train_data, valid, workdir)
   if cfg.kind != "medusa":
     return _run_eagle(cfg, target, tp, train_data, valid, workdir)
   config = MedusaConfig(num_heads=int(cfg.medusa.num_heads), d_model=target.config.d_model,
@@ -210,6 +214,50 @@ def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
                                   else dict(out, final=_relative(out["final"])))
       atomic_io.atomic_write_text(f"{d}/{cfg.kind}.md", "\n".join(lines) + "\n")
     logging.info("\n".join(lines))
+  return out
+
+
+def _distill_source(data: DistillData, seq_len: int) -> LMSource:
+  """Decoder rows of the self-distilled sequences: the prompt, then the
+  target's continuation (the loss on the continuation)."""
+  examples = []
+  for row, gen in zip(data.tokens, data.generated):
+    at = np.flatnonzero(gen)
+    if at.size:
+      examples.append(Example(row[:at[0]], row[at[0]:at[-1] + 1]))
+  return LMSource(examples, seq_len=seq_len)
+
+
+def _run_pard(cfg, target, train_data, valid, workdir) -> Dict[str, Any]:
+  """PARD: the Chen run's draft (`pard.draft_dir`, default the target's
+  sibling `draft/`) fine-tuned with `pard.slots` mask slots on the target's
+  self-distilled continuations — a target-aligned variant of PARD's
+  data-trained draft (the Chen experiment's `train.parallel`)."""
+  draft_dir = cfg.pard.draft_dir or os.path.join(
+      os.path.dirname(cfg.target_dir.rstrip("/").removesuffix("/final")), "draft")
+  final = atomic_io.as_path(draft_dir) / "final"
+  draft, dp = restore_model(str(final) if final.exists() else draft_dir)
+  if draft.vocab_size != target.vocab_size:
+    raise ValueError(f"pard.draft_dir {draft_dir!r}: vocab_size {draft.vocab_size} is not the "
+                     f"target's {target.vocab_size}")
+  tc = train_config(cfg.train)
+  tc.parallel_slots = int(cfg.pard.slots)
+  tc.parallel_mask_id = int(cfg.pard.mask_id)
+  tc.parallel_decay = float(cfg.pard.decay)
+  tc.distill_weight = 0.0       # the data are the target's own continuations
+  tc.eval_every = max(int(tc.steps) // 4, 1)
+  tc.eval_batches = 4
+  seq_len = int(train_data.tokens.shape[1]) - 1
+  train_or_restore(draft, _distill_source(train_data, seq_len), tc, workdir,
+                   eval_dataset=_distill_source(valid, seq_len), init_params=dp)
+  summary = json.loads((atomic_io.as_path(workdir) / "summary.json").read_text())
+  out = {"config": cfg.to_dict(), "final": os.path.join(workdir, "final"),
+         "draft_dir": draft_dir, "draft_params": draft.config.num_params(),
+         "summary": summary}
+  dirs = [workdir] + ([open_workdir(cfg.results_dir)] if cfg.get("results_dir") else [])
+  for d in dirs:
+    atomic_io.atomic_write_json(f"{d}/pard.json", out if d == workdir
+                                else dict(out, final=_relative(out["final"])))
   return out
 
 
