@@ -26,7 +26,17 @@ from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Pr
 from specjax.protocol import check_model, check_params
 from specjax.sampling import SamplingConfig, draw, process_logits
 
-__all__ = ["ModelDrafter"]
+__all__ = ["ModelDrafter", "check_draft_model"]
+
+
+def check_draft_model(model: Any, target: Any) -> None:
+  """A draft model follows the protocol and shares the target's vocabulary
+  (TypeError / ValueError naming what does not)."""
+  check_model(model, "draft")
+  if model.vocab_size != target.vocab_size:
+    raise ValueError(
+        f"draft vocab_size ({model.vocab_size}) must equal target vocab_size "
+        f"({target.vocab_size}): both must share one tokenizer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +65,7 @@ class ModelDrafter(Drafter):
     return self.model.vocab_size
 
   def check(self, target: Any, gamma: int) -> None:
-    check_model(self.model, "draft")
-    if self.model.vocab_size != target.vocab_size:
-      raise ValueError(
-          f"draft vocab_size ({self.model.vocab_size}) must equal target vocab_size "
-          f"({target.vocab_size}): both must share one tokenizer")
+    check_draft_model(self.model, target)
 
   def check_params(self, params: Any) -> None:
     if not self.shares_target_params:  # the target's were checked as target_params

@@ -46,7 +46,8 @@ from specjax.checkpoints.heads import final_dir
 from specjax.checkpoints.orbax_io import restore_model
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               chain_layout)
-from specjax.protocol import check_model, check_params
+from specjax.drafters.model import check_draft_model
+from specjax.protocol import check_params
 from specjax.sampling import SamplingConfig, draw, process_logits
 
 __all__ = ["ParallelDraft", "ParallelState", "load_parallel_draft"]
@@ -96,11 +97,7 @@ class ParallelDraft(Drafter):
     return self.model.vocab_size
 
   def check(self, target: Any, gamma: int) -> None:
-    check_model(self.model, "draft")
-    if self.model.vocab_size != target.vocab_size:
-      raise ValueError(
-          f"draft vocab_size ({self.model.vocab_size}) must equal target vocab_size "
-          f"({target.vocab_size}): both must share one tokenizer")
+    check_draft_model(self.model, target)
     if self.mask_id >= self.model.vocab_size:
       raise ValueError(f"mask_id ({self.mask_id}) must be a token of the draft's vocabulary "
                        f"(< {self.model.vocab_size})")
