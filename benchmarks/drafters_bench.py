@@ -63,7 +63,8 @@ def options() -> families.FamilyOptions:
       sinks=_SINKS.value, skip_layers=_SKIP.value,
       lookahead=tuple(int(x) for x in _LA.value), medusa_dir=_MEDUSA.value,
       medusa_trees=tuple(_MEDUSA_TREES.value), eagle_dir=_EAGLE.value,
-      eagle3_dir=_EAGLE3.value, pard_dir=_PARD.value, eagle_dynamic=tuple(int(x) for x in _EAGLE_DYN.value))
+      eagle3_dir=_EAGLE3.value, pard_dir=_PARD.value,
+      eagle_dynamic=tuple(int(x) for x in _EAGLE_DYN.value))
 
 
 def main(argv):

@@ -229,8 +229,8 @@ def test_misuse_is_named(tmp_path):
   with pytest.raises(ValueError, match=r"decay must be a finite number in \(0, 1\], got 0.0"):
     ParallelObjective(2, decay=0.0)
   with pytest.raises(ValueError, match=r"parallel mask_id \(99\) must be a token"):
-    training.train_model(_counting_model(), None, _source(), _config(2, parallel_mask_id=99, warmup_steps=1),
-                         str(tmp_path / "a"))
+    training.train_model(_counting_model(), None, _source(),
+                         _config(2, parallel_mask_id=99, warmup_steps=1), str(tmp_path / "a"))
   with pytest.raises(ValueError, match="config.parallel_slots must be an int >= 0, got -1"):
     training.validate_config(_config(2, parallel_slots=-1, warmup_steps=1))
   with pytest.raises(ValueError, match=r"gamma \(5\) needs 4 mask slots; this PARD draft was "
