@@ -26,8 +26,8 @@ def test_drafters_bench_smoke(tmp_path):
   assert "cell 1/2 summarize T=0 B=2 (reused" in res.stderr
   md = (tmp_path / "drafters_smoke.md").read_text()
   names = {"autoregressive", "classic draft", "prompt lookup", "layer skip", "windowed KV",
-           "lookahead", "suffix", "Medusa chain", "Medusa tree 6", "EAGLE-2", "EAGLE-3",
-           "PARD chain"}
+           "lookahead", "suffix", "suffix + job corpus", "Medusa chain", "Medusa tree 6",
+           "EAGLE-2", "EAGLE-3", "PARD chain"}
   # The tasks' prompts share one shape: the second task's cell runs the first one's programs.
   assert set(results["tasks"]) == {"summarize", "code"}
   assert results["tasks"]["summarize"][0]["warmup_traces"] >= len(names)

@@ -250,6 +250,12 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
       "lookahead": (drafters.Lookahead(window=w, ngram=n, candidates=c), None, None),
       "suffix": (drafters.SuffixDraft(nodes=4, depth=2, occurrences=4) if smoke
                  else drafters.SuffixDraft(), None, None),
+      # SuffixDecoding's job corpus: each call's outputs are added for the next calls of
+      # the cell (`measure_cell` starts every cell from this empty corpus).
+      "suffix + job corpus": (drafters.SuffixDraft(nodes=4, depth=2, occurrences=4) if smoke
+                              else drafters.SuffixDraft(),
+                              drafters.SuffixCorpus.build([], size=512 if smoke else 8192,
+                                                          vocab_size=target.vocab_size), None),
       **({"classic draft auto": (draft, dp, "auto"),
           "prompt lookup auto": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None, "auto")}
          if opts.auto else {}),
@@ -429,6 +435,7 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
   rec = {name: {"seconds": 0.0, "tokens": 0, "calls": 0, "accepted": 0, "drafted": 0,
                 "identical": True} for name in names}
   ar_tokens, ar_lengths = [], []
+  entries = dict(entries)   # rows with a job corpus grow their own copy, cell by cell
   with TraceCounter() as timed:  # nothing may compile while timing
     for i, (x, n, k) in enumerate(batches):
       order = names if i % 2 == 0 else [names[0]] + names[:0:-1]
@@ -438,6 +445,9 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
         out = _run(target, tp, entries.get(name), x, n, k, sampling, max_new)
         r = rec[name]
         r["seconds"] += now() - t0
+        if name != "autoregressive" and isinstance(entries[name][1], drafters.SuffixCorpus):
+          d, corpus, g = entries[name]   # the job's earlier outputs, for its later calls
+          entries[name] = (d, corpus.add(drafters.outputs_of(out), target.vocab_size), g)
         toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
         r["tokens"] += int(lens.sum())
         r["calls"] += int(np.asarray(out.stats.target_calls).sum())
