@@ -40,7 +40,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eagle_dir = "runs/eagle_full"
   c.eagle3_dir = "runs/eagle3_full"
   c.block_dir = "runs/block_full"        # a block head (train_drafter.py:block_*)
-  c.pard_dir = "runs/chen_full/draft_parallel"   # a PARD draft (the Chen run trains it)
+  c.pard_dir = "runs/pard_full"          # a PARD draft (train_drafter.py:pard_*; the Chen
+                                         # run's train.parallel: <chen_dir>/draft_parallel)
   c.only = []                          # measure only these rows (names; [] = all)
   c.eagle_shapes = []                  # more EAGLE-2 rows: [top_k, depth, nodes, expand] each
   c.data_cache = "data_cache"
@@ -67,7 +68,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eagle_dir = "runs/eagle_quick"
     c.eagle3_dir = "runs/eagle3_quick"
     c.block_dir = "runs/block_quick"
-    c.pard_dir = "runs/chen_quick/draft_parallel"
+    c.pard_dir = "runs/pard_quick"
     c.prompts = 8
     c.max_new = 48
     c.medusa_trees = ["chain", "16"]

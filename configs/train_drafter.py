@@ -21,7 +21,7 @@ Run (after the Chen experiment trained its target):
   python experiments/train_drafter.py --config=configs/train_drafter.py:block_quick \
       --config.target_dir=runs/chen_quick/target --config.data.dir=runs/eagle_quick
   python experiments/train_drafter.py --config=configs/train_drafter.py:pard_quick \
-      --config.target_dir=runs/chen_quick/target --config.data.dir=runs/distill_chen_quick
+      --config.target_dir=runs/chen_quick/target --config.data.dir=runs/distill_chen_quick_greedy
 
 A rerun with the same workdir reuses the self-distillation data and resumes
 training from the newest intact checkpoint. Results: `<workdir>/final` (the
@@ -92,6 +92,11 @@ def get_config(preset: str = "medusa_quick") -> ml_collections.ConfigDict:
   c.train.mesh_data = 1              # a data x model device mesh (specjax.training.mesh)
   c.train.mesh_model = 1
 
+  if family == "pard":
+    # The target's greedy continuations (sequence-level distillation: at this scale the
+    # mask slots learn little from the data or from sampled continuations,
+    # results/families/README.md): data of its own, never the shared T = 1 data dir.
+    c.data.temperature = 0.0
   if size == "quick":
     c.data.train_sequences = 512
     c.data.max_new = 64
