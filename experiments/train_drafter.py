@@ -1,4 +1,5 @@
-"""Learned drafters on a frozen target (Medusa heads): data, training, trees.
+"""Learned drafters on a frozen target (Medusa, EAGLE-1/3 and block heads, PARD
+drafts): self-distilled data, training, accuracies (configs/train_drafter.py).
 
   python experiments/train_drafter.py --config=configs/train_drafter.py:medusa_quick
 """
