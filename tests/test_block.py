@@ -15,7 +15,6 @@ import pytest
 import specjax
 from exact_helpers import assert_tree_drafter_exact, exact_lm
 from specjax.drafters.eagle import DynamicTree, Eagle
-from specjax.measure.compiles import TraceCounter
 from specjax.models.eagle_head import EagleConfig, fuse_features, head_logits, init_eagle, \
     shared_weights
 from specjax.sampling import GREEDY, SamplingConfig
@@ -25,7 +24,7 @@ from specjax.training.heads import DistillData
 from specjax.tree import TokenTree
 from test_eagle import greedy_distill_data, prompt_state
 from test_medusa import _train_cfg
-from tiny import EOS, ragged_prompts, target
+from tiny import EOS, assert_rows_independent_and_no_retrace, ragged_prompts, target
 
 TREE = TokenTree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
 
@@ -92,19 +91,10 @@ def test_block_greedy_equals_autoregressive():
 
 def test_rows_are_independent_of_the_batch_and_no_retrace():
   lm, params = target()
-  prompts, lengths = ragged_prompts(batch=4, seed=9)
-  keys = jax.random.split(jax.random.key(11), 4)
   config, hp = _block_head(lm)
-  drafter, dp = Eagle(config, TREE, lm), {"head": hp, "target": params}
-  kw = dict(max_new_tokens=12, sampling=SamplingConfig(1.0), eos_id=EOS)
-  full = specjax.speculative_generate(lm, params, drafter, dp, prompts, lengths, key=keys, **kw)
-  alone = specjax.speculative_generate(lm, params, drafter, dp, prompts[2:3], lengths[2:3],
-                                       key=keys[2:3], **kw)
-  np.testing.assert_array_equal(alone.tokens[0], full.tokens[2])
-  p2, l2 = ragged_prompts(batch=4, seed=10)
-  with TraceCounter() as traces:
-    specjax.speculative_generate(lm, params, drafter, dp, p2, l2, key=jax.random.key(1), **kw)
-  assert traces.decode_loops == 0, traces.counts
+  assert_rows_independent_and_no_retrace(lm, params, Eagle(config, TREE, lm),
+                                         {"head": hp, "target": params}, max_new_tokens=12,
+                                         sampling=SamplingConfig(1.0), eos_id=EOS)
 
 
 @pytest.mark.parametrize("children,cfg", [("iid", SamplingConfig(1.0)),

@@ -19,13 +19,13 @@ from reference import chi_square_pvalue
 from specjax import training
 from specjax.drafters import ParallelDraft, load_parallel_draft
 from specjax.drafting import DraftInput
-from specjax.measure.compiles import TraceCounter
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, T5Config
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.training.parallel import ParallelObjective, _layout, parallel_logits
 from test_exactness import residual_from_q_verify
-from tiny import EOS, noisy_draft, ragged_prompts, target
+from tiny import (EOS, assert_rows_independent_and_no_retrace, noisy_draft, ragged_prompts,
+                  target)
 
 V_COUNT = 24
 
@@ -165,18 +165,9 @@ def test_greedy_equals_autoregressive_on_ragged_rows():
 def test_rows_are_independent_of_the_batch_and_no_retrace():
   lm, params = target()
   dlm, dp = noisy_draft()
-  prompts, lengths = ragged_prompts(batch=4, seed=9)
-  keys = jax.random.split(jax.random.key(11), 4)
-  kw = dict(max_new_tokens=12, gamma=3, sampling=SamplingConfig(1.0), eos_id=EOS)
-  drafter = ParallelDraft(dlm, 1)
-  full = specjax.speculative_generate(lm, params, drafter, dp, prompts, lengths, key=keys, **kw)
-  alone = specjax.speculative_generate(lm, params, drafter, dp, prompts[2:3], lengths[2:3],
-                                       key=keys[2:3], **kw)
-  np.testing.assert_array_equal(alone.tokens[0], full.tokens[2])
-  p2, l2 = ragged_prompts(batch=4, seed=10)
-  with TraceCounter() as traces:
-    specjax.speculative_generate(lm, params, drafter, dp, p2, l2, key=jax.random.key(1), **kw)
-  assert traces.decode_loops == 0, traces.counts
+  assert_rows_independent_and_no_retrace(lm, params, ParallelDraft(dlm, 1), dp,
+                                         max_new_tokens=12, gamma=3,
+                                         sampling=SamplingConfig(1.0), eos_id=EOS)
 
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)], ids=str)

@@ -43,3 +43,23 @@ def ragged_prompts(batch=8, max_len=10, seed=2):
   prompts = rng.integers(6, VOCAB, size=(batch, max_len)).astype(np.int32)
   prompts[np.arange(max_len)[None] >= lengths[:, None]] = 0
   return jnp.asarray(prompts), jnp.asarray(lengths, jnp.int32)
+
+
+def assert_rows_independent_and_no_retrace(lm, params, drafter, draft_params, **kw):
+  """Row 2 of a sampled batch of 4 equals that row decoded alone with its key
+  (rows independent of the batch); other prompts of the same shape run the
+  compiled loop again (no retrace). `kw`: speculative_generate's options."""
+  import specjax
+  from specjax.measure.compiles import TraceCounter
+  prompts, lengths = ragged_prompts(batch=4, seed=9)
+  keys = jax.random.split(jax.random.key(11), 4)
+  full = specjax.speculative_generate(lm, params, drafter, draft_params, prompts, lengths,
+                                      key=keys, **kw)
+  alone = specjax.speculative_generate(lm, params, drafter, draft_params, prompts[2:3],
+                                       lengths[2:3], key=keys[2:3], **kw)
+  np.testing.assert_array_equal(alone.tokens[0], full.tokens[2])
+  p2, l2 = ragged_prompts(batch=4, seed=10)
+  with TraceCounter() as traces:
+    specjax.speculative_generate(lm, params, drafter, draft_params, p2, l2,
+                                 key=jax.random.key(1), **kw)
+  assert traces.decode_loops == 0, traces.counts
