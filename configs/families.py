@@ -20,6 +20,8 @@ Run (from the repository root), after the Chen experiment and the learned drafte
       --config.results_dir=results/families/block   # block heads, EAGLE-2's sampled trees
   python experiments/families.py --config=configs/families.py:pard \
       --config.results_dir=results/families/pard    # PARD (the Chen quick run trains it)
+  for g in 1 2 4 8; do python experiments/families.py --config=configs/families.py:lookup \
+      --config.lookup_gamma=$g --config.workdir=runs/families_lookup_g$g; done   # fixed γ vs auto
 
 Measured (`specjax.experiments.families`): on code, summarisation and free text, at
 T = 0 and T = 1, batch 1 and 8: α, τ (tokens per target call), the target
@@ -90,10 +92,17 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.max_new = 48
     c.auto = False
     c.only = ["classic draft", "PARD chain", "EAGLE-1 chain"]
+  elif preset == "lookup":   # prompt lookup at one fixed γ (--config.lookup_gamma) against auto
+    c.chen_dir = "runs/chen_quick"
+    c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
+    c.prompts = 8
+    c.max_new = 48
+    c.only = ["prompt lookup", "prompt lookup auto"]
   elif preset == "smoke":
     c.smoke = True
     c.auto = False
     c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
   elif preset != "full":
-    raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, pard, smoke")
+    raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, pard, lookup, "
+                     "smoke")
   return c

@@ -58,7 +58,7 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   drafter whose directory is missing is left out (not an error later)."""
   from configs import families as fam_config
   from specjax.experiments import families
-  for preset in ("quick", "full", "block", "pard", "smoke"):
+  for preset in ("quick", "full", "block", "pard", "lookup", "smoke"):
     fam_config.get_config(preset)
   with pytest.raises(ValueError, match="unknown preset 'huge'"):
     fam_config.get_config("huge")
