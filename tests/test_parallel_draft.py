@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 import specjax
-from exact_helpers import N_SAMPLES, exact_lm, joint_t2_t4, optimized_codegen
+from exact_helpers import (N_SAMPLES, counts_t2_t4, exact_lm, joint_t2_t4,
+                           optimized_codegen)
 from reference import chi_square_pvalue
 from specjax import training
 from specjax.drafters import ParallelDraft, load_parallel_draft
@@ -190,10 +191,8 @@ def test_sampling_is_exact_and_the_control_is_caught(cfg):
       out = specjax.speculative_generate(lm, params, ParallelDraft(lm, 0), dp, prompts,
                                          max_new_tokens=4, gamma=3, sampling=cfg,
                                          key=jax.random.key(5), verify_fn=fn)
-    tokens = np.asarray(out.tokens)
-    counts = np.zeros((lm.vocab_size,) * 3)
-    np.add.at(counts, (tokens[:, 1], tokens[:, 2], tokens[:, 3]), 1)
-    pvalues[name] = chi_square_pvalue(counts, joint)
+    pvalues[name] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size),
+                                      joint)
     if name == "exact":
       hist = np.asarray(out.stats.accepted_hist).sum(0)
       assert hist[0] > 0 and hist[2:].sum() > 0, hist   # rejections, and mask slots accepted

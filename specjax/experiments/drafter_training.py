@@ -27,9 +27,11 @@ import numpy as np
 from absl import logging
 
 from specjax import atomic_io
+from specjax.checkpoints.heads import final_dir
 from specjax.checkpoints.orbax_io import restore_model
 from specjax.data import load_task
 from specjax.drafters.medusa import choose_tree
+from specjax.drafters.model import check_draft_model
 from specjax.experiments.common import (find_tokenizer, open_workdir, pad_batch, train_config,
                                         train_or_restore)
 from specjax.experiments.stages import fingerprint
@@ -235,11 +237,8 @@ def _run_pard(cfg, target, train_data, valid, workdir) -> Dict[str, Any]:
   data-trained draft (the Chen experiment's `train.parallel`)."""
   draft_dir = cfg.pard.draft_dir or os.path.join(
       os.path.dirname(cfg.target_dir.rstrip("/").removesuffix("/final")), "draft")
-  final = atomic_io.as_path(draft_dir) / "final"
-  draft, dp = restore_model(str(final) if final.exists() else draft_dir)
-  if draft.vocab_size != target.vocab_size:
-    raise ValueError(f"pard.draft_dir {draft_dir!r}: vocab_size {draft.vocab_size} is not the "
-                     f"target's {target.vocab_size}")
+  draft, dp = restore_model(final_dir(draft_dir))
+  check_draft_model(draft, target)
   tc = train_config(cfg.train)
   tc.parallel_slots = int(cfg.pard.slots)
   tc.parallel_mask_id = int(cfg.pard.mask_id)

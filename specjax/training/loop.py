@@ -259,9 +259,8 @@ class _Progress:
 
 def _slot_accuracies(res: Mapping[str, float], prefix: str = "") -> str:
   """", slots 0.41 / 0.22" for PARD's mask slots' accuracies, "" without."""
-  accs = [res[k] for k in sorted((k for k in res if k.startswith(f"{prefix}slot")
-                                  and k.endswith("_accuracy")),
-                                 key=lambda k: int(k[len(prefix) + 4:].split("_")[0]))]
+  accs = [v for k, v in res.items()   # in slot order (`summarize_metrics` adds them so)
+          if k.startswith(f"{prefix}slot") and k.endswith("_accuracy")]
   return ", slots " + " / ".join(f"{a:.3f}" for a in accs) if accs else ""
 
 

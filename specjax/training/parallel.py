@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Dict, Tuple
+from typing import Any, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ import numpy as np
 from specjax._checks import check_int, check_real
 from specjax.models.decoder import DecoderLM
 
-__all__ = ["ParallelObjective", "parallel_inputs", "parallel_logits", "parallel_losses"]
+__all__ = ["ParallelObjective", "parallel_inputs", "parallel_logits", "slot_targets"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,24 +112,10 @@ def parallel_logits(model: Any, params: Any, tokens_BL: jax.Array, slots: int,
   return logits_BTV.reshape(b, slots + 1, length, -1)
 
 
-def parallel_losses(objective: ParallelObjective, logits_BKLV: jax.Array, targets_BL: jax.Array,
-                    mask_BL: jax.Array, slot0_loss: jax.Array
-                    ) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-  """(loss, metrics) of the mask slots 1..slots added to `slot0_loss` (the
-  LM's own loss on `logits_BKLV[:, 0]`, computed by the caller): slot j of
-  anchor t is scored against targets_BL[t + j] where mask_BL[t + j] is set.
-  Metrics: `slot{j}_correct` / `slot{j}_tokens` sums per slot."""
-  w = objective.weights
-  loss = w[0] * slot0_loss
-  metrics = {}
-  for j in range(1, objective.slots + 1):
-    tgt_BL = jnp.pad(targets_BL[:, j:], ((0, 0), (0, j))).astype(jnp.int32)
-    m_BL = jnp.pad(mask_BL[:, j:], ((0, 0), (0, j))).astype(jnp.float32)
-    logits_BLV = logits_BKLV[:, j].astype(jnp.float32)
-    ce_BL = (jax.nn.logsumexp(logits_BLV, -1)
-             - jnp.take_along_axis(logits_BLV, tgt_BL[..., None], -1)[..., 0])
-    n = jnp.sum(m_BL)
-    loss = loss + w[j] * jnp.sum(ce_BL * m_BL) / jnp.maximum(n, 1.0)
-    metrics[f"slot{j}_correct"] = jnp.sum((jnp.argmax(logits_BLV, -1) == tgt_BL) * m_BL)
-    metrics[f"slot{j}_tokens"] = n
-  return loss, metrics
+def slot_targets(targets_BL: jax.Array, mask_BL: jax.Array, slot: int
+                 ) -> Tuple[jax.Array, jax.Array]:
+  """(targets, loss mask) `[B, L]` of mask slot `slot` (>= 1): anchor t's slot
+  is scored against targets_BL[t + slot] where mask_BL[t + slot] is set
+  (anchors within `slot` of the row's end score nothing)."""
+  pad = ((0, 0), (0, slot))
+  return jnp.pad(targets_BL[:, slot:], pad), jnp.pad(mask_BL[:, slot:], pad)

@@ -29,7 +29,7 @@ import optax
 from flax import struct
 
 from specjax.training.optim import OptimizerSpec, make_optimizer, make_schedule
-from specjax.training.parallel import ParallelObjective, parallel_logits, parallel_losses
+from specjax.training.parallel import ParallelObjective, parallel_logits, slot_targets
 
 __all__ = ["TrainState", "StepSpec", "model_logits", "token_losses", "init_state", "init_params",
            "train_step", "eval_step"]
@@ -135,30 +135,26 @@ def init_state(spec: StepSpec, params, seed: int) -> TrainState:
 
 
 def _loss_fn(spec: StepSpec, params, teacher_params, batch):
-  if spec.parallel is not None:
-    return _parallel_loss_fn(spec, params, teacher_params, batch)
-  logits = model_logits(spec.model, params, batch)
+  obj = spec.parallel
+  if obj is None:
+    logits = model_logits(spec.model, params, batch)
+  else:  # PARD: one forward over the real tokens (slot 0) and the mask slots
+    slots_BKLV = parallel_logits(spec.model, params, batch["tokens"], obj.slots, obj.mask_id)
+    logits = slots_BKLV[:, 0]
   teacher_logits = None
   if spec.teacher is not None:
     teacher_logits = jax.lax.stop_gradient(model_logits(spec.teacher, teacher_params, batch))
   loss, metrics = token_losses(logits, batch["targets"], batch["loss_mask"], teacher_logits,
                                spec.distill_weight, spec.distill_temperature)
+  if obj is not None:  # each mask slot's CE against the data, weighted (`ParallelObjective`)
+    w = obj.weights
+    loss = w[0] * loss
+    for j in range(1, obj.slots + 1):
+      ce, m = token_losses(slots_BKLV[:, j], *slot_targets(batch["targets"],
+                                                           batch["loss_mask"], j))
+      loss = loss + w[j] * ce
+      metrics[f"slot{j}_correct"], metrics[f"slot{j}_tokens"] = m["correct"], m["tokens"]
   return loss, metrics
-
-
-def _parallel_loss_fn(spec: StepSpec, params, teacher_params, batch):
-  """The LM's loss on the real tokens (slot 0, distillation as configured)
-  plus PARD's mask slots (`specjax.training.parallel`), from one forward."""
-  obj = spec.parallel
-  logits_BKLV = parallel_logits(spec.model, params, batch["tokens"], obj.slots, obj.mask_id)
-  teacher_logits = None
-  if spec.teacher is not None:
-    teacher_logits = jax.lax.stop_gradient(model_logits(spec.teacher, teacher_params, batch))
-  lm_loss, metrics = token_losses(logits_BKLV[:, 0], batch["targets"], batch["loss_mask"],
-                                  teacher_logits, spec.distill_weight, spec.distill_temperature)
-  loss, slot_metrics = parallel_losses(obj, logits_BKLV, batch["targets"], batch["loss_mask"],
-                                       lm_loss)
-  return loss, dict(metrics, **slot_metrics)
 
 
 def _train_step(spec: StepSpec, state: TrainState, batch, teacher_params):
