@@ -145,18 +145,24 @@ def test_micro_preset_end_to_end(micro_run):
     assert heading in md, heading
 
 
+def _drafter_job(cfg, preset: str, workdir):
+  """experiments/train_drafter.py's config `preset` on the micro run's target."""
+  from configs import train_drafter as td_config
+  td = td_config.get_config(preset)
+  td.target_dir = os.path.join(cfg.workdir, "target")
+  td.workdir = str(workdir)
+  td.data.cache_dir = cfg.data.cache_dir
+  return td
+
+
 def test_micro_run_trains_a_pard_draft(micro_run, tmp_path):
   """train.parallel: the draft fine-tuned with a mask slot into draft_parallel/,
   and train_drafter.py's pard job (3 slots, on the target's continuations):
   each loadable as a PARD drafter (slot count and mask id from its run) and
   exact: greedy tokens those of plain decoding."""
-  from configs import train_drafter as td_config
   from specjax.experiments import drafter_training
   cfg, _ = micro_run
-  td = td_config.get_config("pard_micro")
-  td.target_dir = os.path.join(cfg.workdir, "target")
-  td.workdir = str(tmp_path / "pard")
-  td.data.cache_dir = cfg.data.cache_dir
+  td = _drafter_job(cfg, "pard_micro", tmp_path / "pard")
   out = drafter_training.run(td)
   assert "eval" in json.dumps(out["summary"]) and out["draft_params"] > 0
   target, tp = restore_model(os.path.join(cfg.workdir, "target", "final"))
@@ -221,14 +227,10 @@ def test_medusa_heads_train_on_the_micro_target(micro_run, tmp_path):
   data, heads, accuracies, trees; the trained heads draft exactly."""
   import jax.numpy as jnp
   import specjax
-  from configs import train_drafter as td_config
   from specjax.drafters import load_medusa
   from specjax.experiments import drafter_training
   cfg, _ = micro_run
-  td = td_config.get_config("medusa_micro")
-  td.target_dir = os.path.join(cfg.workdir, "target")
-  td.workdir = str(tmp_path / "medusa")
-  td.data.cache_dir = cfg.data.cache_dir
+  td = _drafter_job(cfg, "medusa_micro", tmp_path / "medusa")
   out = drafter_training.run(td)
   assert os.path.exists(os.path.join(out["final"], "accuracy.json"))
   acc = np.asarray(out["topk_accuracy"])
@@ -261,15 +263,11 @@ def test_eagle3_head_trains_on_the_micro_target(micro_run, tmp_path, kind):
   block job's head (3 slots) likewise, drafting a chain in one call."""
   import jax.numpy as jnp
   import specjax
-  from configs import train_drafter as td_config
   from specjax.drafters import DynamicTree, load_eagle
   from specjax.experiments import drafter_training
   from specjax.tree import TokenTree
   cfg, _ = micro_run
-  td = td_config.get_config(f"{kind}_micro")
-  td.target_dir = os.path.join(cfg.workdir, "target")
-  td.workdir = str(tmp_path / kind)
-  td.data.cache_dir = cfg.data.cache_dir
+  td = _drafter_job(cfg, f"{kind}_micro", tmp_path / kind)
   out = drafter_training.run(td)
   agree = out["agreement_by_step"]
   assert len(agree) == 3 and all(0 <= a <= 1 for a in agree)
