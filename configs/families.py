@@ -20,6 +20,9 @@ Run (from the repository root), after the Chen experiment and the learned drafte
       --config.results_dir=results/families/block   # block heads, EAGLE-2's sampled trees
   python experiments/families.py --config=configs/families.py:pard \
       --config.results_dir=results/families/pard    # PARD (the Chen quick run trains it)
+  python experiments/families.py --config=configs/families.py:auto_heads \
+      --config.results_dir=results/families/auto_heads   # EAGLE-1 / PARD: fixed γ vs auto
+      # (after experiments/train_drafter.py:pard_quick into runs/pard_quick)
   for g in 1 2 4 8; do python experiments/families.py --config=configs/families.py:lookup \
       --config.lookup_gamma=$g --config.workdir=runs/families_lookup_g$g; done   # fixed γ vs auto
 
@@ -63,7 +66,9 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eagle_dynamic = [4, 4, 16]         # EAGLE-2 / -3: top_k, depth, nodes (root not counted)
   c.eagle_tree_nodes = 16              # EAGLE-1's static tree (root included)
   c.sampled_children = "without"       # static trees again with sampled children ("": none)
-  c.auto = True                        # rows with gamma="auto" (classic draft, prompt lookup)
+  c.auto = True                        # rows with gamma="auto" (classic draft, prompt lookup,
+                                       # PARD, EAGLE-1 chain and tree)
+  c.eagle_stop = 0.0                   # > 0: an EAGLE-1 chain auto row with this confidence stop
   if preset in ("quick", "block"):
     c.chen_dir = "runs/chen_quick"
     c.medusa_dir = "runs/medusa_quick"
@@ -92,6 +97,16 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.max_new = 48
     c.auto = False
     c.only = ["classic draft", "PARD chain", "EAGLE-1 chain"]
+  elif preset == "auto_heads":   # results/families/auto_heads: EAGLE-1 and PARD, fixed vs auto
+    c.chen_dir = "runs/chen_quick"
+    c.eagle_dir = "runs/eagle_quick"
+    c.pard_dir = "runs/pard_quick"
+    c.medusa_dir = c.eagle3_dir = c.block_dir = ""
+    c.prompts = 8
+    c.max_new = 48
+    c.eagle_stop = 0.3
+    c.only = ["EAGLE-1 chain", "EAGLE-1 chain auto", "EAGLE-1 chain auto stop",
+              "EAGLE-1 tree 16", "EAGLE-1 tree 16 auto", "PARD chain", "PARD chain auto"]
   elif preset == "lookup":   # prompt lookup at one fixed γ (--config.lookup_gamma) against auto
     c.chen_dir = "runs/chen_quick"
     c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
@@ -103,6 +118,6 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.auto = False
     c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
   elif preset != "full":
-    raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, pard, lookup, "
-                     "smoke")
+    raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, pard, auto_heads, "
+                     "lookup, smoke")
   return c

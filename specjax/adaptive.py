@@ -199,13 +199,21 @@ class AdaptiveGamma:
     return dataclasses.replace(self, gammas=kept)
 
 
+  @functools.lru_cache(maxsize=256)
+  def capped_at(self, limit: int) -> "AdaptiveGamma":
+    """Γ with every value above `limit` (>= 1: the most a drafter drafts,
+    e.g. a tree's depth) replaced by `limit`."""
+    limit = check_int("limit", limit, 1)
+    return dataclasses.replace(self, gammas=tuple(sorted({min(g, limit) for g in self.gammas})))
+
   def costs_of(self, kept: "AdaptiveGamma", costs) -> Tuple[float, ...]:
-    """This Γ's `costs` restricted to `kept`'s Γ (`limited_to`); a γ not in
-    this Γ gets the cost of this Γ's smallest γ > 0."""
+    """This Γ's `costs` for `kept`'s Γ (`limited_to`, `capped_at`); a γ not
+    in this Γ gets the cost of this Γ's next larger γ (or of its largest)."""
     c = check_costs(self, costs)
-    first = next(i for i, g in enumerate(self.gammas) if g > 0)
-    return tuple(float(c[self.gammas.index(g)] if g in self.gammas else c[first])
-                 for g in kept.gammas)
+    def cost(g):
+      above = [i for i, h in enumerate(self.gammas) if h >= g]
+      return float(c[above[0] if above else len(self.gammas) - 1])
+    return tuple(cost(g) for g in kept.gammas)
 
 
 @struct.dataclass

@@ -405,7 +405,9 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       cost of each γ (`specjax.adaptive`; exact, greedy output unchanged);
       the costs are measured once per model pair, batch and cache-length
       bucket on this machine and stored (`specjax.calibration`). Draft
-      models, `LayerSkip`, `WindowedKV` and `PromptLookup` support it.
+      models, `LayerSkip`, `WindowedKV`, `PromptLookup`, `ParallelDraft`
+      and `Eagle` over a static tree support it (Γ capped at what the
+      drafter can draft: `Drafter.gamma_limit`, e.g. the tree's depth).
       Where no γ > 0 pays even at the rule's prior acceptance (a pair
       whose verify calls cost too much here) and plain steps observe
       nothing (all but `PromptLookup`), the rule would never draft:
@@ -427,8 +429,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       `specjax.Acceptance.fresh()` for its first) instead of the prior.
       Each call then returns the estimate to pass on, and rows with no
       evidence probe (draft in their next `explore_steps` iterations)
-      even where the prior says drafting does not pay (`specjax.adaptive`: exact, as the choice reads only earlier
-      calls' tokens). Where the carried estimate says no γ > 0 pays and no
+      even where the prior says drafting does not pay (`specjax.adaptive`:
+      exact, as the choice reads only earlier calls' tokens). Where the carried estimate says no γ > 0 pays and no
       probe falls due, the call runs `generate`'s program.
 
   Returns:
@@ -440,8 +442,10 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   """
   check_model(target, "target")
   check_params(target, target_params, "target_params")
-  adaptive = _adaptive_gamma(gamma, gamma_costs)
+  adaptive = given = _adaptive_gamma(gamma, gamma_costs)
   if adaptive is not None:
+    if isinstance(draft, Drafter) and draft.gamma_limit is not None:
+      adaptive = adaptive.capped_at(draft.gamma_limit)   # e.g. a tree's depth caps Γ
     gamma = adaptive.max_gamma
     if acceptance is not None:
       acceptance = check_acceptance(acceptance)
@@ -456,7 +460,6 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                                                  target.vocab_size, nonfinite)
   if adaptive is not None:
     check_adaptive(drafter, adaptive)
-    given = adaptive
     adaptive = adaptive.limited_to(max(1, max_new_tokens - 1))
     gamma = adaptive.max_gamma
     if gamma_costs is not None:  # costs of the Γ given, kept for the γ kept

@@ -274,6 +274,9 @@ class Drafter(abc.ABC):
       own output head (EAGLE heads; Medusa heads sharing it): weights the
       drafter does not own but reads once per call (`specjax.aot` counts
       them in what an iteration must read).
+    gamma_limit: the largest γ the drafter drafts (a static tree's depth,
+      a PARD draft's trained slots + 1), or None: any. `gamma="auto"` caps
+      Γ there.
   """
 
   deterministic: bool = False
@@ -287,6 +290,7 @@ class Drafter(abc.ABC):
   offers_room: bool = False
   splits_state: bool = False
   reads_target_lm_head: bool = False
+  gamma_limit: Optional[int] = None
 
   def calls_per_iteration(self, gamma: int) -> int:
     """Drafter forward passes per iteration (for the statistics; default 0)."""

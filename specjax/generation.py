@@ -646,8 +646,14 @@ class SpeculativeDecoder:
     keys_B2 = _iteration_keys(state)
     draft_state = state.draft_cache   # a drafter that catches_up reads these tokens later
     target_cache = state.target_cache.replace(lengths=state.seq_len)
-    logits_B1V, target_cache = self.target.extend(target_params, state.pending[:, None],
-                                                  target_cache)
+    hidden_B1X = None
+    if drafter.needs_hidden:   # the drafter's update reads the target's state at the token
+      kw = {"layers": drafter.hidden_layers} if drafter.hidden_layers else {}
+      logits_B1V, hidden_B1X, target_cache = self.target.extend_with_hidden(
+          target_params, state.pending[:, None], target_cache, **kw)
+    else:
+      logits_B1V, target_cache = self.target.extend(target_params, state.pending[:, None],
+                                                    target_cache)
     # The verifier's first uniform: what a row with no valid drafts draws in
     # any branch (prefix-consistent uniforms).
     u_B = row_uniforms(keys_B2[:, 1], 1)[:, 0]
@@ -658,7 +664,8 @@ class SpeculativeDecoder:
     feedback = DraftFeedback(
         committed_BC=next_B[:, None], count_B=count_B, seq_len_B=state.seq_len,
         pending_B=state.pending, target_argmax_BT=argmax_first(logits_B1V), chain_B=zero_B,
-        accepted_B=zero_B)
+        accepted_B=zero_B, target_hidden_BE=None if hidden_B1X is None else hidden_B1X[:, 0],
+        target_hidden_BCX=hidden_B1X)
     draft_state = drafter.update(draft_params, draft_state, feedback)
     a = active_B.astype(jnp.int32)
     s = state.stats
@@ -684,7 +691,11 @@ class SpeculativeDecoder:
             row_uniforms(keys_B2[:, 0], lay.length if lay.is_tree else n))
     proposal, draft_state = drafter.propose(draft_params, state.draft_cache, _draft_input(state),
                                             u_BG, self.sampling, self.gamma)
-    if limit_B is not None:
+    if limit_B is not None and proposal.valid_BKN is None:   # a static tree: its top levels
+      depth_T = jnp.asarray(np.asarray(lay.offsets_T), jnp.int32)
+      proposal = proposal.replace(
+          node_valid_BT=proposal.node_valid_BT & (depth_T[None, :] <= limit_B[:, None]))
+    elif limit_B is not None:
       keep_BKN = jnp.arange(n)[None, None, :] < limit_B[:, None, None]
       proposal = proposal.replace(valid_BKN=proposal.valid_BKN & keep_BKN)
     target_cache = state.target_cache.replace(lengths=state.seq_len)
@@ -784,14 +795,19 @@ def check_adaptive(drafter: Drafter, ad: AdaptiveGamma) -> None:
 @functools.lru_cache(maxsize=256)
 def _check_adaptive_drafter(drafter: Drafter, ad: AdaptiveGamma) -> None:
   name = type(drafter).__name__
-  if not drafter.adaptive or drafter.fixed_gamma is not None or drafter.needs_hidden:
+  if not drafter.adaptive:
     raise ValueError(f"gamma='auto' needs a drafter that can change γ per iteration (a draft "
-                     f"model, LayerSkip, WindowedKV, PromptLookup); {name} fixes its own "
-                     "call (a tree, a head or a γ of its own): give it a fixed gamma")
+                     f"model, LayerSkip, WindowedKV, PromptLookup, PARD, EAGLE over a static "
+                     f"tree); {name} fixes its own call (a dynamic tree, a head or a γ of its "
+                     "own): give it a fixed gamma")
+  if drafter.gamma_limit is not None and ad.max_gamma > drafter.gamma_limit:
+    raise ValueError(f"gamma='auto': Γ {ad.gammas} goes beyond the {drafter.gamma_limit} "
+                     f"drafts {name} can make per iteration: use γ <= {drafter.gamma_limit}")
   for g in ad.gammas:
-    if g and drafter.layout(g).length != g + 1:
-      raise ValueError(f"gamma='auto' needs a chain drafter ([pending, d_1..d_γ]); {name}'s "
-                       f"call at γ={g} holds {drafter.layout(g).length} tokens")
+    lay = drafter.layout(g) if g else None
+    if g and (lay.dynamic_tree is not None or lay.chain_len != g):
+      raise ValueError(f"gamma='auto' needs a drafter whose call at γ drafts γ deep; {name}'s "
+                       f"call at γ={g} drafts {lay.chain_len} deep")
 
 
 def _draft_input(state: DecodeState) -> DraftInput:

@@ -139,6 +139,16 @@ class TokenTree:
       m[i] |= m[self.parents[i]]
     return m
 
+  def truncated(self, depth: int) -> "TokenTree":
+    """The tree's nodes at most `depth` deep (>= 1), in their order: the
+    smaller trees an adaptive loop chooses among (`gamma="auto"`)."""
+    depth = check_int("depth", depth, 1)
+    if depth >= self.depth:
+      return self
+    keep = [i for i, d in enumerate(self.depths) if d <= depth]
+    new = {old: j for j, old in enumerate(keep)}
+    return TokenTree(tuple(-1 if i == 0 else new[self.parents[i]] for i in keep))
+
   def paths(self) -> Tuple[Tuple[int, ...], ...]:
     """Each node's child-rank path (the root's is ())."""
     if hasattr(self, "_paths"):

@@ -20,7 +20,7 @@ from exact_helpers import N_SAMPLES, counts_t2_t4, exact_lm, joint_t2_t4
 from reference import chi_square_pvalue
 from specjax import adaptive, calibration
 from specjax.adaptive import AdaptiveGamma, AdaptState
-from specjax.drafters import Eagle, LayerSkip, Lookahead, ModelDrafter, PromptLookup
+from specjax.drafters import LayerSkip, Lookahead, ModelDrafter, PromptLookup
 from specjax.generation import SpeculativeDecoder
 from specjax.measure.compiles import TraceCounter
 from specjax.measure.timing import use_clock
@@ -368,10 +368,6 @@ def test_gammas_beyond_the_output_are_dropped():
                                      sampling=GREEDY, gamma="auto", gamma_costs=COSTS)
   assert out.stats.accepted_hist.shape == (2, 3)
   assert out.draft_cache.max_len == specjax.required_cache_len(lm, prompts.shape[1], 4, 2)
-
-
-def test_eagle_is_refused_by_name():
-  assert not Eagle.adaptive
 
 
 def test_a_block_of_plain_steps_decays_as_its_steps_would():

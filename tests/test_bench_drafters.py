@@ -58,8 +58,10 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   drafter whose directory is missing is left out (not an error later)."""
   from configs import families as fam_config
   from specjax.experiments import families
-  for preset in ("quick", "full", "block", "pard", "lookup", "smoke"):
+  for preset in ("quick", "full", "block", "pard", "auto_heads", "lookup", "smoke"):
     fam_config.get_config(preset)
+  heads = families.options(fam_config.get_config("auto_heads"))
+  assert heads.auto and heads.eagle_stop == 0.3 and "EAGLE-1 chain auto stop" in heads.only
   with pytest.raises(ValueError, match="unknown preset 'huge'"):
     fam_config.get_config("huge")
   cfg = fam_config.get_config("quick")

@@ -183,8 +183,9 @@ def test_head_drafting_equals_the_unrolled_training_forward():
   for j in range(3):
     anc = anc.copy()
     anc[0, 0, j] = True
-    out, _, side_k, side_v = drafter._level(dp, state, feat, tokens[:, t + 1 + j][:, None], j,
-                                            side_k, side_v, np.array([j]), jnp.asarray(anc))
+    out, _, side_k, side_v = drafter._level(dp, state, feat, tokens[:, t + 1 + j][:, None],
+                                            side_k, side_v, depth=j, slots=np.array([j]),
+                                            anc_BTM=jnp.asarray(anc))
     np.testing.assert_allclose(out[0, 0], outs[j][0, t], rtol=2e-4, atol=2e-5)
     feat = out
 
@@ -284,9 +285,9 @@ def test_sampled_dynamic_tree_is_grown_by_path_probability():
       kids = tokens[b][parents[b] == p]
       assert len(set(kids.tolist())) == len(kids)
   # The expanded nodes are the best by path log-probability under the head.
-  _, logp, _, _ = drafter._level(dp, state, state.feat_BE[:, None], inp.pending_B[:, None], 0,
-                                 *drafter._side(3, 5), np.array([0]),
-                                 jnp.broadcast_to(np.eye(5, dtype=bool)[:1][None], (3, 1, 5)))
+  _, logp, _, _ = drafter._level(
+      dp, state, state.feat_BE[:, None], inp.pending_B[:, None], *drafter._side(3, 5), depth=0,
+      slots=np.array([0]), anc_BTM=jnp.broadcast_to(np.eye(5, dtype=bool)[:1][None], (3, 1, 5)))
   lp1 = np.take_along_axis(np.asarray(logp[:, 0]), tokens[:, 1:5], axis=1)
   best = np.argsort(-lp1, axis=1)[:, :2] + 1
   np.testing.assert_array_equal(np.sort(parents[:, [5, 7]], 1), np.sort(best, 1))

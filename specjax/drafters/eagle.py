@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import numbers
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -204,12 +205,27 @@ class Eagle(Drafter):
   is the top-k tree. Default (None): "without". Exact in every mode.
 
   A block head (`config.block` = K) drafts a static tree of depth ≤ K in one
-  head call per iteration (module doc); it has no dynamic tree."""
+  head call per iteration (module doc); it has no dynamic tree.
+
+  `stop_below` (a confidence stop, as HF's assisted generation's): a node's
+  children are drafted only where the head's most likely token at the node
+  has at least this probability (before temperature; 0: never stop). A row
+  that stops proposes fewer tokens (its later nodes are invalid) and, once
+  no row continues, the remaining head levels are skipped. Exact: whether
+  a node is drafted depends only on the tokens on its path, which are the
+  committed ones wherever the verifier reaches it.
+
+  With a static tree, `gamma="auto"` chooses each iteration's depth from Γ
+  (γ ≤ the tree's depth; `gamma=γ` keeps the nodes at most γ deep, a chain
+  `TokenTree.chain(D)` gives chains of every γ ≤ D): plain target steps
+  (γ = 0) return the target's hidden state, from which the head writes
+  its pair (`update`), so it drafts again whenever the rule asks."""
 
   config: EagleConfig
   tree: Any
   target: Any
   children: Optional[str] = None
+  stop_below: float = 0.0
 
   uses_target_params = False
   needs_hidden = True
@@ -228,6 +244,11 @@ class Eagle(Drafter):
       raise ValueError("Eagle needs the target (its embedding and LM head are shared)")
     if self.children is not None:
       check_child_mode("children", self.children)
+    c = self.stop_below
+    if isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0.0 <= float(c) < 1.0:
+      raise ValueError(f"stop_below must be a probability in [0, 1) (0: no confidence stop), "
+                       f"got {c!r}")
+    object.__setattr__(self, "stop_below", float(c))
     if isinstance(self.tree, DynamicTree) and self.child_mode != "top_k":
       most = self.tree.top_k * self.tree.depth
       if self.tree.nodes > most:
@@ -245,6 +266,21 @@ class Eagle(Drafter):
   @property
   def deterministic(self) -> bool:
     return self.child_mode == "top_k"
+
+  @property
+  def adaptive(self) -> bool:
+    """A static tree: γ chooses its depth (`gamma="auto"`, class doc)."""
+    return isinstance(self.tree, TokenTree)
+
+  @property
+  def gamma_limit(self) -> int:
+    return self.tree.depth
+
+  def _tree(self, gamma: int):
+    """The tree drafted at γ: a static tree's nodes at most γ deep."""
+    if isinstance(self.tree, TokenTree):
+      return self.tree.truncated(gamma)
+    return self.tree
 
   @property
   def child_mode(self) -> str:
@@ -285,11 +321,13 @@ class Eagle(Drafter):
 
   def layout(self, gamma: int) -> CallLayout:
     if isinstance(self.tree, TokenTree):
-      return self.tree.layout()
+      return self._tree(gamma).layout()
     return CallLayout.dynamic(self.tree.nodes + 1, self.tree.depth, self.tree.top_k)
 
   def calls_per_iteration(self, gamma: int) -> int:
-    return 1 if self.config.block else self.tree.depth
+    if not gamma:   # a plain step of an adaptive loop: `update` writes the pair
+      return 0
+    return 1 if self.config.block else self._tree(gamma).depth
 
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> EagleState:
     c = self.config
@@ -333,7 +371,8 @@ class Eagle(Drafter):
     return state.replace(lengths_B=lengths_B.astype(jnp.int32) - 1,
                          root_B=first_B.astype(jnp.int32))
 
-  def _level(self, params, state, feats_BTE, tokens_BT, depth, side_k, side_v, slots, anc_BTM):
+  def _level(self, params, state, feats_BTE, tokens_BT, side_k, side_v, *, depth, slots,
+             anc_BTM):
     """One tree level: T nodes at depth `depth` (positions lengths + depth)
     are written at side-buffer `slots` and run through the head, attending
     to the head's cache and to the side slots `anc_BTM` marks (their
@@ -375,7 +414,7 @@ class Eagle(Drafter):
               gamma: int) -> Tuple[Proposal, EagleState]:
     state = state.replace(root_B=inp.pending_B.astype(jnp.int32))
     if isinstance(self.tree, TokenTree):
-      return self._propose_static(params, state, inp, u_BT, sampling), state
+      return self._propose_static(params, state, inp, u_BT, sampling, gamma), state
     if self.child_mode == "top_k" or sampling.is_greedy:
       return self._propose_dynamic(params, state, inp), state
     return self._propose_dynamic_sampled(params, state, inp, u_BT, sampling), state
@@ -385,9 +424,9 @@ class Eagle(Drafter):
     z = jnp.zeros((b, m, c.num_heads, c.head_dim), jnp.float32)
     return z, z
 
-  def _propose_static(self, params, state: EagleState, inp: DraftInput, u_BT, sampling
-                      ) -> Proposal:
-    tree = self.tree
+  def _propose_static(self, params, state: EagleState, inp: DraftInput, u_BT, sampling,
+                      gamma: int) -> Proposal:
+    tree = self._tree(gamma)
     b, n = inp.pending_B.shape[0], tree.size
     parents = np.asarray(tree.parents)
     depths, anc = tree.depths, tree.ancestor_mask
@@ -408,18 +447,30 @@ class Eagle(Drafter):
         f = jnp.stack([feats[i] for i in idx], axis=1)
         t = jnp.stack([tokens[i] for i in idx], axis=1)
         mask = jnp.broadcast_to(jnp.asarray(anc[idx])[None], (b, len(idx), n))
-        out, logp, side_k, side_v = self._level(params, state, f, t, d, side_k, side_v,
-                                                np.asarray(idx), mask)
+        level = functools.partial(self._level, params, state, depth=d,
+                                  slots=np.asarray(idx), anc_BTM=mask)
+        if d and self.stop_below:   # the level runs only while a row still drafts
+          go = jnp.any(jnp.stack([valid[i] for i in idx]))
+          shapes = jax.eval_shape(level, f, t, side_k, side_v)
+          out, logp, side_k, side_v = jax.lax.cond(
+              go, level, lambda *a: jax.tree_util.tree_map(
+                  lambda x: jnp.zeros(x.shape, x.dtype), shapes[:2]) + a[2:],
+              f, t, side_k, side_v)
+        else:
+          out, logp, side_k, side_v = level(f, t, side_k, side_v)
       for j, i in enumerate(idx):
         cs = [int(c) for c in kids[i] if c >= 0]
+        logp_BV = block[:, d] if block is not None else logp[:, j]
         tok_BR, p_BRV, ok_BR = draw_children(
-            block[:, d] if block is not None else logp[:, j], sampling, len(cs),
-            None if u_BT is None else u_BT[:, cs], self.child_mode)
+            logp_BV, sampling, len(cs), None if u_BT is None else u_BT[:, cs], self.child_mode)
+        go_B = valid[i]   # a node's children only below a drafted node
+        if self.stop_below:
+          go_B = go_B & (jnp.max(logp_BV, axis=-1) >= np.log(self.stop_below))
         for r, child in enumerate(cs):
           tokens[child] = tok_BR[:, r]
           if block is None:
             feats[child] = out[:, j]
-          valid[child] = ok_BR[:, r]
+          valid[child] = ok_BR[:, r] & go_B
           if p_BRV is not None:
             probs[child] = p_BRV[:, r]
     tokens_BT = jnp.stack(tokens, axis=1)
@@ -437,8 +488,8 @@ class Eagle(Drafter):
     side_k, side_v = self._side(b, slots)
     first = np.eye(slots, dtype=bool)[:1]
     return self._level(params, state, state.feat_BE[:, None],
-                       inp.pending_B[:, None].astype(jnp.int32), 0, side_k, side_v,
-                       np.array([0]), jnp.broadcast_to(first[None], (b, 1, slots)))
+                       inp.pending_B[:, None].astype(jnp.int32), side_k, side_v, depth=0,
+                       slots=np.array([0]), anc_BTM=jnp.broadcast_to(first[None], (b, 1, slots)))
 
   def _propose_dynamic(self, params, state: EagleState, inp: DraftInput) -> Proposal:
     dt = self.tree
@@ -469,8 +520,8 @@ class Eagle(Drafter):
       pidx = lvl_base + pick.astype(jnp.int32)
       slots = 1 + (d - 1) * k + np.arange(k)
       anc = anc | np.eye(m, dtype=bool)[slots][None]   # host-side rows: no gather
-      out, logp, side_k, side_v = self._level(params, state, feats, toks, d, side_k, side_v,
-                                              slots, anc)
+      out, logp, side_k, side_v = self._level(params, state, feats, toks, side_k, side_v,
+                                              depth=d, slots=slots, anc_BTM=anc)
       c_lp, c_tok = jax.lax.top_k(logp, k)                         # [B, k, k]
       c_score = (best_s[:, :, None] + c_lp).reshape(b, k * k)
       pool_tok.append(c_tok.reshape(b, k * k))
@@ -532,8 +583,8 @@ class Eagle(Drafter):
       feats, ptok, anc, pscore = take(lvl_feat), take(tok), take(lvl_anc), take(score)
       rows = 1 + (d - 1) * m + np.arange(m)
       anc = anc | eye[rows][None]
-      out, logp, side_k, side_v = self._level(params, state, feats, ptok, d, side_k, side_v,
-                                              rows, anc)
+      out, logp, side_k, side_v = self._level(params, state, feats, ptok, side_k, side_v,
+                                              depth=d, slots=rows, anc_BTM=anc)
       at = first + k                             # node index of this new level's first node
       pok = take(ok)                             # an invalid node's children are invalid
       t_, p_, o_ = [], [], []
@@ -568,9 +619,12 @@ class Eagle(Drafter):
     pos = state.lengths_B[:, None] + jnp.arange(x.shape[1], dtype=jnp.int32)[None]
     moved = feedback.count_B > 0
     last = jnp.take_along_axis(f_BCE, feedback.accepted_B[:, None, None], axis=1)[:, 0]
+    # The next call's root is the new pending token (also after a plain
+    # target step of an adaptive loop, where nothing is proposed).
     return _write_pairs(c, hp, state, x, pos, state.lengths_B).replace(
         lengths_B=jnp.where(moved, feedback.seq_len_B - 1, state.lengths_B),
-        feat_BE=jnp.where(moved[:, None], last, state.feat_BE))
+        feat_BE=jnp.where(moved[:, None], last, state.feat_BE),
+        root_B=jnp.where(moved, feedback.pending_B.astype(jnp.int32), state.root_B))
 
 
 def _cache_source(state: EagleState):

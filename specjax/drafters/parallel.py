@@ -16,13 +16,20 @@ drafter: one trained draft serves every target with its vocabulary).
 The draft's cache holds every committed position before the row's last
 pending token. The drafted tokens are not fed back (the call holds mask
 tokens at their positions), so the next call first re-feeds what was
-committed since: up to γ accepted drafts, then the new pending token. The
+committed since: up to γ accepted drafts (the last one is the row's `prev`,
+read from the loop's state), then the new pending token. The
 call therefore has a static 2γ tokens — n ≤ γ committed ones, the pending
 one, γ - 1 masks, then padding that nothing attends to — all contiguous
 from the cache's length, a plain causal block. Afterwards the cache's
 length is set just past the pending token: the masks' and the padding's
 keys and values lie beyond it and are overwritten later (rolling back is
 setting lengths, as for every cache here).
+
+Adaptive γ (`gamma="auto"`, `specjax.adaptive`): the state is sized for
+the largest γ of Γ, G; a call at γ <= G holds G + γ tokens (up to G
+unread ones). Through plain target steps the draft reads nothing; before
+it drafts again the loop hands it what it missed (`feed`: one call of its
+unread tokens and those), so a PARD draft costs nothing while γ = 0.
 
 Exactness: draft j is drawn from q_j, a function of committed tokens only,
 and q_j is what the verifier is given — the rejection rule is exact for any
@@ -86,11 +93,17 @@ class ParallelDraft(Drafter):
   slots: Optional[int] = None
 
   deterministic = False
+  adaptive = True
+  catches_up = True
 
   def __post_init__(self):
     check_int("mask_id", self.mask_id, 0)
     if self.slots is not None:
       check_int("slots", self.slots, 1)
+
+  @property
+  def gamma_limit(self) -> Optional[int]:
+    return None if self.slots is None else self.slots + 1
 
   @property
   def vocab_size(self) -> int:
@@ -112,8 +125,8 @@ class ParallelDraft(Drafter):
     return chain_layout(gamma)
 
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> ParallelState:
-    # A call writes 2γ slots from the cache's length (<= the target's): γ more than
-    # the target's call of γ + 1.
+    # A call writes up to 2γ slots from the cache's length (<= the target's): γ more
+    # than the target's call of γ + 1 (a `feed` of γ + 1 tokens stays within them).
     return ParallelState(cache=self.model.init_cache(batch_size, cache_len + gamma, prompt_len),
                          unread_BG=jnp.zeros((batch_size, gamma), jnp.int32))
 
@@ -126,11 +139,15 @@ class ParallelDraft(Drafter):
   def propose(self, params, state: ParallelState, inp: DraftInput, u_BG: jax.Array,
               sampling: SamplingConfig, gamma: int) -> Tuple[Proposal, ParallelState]:
     cache = state.cache
-    t = jnp.arange(2 * gamma, dtype=jnp.int32)[None, :]
-    n_B1 = jnp.clip(inp.seq_len_B - cache.lengths, 0, gamma)[:, None]
-    unread_BT = jnp.take_along_axis(state.unread_BG, jnp.minimum(t, gamma - 1), axis=1)
-    tokens_BT = jnp.where(t < n_B1, unread_BT,
-                          jnp.where(t == n_B1, inp.pending_B[:, None], self.mask_id))
+    room = state.unread_BG.shape[1]   # γ, or max Γ of an adaptive loop
+    t = jnp.arange(room + gamma, dtype=jnp.int32)[None, :]
+    n_B1 = jnp.clip(inp.seq_len_B - cache.lengths, 0, room)[:, None]
+    unread_BT = jnp.take_along_axis(state.unread_BG, jnp.minimum(t, room - 1), axis=1)
+    # The last unread position holds `prev` (an adaptive loop's plain step may
+    # have committed it since the state was last written).
+    tokens_BT = jnp.where(t < n_B1 - 1, unread_BT,
+                          jnp.where(t == n_B1 - 1, inp.prev_B[:, None],
+                                    jnp.where(t == n_B1, inp.pending_B[:, None], self.mask_id)))
     # Rows that are done may have run past their cache's length: start them at the
     # committed length (their drafts are never used).
     cache = cache.replace(lengths=inp.seq_len_B - n_B1[:, 0])
@@ -148,14 +165,35 @@ class ParallelDraft(Drafter):
 
   def update(self, params, state: ParallelState, feedback: DraftFeedback) -> ParallelState:
     """The accepted drafts (all committed tokens but the new pending one) are
-    what the next call re-feeds."""
+    what the next call re-feeds. A plain target step of an adaptive loop
+    (one committed token) changes nothing: `feed` reads what it committed."""
     del params
-    g = state.unread_BG.shape[1]
-    return state.replace(unread_BG=feedback.committed_BC[:, :g].astype(jnp.int32))
+    g, c = state.unread_BG.shape[1], feedback.committed_BC.shape[1]
+    if c == 1:
+      return state
+    unread_BG = jnp.pad(feedback.committed_BC[:, :g], ((0, 0), (0, max(0, g - c))))
+    return state.replace(unread_BG=unread_BG.astype(jnp.int32))
+
+  def feed(self, params, state: ParallelState, tokens_BT: jax.Array,
+           start_B: jax.Array) -> ParallelState:
+    """Reads committed tokens `tokens_BT` at stream positions start_B ..: one
+    call of the row's unread tokens before start_B, then those. The last
+    token fed is kept unread (the caller's tokens past its rows' committed
+    ones may be anything: the next call re-feeds it, or overwrites it)."""
+    cache = state.cache
+    g, t = state.unread_BG.shape[1], tokens_BT.shape[1]
+    n_B1 = jnp.clip(start_B - cache.lengths, 0, g)[:, None]
+    i_T = jnp.arange(g + t, dtype=jnp.int32)[None, :]
+    unread_BT = jnp.take_along_axis(state.unread_BG, jnp.minimum(i_T, g - 1), axis=1)
+    given_BT = jnp.take_along_axis(tokens_BT, jnp.clip(i_T - n_B1, 0, t - 1), axis=1)
+    _, cache = self.model.extend(params, jnp.where(i_T < n_B1, unread_BT, given_BT),
+                                 cache.replace(lengths=start_B - n_B1[:, 0]))
+    unread_BG = state.unread_BG.at[:, 0].set(tokens_BT[:, -1].astype(jnp.int32))
+    return state.replace(cache=cache.replace(lengths=start_B + t - 1), unread_BG=unread_BG)
 
   def calls_per_iteration(self, gamma: int) -> int:
-    """One draft call per iteration, whatever γ."""
-    return 1
+    """One draft call per iteration, whatever γ (none at a plain step)."""
+    return 1 if gamma else 0
 
 
 def load_parallel_draft(directory: str) -> Tuple[ParallelDraft, Any]:

@@ -126,7 +126,11 @@ class FamilyOptions:
   pard_dir: str = ""
   eagle_shapes: Tuple[Tuple[int, int, int, int], ...] = ()
   only: Tuple[str, ...] = ()
-  auto: bool = False   # also rows with gamma="auto" for the classic draft and prompt lookup
+  # Also rows with gamma="auto": the classic draft, prompt lookup, PARD, EAGLE-1's chain
+  # (of 8: Γ up to 8) and static tree (Γ up to its depth); `eagle_stop` > 0: the chain
+  # again with that confidence stop.
+  auto: bool = False
+  eagle_stop: float = 0.0
   eagle_dynamic: Tuple[int, int, int] = (4, 4, 16)
   eagle_tree_nodes: int = 16
   sampled_children: str = "without"
@@ -239,6 +243,8 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
   elif opts.pard_dir:
     pd, pp = drafters.load_parallel_draft(opts.pard_dir)
     pard["PARD chain"] = (pd, pp, min(g, pd.slots + 1))
+    if opts.auto:
+      pard["PARD chain auto"] = (pd, pp, "auto")
   return {
       "classic draft": (draft, dp, g),
       **pard,
@@ -299,6 +305,14 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
     if opts.sampled_children:
       out[f"EAGLE-1 tree {opts.eagle_tree_nodes} sampled"] = (
           Eagle(cfg, static, target, opts.sampled_children), dp, None)
+    if opts.auto:
+      chain = TokenTree.chain(AdaptiveGamma().max_gamma)
+      out["EAGLE-1 chain auto"] = (Eagle(cfg, chain, target), dp, "auto")
+      out[f"EAGLE-1 tree {opts.eagle_tree_nodes} auto"] = (
+          Eagle(cfg, static, target, "top_k"), dp, "auto")
+      if opts.eagle_stop:
+        out["EAGLE-1 chain auto stop"] = (Eagle(cfg, chain, target, stop_below=opts.eagle_stop),
+                                          dp, "auto")
     out["EAGLE-2"] = (Eagle(cfg, dyn, target, "top_k"), dp, None)
     if opts.sampled_children:
       out["EAGLE-2 sampled"] = (Eagle(cfg, dyn, target, opts.sampled_children), dp, None)
@@ -797,6 +811,7 @@ def options(cfg) -> FamilyOptions:
       medusa_trees=tuple(str(t) for t in cfg.medusa_trees),
       eagle_dynamic=tuple(int(x) for x in cfg.eagle_dynamic),
       eagle_tree_nodes=int(cfg.eagle_tree_nodes), auto=bool(cfg.get("auto", False)),
+      eagle_stop=float(cfg.get("eagle_stop", 0.0)),
       sampled_children=str(cfg.get("sampled_children", "without")),
       only=tuple(str(x) for x in cfg.get("only", ())),
       eagle_shapes=tuple(tuple(int(v) for v in x) for x in cfg.get("eagle_shapes", ())),
