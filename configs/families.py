@@ -69,6 +69,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.auto = True                        # rows with gamma="auto" (classic draft, prompt lookup,
                                        # PARD, EAGLE-1 chain and tree)
   c.eagle_stop = 0.0                   # > 0: an EAGLE-1 chain auto row with this confidence stop
+  c.auto_series = False                # each auto row again, its estimate carried call to call
   if preset in ("quick", "block"):
     c.chen_dir = "runs/chen_quick"
     c.medusa_dir = "runs/medusa_quick"
@@ -105,8 +106,10 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.prompts = 8
     c.max_new = 48
     c.eagle_stop = 0.3
-    c.only = ["EAGLE-1 chain", "EAGLE-1 chain auto", "EAGLE-1 chain auto stop",
-              "EAGLE-1 tree 16", "EAGLE-1 tree 16 auto", "PARD chain", "PARD chain auto"]
+    c.auto_series = True
+    c.only = ["EAGLE-1 chain", "EAGLE-1 chain auto", "EAGLE-1 chain auto series",
+              "EAGLE-1 chain auto stop series", "EAGLE-1 tree 16", "EAGLE-1 tree 16 auto series",
+              "PARD chain", "PARD chain auto", "PARD chain auto series"]
   elif preset == "lookup":   # prompt lookup at one fixed γ (--config.lookup_gamma) against auto
     c.chen_dir = "runs/chen_quick"
     c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""

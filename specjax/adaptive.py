@@ -21,7 +21,11 @@ once its first token is — where one rate undervalues long drafts. Each is
 the maximum likelihood over past iterations with exponential forgetting and
 a prior:
 
-    a_b = (A1_b + a0 · m) / (A1_b + R1_b + m),   r_b likewise from A2, R2
+    a_b = (A1_b + a0 · m) / (A1_b + R1_b + m),   r_b = (A2_b + a_b · m) / (A2_b + R2_b + m)
+
+(r_b's prior is the row's own a_b: one rate, Leviathan et al.'s model, until
+later drafts say otherwise — with a fixed prior, a row that only ever drafted
+one token would never learn that longer drafts pay.)
 
 A1 / R1: iterations whose first valid draft was accepted / rejected; A2:
 accepted drafts after the first; R2: rejections after at least one
@@ -323,9 +327,10 @@ def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
   of a draft after an accepted one (r_b) (see the module doc)."""
   xp = _xp(st.accepted_B2)
   m = cfg.prior_weight
-  alpha = (st.accepted_B2 + cfg.prior_alpha * m) / xp.maximum(
-      st.accepted_B2 + st.rejected_B2 + m, 1e-6)
-  return xp.clip(alpha, 0.0, 0.999)
+  acc, rej = st.accepted_B2, st.rejected_B2
+  a_B1 = (acc[:, :1] + cfg.prior_alpha * m) / xp.maximum(acc[:, :1] + rej[:, :1] + m, 1e-6)
+  r_B1 = (acc[:, 1:] + a_B1 * m) / xp.maximum(acc[:, 1:] + rej[:, 1:] + m, 1e-6)
+  return xp.clip(xp.concatenate([a_B1, r_B1], axis=1), 0.0, 0.999)
 
 
 def _xp(x):
@@ -387,9 +392,11 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   observed, the idle decay: a drafter without previews) can ever lead
   `choose` to a γ > 0.
 
-  Idle decay moves each rate monotonically from its current value to
-  `prior_alpha`, so it never exceeds the larger of the two; E(γ) grows with
-  both rates. If no γ > 0 pays for any active row at those ceilings (and
+  Idle decay moves the first draft's rate monotonically from its current
+  value to `prior_alpha`, so it never exceeds the larger of the two; the
+  later drafts' rate is a weighted mean of their observed rate and the
+  first's, so it never exceeds the largest of those; E(γ) grows with both
+  rates. If no γ > 0 pays for any active row at those ceilings (and
   with all the room it could get), no later choice does either: a plain
   segment can then run to the end without asking again (batch mode: not
   by the switch margin, for the batch's best case). With the cheapest
@@ -406,10 +413,12 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
     idled = (st.accepted_B2[:, 0] + st.rejected_B2[:, 0]) * xp.power(
         xp.float32(cfg.idle_decay), xp.asarray(remaining, xp.float32))
     probe_soon = xp.any(active_B & ((idled < cfg.explore_below) | (st.probe_B > 0)))
-  ceiling = st.replace(
-      accepted_B2=xp.zeros_like(st.accepted_B2), rejected_B2=xp.zeros_like(st.rejected_B2))
-  prior_B2 = estimated_alpha(cfg, ceiling)
-  alpha_B2 = xp.maximum(estimated_alpha(cfg, st), prior_B2)
+  now_B2 = estimated_alpha(cfg, st)
+  a_B1 = xp.maximum(now_B2[:, :1], cfg.prior_alpha)
+  seen_B1 = st.accepted_B2[:, 1:] + st.rejected_B2[:, 1:]
+  observed_B1 = xp.where(seen_B1 > 0, st.accepted_B2[:, 1:] / xp.maximum(seen_B1, 1e-6), 0.0)
+  r_B1 = xp.maximum(xp.maximum(now_B2[:, 1:], observed_B1), a_B1)
+  alpha_B2 = xp.clip(xp.concatenate([a_B1, r_B1], axis=1), 0.0, 0.999).astype(xp.float32)
   gam_G = xp.asarray(cfg.gammas, xp.int32)
   e_BG = expected_tokens(alpha_B2, xp.broadcast_to(gam_G, (alpha_B2.shape[0], len(cfg.gammas))))
   costs_G = xp.asarray(costs_G, xp.float32)

@@ -24,6 +24,7 @@ from specjax.drafters.eagle import DynamicTree
 from specjax.generation import SpeculativeDecoder, _draft_input, check_adaptive
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.tree import TokenTree
+from test_adaptive import assert_auto_greedy
 from test_eagle import TREE, _head
 from test_exactness import residual_from_q_verify
 from tiny import (EOS, assert_rows_independent_and_no_retrace, noisy_draft, ragged_prompts,
@@ -123,19 +124,8 @@ def test_drafts_after_any_gammas_equal_a_fresh_start(name):
 @pytest.mark.parametrize("name,per_row", [("eagle_chain", False), ("eagle3_tree", True),
                                           ("eagle_stop", False), ("pard", True)])
 def test_greedy_equals_the_target_greedy(name, per_row):
-  lm, params = target()
-  prompts, lengths = ragged_prompts(batch=8, max_len=12, seed=4)
-  ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=24, sampling=GREEDY,
-                         eos_id=EOS)
-  lens = np.asarray(ref.lengths)
-  assert (lens < 24).any() and (lens == 24).any(), lens
   drafter, dp, _ = _drafter(name)
-  for costs in ((1.0, 1.05, 1.1, 1.2, 1.4), (1.0, 1.6, 1.6, 1.7, 1.8)):
-    out = specjax.speculative_generate(lm, params, drafter, dp, prompts, lengths,
-                                       max_new_tokens=24, sampling=GREEDY, eos_id=EOS,
-                                       gamma=AdaptiveGamma(per_row=per_row), gamma_costs=costs)
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
-    np.testing.assert_array_equal(np.asarray(out.lengths), lens)
+  for out in assert_auto_greedy(drafter, dp, per_row):
     trace = np.asarray(out.stats.gamma_trace)
     # Γ = (0, 1, 2, 4, 8) capped at what the drafter drafts: a tree's depth.
     top = {"eagle3_tree": 3, "pard": 8}.get(name, 4)

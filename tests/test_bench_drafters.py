@@ -61,7 +61,8 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   for preset in ("quick", "full", "block", "pard", "auto_heads", "lookup", "smoke"):
     fam_config.get_config(preset)
   heads = families.options(fam_config.get_config("auto_heads"))
-  assert heads.auto and heads.eagle_stop == 0.3 and "EAGLE-1 chain auto stop" in heads.only
+  assert heads.auto and heads.auto_series and heads.eagle_stop == 0.3
+  assert "EAGLE-1 chain auto stop series" in heads.only
   with pytest.raises(ValueError, match="unknown preset 'huge'"):
     fam_config.get_config("huge")
   cfg = fam_config.get_config("quick")

@@ -131,6 +131,7 @@ class FamilyOptions:
   # again with that confidence stop.
   auto: bool = False
   eagle_stop: float = 0.0
+  auto_series: bool = False   # each auto row again as a series ("... series", `SERIES`)
   eagle_dynamic: Tuple[int, int, int] = (4, 4, 16)
   eagle_tree_nodes: int = 16
   sampled_children: str = "without"
@@ -245,7 +246,7 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
     pard["PARD chain"] = (pd, pp, min(g, pd.slots + 1))
     if opts.auto:
       pard["PARD chain auto"] = (pd, pp, "auto")
-  return {
+  entries = {
       "classic draft": (draft, dp, g),
       **pard,
       "prompt lookup": (drafters.PromptLookup(max_ngram=3, min_ngram=1), None,
@@ -267,7 +268,11 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
          if opts.auto else {}),
       **medusa,
       **_eagle_entries(opts, target, tp),
-  }, choice
+  }
+  if opts.auto_series:   # each "auto" row again with its estimate carried through the cell
+    entries.update({f"{name} series": (d, p, SERIES)
+                    for name, (d, p, gam) in list(entries.items()) if gam == "auto"})
+  return entries, choice
 
 
 def eagle_static_tree(agreement, nodes: int):
@@ -348,7 +353,7 @@ def _room(g) -> int:
   fix theirs (None), max Γ for gamma="auto"."""
   if g is None:
     return 4
-  return AdaptiveGamma().max_gamma if g == "auto" else int(g)
+  return AdaptiveGamma().max_gamma if g in ("auto", SERIES) else int(g)
 
 
 def drafter_memory(target, entry, batch: int, prompt_len: int, cache_len: int) -> dict:
@@ -413,14 +418,21 @@ def _alpha(name, entry, target, tp, prompts, lengths, ar_tokens, ar_lengths, sam
   return None  # deterministic drafts: no proposal distribution
 
 
-def _run(target, tp, entry, x, n, key, sampling, max_new):
+SERIES = "auto series"   # an entry's γ: gamma="auto", the estimate carried from call to call
+_NOTHING_PAYS = specjax.Acceptance(np.zeros(2, np.float32), np.full(2, 1e3, np.float32))
+
+
+def _run(target, tp, entry, x, n, key, sampling, max_new, acceptance=None):
   if entry is None:
     out = specjax.generate(target, tp, x, n, max_new_tokens=max_new, sampling=sampling, key=key)
   else:
     d, dp, g = entry
+    kw = {}
+    if g == SERIES:
+      g, kw = "auto", {"acceptance": acceptance or specjax.Acceptance.fresh()}
     out = specjax.speculative_generate(target, tp, d, dp, x, n, max_new_tokens=max_new,
                                        gamma=g if g is not None else 4, sampling=sampling,
-                                       key=key)
+                                       key=key, **kw)
   out.tokens.block_until_ready()
   return out
 
@@ -444,21 +456,28 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
     for name in names:  # compile each once, outside the timings
       t0 = now()
       _run(target, tp, entries.get(name), *batches[0], sampling, max_new)
+      if name != "autoregressive" and entries[name][2] == SERIES:
+        # and the program of a call whose carried estimate says nothing pays
+        _run(target, tp, entries[name], *batches[0], sampling, max_new, _NOTHING_PAYS)
       compile_s[name] = now() - t0
   warmup_traces = warmup.decode_loops  # 0: programs reused
   rec = {name: {"seconds": 0.0, "tokens": 0, "calls": 0, "accepted": 0, "drafted": 0,
                 "identical": True} for name in names}
   ar_tokens, ar_lengths = [], []
   entries = dict(entries)   # rows with a job corpus grow their own copy, cell by cell
+  carried = {}   # "auto series" rows: the estimate each call leaves, from a fresh one per cell
   with TraceCounter() as timed:  # nothing may compile while timing
     for i, (x, n, k) in enumerate(batches):
       order = names if i % 2 == 0 else [names[0]] + names[:0:-1]
       ref = None
       for name in order:
         t0 = now()
-        out = _run(target, tp, entries.get(name), x, n, k, sampling, max_new)
+        out = _run(target, tp, entries.get(name), x, n, k, sampling, max_new,
+                   carried.get(name))
         r = rec[name]
         r["seconds"] += now() - t0
+        if name != "autoregressive" and entries[name][2] == SERIES:
+          carried[name] = out.stats.acceptance
         if name != "autoregressive" and isinstance(entries[name][1], drafters.SuffixCorpus):
           d, corpus, g = entries[name]   # the job's earlier outputs, for its later calls
           entries[name] = (d, corpus.add(drafters.outputs_of(out), target.vocab_size), g)
@@ -812,6 +831,7 @@ def options(cfg) -> FamilyOptions:
       eagle_dynamic=tuple(int(x) for x in cfg.eagle_dynamic),
       eagle_tree_nodes=int(cfg.eagle_tree_nodes), auto=bool(cfg.get("auto", False)),
       eagle_stop=float(cfg.get("eagle_stop", 0.0)),
+      auto_series=bool(cfg.get("auto_series", False)),
       sampled_children=str(cfg.get("sampled_children", "without")),
       only=tuple(str(x) for x in cfg.get("only", ())),
       eagle_shapes=tuple(tuple(int(v) for v in x) for x in cfg.get("eagle_shapes", ())),
