@@ -21,11 +21,17 @@ once its first token is — where one rate undervalues long drafts. Each is
 the maximum likelihood over past iterations with exponential forgetting and
 a prior:
 
-    a_b = (A1_b + a0 · m) / (A1_b + R1_b + m),   r_b = (A2_b + a_b · m) / (A2_b + R2_b + m)
+    p_b = (S1_b + a0 · m) / (S1_b + T1_b + m)
+    a_b = (A1_b + p_b · m) / (A1_b + R1_b + m),   r_b = (A2_b + a_b · m) / (A2_b + R2_b + m)
 
-(r_b's prior is the row's own a_b: one rate, Leviathan et al.'s model, until
-later drafts say otherwise — with a fixed prior, a row that only ever drafted
-one token would never learn that longer drafts pay.)
+p_b is the row's long-run rate: the same first-draft observations (S1:
+accepted, T1: rejected) forgotten slowly (`slow_decay`), so a run of bad
+luck (a high-acceptance pair's estimate dipping below where drafting pays)
+does not stop the row for good: while it drafts nothing, its estimate
+drifts back to the long-run rate, not to a0. r_b's prior is the row's own
+a_b: one rate, Leviathan et al.'s model, until later drafts say otherwise
+(with a fixed prior, a row that only ever drafted one token would never
+learn that longer drafts pay).
 
 A1 / R1: iterations whose first valid draft was accepted / rejected; A2:
 accepted drafts after the first; R2: rejections after at least one
@@ -125,6 +131,9 @@ class AdaptiveGamma:
       [0, 1): about the last 1 / (1 - decay) such iterations count.
     idle_decay: the forgetting per iteration in which the row drafted
       nothing (its exploration: how soon it tries drafting again).
+    slow_decay: the forgetting of the row's long-run first-draft rate per
+      iteration, drafting or not (the prior its estimate drifts back to,
+      itself drifting back to `prior_alpha`).
     prior_alpha, prior_weight: the estimate before any evidence (and what a
       row that stopped drafting drifts back to): prior_alpha in (0, 1)
       weighted as prior_weight >= 0 pseudo-trials.
@@ -150,6 +159,7 @@ class AdaptiveGamma:
   gammas: Tuple[int, ...] = DEFAULT_GAMMAS
   decay: float = 0.8
   idle_decay: float = 0.97
+  slow_decay: float = 0.98
   prior_alpha: float = 0.5
   prior_weight: float = 2.0
   per_row: bool = False
@@ -172,6 +182,7 @@ class AdaptiveGamma:
     object.__setattr__(self, "gammas", tuple(sorted(vals)))
     object.__setattr__(self, "decay", _check_fraction("decay", self.decay))
     object.__setattr__(self, "idle_decay", _check_fraction("idle_decay", self.idle_decay))
+    object.__setattr__(self, "slow_decay", _check_fraction("slow_decay", self.slow_decay))
     object.__setattr__(self, "prior_alpha",
                        _check_fraction("prior_alpha", self.prior_alpha, low_open=True))
     w = self.prior_weight
@@ -235,7 +246,9 @@ class AdaptState:
   after the row's valid ones in the next iteration, as previewed (-1: none),
   which `observe` compares with the token the target commits in its place;
   probe_B: int32 `[B]` drafting iterations left in the row's probe (a
-  carried estimate only, `explore`).
+  carried estimate only, `explore`);
+  slow_B2: float32 `[B, 2]` the long-run first-draft counts (accepted,
+  rejected), slowly forgotten (None: none, the prior alone).
   """
 
   accepted_B2: jax.Array
@@ -246,6 +259,7 @@ class AdaptState:
   synced_B: jax.Array
   peek_B: jax.Array
   probe_B: jax.Array
+  slow_B2: Optional[jax.Array] = None
   # Static: the estimate is carried across calls (rows without evidence probe).
   explore: bool = struct.field(pytree_node=False, default=False)
 
@@ -261,8 +275,9 @@ class AdaptState:
       rej = jnp.broadcast_to(jnp.asarray(start.rejected_2, jnp.float32), (batch, 2))
     zi = jnp.zeros((batch,), jnp.int32)
     trace = jnp.full((iterations,), -1, jnp.int32)
+    slow = jnp.stack([acc[:, 0], rej[:, 0]], axis=1)   # a carried estimate: its first drafts
     return cls(acc, rej, jnp.zeros((), jnp.int32), zi, trace, zi,
-               jnp.full((batch,), -1, jnp.int32), zi, explore=start is not None)
+               jnp.full((batch,), -1, jnp.int32), zi, slow, explore=start is not None)
 
   def pooled(self) -> "Acceptance":
     """What this call learned, for the next (`Acceptance`): the rows' counts
@@ -328,9 +343,21 @@ def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
   xp = _xp(st.accepted_B2)
   m = cfg.prior_weight
   acc, rej = st.accepted_B2, st.rejected_B2
-  a_B1 = (acc[:, :1] + cfg.prior_alpha * m) / xp.maximum(acc[:, :1] + rej[:, :1] + m, 1e-6)
+  p_B1 = long_run_alpha(cfg, st)
+  a_B1 = (acc[:, :1] + p_B1 * m) / xp.maximum(acc[:, :1] + rej[:, :1] + m, 1e-6)
   r_B1 = (acc[:, 1:] + a_B1 * m) / xp.maximum(acc[:, 1:] + rej[:, 1:] + m, 1e-6)
   return xp.clip(xp.concatenate([a_B1, r_B1], axis=1), 0.0, 0.999)
+
+
+def long_run_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
+  """`[B, 1]` each row's long-run first-draft rate (the prior of its
+  estimate; `prior_alpha` without slow counts)."""
+  xp = _xp(st.accepted_B2)
+  if st.slow_B2 is None:
+    return xp.full((st.accepted_B2.shape[0], 1), cfg.prior_alpha, xp.float32)
+  m = cfg.prior_weight
+  return ((st.slow_B2[:, :1] + cfg.prior_alpha * m)
+          / xp.maximum(st.slow_B2[:, :1] + st.slow_B2[:, 1:] + m, 1e-6))
 
 
 def _xp(x):
@@ -392,11 +419,11 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   observed, the idle decay: a drafter without previews) can ever lead
   `choose` to a γ > 0.
 
-  Idle decay moves the first draft's rate monotonically from its current
-  value to `prior_alpha`, so it never exceeds the larger of the two; the
-  later drafts' rate is a weighted mean of their observed rate and the
-  first's, so it never exceeds the largest of those; E(γ) grows with both
-  rates. If no γ > 0 pays for any active row at those ceilings (and
+  Idle decay moves the long-run rate monotonically to `prior_alpha`, and
+  the first draft's rate is a weighted mean of its observed rate and the
+  long-run one, the observed weight shrinking (the bound below); the
+  later drafts' rate is a weighted mean of their observed rate and the first's, so it
+  never exceeds the largest of those; E(γ) grows with both rates. If no γ > 0 pays for any active row at those ceilings (and
   with all the room it could get), no later choice does either: a plain
   segment can then run to the end without asking again (batch mode: not
   by the switch margin, for the batch's best case). With the cheapest
@@ -414,10 +441,15 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
         xp.float32(cfg.idle_decay), xp.asarray(remaining, xp.float32))
     probe_soon = xp.any(active_B & ((idled < cfg.explore_below) | (st.probe_B > 0)))
   now_B2 = estimated_alpha(cfg, st)
-  a_B1 = xp.maximum(now_B2[:, :1], cfg.prior_alpha)
-  seen_B1 = st.accepted_B2[:, 1:] + st.rejected_B2[:, 1:]
-  observed_B1 = xp.where(seen_B1 > 0, st.accepted_B2[:, 1:] / xp.maximum(seen_B1, 1e-6), 0.0)
-  r_B1 = xp.maximum(xp.maximum(now_B2[:, 1:], observed_B1), a_B1)
+  seen_B2 = st.accepted_B2 + st.rejected_B2
+  observed_B2 = xp.where(seen_B2 > 0, st.accepted_B2 / xp.maximum(seen_B2, 1e-6), 0.0)
+  # a(t) = w(t) ρ + (1 − w(t)) p(t): the observed weight w shrinks from w0, p(t)
+  # stays below M = max(p now, prior): a(t) <= max(M, a now + (1 − w0)(M − p now)).
+  p_B1 = long_run_alpha(cfg, st)
+  big_B1 = xp.maximum(p_B1, cfg.prior_alpha)
+  w0_B1 = seen_B2[:, :1] / (seen_B2[:, :1] + cfg.prior_weight + 1e-6)
+  a_B1 = xp.maximum(big_B1, now_B2[:, :1] + (1.0 - w0_B1) * (big_B1 - p_B1))
+  r_B1 = xp.maximum(xp.maximum(now_B2[:, 1:], observed_B2[:, 1:]), a_B1)
   alpha_B2 = xp.clip(xp.concatenate([a_B1, r_B1], axis=1), 0.0, 0.999).astype(xp.float32)
   gam_G = xp.asarray(cfg.gammas, xp.int32)
   e_BG = expected_tokens(alpha_B2, xp.broadcast_to(gam_G, (alpha_B2.shape[0], len(cfg.gammas))))
@@ -445,8 +477,9 @@ def prior_may_draft(cfg: AdaptiveGamma, costs, start: Optional[Acceptance] = Non
   z = np.zeros((2,), np.float32)
   acc, rej = (z, z) if start is None else (start.accepted_2, start.rejected_2)
   zi = np.zeros((1,), np.int32)
-  st = AdaptState(np.asarray(acc, np.float32)[None], np.asarray(rej, np.float32)[None],
-                  np.zeros((), np.int32), zi, np.full((1,), -1, np.int32), zi, zi - 1, zi)
+  acc, rej = np.asarray(acc, np.float32)[None], np.asarray(rej, np.float32)[None]
+  st = AdaptState(acc, rej, np.zeros((), np.int32), zi, np.full((1,), -1, np.int32), zi, zi - 1,
+                  zi, np.stack([acc[:, 0], rej[:, 0]], axis=1))
   return bool(may_draft(cfg, st, check_costs(cfg, costs), np.ones((1,), bool)))
 
 
@@ -486,9 +519,12 @@ def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: 
     left_B = jnp.where(st.probe_B > 0, st.probe_B - 1,
                        jnp.where(_fresh(cfg, st), cfg.explore_steps - 1, 0))
     probe_B = jnp.where(drafted_B, left_B, st.probe_B).astype(jnp.int32)
+  slow = st.slow_B2
+  if slow is not None:
+    slow = cfg.slow_decay * slow + jnp.stack([acc_B2[:, 0], rej_B2[:, 0]], axis=1) * a[:, None]
   return st.replace(accepted_B2=d * st.accepted_B2 + acc_B2 * a[:, None],
                     rejected_B2=d * st.rejected_B2 + rej_B2 * a[:, None], trace_I=trace,
-                    probe_B=probe_B)
+                    probe_B=probe_B, slow_B2=slow)
 
 
 def _fresh(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
@@ -512,5 +548,8 @@ def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Ar
   d = jnp.power(jnp.float32(cfg.idle_decay), (end - start).astype(jnp.float32))
   i_I = jnp.arange(st.trace_I.shape[0])
   trace = jnp.where((i_I >= start) & (i_I < end), 0, st.trace_I)
+  slow = st.slow_B2
+  if slow is not None:
+    slow = slow * jnp.power(jnp.float32(cfg.slow_decay), (end - start).astype(jnp.float32))
   return st.replace(accepted_B2=st.accepted_B2 * d, rejected_B2=st.rejected_B2 * d,
-                    trace_I=trace)
+                    trace_I=trace, slow_B2=slow)

@@ -647,3 +647,50 @@ def _observed(cfg, outcomes):
     st = adaptive.observe(cfg, st, jnp.asarray([acc]), jnp.asarray([valid]), jnp.ones(1, bool),
                           jnp.asarray(i))
   return st
+
+
+def test_a_row_that_dipped_drifts_back_to_its_long_run_rate():
+  """A row whose long-run first-draft rate is high (the slow counts) but
+  whose last drafts failed stops drafting, then, idling, drifts back to the
+  long-run rate and drafts again; the same recent failures without that
+  history drift to the prior, which does not pay at these costs (the
+  EAGLE-1 chain's on the Chen quick pair, relative)."""
+  cfg = AdaptiveGamma(per_row=True)
+  costs = jnp.asarray([1.0, 1.65, 2.13, 2.93, 3.26])
+  active = jnp.ones(2, bool)
+  st = AdaptState.zeros(2, 400).replace(
+      rejected_B2=jnp.asarray([[3.0, 0.0], [3.0, 0.0]]),
+      slow_B2=jnp.asarray([[45.0, 3.0], [0.0, 3.0]]))
+  assert (np.asarray(adaptive.choose(cfg, st, costs, active)[1]) == 0).all()
+  assert bool(adaptive.may_draft(cfg, st, costs, active))
+  drafts_at = [None, None]
+  for step in range(1, 300):
+    st = adaptive.idle_block(cfg, st, jnp.asarray(step - 1), jnp.asarray(step))
+    limit = np.asarray(adaptive.choose(cfg, st, costs, active)[1])
+    for r in (0, 1):
+      if limit[r] and drafts_at[r] is None:
+        drafts_at[r] = step
+  assert drafts_at[0] is not None and drafts_at[0] < 60, drafts_at
+  assert drafts_at[1] is None, drafts_at
+  assert not bool(adaptive.may_draft(cfg, st.replace(slow_B2=st.slow_B2.at[0].set(0.0)),
+                                     costs, active))
+
+
+def test_may_draft_bounds_every_later_choice():
+  """Random estimates and costs: where plain steps (idle decay) ever lead
+  `choose` to draft, `may_draft` said so before the first of them."""
+  rng = np.random.default_rng(3)
+  for cfg in (AdaptiveGamma(per_row=True), AdaptiveGamma()):
+    for _ in range(12):
+      st = AdaptState.zeros(3, 200).replace(
+          accepted_B2=jnp.asarray(rng.uniform(0, 6, (3, 2)), jnp.float32),
+          rejected_B2=jnp.asarray(rng.uniform(0, 6, (3, 2)), jnp.float32),
+          slow_B2=jnp.asarray(rng.uniform(0, 40, (3, 2)), jnp.float32))
+      costs = jnp.asarray(np.sort(rng.uniform(1.0, 4.0, 5)), jnp.float32)
+      active = jnp.ones(3, bool)
+      said = bool(adaptive.may_draft(cfg, st, costs, active))
+      ever = False
+      for step in range(0, 150, 3):
+        later = adaptive.idle_block(cfg, st, jnp.asarray(0), jnp.asarray(step))
+        ever |= bool(np.asarray(adaptive.choose(cfg, later, costs, active)[1]).any())
+      assert said or not ever, (cfg.per_row, st, costs)
