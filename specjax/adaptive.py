@@ -131,9 +131,12 @@ class AdaptiveGamma:
       [0, 1): about the last 1 / (1 - decay) such iterations count.
     idle_decay: the forgetting per iteration in which the row drafted
       nothing (its exploration: how soon it tries drafting again).
-    slow_decay: the forgetting of the row's long-run first-draft rate per
-      iteration, drafting or not (the prior its estimate drifts back to,
-      itself drifting back to `prior_alpha`).
+    slow_decay, slow_idle_decay: the forgetting of the row's long-run
+      first-draft rate (the prior its estimate drifts back to) per drafting
+      iteration, and per iteration in which it drafted nothing (so it
+      drifts back to `prior_alpha` over a few hundred plain steps: a pair
+      that stopped paying is tried again). Carried across calls
+      (`Acceptance.long_run_2`).
     prior_alpha, prior_weight: the estimate before any evidence (and what a
       row that stopped drafting drifts back to): prior_alpha in (0, 1)
       weighted as prior_weight >= 0 pseudo-trials.
@@ -160,6 +163,7 @@ class AdaptiveGamma:
   decay: float = 0.8
   idle_decay: float = 0.97
   slow_decay: float = 0.98
+  slow_idle_decay: float = 0.995
   prior_alpha: float = 0.5
   prior_weight: float = 2.0
   per_row: bool = False
@@ -183,6 +187,8 @@ class AdaptiveGamma:
     object.__setattr__(self, "decay", _check_fraction("decay", self.decay))
     object.__setattr__(self, "idle_decay", _check_fraction("idle_decay", self.idle_decay))
     object.__setattr__(self, "slow_decay", _check_fraction("slow_decay", self.slow_decay))
+    object.__setattr__(self, "slow_idle_decay",
+                       _check_fraction("slow_idle_decay", self.slow_idle_decay))
     object.__setattr__(self, "prior_alpha",
                        _check_fraction("prior_alpha", self.prior_alpha, low_open=True))
     w = self.prior_weight
@@ -275,14 +281,17 @@ class AdaptState:
       rej = jnp.broadcast_to(jnp.asarray(start.rejected_2, jnp.float32), (batch, 2))
     zi = jnp.zeros((batch,), jnp.int32)
     trace = jnp.full((iterations,), -1, jnp.int32)
-    slow = jnp.stack([acc[:, 0], rej[:, 0]], axis=1)   # a carried estimate: its first drafts
+    slow = jnp.stack([acc[:, 0], rej[:, 0]], axis=1)
+    if start is not None and start.long_run_2 is not None:
+      slow = jnp.broadcast_to(jnp.asarray(start.long_run_2, jnp.float32), (batch, 2))
     return cls(acc, rej, jnp.zeros((), jnp.int32), zi, trace, zi,
                jnp.full((batch,), -1, jnp.int32), zi, slow, explore=start is not None)
 
   def pooled(self) -> "Acceptance":
     """What this call learned, for the next (`Acceptance`): the rows' counts
     averaged."""
-    return Acceptance(jnp.mean(self.accepted_B2, axis=0), jnp.mean(self.rejected_B2, axis=0))
+    return Acceptance(jnp.mean(self.accepted_B2, axis=0), jnp.mean(self.rejected_B2, axis=0),
+                      None if self.slow_B2 is None else jnp.mean(self.slow_B2, axis=0))
 
 
 @struct.dataclass
@@ -293,17 +302,21 @@ class Acceptance:
 
   accepted_2, rejected_2: float32 `[2]` decayed counts of accepted and
   rejected drafts (first drafts, later drafts: `AdaptState`'s columns),
-  averaged over the rows of the call that produced it. `Acceptance.fresh()`
-  starts a series: no evidence, so the first call probes.
+  averaged over the rows of the call that produced it; long_run_2:
+  float32 `[2]` the rows' long-run first-draft counts (accepted,
+  rejected: `AdaptState.slow_B2`), averaged (None: taken from the first
+  drafts' counts). `Acceptance.fresh()` starts a series: no evidence, so
+  the first call probes.
   """
 
   accepted_2: jax.Array
   rejected_2: jax.Array
+  long_run_2: Optional[jax.Array] = None
 
   @classmethod
   def fresh(cls) -> "Acceptance":
     z = np.zeros((2,), np.float32)
-    return cls(z, z.copy())
+    return cls(z, z.copy(), z.copy())
 
   def evidence(self) -> float:
     """The decayed number of first-draft observations (host)."""
@@ -317,10 +330,12 @@ def check_acceptance(acceptance) -> Acceptance:
                     f"earlier gamma='auto' call, or Acceptance.fresh()), got {acceptance!r}")
   acc = np.asarray(acceptance.accepted_2, np.float32)
   rej = np.asarray(acceptance.rejected_2, np.float32)
-  for name, v in (("accepted_2", acc), ("rejected_2", rej)):
+  long = (np.stack([acc[0], rej[0]]) if acceptance.long_run_2 is None
+          else np.asarray(acceptance.long_run_2, np.float32))
+  for name, v in (("accepted_2", acc), ("rejected_2", rej), ("long_run_2", long)):
     if v.shape != (2,) or not np.all(np.isfinite(v)) or np.any(v < 0):
       raise ValueError(f"acceptance.{name} must be 2 finite counts >= 0, got {v!r}")
-  return Acceptance(acc, rej)
+  return Acceptance(acc, rej, long)
 
 
 def probe_due(cfg: AdaptiveGamma, acceptance: Acceptance, steps: int) -> bool:
@@ -332,9 +347,14 @@ def probe_due(cfg: AdaptiveGamma, acceptance: Acceptance, steps: int) -> bool:
 def after_idle(cfg: AdaptiveGamma, acceptance: Acceptance, steps_B: jax.Array) -> Acceptance:
   """The carried estimate after each row ran `steps_B` plain steps
   (nothing observed: the idle decay), averaged over the rows."""
+  long = acceptance.long_run_2
+  if long is None:
+    long = jnp.stack([jnp.asarray(acceptance.accepted_2)[0], jnp.asarray(acceptance.rejected_2)[0]])
   d = jnp.mean(jnp.power(jnp.float32(cfg.idle_decay), steps_B.astype(jnp.float32)))
+  ds = jnp.mean(jnp.power(jnp.float32(cfg.slow_idle_decay), steps_B.astype(jnp.float32)))
   return Acceptance(jnp.asarray(acceptance.accepted_2, jnp.float32) * d,
-                    jnp.asarray(acceptance.rejected_2, jnp.float32) * d)
+                    jnp.asarray(acceptance.rejected_2, jnp.float32) * d,
+                    jnp.asarray(long, jnp.float32) * ds)
 
 
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
@@ -422,9 +442,10 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   Idle decay moves the long-run rate monotonically to `prior_alpha`, and
   the first draft's rate is a weighted mean of its observed rate and the
   long-run one, the observed weight shrinking (the bound below); the
-  later drafts' rate is a weighted mean of their observed rate and the first's, so it
-  never exceeds the largest of those; E(γ) grows with both rates. If no γ > 0 pays for any active row at those ceilings (and
-  with all the room it could get), no later choice does either: a plain
+  later drafts' rate is a weighted mean of their observed rate and the
+  first's, so it never exceeds the largest of those; E(γ) grows with both
+  rates. If no γ > 0 pays for any active row at those ceilings (and with
+  all the room it could get), no later choice does either: a plain
   segment can then run to the end without asking again (batch mode: not
   by the switch margin, for the batch's best case). With the cheapest
   γ = 0, that is the case exactly when the prior itself says drafting does
@@ -474,12 +495,11 @@ def prior_may_draft(cfg: AdaptiveGamma, costs, start: Optional[Acceptance] = Non
   dispatch). False: the rule would run plain steps to the end, so
   `speculative_generate` runs plain decoding's program instead (the same
   decisions, none of the drafter's work)."""
-  z = np.zeros((2,), np.float32)
-  acc, rej = (z, z) if start is None else (start.accepted_2, start.rejected_2)
+  start = check_acceptance(Acceptance.fresh() if start is None else start)
   zi = np.zeros((1,), np.int32)
-  acc, rej = np.asarray(acc, np.float32)[None], np.asarray(rej, np.float32)[None]
+  acc, rej = np.asarray(start.accepted_2)[None], np.asarray(start.rejected_2)[None]
   st = AdaptState(acc, rej, np.zeros((), np.int32), zi, np.full((1,), -1, np.int32), zi, zi - 1,
-                  zi, np.stack([acc[:, 0], rej[:, 0]], axis=1))
+                  zi, np.asarray(start.long_run_2)[None])
   return bool(may_draft(cfg, st, check_costs(cfg, costs), np.ones((1,), bool)))
 
 
@@ -521,7 +541,8 @@ def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: 
     probe_B = jnp.where(drafted_B, left_B, st.probe_B).astype(jnp.int32)
   slow = st.slow_B2
   if slow is not None:
-    slow = cfg.slow_decay * slow + jnp.stack([acc_B2[:, 0], rej_B2[:, 0]], axis=1) * a[:, None]
+    ds = jnp.where(seen_B, cfg.slow_decay, cfg.slow_idle_decay)[:, None]
+    slow = ds * slow + jnp.stack([acc_B2[:, 0], rej_B2[:, 0]], axis=1) * a[:, None]
   return st.replace(accepted_B2=d * st.accepted_B2 + acc_B2 * a[:, None],
                     rejected_B2=d * st.rejected_B2 + rej_B2 * a[:, None], trace_I=trace,
                     probe_B=probe_B, slow_B2=slow)
@@ -550,6 +571,6 @@ def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Ar
   trace = jnp.where((i_I >= start) & (i_I < end), 0, st.trace_I)
   slow = st.slow_B2
   if slow is not None:
-    slow = slow * jnp.power(jnp.float32(cfg.slow_decay), (end - start).astype(jnp.float32))
+    slow = slow * jnp.power(jnp.float32(cfg.slow_idle_decay), (end - start).astype(jnp.float32))
   return st.replace(accepted_B2=st.accepted_B2 * d, rejected_B2=st.rejected_B2 * d,
                     trace_I=trace, slow_B2=slow)

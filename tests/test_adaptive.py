@@ -694,3 +694,26 @@ def test_may_draft_bounds_every_later_choice():
         later = adaptive.idle_block(cfg, st, jnp.asarray(0), jnp.asarray(step))
         ever |= bool(np.asarray(adaptive.choose(cfg, later, costs, active)[1]).any())
       assert said or not ever, (cfg.per_row, st, costs)
+
+
+def test_the_long_run_rate_is_carried_between_calls():
+  cfg = AdaptiveGamma()
+  carried = specjax.Acceptance(np.asarray([0.2, 0.0], np.float32), np.asarray([0.3, 0.0],
+                               np.float32), np.asarray([40.0, 5.0], np.float32))
+  st = AdaptState.zeros(2, 3, start=carried)
+  np.testing.assert_allclose(np.asarray(st.slow_B2), [[40.0, 5.0]] * 2)
+  assert float(adaptive.long_run_alpha(cfg, st)[0, 0]) == pytest.approx(41 / 47)
+  np.testing.assert_allclose(np.asarray(st.pooled().long_run_2), [40.0, 5.0])
+  idled = adaptive.after_idle(cfg, carried, jnp.asarray([10, 10]))
+  np.testing.assert_allclose(np.asarray(idled.long_run_2), np.asarray([40.0, 5.0]) * 0.995 ** 10,
+                             rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(idled.accepted_2), [0.2 * 0.97 ** 10, 0.0], rtol=1e-5)
+  # Without a long-run record (an estimate from an older call): its first drafts' counts.
+  old = adaptive.check_acceptance(specjax.Acceptance(np.asarray([2.0, 1.0], np.float32),
+                                                     np.asarray([1.0, 0.0], np.float32)))
+  np.testing.assert_allclose(old.long_run_2, [2.0, 1.0])
+  with pytest.raises(ValueError, match="acceptance.long_run_2 must be 2 finite counts"):
+    adaptive.check_acceptance(specjax.Acceptance(np.zeros(2, np.float32), np.zeros(2, np.float32),
+                                                 np.asarray([1.0, -1.0], np.float32)))
+  with pytest.raises(ValueError, match="slow_idle_decay"):
+    AdaptiveGamma(slow_idle_decay=1.0)

@@ -231,8 +231,9 @@ def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_token
       c = recs[name]
       if name in carried:
         carried[name] = sp.stats.acceptance
-        c["acceptance"] = [np.asarray(v).tolist() for v in (sp.stats.acceptance.accepted_2,
-                                                            sp.stats.acceptance.rejected_2)]
+        a = sp.stats.acceptance
+        c["acceptance"] = [np.asarray(v).tolist() for v in (a.accepted_2, a.rejected_2)
+                           + ((a.long_run_2,) if a.long_run_2 is not None else ())]
       c["seconds"].append(t_sp)
       c["tokens"].append(int(np.asarray(sp.lengths).sum()))
       c["target_calls"].append(int(np.asarray(sp.stats.target_calls).sum()))
