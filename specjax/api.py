@@ -430,8 +430,9 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       Each call then returns the estimate to pass on, and rows with no
       evidence probe (draft in their next `explore_steps` iterations)
       even where the prior says drafting does not pay (`specjax.adaptive`:
-      exact, as the choice reads only earlier calls' tokens). Where the carried estimate says no γ > 0 pays and no
-      probe falls due, the call runs `generate`'s program.
+      exact, as the choice reads only earlier calls' tokens). Where the
+      carried estimate says no γ > 0 pays and no probe falls due, the call
+      runs `generate`'s program.
 
   Returns:
     `GenerationOutput` with acceptance statistics; its `draft_cache` is the
