@@ -74,3 +74,32 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   assert opts.eagle_dir == str(tmp_path) and opts.medusa_dir == "" and opts.eagle3_dir == ""
   assert opts.eagle_dynamic == (4, 4, 16) and opts.tasks == ("code", "summarize", "free_text")
   assert opts.out_dir == os.path.join(cfg.workdir, "results") and opts.name == "families"
+
+
+def test_a_series_row_passes_the_estimate_it_is_given(monkeypatch):
+  """families._run: a "series" entry decodes with gamma="auto" and the
+  carried estimate (a fresh one when the cell has none yet); other entries
+  pass no estimate."""
+  import specjax
+  from specjax.experiments import families
+  seen = []
+
+  class _Out:
+    class tokens:
+      @staticmethod
+      def block_until_ready():
+        return None
+
+  def fake(*args, gamma=None, acceptance="absent", **kw):
+    seen.append((gamma, acceptance))
+    return _Out()
+
+  monkeypatch.setattr(specjax, "speculative_generate", fake)
+  carried = specjax.Acceptance(np.ones(2, np.float32), np.zeros(2, np.float32))
+  entry = ("drafter", None, families.SERIES)
+  families._run(None, None, entry, None, None, None, None, 4)
+  families._run(None, None, entry, None, None, None, None, 4, carried)
+  families._run(None, None, ("drafter", None, "auto"), None, None, None, None, 4, carried)
+  assert seen[0][0] == "auto" and seen[0][1].evidence() == 0.0      # a fresh estimate
+  assert seen[1] == ("auto", carried)
+  assert seen[2] == ("auto", "absent")
