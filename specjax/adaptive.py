@@ -219,7 +219,6 @@ class AdaptiveGamma:
       kept = tuple(g for g in self.gammas if g == 0) + (max(1, useful),)
     return dataclasses.replace(self, gammas=kept)
 
-
   @functools.lru_cache(maxsize=256)
   def capped_at(self, limit: int) -> "AdaptiveGamma":
     """Γ with every value above `limit` (>= 1: the most a drafter drafts,

@@ -639,8 +639,9 @@ class SpeculativeDecoder:
         state)
 
   def _plain_iterate(self, target_params, draft_params, state: DecodeState):
-    """γ = 0 of an adaptive loop: one target step; the drafter only sees the
-    commit (`update`). Returns (state, accepted_B, valid_B) as `_iterate`."""
+    """γ = 0 of an adaptive loop: one target step; the drafter sees the
+    commit (`update`), unless it `catches_up` (it reads these tokens before
+    it drafts again). Returns (state, accepted_B, valid_B) as `_iterate`."""
     drafter = self.drafter
     active_B = ~state.done
     keys_B2 = _iteration_keys(state)
@@ -666,7 +667,8 @@ class SpeculativeDecoder:
         pending_B=state.pending, target_argmax_BT=argmax_first(logits_B1V), chain_B=zero_B,
         accepted_B=zero_B, target_hidden_BE=None if hidden_B1X is None else hidden_B1X[:, 0],
         target_hidden_BCX=hidden_B1X)
-    draft_state = drafter.update(draft_params, draft_state, feedback)
+    if not drafter.catches_up:
+      draft_state = drafter.update(draft_params, draft_state, feedback)
     a = active_B.astype(jnp.int32)
     s = state.stats
     stats = s.replace(

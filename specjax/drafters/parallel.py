@@ -165,12 +165,10 @@ class ParallelDraft(Drafter):
 
   def update(self, params, state: ParallelState, feedback: DraftFeedback) -> ParallelState:
     """The accepted drafts (all committed tokens but the new pending one) are
-    what the next call re-feeds. A plain target step of an adaptive loop
-    (one committed token) changes nothing: `feed` reads what it committed."""
+    what the next call re-feeds (an adaptive loop's plain steps do not
+    call it: `feed` reads what they committed)."""
     del params
     g, c = state.unread_BG.shape[1], feedback.committed_BC.shape[1]
-    if c == 1:
-      return state
     unread_BG = jnp.pad(feedback.committed_BC[:, :g], ((0, 0), (0, max(0, g - c))))
     return state.replace(unread_BG=unread_BG.astype(jnp.int32))
 
