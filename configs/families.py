@@ -23,6 +23,9 @@ Run (from the repository root), after the Chen experiment and the learned drafte
   python experiments/families.py --config=configs/families.py:auto_heads \
       --config.results_dir=results/families/auto_heads   # EAGLE-1 / PARD: fixed γ vs auto
       # (after experiments/train_drafter.py:pard_quick into runs/pard_quick)
+  python experiments/families.py --config=configs/families.py:sampled_full \
+      --config.results_dir=results/families/sampled_full   # EAGLE-2 sampled, the full target
+      # (after chen_chinchilla.py:full and train_drafter.py:eagle_full)
   for g in 1 2 4 8; do python experiments/families.py --config=configs/families.py:lookup \
       --config.lookup_gamma=$g --config.workdir=runs/families_lookup_g$g; done   # fixed γ vs auto
 
@@ -116,11 +119,16 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.prompts = 8
     c.max_new = 48
     c.only = ["prompt lookup", "prompt lookup auto"]
+  elif preset == "sampled_full":   # results/families/sampled_full: EAGLE-2's sampled tree, full
+    c.medusa_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
+    c.auto = False
+    c.batches = [1]
+    c.only = ["classic draft", "EAGLE-1 chain", "EAGLE-2", "EAGLE-2 sampled"]
   elif preset == "smoke":
     c.smoke = True
     c.auto = False
     c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
   elif preset != "full":
     raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, pard, auto_heads, "
-                     "lookup, smoke")
+                     "lookup, sampled_full, smoke")
   return c

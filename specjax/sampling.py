@@ -13,13 +13,19 @@ Shapes: any leading dims `[...]`, vocabulary last (`V`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
+from typing import Optional
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from specjax.models.layers import on_mesh
 
 __all__ = ["SamplingConfig", "process_logits", "sample_tokens", "sample_from_uniform",
-           "row_uniforms", "draw", "argmax_first", "greedy", "GREEDY"]
+           "row_uniforms", "draw", "argmax_first", "greedy", "GREEDY", "vocab_shards",
+           "top_k_over_vocab", "gather_over_vocab"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +101,73 @@ def argmax_first(x: jax.Array, axis: int = -1) -> jax.Array:
   return jnp.min(jnp.where(hit, idx, x.shape[axis]), axis=axis)
 
 
+def vocab_shards(vocab: int) -> int:
+  """The pieces a vocabulary of `vocab` tokens is split into when traced under a
+  mesh (`jax.set_mesh`: what `specjax.generate` / `speculative_generate` and
+  `specjax.aot` trace decoding under when the params are split): the size of
+  its `model` axis where it divides `vocab`, else 1 (also outside a mesh).
+
+  The sampler's passes over the vocabulary (`sample_from_uniform`,
+  `top_k_over_vocab`, `gather_over_vocab`) take a shape that follows these
+  pieces, so that over logits left split by the vocab-parallel LM head
+  (`specjax.models.layers.whole_vocab`) each device works on its own slice and
+  only per-row scalars cross devices. A static choice: it depends on the mesh's
+  shape, never on a value."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or "model" not in mesh.axis_names:
+    return 1
+  m = mesh.shape["model"]
+  return m if m > 1 and vocab % m == 0 else 1
+
+
+def top_k_over_vocab(x: jax.Array, k: int, shards: Optional[int] = None):
+  """`jax.lax.top_k(x, k)` over the last (vocabulary) axis, as (values, int32
+  indices), computed per vocabulary piece (`vocab_shards`) and merged: each of
+  the `shards` contiguous pieces keeps its own top k, and the top k of those
+  `shards * k` candidates is taken. The same values and indices as one
+  `top_k`, ties included (a lower index first: within a piece by `top_k`'s own
+  rule, across pieces because candidates are ordered by piece); a split
+  vocabulary then never has to be gathered. `shards`: default `vocab_shards`."""
+  v = x.shape[-1]
+  m = vocab_shards(v) if shards is None else shards
+  if m == 1 or v % m or k > v // m:
+    vals, idx = jax.lax.top_k(x, k)
+    return vals, idx.astype(jnp.int32)
+  w = v // m
+  vals, idx = jax.lax.top_k(x.reshape(x.shape[:-1] + (m, w)), k)           # [..., M, k]
+  idx = idx + (jnp.arange(m, dtype=idx.dtype) * w)[:, None]
+  rows = _rows_whole(x.ndim + 1)   # the M x k candidates of a row whole on every device
+  vals, idx = on_mesh(vals, rows), on_mesh(idx, rows)
+  lead = x.shape[:-1]
+  best, pick = jax.lax.top_k(vals.reshape(lead + (m * k,)), k)
+  return best, jnp.take_along_axis(idx.reshape(lead + (m * k,)), pick, axis=-1).astype(jnp.int32)
+
+
+def gather_over_vocab(probs_XV: jax.Array, tokens_X: jax.Array,
+                      shards: Optional[int] = None) -> jax.Array:
+  """`probs_XV[..., tokens_X]` → `[...]`: each row's value at its token.
+
+  On one vocabulary piece (`vocab_shards` = 1) a gather; over a split
+  vocabulary a masked sum instead (one pass over each device's own slice and
+  a per-row all-reduce, where a gather over the split axis would have XLA move
+  the rows). The same values: the sum adds one entry to zeros."""
+  m = vocab_shards(probs_XV.shape[-1]) if shards is None else shards
+  if m == 1:
+    return jnp.take_along_axis(probs_XV, tokens_X[..., None], axis=-1)[..., 0]
+  hit = jax.lax.broadcasted_iota(jnp.int32, probs_XV.shape, probs_XV.ndim - 1) \
+      == tokens_X[..., None]
+  out = jnp.sum(jnp.where(hit, probs_XV, jnp.zeros((), probs_XV.dtype)), axis=-1)
+  return on_mesh(out, _rows_whole(out.ndim))
+
+
+def _rows_whole(ndim: int) -> str:
+  """The `on_mesh` suffix of a per-row array whose every axis but the rows is
+  whole on each device: what the sampler pins its per-row results to over a
+  split vocabulary (XLA's propagation would otherwise spread the rows of such
+  small arrays over the `model` axis and gather them again at each use)."""
+  return "B" + "_" * (ndim - 1)
+
+
 def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   """Turns logits `[..., V]` into the processed float32 distribution `[..., V]`.
 
@@ -110,7 +183,7 @@ def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
     return jax.nn.one_hot(argmax_first(logits), vocab, dtype=jnp.float32)
   logits = logits / config.temperature
   if 0 < config.top_k < vocab:
-    kth = jax.lax.top_k(logits, config.top_k)[0][..., -1:]
+    kth = top_k_over_vocab(logits, config.top_k)[0][..., -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
   probs = jax.nn.softmax(logits, axis=-1)
   if config.top_p < 1.0:
@@ -161,7 +234,7 @@ def row_uniforms(keys_B: jax.Array, n: int) -> jax.Array:
   """`[B, n]` float32 uniforms in [0, 1), row b from `keys_B[b]` in one PRNG
   call (each PRNG call is a loop of its own on XLA:CPU, so a decoding step
   draws all it needs at once)."""
-  return jax.vmap(lambda k: jax.random.uniform(k, (n,), jnp.float32))(keys_B)
+  return on_mesh(jax.vmap(lambda k: jax.random.uniform(k, (n,), jnp.float32))(keys_B), "B_")
 
 
 def sample_tokens(keys_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
@@ -181,7 +254,8 @@ def sample_tokens(keys_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   return sample_from_uniform(row_uniforms(keys_B, 1)[:, 0], probs_BV)
 
 
-def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
+def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array,
+                        shards: Optional[int] = None) -> jax.Array:
   """Inverse-CDF draw of one token per row from a uniform `u_B[b]` in [0, 1).
 
   The method of `torch.multinomial`, done in two levels — blocks of 128
@@ -193,9 +267,18 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   Tokens with zero probability are never drawn; probabilities are resolved to
   the uniform's 2^-23 grid.
 
+  Over a vocabulary split into `shards` pieces (default `vocab_shards`: the
+  mesh's `model` axis when traced under one) a level is added in front: the
+  piece, from the pieces' masses, then the two levels inside each piece, so a
+  device only passes over its own slice; the law is the same (each token's
+  probability is its piece's mass times its share of it), the token for a
+  given uniform may differ where float rounding of the partial sums moves a
+  boundary past it.
+
   Args:
     u_B: float32 uniforms `[B]` in [0, 1).
     probs_BV: probabilities `[B, V]` (as for `sample_tokens`).
+    shards: vocabulary pieces (default: `vocab_shards(V)`); must divide V.
 
   Returns:
     int32 tokens `[B]`.
@@ -204,27 +287,86 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
     raise ValueError(f"probs_BV must be [B, V] and u_B [B]; got probs_BV shape "
                      f"{jnp.shape(probs_BV)} and u_B shape {jnp.shape(u_B)}")
   b, v = probs_BV.shape
+  m = vocab_shards(v) if shards is None else shards
+  if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1 or v % m:
+    raise ValueError(f"shards must be an int >= 1 dividing the vocabulary ({v}), got {m!r}")
   probs_BV = probs_BV.astype(jnp.float32)
   u_B = u_B.astype(jnp.float32)
+  if m == 1:
+    return _inverse_cdf(probs_BV, u_X=u_B)
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty and mesh.shape.get("model", 1) == m:
+    # On the mesh: one piece per device of `model` (its slice of the vocabulary),
+    # one all-gather of the pieces' masses and one all-reduce of the token.
+    rows = "data" if "data" in mesh.axis_names and b % mesh.shape["data"] == 0 else None
+    return jax.shard_map(functools.partial(_draw_own_piece, pieces=m), mesh=mesh,
+                         in_specs=(P(rows), P(rows, "model")), out_specs=P(rows),
+                         check_vma=False)(u_B, probs_BV)
+  return _draw_over_pieces(u_B, probs_BV, m)
+
+
+def _draw_over_pieces(u_B: jax.Array, probs_BV: jax.Array, m: int) -> jax.Array:
+  """The draw over m vocabulary pieces held together (off a mesh: the same
+  arithmetic as `_draw_own_piece` runs on each device)."""
+  b, v = probs_BV.shape
+  w = v // m
+  probs_BMW = probs_BV.reshape(b, m, w)
+  mass_BM = jnp.sum(probs_BMW, axis=-1)
+  target_B = u_B * jnp.cumsum(mass_BM, axis=-1)[:, -1]
+  piece_B, _, excl_BM = _choose(mass_BM, target_B)
+  # Every piece draws with what the target leaves after the pieces before it
+  # (the partial sums `_choose` compared, so the chosen piece's share is >= 0);
+  # only the chosen piece's draw is kept.
+  local_BM = _inverse_cdf(probs_BMW, target_X=target_B[:, None] - excl_BM)
+  return (piece_B * w + jnp.take_along_axis(local_BM, piece_B[:, None], axis=1)[:, 0]
+          ).astype(jnp.int32)
+
+
+def _draw_own_piece(u_B: jax.Array, probs_BW: jax.Array, pieces: int) -> jax.Array:
+  """`_draw_over_pieces` on one device of the `model` axis, holding piece
+  `axis_index("model")` of the vocabulary (`[B, W]`)."""
+  me = jax.lax.axis_index("model")
+  mass_BM = jax.lax.all_gather(jnp.sum(probs_BW, axis=-1), "model", axis=1)   # [B, M]
+  target_B = u_B * jnp.cumsum(mass_BM, axis=-1)[:, -1]
+  piece_B, _, excl_BM = _choose(mass_BM, target_B)
+  local_B = _inverse_cdf(probs_BW, target_X=target_B - excl_BM[:, me])
+  mine_B = jnp.where(piece_B == me, me * probs_BW.shape[1] + local_B, 0)
+  return jax.lax.psum(mine_B, "model").astype(jnp.int32)
+
+
+def _choose(mass_XN: jax.Array, target_X: jax.Array):
+  """The first of N consecutive bins whose cumulative mass exceeds `target_X`
+  (a bin with mass: the clamp only guards float rounding of the target up to
+  the total), the mass before it, and the mass before every bin: `(bin_X,
+  before_X, excl_XN)`."""
+  n = mass_XN.shape[-1]
+  cdf_XN = jnp.cumsum(mass_XN, axis=-1)
+  last_X = n - 1 - jnp.argmax((mass_XN > 0)[..., ::-1], axis=-1)
+  bin_X = jnp.minimum(jnp.sum(cdf_XN <= target_X[..., None], axis=-1), last_X)
+  # Mass before the bin, as the previous cumulative sum itself (<= target by
+  # the choice of bin), so zero-probability tokens are never picked.
+  excl_XN = jnp.concatenate([jnp.zeros_like(cdf_XN[..., :1]), cdf_XN[..., :-1]], axis=-1)
+  before_X = jnp.take_along_axis(excl_XN, bin_X[..., None], axis=-1)[..., 0]
+  return bin_X, before_X, excl_XN
+
+
+def _inverse_cdf(probs_XV: jax.Array, u_X=None, target_X=None) -> jax.Array:
+  """The two-level draw of `sample_from_uniform` over the last axis, for any
+  leading axes: from a uniform `u_X` (the target is u times the row's mass) or
+  from a `target_X` mass directly. Returns int32 indices `[...]`."""
+  lead, v = probs_XV.shape[:-1], probs_XV.shape[-1]
   n_blocks = -(-v // _BLOCK)
-  blocks_BNK = jnp.pad(probs_BV, ((0, 0), (0, n_blocks * _BLOCK - v))).reshape(b, n_blocks, _BLOCK)
-  mass_BN = jnp.sum(blocks_BNK, axis=-1)
-  cdf_BN = jnp.cumsum(mass_BN, axis=-1)
-  target_B = u_B * cdf_BN[:, -1]
-  # First block whose cumulative mass exceeds the target (it has mass > 0);
-  # the clamp only guards float rounding of u * total up to the total.
-  has_mass_BN = mass_BN > 0
-  last_block_B = n_blocks - 1 - jnp.argmax(has_mass_BN[:, ::-1], axis=-1)
-  blk_B = jnp.minimum(jnp.sum(cdf_BN <= target_B[:, None], axis=-1), last_block_B)
-  # Mass before the block, as the previous cumulative sum itself (<= target
-  # by the choice of block), so zero-probability tokens are never picked.
-  excl_BN = jnp.pad(cdf_BN[:, :-1], ((0, 0), (1, 0)))
-  before_B = jnp.take_along_axis(excl_BN, blk_B[:, None], axis=1)[:, 0]
-  row_BK = jnp.take_along_axis(blocks_BNK, blk_B[:, None, None], axis=1)[:, 0]
-  within_BK = before_B[:, None] + jnp.cumsum(row_BK, axis=-1)
-  last_in_B = _BLOCK - 1 - jnp.argmax((row_BK > 0)[:, ::-1], axis=-1)
-  j_B = jnp.minimum(jnp.sum(within_BK <= target_B[:, None], axis=-1), last_in_B)
-  return (blk_B * _BLOCK + j_B).astype(jnp.int32)
+  pad = [(0, 0)] * len(lead) + [(0, n_blocks * _BLOCK - v)]
+  blocks_XNK = jnp.pad(probs_XV, pad).reshape(lead + (n_blocks, _BLOCK))
+  mass_XN = jnp.sum(blocks_XNK, axis=-1)
+  if target_X is None:
+    target_X = u_X * jnp.cumsum(mass_XN, axis=-1)[..., -1]
+  blk_X, before_X, _ = _choose(mass_XN, target_X)
+  row_XK = jnp.take_along_axis(blocks_XNK, blk_X[..., None, None], axis=-2)[..., 0, :]
+  within_XK = before_X[..., None] + jnp.cumsum(row_XK, axis=-1)
+  last_in_X = _BLOCK - 1 - jnp.argmax((row_XK > 0)[..., ::-1], axis=-1)
+  j_X = jnp.minimum(jnp.sum(within_XK <= target_X[..., None], axis=-1), last_in_X)
+  return (blk_X * _BLOCK + j_X).astype(jnp.int32)
 
 
 def draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:

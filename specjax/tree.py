@@ -30,7 +30,7 @@ import numpy as np
 
 from specjax.drafting import CallLayout
 from specjax._checks import check_int
-from specjax.sampling import SamplingConfig, process_logits, sample_from_uniform
+from specjax.sampling import SamplingConfig, process_logits, sample_from_uniform, top_k_over_vocab
 
 __all__ = ["TokenTree", "dynamic_tree_arrays", "CHILD_MODES", "check_child_mode", "draw_children"]
 
@@ -233,8 +233,8 @@ def draw_children(logits_BV: jax.Array, sampling: SamplingConfig, count: int,
   check_child_mode("mode", mode)
   b = logits_BV.shape[0]
   if mode == "top_k" or sampling.is_greedy:   # T = 0: the same decisions as one-hot proposals
-    _, tok_BR = jax.lax.top_k(logits_BV, count)
-    return tok_BR.astype(jnp.int32), None, jnp.ones((b, count), bool)
+    _, tok_BR = top_k_over_vocab(logits_BV, count)
+    return tok_BR, None, jnp.ones((b, count), bool)
   p_BV = process_logits(logits_BV, sampling)
   toks, probs, valid = [], [], []
   q_BV = p_BV

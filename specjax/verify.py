@@ -35,15 +35,16 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from specjax.sampling import argmax_first, row_uniforms, sample_from_uniform
+from specjax.sampling import argmax_first, gather_over_vocab, row_uniforms, sample_from_uniform
 
 __all__ = ["rejection_verify", "greedy_verify", "gather_probs", "candidates_verify",
            "greedy_candidates_verify", "tree_verify"]
 
 
 def gather_probs(probs_BXV: jax.Array, tokens_BX: jax.Array) -> jax.Array:
-  """probs_BXV[b, x, tokens_BX[b, x]] → `[B, X]`."""
-  return jnp.take_along_axis(probs_BXV, tokens_BX[..., None], axis=-1)[..., 0]
+  """probs_BXV[b, x, tokens_BX[b, x]] → `[B, X]` (`sampling.gather_over_vocab`:
+  a masked sum over a split vocabulary)."""
+  return gather_over_vocab(probs_BXV, tokens_BX)
 
 
 def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: jax.Array,
@@ -160,7 +161,7 @@ def candidates_verify(keys_B: jax.Array, cands_BKN: jax.Array, valid_BKN: jax.Ar
     for c in range(k):
       x_B = cands_BKN[:, c, j]
       trial_B = alive_BK[:, c] & valid_BKN[:, c, j] & ~hit_B & ~stopped_B
-      r_x = jnp.take_along_axis(r_BV, x_B[:, None], axis=1)[:, 0]
+      r_x = gather_probs(r_BV, x_B)
       ok_B = trial_B & (u_BX[:, j * k + c] < r_x)
       hit_B = hit_B | ok_B
       x_acc_B = jnp.where(ok_B, x_B, x_acc_B)
@@ -263,13 +264,13 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
       trial_B = (child_B >= 0) & jnp.take_along_axis(valid_BN, safe_B[:, None], axis=1)[:, 0] \
           & ~hit_B & ~stopped_B
       x_B = jnp.take_along_axis(tokens_BN, safe_B[:, None], axis=1)[:, 0]
-      r_x = jnp.take_along_axis(r_BV, x_B[:, None], axis=1)[:, 0]
+      r_x = gather_probs(r_BV, x_B)
       if p_BNV is None:
         ok_B = trial_B & (u_BX[:, d * c + k] < r_x)
         rejected_BV = jnp.where(jax.nn.one_hot(x_B, v, dtype=bool), 0.0, r_BV)
       else:
         p_child_BV = jnp.take_along_axis(p_BNV, safe_B[:, None, None], axis=1)[:, 0]
-        p_x = jnp.take_along_axis(p_child_BV, x_B[:, None], axis=1)[:, 0]
+        p_x = gather_probs(p_child_BV, x_B)
         ok_B = trial_B & (u_BX[:, d * c + k] * p_x < r_x)
         rejected_BV = jnp.maximum(r_BV - p_child_BV.astype(jnp.float32), 0.0)
       mass_B1 = jnp.sum(rejected_BV, axis=1, keepdims=True)

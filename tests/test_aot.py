@@ -322,3 +322,23 @@ def test_a_split_eagle_head_is_laid_out_megatron_style():
     assert p["shared_argument_bytes"] == 2 * s["draft_shared"]
     assert 0.9 <= p["plan"]["ratio"] <= 1.1, p["plan"]
     assert p["plan"]["prompt_hidden_width"] == _DEC.d_model
+
+
+def test_large_sampled_logits_stay_split_over_the_vocabulary():
+  """At batch 64 × 32k tokens the logits of every call are above
+  `layers.GATHER_MAX_BYTES` per device: they stay split over the vocabulary and the
+  sampler works piece by piece (`sampling.vocab_shards`). Per iteration the only
+  all-gathers left are the γ + 1 draws' piece masses (`[B, M]` float32 each), never a
+  `[B, T, V]` block of logits (before: 42 MB gathered per iteration)."""
+  from specjax.sampling import SamplingConfig
+  big = DecoderConfig(vocab_size=32768, d_model=256, num_layers=1, num_heads=4, num_kv_heads=4,
+                      head_dim=128, mlp_dim=512, dtype="bfloat16", param_dtype="bfloat16")
+  gamma, batch = 4, 64
+  run = AotRun("v5e:2x2", DecoderLM(big), (("draft", DecoderLM(big)),), gammas=(gamma,),
+               batch_size=batch, prompt_len=16, max_new_tokens=4, programs=("draft",),
+               draft_replicated=False, sampling=SamplingConfig(1.0))
+  (p,) = run_aot(run, progress=lambda m: None)["programs"]
+  assert p["error"] is None and p["fits"] and p["loop"]["hbm_copies"] == []
+  gathers = p["loop"]["collectives"]["all-gather"]
+  assert gathers["count"] == gamma + 1, p["loop"]["collectives"]
+  assert gathers["bytes"] <= (gamma + 1) * batch * 4 * 4, gathers

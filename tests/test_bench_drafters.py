@@ -58,7 +58,8 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   drafter whose directory is missing is left out (not an error later)."""
   from configs import families as fam_config
   from specjax.experiments import families
-  for preset in ("quick", "full", "block", "pard", "auto_heads", "lookup", "smoke"):
+  for preset in ("quick", "full", "block", "pard", "auto_heads", "lookup", "sampled_full",
+                 "smoke"):
     fam_config.get_config(preset)
   heads = families.options(fam_config.get_config("auto_heads"))
   assert heads.auto and heads.auto_series and heads.eagle_stop == 0.3

@@ -152,3 +152,107 @@ def test_argmax_first_is_numpys_argmax_on_ties_infs_and_nans():
   for bad in (3, -4):  # never wrapped around silently
     with pytest.raises(ValueError, match=rf"axis must be in \[-3, 3\).*got {bad}"):
       argmax_first(jnp.asarray(r), axis=bad)
+
+
+# The sampler over a vocabulary split into pieces (`vocab_shards`: a mesh's `model` axis).
+
+def _dyadic_probs(v, seed):
+  """Probabilities that are multiples of 2^-12 with zero pieces, zero blocks and
+  zeros at edges: every partial sum is exact in float32, so the draw over pieces
+  and the two-level draw must pick the same token for every uniform."""
+  rng = np.random.default_rng(seed)
+  w = rng.integers(0, 4, size=v) * (rng.random(v) < 0.2)
+  w[v // 4:v // 2] = 0            # a whole zero piece at 4 pieces
+  w[0] = 0
+  w[-1] = 3
+  w[v // 2] = 5                    # mass at a piece's first token
+  w = (w * (4096 // max(int(w.sum()), 1))).astype(np.float64)
+  w[np.argmax(w)] += 4096 - w.sum()
+  return (w / 4096).astype(np.float32)
+
+
+@pytest.mark.parametrize("shards", [2, 4, 8])
+def test_draw_over_vocab_pieces_equals_the_two_level_draw(shards):
+  from specjax.sampling import sample_from_uniform
+  v = 1024
+  probs = jnp.asarray(np.stack([_dyadic_probs(v, s) for s in range(4)]))
+  n = 4096
+  u = (jnp.arange(n, dtype=jnp.float32) + 0.5) / n        # a grid over [0, 1)
+  rows = jnp.repeat(probs, n, axis=0)
+  uu = jnp.tile(u, 4)
+  one = np.asarray(sample_from_uniform(uu, rows, shards=1))
+  split = np.asarray(sample_from_uniform(uu, rows, shards=shards))
+  np.testing.assert_array_equal(split, one)
+  # and never a zero-probability token, including the grid's ends
+  ends = jnp.asarray([0.0, np.nextafter(np.float32(1), np.float32(0))], jnp.float32)
+  for r in range(4):
+    got = np.asarray(sample_from_uniform(ends, jnp.broadcast_to(probs[r], (2, v)), shards=shards))
+    assert (np.asarray(probs[r])[got] > 0).all(), got
+
+
+def test_draw_over_vocab_pieces_has_the_law_and_a_negative_control():
+  """Generic (non-dyadic) probabilities: chi-square over 40k draws through four
+  pieces; the same counts against a distribution with two tokens' mass swapped
+  are rejected."""
+  from scipy import stats
+  from specjax.sampling import row_uniforms, sample_from_uniform
+  v = 512
+  probs = np.array(jax.nn.softmax(2 * jax.random.normal(jax.random.key(8), (v,))), np.float64)
+  probs[200:256] = 0.0
+  probs = probs / probs.sum()
+  n = 40000
+  u = row_uniforms(jax.random.split(jax.random.key(9), 1), n)[0]
+  rows = jnp.broadcast_to(jnp.asarray(probs, jnp.float32), (n, v))
+  toks = np.asarray(sample_from_uniform(u, rows, shards=4))
+  counts = np.bincount(toks, minlength=v)
+  assert counts[probs == 0].sum() == 0
+  keep = probs * n >= 5
+  other = counts[~keep & (probs > 0)].sum()
+  obs = np.append(counts[keep], other)
+  exp = np.append(probs[keep], probs[~keep & (probs > 0)].sum()) * n
+  assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-4
+  top = np.argsort(probs)[::-1]
+  wrong = probs.copy()
+  wrong[top[0]], wrong[top[5]] = probs[top[5]], probs[top[0]]
+  exp = np.append(wrong[keep], wrong[~keep & (wrong > 0)].sum()) * n
+  assert stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue < 1e-6
+
+
+def test_draw_over_vocab_pieces_rejects_pieces_that_do_not_divide():
+  from specjax.sampling import sample_from_uniform
+  with pytest.raises(ValueError, match="shards must be an int >= 1 dividing the vocabulary"):
+    sample_from_uniform(jnp.zeros((2,)), jnp.ones((2, 100)), shards=3)
+
+
+@pytest.mark.parametrize("shards", [1, 2, 4, 8])
+def test_top_k_over_vocab_pieces_is_lax_top_k_ties_included(shards):
+  from specjax.sampling import top_k_over_vocab
+  x = jnp.round(2 * jax.random.normal(jax.random.key(3), (3, 5, 256))) / 2   # many ties
+  x = x.at[0, 0].set(0.0)                                                  # all tied
+  for k in (1, 7, 32):
+    vals, idx = top_k_over_vocab(x, k, shards=shards)
+    ref_vals, ref_idx = jax.lax.top_k(x, k)
+    np.testing.assert_array_equal(vals, ref_vals)
+    np.testing.assert_array_equal(idx, ref_idx)
+    assert idx.dtype == jnp.int32
+  # k above a piece's size: one top_k over the whole vocabulary
+  np.testing.assert_array_equal(top_k_over_vocab(x, 200, shards=shards)[1],
+                                jax.lax.top_k(x, 200)[1])
+
+
+def test_gather_over_vocab_pieces_is_a_gather():
+  from specjax.sampling import gather_over_vocab
+  p = jax.random.uniform(jax.random.key(4), (3, 4, 64))
+  t = jax.random.randint(jax.random.key(5), (3, 4), 0, 64)
+  ref = np.take_along_axis(np.asarray(p), np.asarray(t)[..., None], -1)[..., 0]
+  for shards in (1, 4):
+    np.testing.assert_array_equal(gather_over_vocab(p, t, shards=shards), ref)
+
+
+def test_vocab_shards_follow_the_mesh_model_axis():
+  from specjax.sampling import vocab_shards
+  assert vocab_shards(1024) == 1                                 # no mesh
+  if len(jax.devices()) >= 4:
+    mesh = jax.make_mesh((1, 4), ("data", "model"))
+    with jax.set_mesh(mesh):
+      assert vocab_shards(1024) == 4 and vocab_shards(1026) == 1

@@ -243,3 +243,35 @@ def test_a_split_eagle_head_and_gathered_logits_decode_exactly():
                                              k.shape[3])
   assert sharding.suffix_spec("k_BSHD", (4, 16, 2, 8), mesh) == P("data", None, "model", None)
   assert sharding.suffix_spec("lengths", (4,), mesh) == P("data")
+
+
+def test_logits_too_large_to_gather_stay_split_and_sample_exactly():
+  """A verify call's logits above `layers.GATHER_MAX_BYTES` per device stay split over
+  the vocabulary (16 rows per device x 5 positions x 16384 tokens: 5.2 MB), the draft
+  steps' (1.0 MB) are gathered; the sampler then runs over vocabulary pieces
+  (`sampling.vocab_shards`: top-k, top-p, the rejection rule's gathers, the draws) and
+  gives the single-device tokens at T = 0.8 with top-k and top-p, and greedily."""
+  from specjax.models.decoder import DecoderLM, decoder_config
+  from specjax.models.layers import GATHER_MAX_BYTES
+  vocab, batch, gamma = 16384, 32, 4
+  assert 16 * (gamma + 1) * vocab * 4 > GATHER_MAX_BYTES >= 16 * vocab * 4
+  lm = DecoderLM(decoder_config("tiny", vocab_size=vocab, num_layers=1))
+  params = lm.init(jax.random.PRNGKey(0))
+  leaves, tree = jax.tree_util.tree_flatten(params)
+  keys = jax.random.split(jax.random.PRNGKey(7), len(leaves))
+  dparams = jax.tree_util.tree_unflatten(tree, [
+      x + 0.15 * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(1, 11, size=batch)
+  prompts = rng.integers(6, vocab, size=(batch, 10)).astype(np.int32)
+  prompts[np.arange(10)[None] >= lengths[:, None]] = 0
+  prompts, lengths = jnp.asarray(prompts), jnp.asarray(lengths, jnp.int32)
+  mesh = sharding.make_mesh(data=2, model=4)
+  for sampling in (specjax.SamplingConfig(0.8, top_k=50, top_p=0.9), specjax.GREEDY):
+    kw = dict(max_new_tokens=8, gamma=gamma, sampling=sampling, eos_id=EOS)
+    ref = specjax.speculative_generate(lm, params, lm, dparams, prompts, lengths,
+                                       key=jax.random.split(jax.random.key(3), batch), **kw)
+    out = _run_sharded(lm, params, lm, dparams, prompts, lengths, mesh, **kw)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+    np.testing.assert_array_equal(out.stats.accepted, ref.stats.accepted)
+    assert 0 < int(np.sum(ref.stats.accepted)) < batch * 8, sampling   # drafts both pass and fail

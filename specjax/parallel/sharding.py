@@ -10,8 +10,9 @@ inputs are placed with `jax.sharding.NamedSharding`s over a 2-D mesh
   units and the vocabulary — of the output projection and of the embedding
   table (vocab-parallel: a token's row lives on one device; XLA masks the
   lookup and sums it over `model`, and the logits come out split over the
-  vocabulary, gathered where the sampler needs them whole) — go over `model`
-  (Megatron-style). An axis that does not divide evenly is replicated.
+  vocabulary: gathered once per call where they are small, left split where
+  they are large and sampled piece by piece, `layers.whole_vocab`) — go over
+  `model` (Megatron-style). An axis that does not divide evenly is replicated.
 * a model axis larger than the kv heads (8 kv heads, 16 devices) would
   replicate the whole KV cache on every device; `fit_to_mesh` stores each kv
   head `model / K` times instead (`DecoderLM.repeat_kv_heads`, exact), so
@@ -267,9 +268,10 @@ def params_mesh(params) -> Optional[Mesh]:
 def decode_mesh(params):
   """The context a decoding program over `params` is traced in:
   `jax.set_mesh(mesh)` when `params` lie on a mesh of several devices, else a
-  null context. Under it the models gather their logits over the vocabulary
-  once per call (`specjax.models.layers.whole_vocab`) instead of running every
-  reduction of the sampler as a collective over vocab-split logits.
+  null context. Under it the models lay their logits out for the sampler
+  (`specjax.models.layers.whole_vocab`: gathered over the vocabulary once per
+  call when small, else left split and sampled over vocabulary pieces,
+  `specjax.sampling.vocab_shards`).
 
   Decided from the first leaf alone (one flatten of the tree per call, not a
   look at every leaf's sharding as `params_mesh` takes: a params tree is placed
