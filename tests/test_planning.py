@@ -92,6 +92,22 @@ def test_activation_estimate_matches_its_definition():
   assert plan.per_device_bytes == (plan.target_params + plan.target_cache + plan.activations)
 
 
+def test_logits_above_the_gather_limit_are_planned_split_over_the_vocabulary():
+  """Logits of more than `layers.GATHER_MAX_BYTES` per device stay split over the
+  vocabulary (`layers.whole_vocab`): the plan counts 1/model of them; up to the limit
+  they are whole on every device."""
+  from specjax.models.layers import GATHER_MAX_BYTES
+  v, rows = 2 ** 15, 32                     # 32 rows per device x V float32 = the limit
+  assert rows * v * F32 == GATHER_MAX_BYTES
+  big = dataclasses.replace(TARGET, vocab_size=v)
+  kw = dict(mesh_shape=(2, 4), batch_size=2 * rows, cache_len=16)
+  for t, logits in ((1, rows * v * F32), (2, rows * 2 * v * F32 // 4)):
+    # Only the logits depend on the vocabulary: the difference to a 64-token plan.
+    diff = (memory_plan(big, activation_tokens=t, **kw).activations
+            - memory_plan(TARGET, activation_tokens=t, **kw).activations)
+    assert diff == logits - rows * t * 64 * F32, t
+
+
 def test_a_fused_attention_kernel_keeps_the_cached_scores_off_the_plan():
   """With `attention_kernel="pallas"` on a cache the kernel takes (slots and
   head_dim multiples of 128) the score term is the new tokens' block and the
