@@ -13,7 +13,6 @@ Shapes: any leading dims `[...]`, vocabulary last (`V`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import numbers
 from typing import Optional
 
@@ -299,32 +298,27 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array,
     # On the mesh: one piece per device of `model` (its slice of the vocabulary),
     # one all-gather of the pieces' masses and one all-reduce of the token.
     rows = "data" if "data" in mesh.axis_names and b % mesh.shape["data"] == 0 else None
-    return jax.shard_map(functools.partial(_draw_own_piece, pieces=m), mesh=mesh,
+    return jax.shard_map(_draw_own_piece, mesh=mesh,
                          in_specs=(P(rows), P(rows, "model")), out_specs=P(rows),
                          check_vma=False)(u_B, probs_BV)
   return _draw_over_pieces(u_B, probs_BV, m)
 
 
 def _draw_over_pieces(u_B: jax.Array, probs_BV: jax.Array, m: int) -> jax.Array:
-  """The draw over m vocabulary pieces held together (off a mesh: the same
-  arithmetic as `_draw_own_piece` runs on each device)."""
+  """The draw over m vocabulary pieces held together (off a mesh): the
+  per-device draw `_draw_own_piece`, mapped over the pieces as the `model` axis."""
   b, v = probs_BV.shape
-  w = v // m
-  probs_BMW = probs_BV.reshape(b, m, w)
-  mass_BM = jnp.sum(probs_BMW, axis=-1)
-  target_B = u_B * jnp.cumsum(mass_BM, axis=-1)[:, -1]
-  piece_B, _, excl_BM = _choose(mass_BM, target_B)
-  # Every piece draws with what the target leaves after the pieces before it
-  # (the partial sums `_choose` compared, so the chosen piece's share is >= 0);
-  # only the chosen piece's draw is kept.
-  local_BM = _inverse_cdf(probs_BMW, target_X=target_B[:, None] - excl_BM)
-  return (piece_B * w + jnp.take_along_axis(local_BM, piece_B[:, None], axis=1)[:, 0]
-          ).astype(jnp.int32)
+  per_piece = jax.vmap(_draw_own_piece, in_axes=(None, 1),
+                       axis_name="model")(u_B, probs_BV.reshape(b, m, v // m))
+  return per_piece[0]   # the all-reduced token: the same on every piece
 
 
-def _draw_own_piece(u_B: jax.Array, probs_BW: jax.Array, pieces: int) -> jax.Array:
-  """`_draw_over_pieces` on one device of the `model` axis, holding piece
-  `axis_index("model")` of the vocabulary (`[B, W]`)."""
+def _draw_own_piece(u_B: jax.Array, probs_BW: jax.Array) -> jax.Array:
+  """The draw over vocabulary pieces on one device of the `model` axis, holding
+  piece `axis_index("model")` of the vocabulary (`[B, W]`): the pieces' masses
+  gathered, the piece chosen from them, every piece drawing with what the target
+  leaves after the pieces before it (the partial sums `_choose` compared, so the
+  chosen piece's share is >= 0), and the chosen piece's token summed over the axis."""
   me = jax.lax.axis_index("model")
   mass_BM = jax.lax.all_gather(jnp.sum(probs_BW, axis=-1), "model", axis=1)   # [B, M]
   target_B = u_B * jnp.cumsum(mass_BM, axis=-1)[:, -1]
