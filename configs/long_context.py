@@ -104,6 +104,9 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eval.variants = []
   c.eval.variant_contexts = [2048, 4096]
   c.eval.variant_settings = ["greedy"]
+  # Drafts measured again with gamma="auto" (γ per iteration from {0, 1, 2, 4, 8}) in every
+  # cell, beside their own AR run (stages of their own).
+  c.eval.auto_drafts = ["lookup", "window", "small"]
 
   if preset == "quick":
     c.data.spm_sentences = 10_000
@@ -142,6 +145,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.eval.settings = ["greedy", "t1"]
     c.eval.sampled_batches = [2]
     c.eval.variants = ["window@1"]
+    c.eval.auto_drafts = ["lookup"]
     c.eval.variant_contexts = [96]
     c.eval.variant_settings = ["greedy", "t1"]
     c.eval.component_repeats = 1

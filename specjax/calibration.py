@@ -241,10 +241,13 @@ _RESOLVED: Dict[tuple, GammaCosts] = {}
 
 
 @register
-@jax.jit(static_argnums=0, donate_argnames=("target_cache", "draft_cache"))
+@jax.jit(static_argnums=0)
 def _start(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP, lengths_B, keys_B,
            target_cache, draft_cache):
-  """The prefill and the drafter's start alone (the calibration's base)."""
+  """The prefill and the drafter's start alone (the calibration's base).
+  The caches are not donated: none of them is returned, so XLA could not
+  reuse them (it warned, on every first `gamma="auto"` call, that they
+  were not usable)."""
   state = dec.init_state(target_params, draft_params, prompts_BP, lengths_B, keys_B,
                          target_cache, draft_cache)
   return state.tokens, state.seq_len

@@ -1,5 +1,7 @@
 """Long contexts: chunked prefill, decoding from one prefill, the cost model."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -219,12 +221,22 @@ def test_micro_run_measures_every_cell_exactly(micro_run):
     assert 1.0 <= v["tokens_per_iteration"] <= 2.0 and v["predicted"] > 0
     if c["setting"] == "greedy":
       assert v["identical"] == 1.0
+    a = c["summary"]["lookup@auto"]  # prompt lookup again with gamma="auto"
+    assert a["predicted"] is None and 0.0 <= a["alpha"] <= 1.0 and a["speedup"] > 0
+    assert set(a["gamma_counts"]) <= {"0", "1", "2", "4", "8"}
+    # Every row ran one γ per iteration: per row at least one, at most all new tokens.
+    rows = int(math.ceil(max(c["batch"], cfg.eval.min_rows) / c["batch"])) * c["batch"]
+    assert rows <= sum(a["gamma_counts"].values()) <= rows * cfg.eval.max_new_tokens
+    assert 1.0 <= a["tokens_per_iteration"] <= 9.0
+    if c["setting"] == "greedy":
+      assert a["identical"] == 1.0
   import os
   for name in ("results.json", "results.md", "speedup_surface.png"):
     assert os.path.exists(os.path.join(cfg.results_dir, name)), name
   md = open(os.path.join(cfg.results_dir, "results.md")).read()
   assert "Crossover" in md and "MagicDec" in md and "NOT IDENTICAL" not in md
   assert "windowed-KV self-draft γ=1" in md
+  assert "prompt lookup γ=auto" in md and '## `gamma="auto"`' in md
 
 
 def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
@@ -240,16 +252,46 @@ def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
 
 
 def test_variants_are_checked():
-  from specjax.experiments.long_context_measure import label, parse_variant
+  from specjax.experiments.long_context_report import is_auto, label, parse_variant
   assert parse_variant("window@2") == ("window", 2)
+  assert parse_variant("small@auto") == ("small", "auto")
+  assert is_auto("small@auto") and not is_auto("small@2") and not is_auto("small")
   assert label("window@2") == "windowed-KV self-draft γ=2" and label("small") == "classic small draft"
-  for bad in ("window", "window@0", "nope@2", "window@x"):
+  for bad in ("window", "window@0", "nope@2", "window@x", "nope@auto", "window@Auto"):
     with pytest.raises(ValueError, match="<draft>@<gamma>"):
       parse_variant(bad)
 
 
+def test_auto_is_compared_with_the_same_drafts_best_fixed_gamma():
+  from specjax.experiments.long_context_report import auto_lines, best_fixed, render
+  s = lambda speedup, **kw: dict(alpha=0.5, tokens_per_call=1.5, speedup=speedup,
+                                 speedup_end_to_end=1.0, identical=1.0, predicted=1.1, **kw)
+  auto = lambda speedup: s(speedup, gamma_counts={"0": 3, "4": 1}) | {"predicted": None}
+  cells = [{"context": 512, "batch": 1, "setting": "greedy", "step_mb": 1.0,
+            "components": {"step_s": 1e-3, "verify_s": 2e-3},
+            "summary": {"lookup": s(1.2), "lookup@2": s(1.5), "window": s(3.0),
+                        "lookup@auto": auto(1.44)}},
+           {"context": 1024, "batch": 1, "setting": "greedy", "step_mb": 1.0,
+            "components": {"step_s": 1e-3, "verify_s": 2e-3},
+            "summary": {"lookup": s(0.8), "window": s(0.5), "lookup@auto": auto(0.96)}}]
+  # Only the same draft's fixed entries count (the window draft's 3.0x is another draft).
+  assert best_fixed(cells[0]["summary"], "lookup@auto") == ("lookup@2", 1.5)
+  assert best_fixed(cells[1]["summary"], "lookup@auto") == ("lookup", 0.8)
+  res = {"cells": cells, "auto": ["lookup@auto"], "variants": ["lookup@2"], "auto_gammas": [0, 4]}
+  (line,) = [x for x in auto_lines(res) if x.startswith("- ")]
+  # vs AR 1.44 / 0.96 (median 1.20, one cell >= 0.97); vs best fixed 0.96 / 1.20.
+  assert "0.96–1.44× AR over 2 cells (median 1.20; ≥ 0.97× in 1)" in line, line
+  assert "0.96–1.20× the draft's best fixed γ (median 1.08; ≥ 0.95× in 2, above it in 1)" in line
+  md = render(dict(res, gamma=4, drafts=["lookup", "window"], hardware="cpu", command="x",
+                   target_params=1e6, weights_mb=4.0, kv_bytes_per_position=100,
+                   max_new_tokens=8, window=16, sinks=2, settings=["greedy"]))
+  assert "**1.44x** (γ 0: 75%, 4: 25%; 1.00)" in md
+  # The goal counts only entries with a prediction (auto has none): 1.2 / 1.1 is within 15%.
+  assert "Measured within 15% of the components' prediction: 1 of 5" in md
+
+
 def test_crossover_is_the_context_from_which_speculation_stays_ahead():
-  from specjax.experiments.long_context_measure import crossovers
+  from specjax.experiments.long_context_report import crossovers
   cell = lambda ctx, b, s: {"context": ctx, "batch": b, "setting": "greedy",
                             "summary": {"window": {"speedup": s}}}
   cells = [cell(512, 1, 0.8), cell(1024, 1, 1.1), cell(2048, 1, 0.9), cell(4096, 1, 1.3),

@@ -10,7 +10,7 @@ matplotlib = pytest.importorskip("matplotlib")
 
 from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
-from specjax.experiments import families, long_context_measure, report, seeds
+from specjax.experiments import families, long_context_report, report, seeds
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def _plots(tmp):
                                                1.0),
       "bars.png": lambda p: report.plot_bars({"g1": {"s": 0.5}, "g2": {"s": 0.7}}, p, "α"),
       "families.png": lambda p: families.plot(fam, p),
-      "surface.png": lambda p: long_context_measure.plot(lc, p),
+      "surface.png": lambda p: long_context_report.plot(lc, p),
       "tokens.png": lambda p: seeds._plot_tokens(seeds.tokens_per_call_exercise(n_max=6), p),
       "alpha.png": lambda p: seeds._plot_alpha_for_speedup(seeds.alpha_for_speedup_exercise(), p),
       "mix.png": lambda p: seeds._plot_mix(seeds.traffic_mix_exercise(), p),

@@ -4,7 +4,7 @@ Nothing in the library imports this package (the architecture contract in
 `.importlinter`); its modules may use everything below them.
 
   leviathan, chen (+ chen_quality, chen_report)   the two paper reproductions
-  long_context (+ long_context_measure)           long contexts x batch
+  long_context (+ _measure, _report)             long contexts x batch
   families                                         every drafter family on one target
   drafter_training, shakespeare_heads             training Medusa / EAGLE heads
   peers, peers_suite                               specjax against transformers

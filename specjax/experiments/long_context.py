@@ -2,10 +2,10 @@
 
 `configs/long_context.py` describes the task, the models and the grid;
 `experiments/long_context.py` runs `run(config)`: the data and the models
-here, the measurements and the report in `long_context_measure` (which also
-holds the cost model and the component timings that
-`benchmarks/long_context_cost.py` measures with random weights before
-anything is trained).
+here, the measurements in `long_context_measure` (which also holds the
+cost model and the component timings that `benchmarks/long_context_cost.py`
+measures with random weights before anything is trained), the report in
+`long_context_report`.
 """
 
 from __future__ import annotations
