@@ -264,7 +264,8 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array,
   forward pass). Callers that need several draws per step take all their
   uniforms from one PRNG call (each PRNG call is a loop of its own on CPU).
   Tokens with zero probability are never drawn; probabilities are resolved to
-  the uniform's 2^-23 grid.
+  the uniform's 2^-23 grid. A row with no mass at all gives V − 1 (an id the
+  models can embed; callers mark such draws invalid).
 
   Over a vocabulary split into `shards` pieces (default `vocab_shards`: the
   mesh's `model` axis when traced under one) a level is added in front: the
@@ -360,7 +361,11 @@ def _inverse_cdf(probs_XV: jax.Array, u_X=None, target_X=None) -> jax.Array:
   within_XK = before_X[..., None] + jnp.cumsum(row_XK, axis=-1)
   last_in_X = _BLOCK - 1 - jnp.argmax((row_XK > 0)[..., ::-1], axis=-1)
   j_X = jnp.minimum(jnp.sum(within_XK <= target_X[..., None], axis=-1), last_in_X)
-  return (blk_X * _BLOCK + j_X).astype(jnp.int32)
+  # A row with no mass names no token; keep its index inside the vocabulary (V − 1),
+  # where the block padding would otherwise put it: a drafter's empty child (top-p
+  # leaving fewer tokens than children) is still fed to the target, and an id past the
+  # embedding table turns the whole call, and the cache, into NaN.
+  return jnp.minimum(blk_X * _BLOCK + j_X, v - 1).astype(jnp.int32)
 
 
 def draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:

@@ -107,12 +107,16 @@ def test_medusa_misuse():
     MedusaConfig(0, 8, 8)
 
 
-@pytest.mark.parametrize("children", ["top_k", "without"])
-def test_medusa_sampling_is_exact_and_the_control_is_caught(children):
+@pytest.mark.parametrize("children,cfg", [("top_k", SamplingConfig(1.0)),
+                                          ("without", SamplingConfig(1.0)),
+                                          ("without", SamplingConfig(0.7, top_p=0.9))], ids=str)
+def test_medusa_sampling_is_exact_and_the_control_is_caught(children, cfg):
+  """At top-p 0.9 the heads' nucleus often holds fewer tokens than a node's
+  children: the empty children must not poison the target's call."""
   lm, params = exact_lm()
   config, dp = _heads(lm, params, k=2, scale=1.0)
   drafter = Medusa(config, TokenTree.from_paths([(0,), (1,), (0, 0)]), children=children)
-  assert_tree_drafter_exact(lm, params, drafter, dp, [3, 1, 4], SamplingConfig(1.0), 3)
+  assert_tree_drafter_exact(lm, params, drafter, dp, [3, 1, 4], cfg, 3)
 
 
 def _train_cfg(**kw):

@@ -127,6 +127,17 @@ def test_sample_tokens_rows_are_independent_of_batch():
   np.testing.assert_array_equal(whole, single)
 
 
+@pytest.mark.parametrize("v,shards", [(8, 1), (300, 1), (256, 2)])
+def test_a_row_without_mass_draws_an_id_inside_the_vocabulary(v, shards):
+  """A drafter's empty child (top-p leaving fewer tokens than children) is
+  drawn from zeros and still fed to the target: its id must be one the
+  embedding holds (V − 1), not an index into the block padding."""
+  from specjax.sampling import sample_from_uniform
+  probs = jnp.zeros((3, v)).at[1, 5].set(1.0)
+  toks = np.asarray(sample_from_uniform(jnp.asarray([0.0, 0.5, 0.999]), probs, shards))
+  assert toks.tolist() == [v - 1, 5, v - 1]
+
+
 def test_sample_from_uniform_rejects_bad_shapes():
   from specjax.sampling import sample_from_uniform
   with pytest.raises(ValueError, match="probs_BV"):
