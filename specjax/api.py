@@ -405,8 +405,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       cost of each γ (`specjax.adaptive`; exact, greedy output unchanged);
       the costs are measured once per model pair, batch and cache-length
       bucket on this machine and stored (`specjax.calibration`). Draft
-      models, `LayerSkip`, `WindowedKV`, `PromptLookup`, `ParallelDraft`
-      and `Eagle` over a static tree support it (Γ capped at what the
+      models, `LayerSkip`, `WindowedKV`, `PromptLookup`, `ParallelDraft`,
+      `Medusa` and `Eagle` over a static tree support it (Γ capped at what the
       drafter can draft: `Drafter.gamma_limit`, e.g. the tree's depth).
       Where no γ > 0 pays even at the rule's prior acceptance (a pair
       whose verify calls cost too much here) and plain steps observe

@@ -1,7 +1,7 @@
 """gamma="auto" for the drafters with a state of their own beyond a draft
-model's cache: EAGLE heads over static trees (plain steps hand the head the
-target's hidden state; γ picks the tree's depth; the confidence stop) and
-PARD (`ParallelDraft`: catch-up after plain steps). The drafts after any
+model's cache: EAGLE and Medusa heads over static trees (plain steps hand
+the head the target's hidden state; γ picks the tree's depth; EAGLE's
+confidence stop) and PARD (`ParallelDraft`: catch-up after plain steps). The drafts after any
 sequence of γ (0 included) equal those of a drafter started afresh on the
 committed tokens; greedy == AR on ragged batches ending by EOS and by
 length; chi-square with a negative control; rows independent and no
@@ -19,13 +19,15 @@ from exact_helpers import (N_SAMPLES, broken_tree_verify, counts_t2_t4, exact_lm
                            optimized_codegen)
 from reference import chi_square_pvalue
 from specjax.adaptive import AdaptiveGamma
-from specjax.drafters import Eagle, ParallelDraft
+from specjax.drafters import Eagle, Medusa, ParallelDraft
 from specjax.drafters.eagle import DynamicTree
 from specjax.generation import SpeculativeDecoder, _draft_input, check_adaptive
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.tree import TokenTree
 from test_adaptive import assert_auto_greedy
 from test_eagle import TREE, _head
+from test_medusa import TREE as MEDUSA_TREE
+from test_medusa import _heads as _medusa_heads
 from test_exactness import residual_from_q_verify
 from tiny import (EOS, assert_rows_independent_and_no_retrace, noisy_draft, ragged_prompts,
                   target)
@@ -46,6 +48,9 @@ def _drafter(name, lm=None, params=None):
       dm, dp = lm, jax.tree_util.tree_unflatten(tree, [
           x + 0.5 * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
     return ParallelDraft(dm, 0), dp, (0, 1, 2, 4)
+  if name == "medusa_tree":   # sampled children at T > 0 (top-k at T = 0)
+    config, dp = _medusa_heads(lm, params, k=3, scale=1.0)
+    return Medusa(config, MEDUSA_TREE, children="without"), dp, (0, 1, 2, 3)
   version = 3 if name == "eagle3_tree" else 1
   config, hp = _head(lm, version)
   tree = {"eagle_chain": TokenTree.chain(4), "eagle3_tree": TREE,
@@ -122,13 +127,14 @@ def test_drafts_after_any_gammas_equal_a_fresh_start(name):
 
 
 @pytest.mark.parametrize("name,per_row", [("eagle_chain", False), ("eagle3_tree", True),
-                                          ("eagle_stop", False), ("pard", True)])
+                                          ("eagle_stop", False), ("pard", True),
+                                          ("medusa_tree", False)])
 def test_greedy_equals_the_target_greedy(name, per_row):
   drafter, dp, _ = _drafter(name)
   for out in assert_auto_greedy(drafter, dp, per_row):
     trace = np.asarray(out.stats.gamma_trace)
     # Γ = (0, 1, 2, 4, 8) capped at what the drafter drafts: a tree's depth.
-    top = {"eagle3_tree": 3, "pard": 8}.get(name, 4)
+    top = {"eagle3_tree": 3, "medusa_tree": 3, "pard": 8}.get(name, 4)
     assert set(trace[trace >= 0]) <= {0, 1, 2, 4, 8, top}
     assert out.stats.accepted_hist.shape[1] == top + 1
 
@@ -143,6 +149,7 @@ def test_rows_independent_and_no_retrace():
 
 
 @pytest.mark.parametrize("name,cfg", [("eagle_stop", T1), ("eagle3_tree", T1),
+                                      ("medusa_tree", SamplingConfig(0.7, top_p=0.9)),
                                       ("pard", SamplingConfig(0.7, top_p=0.9))], ids=str)
 def test_sampling_is_exact_and_the_control_is_caught(name, cfg):
   """Tokens 2..4 of a prompt's 50k copies against the target's exact law,
@@ -153,7 +160,10 @@ def test_sampling_is_exact_and_the_control_is_caught(name, cfg):
   drafter, dp, _ = _drafter(name, lm, params)
   prompt = [3, 1, 4, 3, 1]
   joint = joint_t2_t4(lm, params, prompt, cfg)
-  ad = AdaptiveGamma(gammas=(0, 1, 2))
+  # Medusa's first iteration drafts nothing (no hidden state yet), which leaves it two
+  # iterations in 4 tokens: per-row choices and cheaper drafting make them differ.
+  ad = AdaptiveGamma(gammas=(0, 1, 2), per_row=name == "medusa_tree")
+  costs = (1.0, 1.15, 1.3) if name == "medusa_tree" else (1.0, 1.25, 1.6)
   prompts = jnp.asarray(np.tile(np.array(prompt, np.int32), (N_SAMPLES, 1)))
   lengths = jnp.full((N_SAMPLES,), len(prompt), jnp.int32)
   keys = jax.random.split(jax.random.key(5), N_SAMPLES)
@@ -165,8 +175,7 @@ def test_sampling_is_exact_and_the_control_is_caught(name, cfg):
     dec = SpeculativeDecoder(lm, drafter, 2, cfg, 4, adaptive=ad, **fields)
     with optimized_codegen():
       out = dec.run(params, dp, prompts, lengths, keys, lm.init_cache(N_SAMPLES, need),
-                    drafter.alloc(N_SAMPLES, len(prompt), need, 2),
-                    gamma_costs=(1.0, 1.25, 1.6))
+                    drafter.alloc(N_SAMPLES, len(prompt), need, 2), gamma_costs=costs)
     pvalues[kind] = chi_square_pvalue(counts_t2_t4(np.asarray(out.tokens), lm.vocab_size), joint)
     if kind == "exact":
       drafted = np.asarray(out.stats.drafted)
@@ -214,6 +223,10 @@ def test_gamma_picks_the_depth_of_a_static_tree():
   eagle = Eagle(config, tree, lm)
   assert eagle.gamma_limit == 3 and eagle.layout(2).length == 6
   assert eagle.calls_per_iteration(2) == 2 and eagle.calls_per_iteration(0) == 0
+  medusa = Medusa(_medusa_heads(lm, params)[0], tree)
+  assert medusa.adaptive and medusa.gamma_limit == 3
+  assert [medusa.layout(g).length for g in (1, 2, 3)] == [3, 6, 7]
+  assert medusa.layout(3) == tree.layout()   # the fixed-γ call: the whole tree
   with pytest.raises(ValueError, match="depth must be an int >= 1, got 0"):
     tree.truncated(0)
 
@@ -229,6 +242,9 @@ def test_misuse_is_named():
   with pytest.raises(ValueError, match="goes beyond the 3 drafts Eagle can make per iteration: "
                      "use γ <= 3"):
     check_adaptive(Eagle(config, TREE, lm), AdaptiveGamma(gammas=(0, 2, 4)))
+  with pytest.raises(ValueError, match="goes beyond the 3 drafts Medusa can make per "
+                     "iteration: use γ <= 3"):
+    check_adaptive(Medusa(_medusa_heads(lm, params)[0], MEDUSA_TREE), AdaptiveGamma((0, 2, 4)))
   for bad in (1.0, -0.1, "0.5", True):
     with pytest.raises(ValueError, match="stop_below must be a probability in \\[0, 1\\)"):
       Eagle(config, TREE, lm, stop_below=bad)

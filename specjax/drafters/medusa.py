@@ -22,7 +22,8 @@ greedy tree construction); `TokenTree.chain(K)` is chain mode. The hidden
 state comes from the target call itself: the drafter asks for the target's
 hidden states (`needs_hidden`) and keeps the one at the last accepted
 position. The first iteration after the prompt proposes nothing (a plain
-target step) and yields it.
+target step) and yields it. Under `gamma="auto"` an iteration drafts the
+tree's nodes at most γ deep (γ from Γ, capped at the tree's depth).
 """
 
 from __future__ import annotations
@@ -95,6 +96,21 @@ class Medusa(Drafter):
   def fixed_gamma(self) -> int:
     return self.tree.depth
 
+  @property
+  def adaptive(self) -> bool:
+    """`gamma="auto"` chooses how deep into the tree each iteration drafts
+    (the tree's nodes at most γ deep; γ = 0 a plain target step, whose
+    `update` hands the heads the target's state as a call does)."""
+    return True
+
+  @property
+  def gamma_limit(self) -> int:
+    return self.tree.depth
+
+  def _tree(self, gamma: int) -> TokenTree:
+    """The tree drafted at γ: its nodes at most γ deep."""
+    return self.tree.truncated(gamma) if 0 < gamma < self.tree.depth else self.tree
+
   def check(self, target: Any, gamma: int) -> None:
     if self.config.vocab_size != target.vocab_size:
       raise ValueError(f"the heads' vocab_size ({self.config.vocab_size}) must equal the "
@@ -108,7 +124,7 @@ class Medusa(Drafter):
                       f"{type(target).__name__} has none")
 
   def layout(self, gamma: int) -> CallLayout:
-    return self.tree.layout()
+    return self._tree(gamma).layout()
 
   def check_params(self, params: Any) -> None:
     check_head_params(params, ("heads", "target"), "load_medusa", self.target)
@@ -136,7 +152,7 @@ class Medusa(Drafter):
     if self.config.share_lm_head:
       shared = target_lm_head(self.target, params["target"])
     logits_BKV = head_logits(self.config, params["heads"], state.hidden, shared)
-    tree = self.tree
+    tree = self._tree(gamma)
     b, n = inp.pending_B.shape[0], tree.size
     depths, kids = tree.depths, tree.children
     tokens = [inp.pending_B.astype(jnp.int32)] + [None] * (n - 1)
