@@ -106,7 +106,7 @@ def test_batch_mode_follows_the_rows_that_pay_and_mutes_the_others():
   branch, limit = adaptive.choose(cfg, st, jnp.asarray(COSTS), jnp.ones((3,), bool))
   assert cfg.gammas[int(branch)] == 8 and limit.tolist() == [8, 8, 0]
   per_row = AdaptiveGamma(per_row=True)
-  st = st.replace(accepted_B2=jnp.asarray([[3.0, 9.0], [1.0, 0.5], [0.0, 0.0]]),
+  st = st.replace(accepted_B2=jnp.asarray([[9.0, 40.0], [1.0, 0.5], [0.0, 0.0]]),
                   rejected_B2=jnp.asarray([[0.0, 0.0], [1.0, 1.0], [9.0, 0.0]]))
   branch, limit = adaptive.choose(per_row, st, jnp.asarray(COSTS), jnp.ones((3,), bool))
   assert limit[0] == 8 and 0 < limit[1] < 8 and limit[2] == 0
@@ -702,7 +702,8 @@ def test_the_long_run_rate_is_carried_between_calls():
                                np.float32), np.asarray([40.0, 5.0], np.float32))
   st = AdaptState.zeros(2, 3, start=carried)
   np.testing.assert_allclose(np.asarray(st.slow_B2), [[40.0, 5.0]] * 2)
-  assert float(adaptive.long_run_alpha(cfg, st)[0, 0]) == pytest.approx(41 / 47)
+  m = cfg.prior_weight   # the prior's 0.5 as m pseudo-trials
+  assert float(adaptive.long_run_alpha(cfg, st)[0, 0]) == pytest.approx((40 + 0.5 * m) / (45 + m))
   np.testing.assert_allclose(np.asarray(st.pooled().long_run_2), [40.0, 5.0])
   idled = adaptive.after_idle(cfg, carried, jnp.asarray([10, 10]))
   np.testing.assert_allclose(np.asarray(idled.long_run_2), np.asarray([40.0, 5.0]) * 0.995 ** 10,
