@@ -800,8 +800,8 @@ def _check_adaptive_drafter(drafter: Drafter, ad: AdaptiveGamma) -> None:
   if not drafter.adaptive:
     raise ValueError(f"gamma='auto' needs a drafter that can change γ per iteration (a draft "
                      f"model, LayerSkip, WindowedKV, PromptLookup, PARD, Medusa, EAGLE over a "
-                     f"static tree); {name} fixes its own call (a dynamic tree, a head or a γ of its "
-                     "own): give it a fixed gamma")
+                     f"static tree); {name} fixes its own call (a dynamic tree, a head or a γ "
+                     "of its own): give it a fixed gamma")
   if drafter.gamma_limit is not None and ad.max_gamma > drafter.gamma_limit:
     raise ValueError(f"gamma='auto': Γ {ad.gammas} goes beyond the {drafter.gamma_limit} "
                      f"drafts {name} can make per iteration: use γ <= {drafter.gamma_limit}")
