@@ -48,9 +48,10 @@ def test_a_series_carries_its_estimate_across_calls_and_a_resumed_run(tmp_path, 
   # Each call on its own starts from the prior, which does not pay here: plain steps.
   assert all(g == 0 for t in alone for g in t), alone
   # The series probes at its first call (one draft, then longer ones once it is
-  # accepted) and learns that drafting pays.
-  assert series[0][0] == 1 and max(series[0]) >= 4, series
-  assert min(series[-1]) >= 4, series
+  # accepted: the prior's weight, 6 pseudo-trials, takes a few iterations to overturn)
+  # and learns that drafting pays: the later calls draft long from their start.
+  assert series[0][0] == 1 and max(series[0]) >= 2, series
+  assert min(series[1]) >= 4 and min(series[-1]) >= 4, series
   summary = summarize(records)
   assert summary["self/gauto_series"]["identical_fraction"] == 1.0
   assert summary["self/gauto_series"]["tokens_per_iteration"] > 2.0
