@@ -75,6 +75,10 @@ class Medusa(Drafter):
 
   uses_target_params = False
   needs_hidden = True
+  # `gamma="auto"` chooses how deep into the tree each iteration drafts (the tree's
+  # nodes at most γ deep; γ = 0 a plain target step, whose `update` hands the heads
+  # the target's state as a call does).
+  adaptive = True
 
   def __post_init__(self):
     if self.tree.depth > self.config.num_heads:
@@ -95,13 +99,6 @@ class Medusa(Drafter):
   @property
   def fixed_gamma(self) -> int:
     return self.tree.depth
-
-  @property
-  def adaptive(self) -> bool:
-    """`gamma="auto"` chooses how deep into the tree each iteration drafts
-    (the tree's nodes at most γ deep; γ = 0 a plain target step, whose
-    `update` hands the heads the target's state as a call does)."""
-    return True
 
   @property
   def gamma_limit(self) -> int:

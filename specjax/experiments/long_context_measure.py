@@ -267,7 +267,8 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
   for v in variants:
     parse_variant(v)
   variant_contexts = set(int(x) for x in cfg.eval.get("variant_contexts", cfg.eval.contexts))
-  autos = [f"{d}@{AUTO}" for d in cfg.eval.get("auto_drafts", [])]
+  auto_bases = list(cfg.eval.get("auto_drafts", []))
+  autos = [f"{d}@{AUTO}" for d in auto_bases]
   for a in autos:
     parse_variant(a)
   progress = Progress("long-context cells", len(todo))
@@ -306,8 +307,8 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
       summary[v]["predicted"] = predicted(summary[v], v_sum["ar_step_s"], v_comp, v, v_gamma)
       summary[v]["verify_ratio"] = v_comp["verify_s"] / v_comp["step_s"]
     if autos:   # every auto entry of the cell from one record (one AR beside them)
-      a_drafts = {a: _drafters(cfg, target, tp, draft, dp, [a.partition("@")[0]], AUTO)[
-          a.partition("@")[0]] for a in autos}
+      a_drafts = {f"{d}@{AUTO}": m for d, m in
+                  _drafters(cfg, target, tp, draft, dp, auto_bases, AUTO).items()}
       a_rec = stages.run(f"{name}_auto", lambda: measure_cell(
           cfg, target, tp, a_drafts, prompts, int(batch), setting, cfg.seed, AUTO),
           dict(deps, drafts=autos, gamma=AUTO))

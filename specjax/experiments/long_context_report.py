@@ -93,7 +93,8 @@ def best_fixed(summary: dict, auto_name: str):
 def auto_lines(res: dict) -> List[str]:
   """What `gamma="auto"` did over the grid, against AR and against the
   same draft's best fixed γ in each cell."""
-  autos = [a for a in list(res.get("auto", [])) + list(res.get("variants", [])) if is_auto(a)]
+  autos = [a for a in dict.fromkeys(list(res.get("auto", [])) + list(res.get("variants", [])))
+           if is_auto(a)]
   if not autos:
     return []
   gammas = ", ".join(str(g) for g in res.get("auto_gammas", DEFAULT_GAMMAS))
