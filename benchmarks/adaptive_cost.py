@@ -9,13 +9,16 @@ choice per iteration, its observation, its segments and the draft model's
 catching up are the overhead. Measured on two pairs with random weights
 (the cost of an iteration does not depend on the weights): the main job's
 `quick` T5 pair (6.95M target, 0.07M draft) and `cpu-target-27m` +
-`cpu-draft-1m`. For each: plain decoding, speculative decoding at γ = 1 and
+`cpu-draft-1m`, and the long-context grid's `quick` shapes at a 512-token
+prompt. For each: plain decoding, speculative decoding at γ = 1 and
 4, and `gamma="auto"` with the cost table rigged so that it always chooses 0,
 1 or 4 (`gamma_costs`: that γ cheap, the others prohibitive; rigged to 0, no
 γ pays at the rule's prior, so the call runs plain decoding's program). Each program
 is run with 64 and with 2 new tokens, interleaved round by round; decode
 time per iteration = (median(64) - median(2)) / the difference in
-iterations (the prefill cancels).
+iterations (the prefill cancels). Prompt lookup at γ = 4 and under `auto`
+rigged to 0: it never runs plain decoding's program (a match may appear at
+any token), so its plain step also matches, previews and observes.
 
 Writes `adaptive_cost.json` and `adaptive_cost.md` into --out_dir.
 """
@@ -55,7 +58,19 @@ def _pairs(quick: bool):
   return {"T5 quick (6.95M + 0.07M), prompt 64": (t5t, t5t.init(jax.random.PRNGKey(0)), t5d,
                                                    t5d.init(jax.random.PRNGKey(1)), 64),
           "cpu-target-27m + cpu-draft-1m, prompt 32": (dt, dt.init(jax.random.PRNGKey(0)), dd,
-                                                       dd.init(jax.random.PRNGKey(1)), 32)}
+                                                       dd.init(jax.random.PRNGKey(1)), 32),
+          "long-context quick (4.2M + 0.3M), prompt 512": _long_context_pair()}
+
+
+def _long_context_pair():
+  """configs/long_context.py:quick's shapes: where prompt lookup's plain step matches over
+  ~580 history positions against a 0.4 ms step."""
+  def lm(d_model, layers, heads, head_dim, mlp, tie):
+    return specjax.DecoderLM(specjax.DecoderConfig(
+        vocab_size=2048, d_model=d_model, num_layers=layers, num_heads=heads,
+        num_kv_heads=heads, head_dim=head_dim, mlp_dim=mlp, tie_embeddings=tie))
+  t, d = lm(256, 4, 4, 64, 704, False), lm(96, 1, 2, 48, 256, True)
+  return t, t.init(jax.random.PRNGKey(0)), d, d.init(jax.random.PRNGKey(1)), 512
 
 
 def _quick_t5(d_model, d_kv, num_heads, d_ff, num_layers) -> specjax.T5:
@@ -76,9 +91,12 @@ def measure_pair(target, tp, draft, dp, prompt_len: int, repeats: int) -> dict:
                                                           (1, prompt_len)), jnp.int32)
   ad = AdaptiveGamma()
   g = specjax.GREEDY
+  lookup = specjax.drafters.PromptLookup()
 
   def cells(n):
     sp = lambda **kw: specjax.speculative_generate(target, tp, draft, dp, prompts,
+                                                   max_new_tokens=n, sampling=g, **kw)
+    lk = lambda **kw: specjax.speculative_generate(target, tp, lookup, None, prompts,
                                                    max_new_tokens=n, sampling=g, **kw)
     return {
         "autoregressive": lambda: specjax.generate(target, tp, prompts, max_new_tokens=n,
@@ -88,6 +106,11 @@ def measure_pair(target, tp, draft, dp, prompt_len: int, repeats: int) -> dict:
         "auto, always 0": lambda: sp(gamma=ad, gamma_costs=_forced(ad.gammas.index(0))),
         "auto, always 1": lambda: sp(gamma=ad, gamma_costs=_forced(ad.gammas.index(1))),
         "auto, always 4": lambda: sp(gamma=ad, gamma_costs=_forced(ad.gammas.index(4))),
+        # Prompt lookup never falls back to plain decoding's program (a match may appear at
+        # any token): its plain step also matches the history and observes its preview.
+        "prompt lookup, fixed γ=4": lambda: lk(gamma=4),
+        "prompt lookup auto, always 0": lambda: lk(gamma=ad,
+                                                   gamma_costs=_forced(ad.gammas.index(0))),
     }
 
   runs = {LONG: cells(LONG), SHORT: cells(SHORT)}
@@ -113,7 +136,8 @@ def measure_pair(target, tp, draft, dp, prompt_len: int, repeats: int) -> dict:
   for name, r in rows.items():
     r["x_ar_step"] = r["decode_ms_per_iteration"] / base
   for g_name, auto_name in (("fixed γ=1", "auto, always 1"), ("fixed γ=4", "auto, always 4"),
-                            ("autoregressive", "auto, always 0")):
+                            ("autoregressive", "auto, always 0"),
+                            ("autoregressive", "prompt lookup auto, always 0")):
     rows[auto_name]["x_its_fixed"] = (rows[auto_name]["decode_ms_per_iteration"]
                                       / rows[g_name]["decode_ms_per_iteration"])
   return rows
