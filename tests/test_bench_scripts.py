@@ -161,10 +161,13 @@ def test_adaptive_cost_smoke(tmp_path):
   result = json.loads((tmp_path / "adaptive_cost_quick.json").read_text())
   (rows,) = result["pairs"].values()
   assert set(rows) == {"autoregressive", "fixed γ=1", "fixed γ=4", "auto, always 0",
-                       "auto, always 1", "auto, always 4"}
+                       "auto, always 1", "auto, always 4", "prompt lookup, fixed γ=4",
+                       "prompt lookup auto, always 0"}
   assert rows["autoregressive"]["x_ar_step"] == 1.0   # the baseline against itself
   # Greedy iterations are deterministic: the rigged auto runs as many as its fixed loop.
   assert rows["auto, always 0"]["iterations"] == rows["autoregressive"]["iterations"] == 63
+  assert rows["prompt lookup auto, always 0"]["iterations"] == 63   # a plain step per token
+  assert "x_its_fixed" in rows["prompt lookup auto, always 0"]
   assert rows["auto, always 4"]["iterations"] == rows["fixed γ=4"]["iterations"]
   assert rows["auto, always 1"]["iterations"] == rows["fixed γ=1"]["iterations"]
   for r in rows.values():
