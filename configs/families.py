@@ -13,8 +13,8 @@ Run (from the repository root), after the Chen experiment and the learned drafte
   python experiments/families.py --config=configs/families.py:quick \
       --config.results_dir=results/families   # 29 min measured (before the 3 tasks shared programs)
 
-  (`full`: the same with runs/chen_full and the *_full drafters; 28 min measured, the
-  exact commands in results/families/README.md.)
+  (`full`: the same with runs/chen_full and the *_full drafters; 55 min measured with
+  --config.prompts=8 and 29 rows, the exact commands in results/families/README.md.)
   python experiments/families.py --config=configs/families.py:smoke   # tiny random models
   python experiments/families.py --config=configs/families.py:block \
       --config.results_dir=results/families/block   # block heads, EAGLE-2's sampled trees
