@@ -47,6 +47,19 @@ margin). A drafter that previews its drafts (prompt lookup) needs no such
 exploration: each plain step observes whether its first draft would have
 been accepted (`observe`'s `next_B`).
 
+Retries. The idle drift alone is too slow for a row whose first few drafts
+failed by bad luck or by the prompt's shape (a summary's opening tokens): a
+64-token call ends before it drafts again. So a row that drafted before and
+stopped also retries: it drafts one token again after w plain steps,
+
+    w = (c(γ₁) − c(0)) / (retry_budget · c(0)) · 2^f,
+
+γ₁ the smallest γ > 0 and f the retries it rejected since its last accepted
+first draft (exponential backoff). A row whose drafts keep failing spends a
+vanishing share of its time on them (the waits double); one that was unlucky
+is back within a few retries (each accepted retry resets the wait). A row
+that never drafted in the call (its prior never paid) does not retry.
+
 Across calls: the estimate can outlive a call. `speculative_generate(...,
 acceptance=a)` starts every row from `a` (an `Acceptance`: what earlier
 calls learned, `out.stats.acceptance` — the rows' final counts, averaged)
@@ -61,11 +74,12 @@ the carried estimate says no γ > 0 pays and no probe falls due within the
 call, the call runs plain decoding's program and returns the estimate with
 the idle decay of its steps.
 
-Per row: a row whose own best γ is 0 proposes nothing (its drafts are marked
-invalid) while the others draft; the batch's γ follows the rows that pay
-(`per_row=False`), or is the largest of the rows' own choices
-(`per_row=True`: each row drafts its own γ, the call is as long as the
-longest).
+Per row: the batch's γ follows the rows that pay (`per_row=False`); a row
+whose own best γ is 0 still sends its drafts when the batch drafts (its
+drafts are computed and verified anyway: free tokens and a free
+observation). With `per_row=True` each row drafts its own γ (0: it
+proposes nothing, its drafts marked invalid) and the call is as long as the
+longest.
 
 Exactness. The γ of iteration i (and each row's valid drafts) is a function
 of the state before iteration i — tokens already committed, acceptance
@@ -104,7 +118,7 @@ from specjax._checks import check_int
 
 __all__ = ["AdaptiveGamma", "AdaptState", "Acceptance", "DEFAULT_GAMMAS", "expected_tokens",
            "choose", "observe", "idle_block", "estimated_alpha", "may_draft", "prior_may_draft",
-           "probe_due", "after_idle"]
+           "probe_due", "after_idle", "retry_wait", "steps_to_retry"]
 
 DEFAULT_GAMMAS: Tuple[int, ...] = (0, 1, 2, 4, 8)
 
@@ -154,6 +168,7 @@ class AdaptiveGamma:
     switch_margin: batch mode keeps the current γ unless another scores
       this much better (relative): a change of γ starts a new segment of
       the loop, which copies the caches once (0: always the best score).
+      Plain steps are taken as soon as they score better.
     explore_below, explore_steps: with a carried estimate
       (`acceptance=`), a row whose decayed count of first-draft
       observations is below `explore_below` probes: it drafts (at least
@@ -162,6 +177,11 @@ class AdaptiveGamma:
       `idle_decay` a probe's evidence idles below 1e-4 after ~300-350
       plain steps: a series where drafting does not pay spends one probe
       per ~300 tokens.
+    retry_budget: a row that stopped drafting (a drafter without previews)
+      retries one draft after (c(γ₁) − c(0)) / (retry_budget · c(0)) plain
+      steps, the wait doubling after each rejected retry (module doc): at
+      most this share of a plain step's time goes to retries. 0: no
+      retries (the idle drift alone).
   """
 
   gammas: Tuple[int, ...] = DEFAULT_GAMMAS
@@ -176,6 +196,7 @@ class AdaptiveGamma:
   switch_margin: float = 0.1
   explore_below: float = 1e-4
   explore_steps: int = 4
+  retry_budget: float = 0.05
 
   def __post_init__(self):
     g = self.gammas
@@ -210,6 +231,8 @@ class AdaptiveGamma:
     object.__setattr__(self, "explore_below",
                        _check_fraction("explore_below", self.explore_below))
     check_int("explore_steps", self.explore_steps, 1)
+    object.__setattr__(self, "retry_budget",
+                       _check_fraction("retry_budget", self.retry_budget))
 
   @property
   def max_gamma(self) -> int:
@@ -258,7 +281,12 @@ class AdaptState:
   probe_B: int32 `[B]` drafting iterations left in the row's probe (a
   carried estimate only, `explore`);
   slow_B2: float32 `[B, 2]` the long-run first-draft counts (accepted,
-  rejected), slowly forgotten (None: none, the prior alone).
+  rejected), slowly forgotten (None: none, the prior alone);
+  idle_B: int32 `[B]` iterations since the row last drafted (-1: it has
+  not drafted in this call);
+  backoff_B: int32 `[B]` drafting iterations after a pause whose first
+  draft was rejected, since the row's last accepted first draft (its wait
+  before the next retry doubles with each).
   """
 
   accepted_B2: jax.Array
@@ -270,14 +298,19 @@ class AdaptState:
   peek_B: jax.Array
   probe_B: jax.Array
   slow_B2: Optional[jax.Array] = None
+  idle_B: Optional[jax.Array] = None
+  backoff_B: Optional[jax.Array] = None
   # Static: the estimate is carried across calls (rows without evidence probe).
   explore: bool = struct.field(pytree_node=False, default=False)
+  # Static: rows that stopped drafting retry (`AdaptiveGamma.retry_budget`;
+  # set by the decoder for drafters without previews).
+  retries: bool = struct.field(pytree_node=False, default=False)
 
   @classmethod
-  def zeros(cls, batch: int, iterations: int,
-            start: Optional["Acceptance"] = None) -> "AdaptState":
+  def zeros(cls, batch: int, iterations: int, start: Optional["Acceptance"] = None,
+            retries: bool = False) -> "AdaptState":
     """No evidence (the prior), or every row at a carried `start`
-    (`explore` then set)."""
+    (`explore` then set); `retries`: rows that stopped drafting retry."""
     z = jnp.zeros((batch, 2), jnp.float32)
     acc, rej = z, z
     if start is not None:
@@ -289,7 +322,8 @@ class AdaptState:
     if start is not None and start.long_run_2 is not None:
       slow = jnp.broadcast_to(jnp.asarray(start.long_run_2, jnp.float32), (batch, 2))
     return cls(acc, rej, jnp.zeros((), jnp.int32), zi, trace, zi,
-               jnp.full((batch,), -1, jnp.int32), zi, slow, explore=start is not None)
+               jnp.full((batch,), -1, jnp.int32), zi, slow, zi - 1, zi,
+               explore=start is not None, retries=retries)
 
   def pooled(self) -> "Acceptance":
     """What this call learned, for the next (`Acceptance`): the rows' counts
@@ -417,24 +451,69 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
   probe_B = jnp.zeros_like(active_B)
   if st.explore:   # rows without evidence draft to find out
     probe_B = active_B & (room_B > 0) & (_fresh(cfg, st) | (st.probe_B > 0))
-    own_gamma_B = jnp.where(probe_B & (own_gamma_B == 0), 1, own_gamma_B)
+  if st.retries:   # rows that stopped drafting try one draft again (module doc)
+    probe_B = probe_B | (active_B & (room_B > 0) & _retry_due(cfg, st, costs_G))
+  own_gamma_B = jnp.where(probe_B & (own_gamma_B == 0), 1, own_gamma_B)
   if cfg.per_row:
     limit_B = jnp.where(active_B, own_gamma_B, 0)
     want_G = gam_G[None] >= limit_B[:, None]
     # The shortest call that holds every row's own drafts.
     branch = jnp.argmax(jnp.all(want_G, axis=0))
     return branch.astype(jnp.int32), limit_B.astype(jnp.int32)
-  drafting_B = active_B & (own_gamma_B > 0)
-  tokens_G = jnp.sum(jnp.where(drafting_B[:, None], e_BG, 1.0) * active_B[:, None], axis=0)
+  # A drafting call verifies every row's drafts anyway: each active row
+  # sends its own (E_b(γ) >= 1 tokens), whether or not γ pays for it alone.
+  tokens_G = jnp.sum(e_BG * active_B[:, None], axis=0)
   score_G = tokens_G / costs_G
   branch = jnp.argmax(score_G).astype(jnp.int32)
-  # Hysteresis: leaving the current γ costs a copy of the caches (a new segment).
-  stay = score_G[branch] <= score_G[st.branch] * (1.0 + cfg.switch_margin)
+  # Hysteresis: leaving the current γ costs a copy of the caches (a new
+  # segment) — except for plain steps, taken as soon as they score better
+  # (a margin there would keep a batch drafting at a loss).
+  stay = ((score_G[branch] <= score_G[st.branch] * (1.0 + cfg.switch_margin))
+          & ~((gam_G[branch] == 0) & (score_G[branch] > score_G[st.branch])))
   branch = jnp.where(stay, st.branch, branch)
   first = next(i for i, g in enumerate(cfg.gammas) if g > 0)
   branch = jnp.where(jnp.any(probe_B) & (gam_G[branch] == 0), first, branch).astype(jnp.int32)
-  limit_B = jnp.where(drafting_B, jnp.take(k_BG, branch, axis=1), 0)
+  limit_B = jnp.where(active_B, jnp.take(k_BG, branch, axis=1), 0)
   return branch, limit_B.astype(jnp.int32)
+
+
+_MAX_BACKOFF = 20   # 2^20 waits: no more retries within any call
+
+
+def retry_wait(cfg: AdaptiveGamma, costs_G: jax.Array) -> jax.Array:
+  """float32 `[]`: the plain steps a row that stopped drafting waits before
+  its first retry, (c(γ₁) − c(0)) / (retry_budget · c(0)), at least 1
+  (infinite without a γ = 0 in Γ or without a budget)."""
+  if 0 not in cfg.gammas or cfg.retry_budget == 0:
+    return jnp.float32(np.inf)
+  i0 = cfg.gammas.index(0)
+  i1 = next(i for i, g in enumerate(cfg.gammas) if g > 0)
+  c_G = jnp.asarray(costs_G, jnp.float32)
+  return jnp.maximum((c_G[i1] - c_G[i0]) / (cfg.retry_budget * c_G[i0]), 1.0)
+
+
+def _retry_wait_B(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array) -> jax.Array:
+  """float32 `[B]`: each row's wait in whole steps (float32 rounding of the
+  costs does not add a step)."""
+  wait_B = retry_wait(cfg, costs_G) * jnp.exp2(st.backoff_B.astype(jnp.float32))
+  return jnp.ceil(wait_B - 1e-3)
+
+
+def _retry_due(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array) -> jax.Array:
+  """bool `[B]`: rows that drafted in this call and have waited long enough."""
+  return (st.idle_B >= 0) & (st.idle_B.astype(jnp.float32) >= _retry_wait_B(cfg, st, costs_G))
+
+
+def steps_to_retry(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array,
+                   active_B: jax.Array) -> jax.Array:
+  """int32 `[]`: plain steps until the first active row's retry falls due
+  (0: one is due now; a large number: none will — no retries, or no row
+  has drafted)."""
+  if not st.retries:
+    return jnp.int32(2 ** 30)
+  left_B = jnp.ceil(_retry_wait_B(cfg, st, costs_G) - st.idle_B.astype(jnp.float32))
+  left_B = jnp.where(active_B & (st.idle_B >= 0), jnp.clip(left_B, 0.0, 2.0 ** 30), 2.0 ** 30)
+  return jnp.min(left_B).astype(jnp.int32)
 
 
 def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array,
@@ -547,9 +626,15 @@ def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: 
   if slow is not None:
     ds = jnp.where(seen_B, cfg.slow_decay, cfg.slow_idle_decay)[:, None]
     slow = ds * slow + jnp.stack([acc_B2[:, 0], rej_B2[:, 0]], axis=1) * a[:, None]
+  idle, backoff = st.idle_B, st.backoff_B
+  if idle is not None:   # the retries' clock (module doc)
+    drafted_B = active_B & (valid_B > 0)
+    idle = jnp.where(drafted_B, 0, jnp.where(active_B & (idle >= 0), idle + 1, idle))
+    backoff = jnp.where(drafted_B & (n >= 1), 0, jnp.where(
+        drafted_B & (st.idle_B > 0), jnp.minimum(backoff + 1, _MAX_BACKOFF), backoff))
   return st.replace(accepted_B2=d * st.accepted_B2 + acc_B2 * a[:, None],
                     rejected_B2=d * st.rejected_B2 + rej_B2 * a[:, None], trace_I=trace,
-                    probe_B=probe_B, slow_B2=slow)
+                    probe_B=probe_B, slow_B2=slow, idle_B=idle, backoff_B=backoff)
 
 
 def _fresh(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
@@ -576,5 +661,8 @@ def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Ar
   slow = st.slow_B2
   if slow is not None:
     slow = slow * jnp.power(jnp.float32(cfg.slow_idle_decay), (end - start).astype(jnp.float32))
+  idle = st.idle_B
+  if idle is not None:
+    idle = jnp.where(idle >= 0, idle + (end - start).astype(jnp.int32), idle)
   return st.replace(accepted_B2=st.accepted_B2 * d, rejected_B2=st.rejected_B2 * d,
-                    trace_I=trace, slow_B2=slow)
+                    trace_I=trace, slow_B2=slow, idle_B=idle)

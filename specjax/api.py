@@ -402,7 +402,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       `"auto"` (or a `specjax.AdaptiveGamma` with its own set Γ): each
       iteration chooses γ from Γ = {0, 1, 2, 4, 8} (0: a plain target
       step) in-graph, from each row's running acceptance and the measured
-      cost of each γ (`specjax.adaptive`; exact, greedy output unchanged);
+      cost of each γ (`specjax.adaptive`; exact, greedy output unchanged;
+      a row that stopped drafting retries within `retry_budget`);
       the costs are measured once per model pair, batch and cache-length
       bucket on this machine and stored (`specjax.calibration`). Draft
       models, `LayerSkip`, `WindowedKV`, `PromptLookup`, `ParallelDraft`,

@@ -432,7 +432,10 @@ class SpeculativeDecoder:
                            self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
     if self.adaptive is not None:
       # The drafter's prefill holds the prompt: positions < seq_len.
-      adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens, acceptance)
+      # Rows that stopped drafting retry, unless plain steps observe the
+      # drafts anyway (a drafter that previews them).
+      adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens, acceptance,
+                                         retries=not drafter.offers_room)
       state = state.replace(adapt=adapt.replace(synced_B=state.seq_len))
     return state
 
@@ -611,6 +614,9 @@ class SpeculativeDecoder:
       end = jnp.where(adapt_lib.may_draft(ad, st.adapt, gamma_costs, ~st.done,
                                           max_iters - st.step),
                       start + block, max_iters)
+      # ... until a row's retry falls due (`adaptive.steps_to_retry`).
+      end = jnp.minimum(end, start + jnp.maximum(
+          adapt_lib.steps_to_retry(ad, st.adapt, gamma_costs, ~st.done), 1))
       st = jax.lax.while_loop(
           lambda x: running(x) & (x.step < end),
           lambda x: self._plain_iterate(target_params, draft_params, x)[0], st)

@@ -104,7 +104,27 @@ def test_batch_mode_follows_the_rows_that_pay_and_mutes_the_others():
       accepted_B2=jnp.asarray([[9.0, 40.0], [9.0, 40.0], [0.0, 0.0]]),
       rejected_B2=jnp.asarray([[0.0, 0.0], [0.0, 0.0], [9.0, 0.0]]))
   branch, limit = adaptive.choose(cfg, st, jnp.asarray(COSTS), jnp.ones((3,), bool))
-  assert cfg.gammas[int(branch)] == 8 and limit.tolist() == [8, 8, 0]
+  # The call verifies every row's drafts: the failing row sends its own too.
+  assert cfg.gammas[int(branch)] == 8 and limit.tolist() == [8, 8, 8]
+  # Rows that do not pay alone do not make the batch draft ...
+  bad = st.replace(accepted_B2=jnp.zeros((3, 2)), rejected_B2=jnp.full((3, 2), 9.0))
+  branch, limit = adaptive.choose(cfg, bad, jnp.asarray(COSTS), jnp.ones((3,), bool))
+  assert cfg.gammas[int(branch)] == 0 and limit.tolist() == [0, 0, 0]
+  # ... and a batch that drafts leaves for plain steps as soon as they score
+  # better (no switch margin toward γ = 0), but enters drafting only by it.
+  scores = lambda s: adaptive.expected_tokens(adaptive.estimated_alpha(cfg, s),
+                                              jnp.asarray([[0, 1, 2, 4, 8]]))
+  marginal = bad.replace(accepted_B2=jnp.full((3, 2), 1.0), rejected_B2=jnp.full((3, 2), 6.0),
+                         slow_B2=jnp.asarray([[1.0, 10.0]] * 3))
+  e = np.asarray(scores(marginal))[0] / np.asarray(COSTS)
+  assert e[1:].max() < 1.0 < e[1:].max() * (1 + cfg.switch_margin)   # rigged: just below
+  drafting = marginal.replace(branch=jnp.asarray(1, jnp.int32))
+  assert int(adaptive.choose(cfg, drafting, jnp.asarray(COSTS), jnp.ones((3,), bool))[0]) == 0
+  ahead = marginal.replace(accepted_B2=jnp.full((3, 2), 2.0), rejected_B2=jnp.full((3, 2), 6.0),
+                          slow_B2=jnp.asarray([[2.0, 6.0]] * 3))
+  e = np.asarray(scores(ahead))[0] / np.asarray(COSTS)
+  assert 1.0 < e[1:].max() < 1 + cfg.switch_margin, e   # rigged: better, not by the margin
+  assert int(adaptive.choose(cfg, ahead, jnp.asarray(COSTS), jnp.ones((3,), bool))[0]) == 0
   per_row = AdaptiveGamma(per_row=True)
   st = st.replace(accepted_B2=jnp.asarray([[9.0, 40.0], [1.0, 0.5], [0.0, 0.0]]),
                   rejected_B2=jnp.asarray([[0.0, 0.0], [1.0, 1.0], [9.0, 0.0]]))
@@ -344,6 +364,9 @@ def test_misuse_is_named():
     AdaptiveGamma(prior_alpha=0.0)
   with pytest.raises(ValueError, match="switch_margin must be a real number in \\[0, 10\\), got -0.1"):
     AdaptiveGamma(switch_margin=-0.1)
+  for bad in (1.0, -0.01):
+    with pytest.raises(ValueError, match="retry_budget must lie in \\[0, 1\\)"):
+      AdaptiveGamma(retry_budget=bad)
   kw = dict(max_new_tokens=8, sampling=GREEDY)
   with pytest.raises(ValueError, match="gamma must be an int >= 1, 'auto'"):
     specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="fast", **kw)
@@ -718,3 +741,101 @@ def test_the_long_run_rate_is_carried_between_calls():
                                                  np.asarray([1.0, -1.0], np.float32)))
   with pytest.raises(ValueError, match="slow_idle_decay"):
     AdaptiveGamma(slow_idle_decay=1.0)
+
+
+# ------------------------------------------------ retries after a row stopped
+
+def _retry_gaps(cfg, first_draft_accepted, steps=120):
+  """One row that drafted and stopped (its recent first drafts failed),
+  stepped through choose / observe one iteration at a time; each retry's
+  first draft accepted or not as `first_draft_accepted` says, in order.
+  Returns the plain steps before each drafting iteration."""
+  costs, active = jnp.asarray(COSTS), jnp.ones((1,), bool)
+  st = AdaptState.zeros(1, steps, retries=True).replace(   # a long record of failures
+      rejected_B2=jnp.asarray([[20.0, 0.0]]), slow_B2=jnp.asarray([[0.0, 40.0]]),
+      idle_B=jnp.zeros((1,), jnp.int32))
+  outcomes, gaps, waited = list(first_draft_accepted), [], 0
+  for i in range(steps):
+    branch, limit = adaptive.choose(cfg, st, costs, active)
+    if waited == 0:
+      said = int(adaptive.steps_to_retry(cfg, st, costs, active))
+    if int(limit[0]) == 0:
+      st = adaptive.observe(cfg, st.replace(branch=branch, limit_B=limit),
+                            jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32), active,
+                            jnp.asarray(i))
+      waited += 1
+      continue
+    if not outcomes:
+      break
+    assert int(limit[0]) == 1, limit     # a retry drafts one token
+    if gaps:   # the loop's plain segments end where steps_to_retry said
+      assert said == waited, (said, waited)
+    gaps.append(waited)
+    waited = 0
+    st = adaptive.observe(cfg, st.replace(branch=branch, limit_B=limit),
+                          jnp.asarray([int(outcomes.pop(0))]), jnp.asarray([1]), active,
+                          jnp.asarray(i))
+  return gaps
+
+
+def test_a_row_that_stopped_retries_with_a_doubling_wait():
+  cfg = AdaptiveGamma()
+  costs = jnp.asarray(COSTS)
+  # (c(1) - c(0)) / (retry_budget · c(0)) = 0.2 / 0.05 plain steps.
+  assert float(adaptive.retry_wait(cfg, costs)) == pytest.approx(4.0, rel=1e-5)
+  assert float(adaptive.retry_wait(AdaptiveGamma(retry_budget=0.1), costs)) == pytest.approx(2.0)
+  assert np.isinf(float(adaptive.retry_wait(AdaptiveGamma(retry_budget=0.0), costs)))
+  assert np.isinf(float(adaptive.retry_wait(AdaptiveGamma(gammas=(1, 2)), costs[1:3])))
+  # Rejected retries double the wait; an accepted one resets it.
+  assert _retry_gaps(cfg, [False] * 4) == [4, 8, 16, 32]
+  assert _retry_gaps(cfg, [False, False, True, False]) == [4, 8, 16, 4]
+  assert _retry_gaps(AdaptiveGamma(retry_budget=0.1), [False] * 3) == [2, 4, 8]
+  # Without a budget the row waits for the idle drift alone (far longer).
+  assert _retry_gaps(AdaptiveGamma(retry_budget=0.0), [False], steps=40) == []
+  # A row that has not drafted in this call (its prior never paid) does not retry,
+  # nor does a state without retries (the rule's functions on their own).
+  fresh = AdaptState.zeros(1, 4, retries=True)   # idle_B -1: not drafted yet
+  assert int(adaptive.steps_to_retry(cfg, fresh, costs, jnp.ones((1,), bool))) >= 2 ** 30 - 1
+  idle = AdaptState.zeros(1, 4).replace(idle_B=jnp.asarray([50], jnp.int32),
+                                        rejected_B2=jnp.asarray([[9.0, 0.0]]))
+  assert int(adaptive.choose(cfg, idle, costs, jnp.ones((1,), bool))[1][0]) == 0
+  assert int(adaptive.choose(cfg, idle.replace(retries=True), costs,
+                             jnp.ones((1,), bool))[1][0]) == 1
+
+
+def _wrong_draft():
+  """The target with its output columns rotated: its argmax is always the
+  target's minus one, so at T = 0 every first draft is rejected."""
+  lm, params = target()
+  return lm, dict(params, lm_head={"kernel": jnp.roll(params["lm_head"]["kernel"], -1, axis=1)})
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_the_loop_retries_a_failing_draft_on_schedule(per_row):
+  lm, params = target()
+  _, wrong = _wrong_draft()
+  prompts, lengths = ragged_prompts(batch=2)
+  kw = dict(max_new_tokens=64, sampling=GREEDY, gamma_costs=COSTS)
+  ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=64, sampling=GREEDY)
+
+  def runs(budget):
+    out = specjax.speculative_generate(lm, params, lm, wrong, prompts, lengths, gamma=AdaptiveGamma(
+        retry_budget=budget, per_row=per_row), **kw)
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
+    assert int(np.asarray(out.stats.accepted).sum()) == 0   # the rig: every draft fails
+    trace = np.asarray(out.stats.gamma_trace)
+    trace = trace[trace >= 0]
+    stop = int(np.argmax(trace == 0))
+    assert stop > 0 and (trace[:stop] > 0).all()   # the prior drafts, then the row stops
+    after = "".join("0" if g == 0 else "1" if g == 1 else "x" for g in trace[stop:])
+    return [len(r) for r in after.split("1")], after
+
+  zeros, after = runs(0.05)
+  assert "x" not in after                     # each retry is one draft
+  assert zeros[:3] == [4, 8, 16], after
+  if not per_row:   # (per row, with no switch margin, the idle drift drafts again later)
+    assert len(zeros) == 4 and zeros[-1] < 32, after
+  zeros, after = runs(0.0)
+  assert zeros[0] > 4, after                  # no budget: the idle drift alone, later
+  if not per_row:
+    assert after == "0" * len(after), after   # (batch mode: not within the call)
