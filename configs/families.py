@@ -23,6 +23,8 @@ Run (from the repository root), after the Chen experiment and the learned drafte
   python experiments/families.py --config=configs/families.py:auto_heads \
       --config.results_dir=results/families/auto_heads   # EAGLE-1 / PARD: fixed γ vs auto
       # (after experiments/train_drafter.py:pard_quick into runs/pard_quick)
+  python experiments/families.py --config=configs/families.py:auto_full \
+      --config.results_dir=results/families/auto_full   # every auto row and its fixed γ, full
   python experiments/families.py --config=configs/families.py:sampled_full \
       --config.results_dir=results/families/sampled_full   # EAGLE-2 sampled, the full target
       # (after chen_chinchilla.py:full and train_drafter.py:eagle_full)
@@ -124,11 +126,18 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.auto = False
     c.batches = [1]
     c.only = ["classic draft", "EAGLE-1 chain", "EAGLE-2", "EAGLE-2 sampled"]
+  elif preset == "auto_full":   # results/families/auto_full: each auto row beside its fixed γ
+    c.medusa_dir = c.eagle3_dir = c.block_dir = ""
+    c.prompts = 8
+    c.sampled_children = ""
+    c.only = ["classic draft", "classic draft auto", "prompt lookup", "prompt lookup auto",
+              "PARD chain", "PARD chain auto", "EAGLE-1 chain", "EAGLE-1 chain auto",
+              "EAGLE-1 tree 16", "EAGLE-1 tree 16 auto"]
   elif preset == "smoke":
     c.smoke = True
     c.auto = False
     c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
   elif preset != "full":
     raise ValueError(f"unknown preset {preset!r}; known: quick, full, block, pard, auto_heads, "
-                     "lookup, sampled_full, smoke")
+                     "lookup, sampled_full, auto_full, smoke")
   return c

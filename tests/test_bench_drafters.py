@@ -59,8 +59,12 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   from configs import families as fam_config
   from specjax.experiments import families
   for preset in ("quick", "full", "block", "pard", "auto_heads", "lookup", "sampled_full",
-                 "smoke"):
+                 "auto_full", "smoke"):
     fam_config.get_config(preset)
+  rerun = families.options(fam_config.get_config("auto_full"))
+  assert rerun.auto and rerun.chen_dir == "runs/chen_full" and not rerun.medusa_dir
+  assert {n for n in rerun.only if n.endswith(" auto")} == {
+      f"{n} auto" for n in rerun.only if not n.endswith(" auto")}   # each beside its fixed γ
   heads = families.options(fam_config.get_config("auto_heads"))
   assert heads.auto and heads.auto_series and heads.eagle_stop == 0.3
   assert "EAGLE-1 chain auto stop series" in heads.only
