@@ -592,7 +592,8 @@ class SpeculativeDecoder:
     first draft would have been accepted. Otherwise, where drafting cannot
     pay even at the estimate's ceiling (`adaptive.may_draft`: e.g. the
     prior's acceptance does not pay for this pair's costs), the block runs
-    to the end."""
+    to the end — or to the next retry of a row that stopped drafting
+    (`adaptive.steps_to_retry`)."""
     max_iters = self.max_new_tokens
     ad = self.adaptive
     n = len(ad.gammas)
