@@ -238,6 +238,11 @@ class AdaptiveGamma:
   def max_gamma(self) -> int:
     return self.gammas[-1]
 
+  @property
+  def first_drafting(self) -> int:
+    """The index into Γ of its smallest γ > 0 (a probe's or a retry's call)."""
+    return next(i for i, g in enumerate(self.gammas) if g > 0)
+
   @functools.lru_cache(maxsize=256)
   def limited_to(self, useful: int) -> "AdaptiveGamma":
     """Γ without the values above `useful` (the drafts an output of
@@ -471,13 +476,13 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
   stay = ((score_G[branch] <= score_G[st.branch] * (1.0 + cfg.switch_margin))
           & ~((gam_G[branch] == 0) & (score_G[branch] > score_G[st.branch])))
   branch = jnp.where(stay, st.branch, branch)
-  first = next(i for i, g in enumerate(cfg.gammas) if g > 0)
-  branch = jnp.where(jnp.any(probe_B) & (gam_G[branch] == 0), first, branch).astype(jnp.int32)
+  branch = jnp.where(jnp.any(probe_B) & (gam_G[branch] == 0), cfg.first_drafting, branch).astype(jnp.int32)
   limit_B = jnp.where(active_B, jnp.take(k_BG, branch, axis=1), 0)
   return branch, limit_B.astype(jnp.int32)
 
 
 _MAX_BACKOFF = 20   # 2^20 waits: no more retries within any call
+_NEVER = 2 ** 30     # steps_to_retry where no retry falls due
 
 
 def retry_wait(cfg: AdaptiveGamma, costs_G: jax.Array) -> jax.Array:
@@ -486,8 +491,7 @@ def retry_wait(cfg: AdaptiveGamma, costs_G: jax.Array) -> jax.Array:
   (infinite without a γ = 0 in Γ or without a budget)."""
   if 0 not in cfg.gammas or cfg.retry_budget == 0:
     return jnp.float32(np.inf)
-  i0 = cfg.gammas.index(0)
-  i1 = next(i for i, g in enumerate(cfg.gammas) if g > 0)
+  i0, i1 = cfg.gammas.index(0), cfg.first_drafting
   c_G = jnp.asarray(costs_G, jnp.float32)
   return jnp.maximum((c_G[i1] - c_G[i0]) / (cfg.retry_budget * c_G[i0]), 1.0)
 
@@ -510,9 +514,9 @@ def steps_to_retry(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array,
   (0: one is due now; a large number: none will — no retries, or no row
   has drafted)."""
   if not st.retries:
-    return jnp.int32(2 ** 30)
+    return jnp.int32(_NEVER)
   left_B = jnp.ceil(_retry_wait_B(cfg, st, costs_G) - st.idle_B.astype(jnp.float32))
-  left_B = jnp.where(active_B & (st.idle_B >= 0), jnp.clip(left_B, 0.0, 2.0 ** 30), 2.0 ** 30)
+  left_B = jnp.where(active_B & (st.idle_B >= 0), jnp.clip(left_B, 0.0, _NEVER), float(_NEVER))
   return jnp.min(left_B).astype(jnp.int32)
 
 
