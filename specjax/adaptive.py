@@ -476,7 +476,8 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
   stay = ((score_G[branch] <= score_G[st.branch] * (1.0 + cfg.switch_margin))
           & ~((gam_G[branch] == 0) & (score_G[branch] > score_G[st.branch])))
   branch = jnp.where(stay, st.branch, branch)
-  branch = jnp.where(jnp.any(probe_B) & (gam_G[branch] == 0), cfg.first_drafting, branch).astype(jnp.int32)
+  branch = jnp.where(jnp.any(probe_B) & (gam_G[branch] == 0), cfg.first_drafting,
+                     branch).astype(jnp.int32)
   limit_B = jnp.where(active_B, jnp.take(k_BG, branch, axis=1), 0)
   return branch, limit_B.astype(jnp.int32)
 
