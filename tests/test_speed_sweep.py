@@ -72,3 +72,40 @@ def test_the_speedup_at_ar_lengths():
   assert matched_speedup(ar, {"seconds": 6.0, "tokens": 50}, 5, 0.2) == pytest.approx(10 / 11)
   # Where both emit as many tokens it is the per-token speedup.
   assert matched_speedup(ar, {"seconds": 8.0, "tokens": 100}, 5, 0.2) == pytest.approx(1.25)
+
+
+def test_call_order_rotates_through_every_position():
+  from specjax.experiments.speed import call_order
+  assert call_order(3, 0) == [-1, 0, 1, 2]
+  assert call_order(3, 1) == [0, 1, 2, -1]
+  assert call_order(3, 6) == [1, 2, -1, 0]
+  # Over cells + 1 consecutive batches each call takes every position once.
+  orders = [call_order(4, b) for b in range(7, 12)]
+  for pos in range(5):
+    assert sorted(o[pos] for o in orders) == [-1, 0, 1, 2, 3]
+
+
+def test_a_sweep_times_its_calls_in_rotated_order(tmp_path, fixed_costs, monkeypatch):
+  calls = []
+  generate, speculative = specjax.generate, specjax.speculative_generate
+
+  def logged_generate(*a, **kw):
+    calls.append("ar")
+    return generate(*a, **kw)
+
+  def logged_speculative(*a, **kw):
+    calls.append(str(kw["gamma"]) + ("+" if kw.get("acceptance") is not None else ""))
+    return speculative(*a, **kw)
+
+  monkeypatch.setattr(specjax, "generate", logged_generate)
+  monkeypatch.setattr(specjax, "speculative_generate", logged_speculative)
+  prompts, lengths = ragged_prompts(batch=4, seed=3)
+  records = _sweep(Stages(str(tmp_path / "stages")), prompts, lengths)
+  timed = calls[-16:]   # after the compiling calls: 4 batches of AR and 3 cells
+  assert timed == ["ar", "1", "auto", "auto+",
+                   "1", "auto", "auto+", "ar",
+                   "auto", "auto+", "ar", "1",
+                   "auto+", "ar", "1", "auto"], timed
+  # Each record still lists its batches in prompt order, whatever the call order.
+  assert [len(r["ar"]["seconds"]) for r in records] == [2, 2]
+  assert all(r["cells"]["self/gauto"]["identical"] == [True, True] for r in records)
