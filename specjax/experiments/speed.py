@@ -3,10 +3,10 @@
 `sweep` runs, for every batch of prompts (batch 1 in the papers' setting),
 the autoregressive baseline and every (draft, γ) cell on the same prompts,
 interleaved, so slow phases of a noisy machine hit all cells alike; the
-order of the calls rotates from batch to batch (`call_order`): with AR
-always first, it always ran right after the last cell, a gamma="auto"
-series running plain decoding's own program, and read 3-9% faster than
-the same program timed in an `auto` cell.
+order of the calls rotates from batch to batch (`call_order`), so no call
+is always timed in the same place (with AR always first, right after the
+last cell, every `auto` cell running AR's own program read 3-9% slower
+than AR in a Leviathan `full` run).
 Compilation happens once per cell before any timing. Results are stored per
 chunk of prompts and per cell as `Stages`, keyed by the models' parameter
 digests and the settings, so a killed run resumes, a rerun costs nothing,
