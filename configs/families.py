@@ -75,6 +75,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
                                        # PARD, EAGLE-1 chain and tree)
   c.eagle_stop = 0.0                   # > 0: an EAGLE-1 chain auto row with this confidence stop
   c.auto_series = False                # each auto row again, its estimate carried call to call
+  c.agreement_prior = True             # auto rows of trained heads: prior = their agreement
+  c.timing_repeats = 1                 # each call timed this many times in a row (median)
   if preset in ("quick", "block"):
     c.chen_dir = "runs/chen_quick"
     c.medusa_dir = "runs/medusa_quick"
@@ -130,6 +132,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.medusa_dir = c.eagle3_dir = c.block_dir = ""
     c.prompts = 8
     c.sampled_children = ""
+    c.timing_repeats = 3   # one batch of 8 at batch 8: a call timed once is ±10%
     c.only = ["classic draft", "classic draft auto", "prompt lookup", "prompt lookup auto",
               "PARD chain", "PARD chain auto", "EAGLE-1 chain", "EAGLE-1 chain auto",
               "EAGLE-1 tree 16", "EAGLE-1 tree 16 auto"]

@@ -2,6 +2,7 @@
 `experiments/families.py`): the smoke run's report, goals and resume, and the
 config's options."""
 
+import dataclasses
 import json
 import os
 
@@ -108,3 +109,20 @@ def test_a_series_row_passes_the_estimate_it_is_given(monkeypatch):
   assert seen[0][0] == "auto" and seen[0][1].evidence() == 0.0      # a fresh estimate
   assert seen[1] == ("auto", carried)
   assert seen[2] == ("auto", "absent")
+
+
+def test_an_auto_row_of_a_trained_head_starts_from_its_agreement():
+  """families.auto_gamma: a recorded agreement's first entry is the prior
+  (clipped), without one (or with agreement_prior off) plain "auto"; the
+  row's buffers are sized for its Γ."""
+  from specjax.adaptive import AdaptiveGamma
+  from specjax.experiments import families
+  opts = families.FamilyOptions(chen_dir="c", data_cache="d", work_dir="w")
+  g = families.auto_gamma(opts, (0.79, 0.6))
+  assert isinstance(g, AdaptiveGamma) and g.prior_alpha == 0.79
+  assert g.gammas == AdaptiveGamma().gammas and families._room(g) == 8
+  assert families.auto_gamma(opts, (0.999,)).prior_alpha == 0.95
+  assert families.auto_gamma(opts, (0.0,)).prior_alpha == 0.05
+  assert families.auto_gamma(opts, None) == "auto"
+  off = dataclasses.replace(opts, agreement_prior=False)
+  assert families.auto_gamma(off, (0.79,)) == "auto"

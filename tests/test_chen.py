@@ -12,7 +12,7 @@ import pytest
 import specjax
 from configs import chen_chinchilla as chen_config
 from specjax.checkpoints.orbax_io import restore_model
-from specjax.drafters import load_parallel_draft
+from specjax.drafters import load_parallel_draft, read_agreement
 from specjax.data import build_task
 from specjax.data import code as code_lib
 from specjax.data.code_vocab import code_sentences, round_trip_failures, train_code_sentencepiece
@@ -165,6 +165,12 @@ def test_micro_run_trains_a_pard_draft(micro_run, tmp_path):
   td = _drafter_job(cfg, "pard_micro", tmp_path / "pard")
   out = drafter_training.run(td)
   assert "eval" in json.dumps(out["summary"]) and out["draft_params"] > 0
+  # Its validation accuracies by depth, recorded as the heads' agreement is:
+  # the next token's, then the three slots'.
+  ev = out["summary"]["last_eval"]
+  assert read_agreement(td.workdir) == (
+      ev["eval_accuracy"], *(ev[f"eval_slot{j}_accuracy"] for j in (1, 2, 3)))
+  assert read_agreement(os.path.join(cfg.workdir, "draft_parallel")) is None
   target, tp = restore_model(os.path.join(cfg.workdir, "target", "final"))
   prompts = jnp.asarray(np.random.default_rng(0).integers(3, target.vocab_size, (2, 6)),
                         jnp.int32)

@@ -374,6 +374,8 @@ def test_eagle_training_learns_and_resumes_exactly(tmp_path, version):
   full = train_eagle(lm, params, config, data, None, cfg, str(tmp_path / "a"), loss=loss)
   assert full["final"] and full["agreement"].shape == (3,)
   assert full["agreement"][0] > before[0] + 0.15, (before, full["agreement"])
+  # The record a run leaves beside its head (e.g. a prior for gamma="auto").
+  assert specjax.drafters.read_agreement(full["final"]) == tuple(full["agreement"].tolist())
   if version == 3:   # resuming is the shared loop's (a block head's resume: test_block)
     half = train_eagle(lm, params, config, data, None, cfg, str(tmp_path / "b"), loss=loss,
                        stop_at_step=20)
@@ -393,3 +395,17 @@ def test_eagle_training_learns_and_resumes_exactly(tmp_path, version):
   np.testing.assert_array_equal(out.tokens, gen.tokens)
   tau = float(np.asarray(out.stats.accepted).sum() / np.asarray(out.stats.target_calls).sum())
   assert tau > 0.5, tau
+
+
+def test_an_agreement_record_is_read_or_named(tmp_path):
+  from specjax.drafters import read_agreement
+  assert read_agreement(str(tmp_path)) is None   # no record: None
+  (tmp_path / "final").mkdir()
+  path = tmp_path / "final" / "agreement.json"
+  path.write_text('{"agreement_by_step": [0.8, 0.5]}')
+  assert read_agreement(str(tmp_path)) == (0.8, 0.5)
+  for bad in ('{"agreement_by_step": [1.5]}', '{"agreement_by_step": []}', '{"acc": [0.5]}',
+              '{"agreement_by_step": [0.8,'):
+    path.write_text(bad)
+    with pytest.raises(ValueError, match="agreement.json"):
+      read_agreement(str(tmp_path))

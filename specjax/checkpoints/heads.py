@@ -1,8 +1,9 @@
 """Loading trained draft heads: Medusa heads and EAGLE heads.
 
 A run of `experiments/train_drafter.py` writes the heads to `<dir>/final`
-(orbax params + `config.json`, and Medusa's validation `accuracy.json`);
-these load from `<dir>` itself or from `<dir>/final`.
+(orbax params + `config.json`, Medusa's validation `accuracy.json`, and
+the validation top-1 agreement by draft depth, `agreement.json`, of EAGLE
+heads and PARD drafts); these load from `<dir>` itself or from `<dir>/final`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from specjax.checkpoints.orbax_io import restore_params
 from specjax.models.eagle_head import EagleConfig
 from specjax.models.medusa_head import MedusaConfig
 
-__all__ = ["final_dir", "load_medusa_heads", "load_eagle_head"]
+__all__ = ["final_dir", "load_medusa_heads", "load_eagle_head", "read_agreement"]
 
 
 def final_dir(directory: str) -> str:
@@ -47,3 +48,27 @@ def load_eagle_head(directory: str) -> Tuple[EagleConfig, Dict[str, Any]]:
   if not isinstance(config, EagleConfig):
     raise ValueError(f"{d} holds a {type(config).__name__}, not an EAGLE head")
   return config, params
+
+
+def read_agreement(directory: str) -> Optional[Tuple[float, ...]]:
+  """The validation top-1 agreement with the target's argmax by draft depth
+  that training recorded (`agreement.json` in `<dir>` or `<dir>/final`;
+  entry 0: a first draft's greedy acceptance rate, teacher-forced), or None
+  where the run recorded none. E.g. the prior of `gamma="auto"`:
+  `AdaptiveGamma(prior_alpha=read_agreement(dir)[0])`.
+
+  Raises:
+    ValueError: naming the file when it is unreadable or not a list of
+      fractions in [0, 1].
+  """
+  path = as_path(final_dir(directory)) / "agreement.json"
+  if not path.exists():
+    return None
+  try:
+    values = tuple(float(v) for v in json.loads(path.read_text())["agreement_by_step"])
+    if not values or not all(0.0 <= v <= 1.0 for v in values):
+      raise ValueError(f"agreement_by_step {values}")
+  except (OSError, KeyError, TypeError, ValueError) as e:
+    raise ValueError(f"{path}: not a record of top-1 agreement by draft depth "
+                     f"({{\"agreement_by_step\": [fractions in [0, 1]]}}): {e}") from None
+  return values

@@ -34,6 +34,7 @@ from specjax.drafters.parallel import ParallelDraft, ParallelState, load_paralle
 from specjax.drafters.prompt_lookup import LookupState, PromptLookup
 from specjax.drafters.suffix import SuffixCorpus, SuffixDraft, outputs_of
 from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
+from specjax.checkpoints.heads import read_agreement
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               chain_layout, is_drafter)
 from specjax.models.eagle_head import EagleConfig, init_eagle
@@ -45,4 +46,4 @@ __all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "
            "SuffixCorpus", "outputs_of", "LayerSkip",
            "LayerSkipLM", "WindowedKV", "WindowedLM", "WindowCache", "Lookahead",
            "LookaheadState", "Medusa", "MedusaConfig", "init_heads", "choose_tree", "load_medusa",
-           "Eagle", "EagleConfig", "DynamicTree", "init_eagle", "load_eagle"]
+           "Eagle", "EagleConfig", "DynamicTree", "init_eagle", "load_eagle", "read_agreement"]

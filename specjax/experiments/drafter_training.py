@@ -249,7 +249,7 @@ def _run_pard(cfg, target, train_data, valid, workdir) -> Dict[str, Any]:
   seq_len = int(train_data.tokens.shape[1]) - 1
   train_or_restore(draft, _distill_source(train_data, seq_len), tc, workdir,
                    eval_dataset=_distill_source(valid, seq_len), init_params=dp)
-  summary = json.loads((atomic_io.as_path(workdir) / "summary.json").read_text())
+  summary = record_pard_agreement(workdir)
   out = {"config": cfg.to_dict(), "final": os.path.join(workdir, "final"),
          "draft_dir": draft_dir, "draft_params": draft.config.num_params(),
          "summary": summary}
@@ -258,6 +258,24 @@ def _run_pard(cfg, target, train_data, valid, workdir) -> Dict[str, Any]:
     atomic_io.atomic_write_json(f"{d}/pard.json", out if d == workdir
                                 else dict(out, final=_relative(out["final"])))
   return out
+
+
+def record_pard_agreement(workdir: str) -> Dict[str, Any]:
+  """Writes `<workdir>/final/agreement.json` from a PARD run's summary and
+  returns the summary: the validation next-token accuracy on the target's
+  greedy continuations is a first draft's greedy acceptance rate, mask slot
+  j's the (j + 1)-th draft's given the right prefix — the record an EAGLE
+  head's training leaves (`read_agreement`). Nothing where the run has no
+  validation record."""
+  summary = json.loads((atomic_io.as_path(workdir) / "summary.json").read_text())
+  ev = summary.get("last_eval") or {}
+  if "eval_accuracy" in ev:
+    agree, j = [float(ev["eval_accuracy"])], 1
+    while f"eval_slot{j}_accuracy" in ev:
+      agree.append(float(ev[f"eval_slot{j}_accuracy"]))
+      j += 1
+    atomic_io.atomic_write_json(f"{workdir}/final/agreement.json", {"agreement_by_step": agree})
+  return summary
 
 
 def _relative(path: str) -> str:

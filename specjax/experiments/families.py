@@ -49,10 +49,11 @@ from absl import logging
 
 import specjax
 from specjax import drafters
+from specjax._checks import check_int
 from specjax.adaptive import AdaptiveGamma
 from specjax.atomic_io import atomic_write_text
 from specjax.checkpoints import params_digest
-from specjax.checkpoints.heads import final_dir, load_eagle_head
+from specjax.checkpoints.heads import final_dir, load_eagle_head, read_agreement
 from specjax.checkpoints.orbax_io import restore_model
 from specjax.data import load_task
 from specjax.drafters.eagle import DynamicTree, Eagle
@@ -60,6 +61,7 @@ from specjax.drafters.medusa import Medusa, choose_tree
 from specjax.drafting import Drafter
 from specjax.experiments.common import copy_results, find_tokenizer, open_workdir, pad_batch
 from specjax.experiments.report import save, subplots
+from specjax.experiments.speed import call_order
 from specjax.experiments.stages import Stages, array_digest
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.compiles import DECODE_LOOPS, TraceCounter
@@ -132,6 +134,10 @@ class FamilyOptions:
   auto: bool = False
   eagle_stop: float = 0.0
   auto_series: bool = False   # each auto row again as a series ("... series", `SERIES`)
+  # The auto rows of trained drafters with a recorded agreement (EAGLE-1, PARD:
+  # `read_agreement`) start from its first entry as the prior (`auto_gamma`).
+  agreement_prior: bool = True
+  timing_repeats: int = 1   # each call run this many times in a row, its median time kept
   eagle_dynamic: Tuple[int, int, int] = (4, 4, 16)
   eagle_tree_nodes: int = 16
   sampled_children: str = "without"
@@ -245,7 +251,7 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
     pd, pp = drafters.load_parallel_draft(opts.pard_dir)
     pard["PARD chain"] = (pd, pp, min(g, pd.slots + 1))
     if opts.auto:
-      pard["PARD chain auto"] = (pd, pp, "auto")
+      pard["PARD chain auto"] = (pd, pp, auto_gamma(opts, read_agreement(opts.pard_dir)))
   entries = {
       "classic draft": (draft, dp, g),
       **pard,
@@ -271,7 +277,7 @@ def build_drafters(opts: "FamilyOptions", target, tp, draft, dp, prompts, length
   }
   if opts.auto_series:   # each "auto" row again with its estimate carried through the cell
     entries.update({f"{name} series": (d, p, SERIES)
-                    for name, (d, p, gam) in list(entries.items()) if gam == "auto"})
+                    for name, (d, p, gam) in list(entries.items()) if _is_auto(gam)})
   return entries, choice
 
 
@@ -301,8 +307,7 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
   if opts.eagle_dir:
     cfg, head = load_eagle_head(opts.eagle_dir)
     dp = {"head": head, "target": tp}
-    with open(os.path.join(final_dir(opts.eagle_dir), "agreement.json"), encoding="utf-8") as f:
-      agreement = json.load(f)["agreement_by_step"]
+    agreement = _agreement(opts.eagle_dir)
     out["EAGLE-1 chain"] = (Eagle(cfg, TokenTree.chain(opts.gamma), target), dp, None)
     static = eagle_static_tree(agreement, opts.eagle_tree_nodes)
     out[f"EAGLE-1 tree {opts.eagle_tree_nodes}"] = (Eagle(cfg, static, target, "top_k"), dp,
@@ -312,12 +317,13 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
           Eagle(cfg, static, target, opts.sampled_children), dp, None)
     if opts.auto:
       chain = TokenTree.chain(AdaptiveGamma().max_gamma)
-      out["EAGLE-1 chain auto"] = (Eagle(cfg, chain, target), dp, "auto")
+      auto = auto_gamma(opts, agreement)
+      out["EAGLE-1 chain auto"] = (Eagle(cfg, chain, target), dp, auto)
       out[f"EAGLE-1 tree {opts.eagle_tree_nodes} auto"] = (
-          Eagle(cfg, static, target, "top_k"), dp, "auto")
+          Eagle(cfg, static, target, "top_k"), dp, auto)
       if opts.eagle_stop:
         out["EAGLE-1 chain auto stop"] = (Eagle(cfg, chain, target, stop_below=opts.eagle_stop),
-                                          dp, "auto")
+                                          dp, auto)
     out["EAGLE-2"] = (Eagle(cfg, dyn, target, "top_k"), dp, None)
     if opts.sampled_children:
       out["EAGLE-2 sampled"] = (Eagle(cfg, dyn, target, opts.sampled_children), dp, None)
@@ -337,8 +343,7 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
       raise ValueError(f"block_dir={opts.block_dir!r} holds an autoregressive EAGLE head "
                        f"(EagleConfig.block = 0), not a block head")
     dp = {"head": head, "target": tp}
-    with open(os.path.join(final_dir(opts.block_dir), "agreement.json"), encoding="utf-8") as f:
-      agreement = json.load(f)["agreement_by_step"]
+    agreement = _agreement(opts.block_dir)
     out["block chain"] = (Eagle(cfg, TokenTree.chain(cfg.block), target), dp, None)
     static = eagle_static_tree(agreement, opts.eagle_tree_nodes)
     out[f"block tree {opts.eagle_tree_nodes}"] = (Eagle(cfg, static, target, "top_k"), dp, None)
@@ -348,11 +353,37 @@ def _eagle_entries(opts: "FamilyOptions", target, tp) -> dict:
   return out
 
 
+def _agreement(directory: str):
+  agreement = read_agreement(directory)
+  if agreement is None:
+    raise ValueError(f"{final_dir(directory)} holds no agreement.json (the validation "
+                     "agreement by depth a head's training records): train it with "
+                     "experiments/train_drafter.py")
+  return agreement
+
+
+def auto_gamma(opts: "FamilyOptions", agreement):
+  """An auto row's γ: "auto", or with `opts.agreement_prior` and a
+  drafter's recorded agreement by depth, `AdaptiveGamma` whose prior is its
+  first entry (a first draft's greedy acceptance on the head's validation
+  data; clipped into [0.05, 0.95]), so a head that accepts drafts from
+  the call's first iteration where the default prior (0.5) would not."""
+  if not opts.agreement_prior or agreement is None:
+    return "auto"
+  return AdaptiveGamma(prior_alpha=min(max(float(agreement[0]), 0.05), 0.95))
+
+
+def _is_auto(g) -> bool:
+  return g == "auto" or isinstance(g, AdaptiveGamma)
+
+
 def _room(g) -> int:
   """The γ an entry's buffers are sized for: its own, 4 for drafters that
   fix theirs (None), max Γ for gamma="auto"."""
   if g is None:
     return 4
+  if isinstance(g, AdaptiveGamma):
+    return g.max_gamma
   return AdaptiveGamma().max_gamma if g in ("auto", SERIES) else int(g)
 
 
@@ -437,8 +468,13 @@ def _run(target, tp, entry, x, n, key, sampling, max_new, acceptance=None):
   return out
 
 
-def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) -> dict:
-  """AR and every drafter on the same batches, interleaved batch by batch."""
+def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new,
+                 repeats: int = 1) -> dict:
+  """AR and every drafter on the same batches, interleaved batch by batch,
+  their order rotated by one from batch to batch; `repeats`: each call is
+  run this many times in a row and its median time kept (every row then
+  timed warm, whichever program ran before it)."""
+  repeats = check_int("timing_repeats", repeats, 1)
   sampling = GREEDY if temp == 0 else SamplingConfig(float(temp))
   nb = len(prompts) // batch
   batches = [(jnp.asarray(prompts[i * batch:(i + 1) * batch]),
@@ -468,14 +504,20 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new) ->
   carried = {}   # "auto series" rows: the estimate each call leaves, from a fresh one per cell
   with TraceCounter() as timed:  # nothing may compile while timing
     for i, (x, n, k) in enumerate(batches):
-      order = names if i % 2 == 0 else [names[0]] + names[:0:-1]
       ref = None
-      for name in order:
-        t0 = now()
-        out = _run(target, tp, entries.get(name), x, n, k, sampling, max_new,
-                   carried.get(name))
-        r = rec[name]
-        r["seconds"] += now() - t0
+      outs = {}
+      for j in call_order(len(names) - 1, i):
+        name = names[j + 1]
+        times = []
+        for _ in range(repeats):
+          t0 = now()
+          out = _run(target, tp, entries.get(name), x, n, k, sampling, max_new,
+                     carried.get(name))
+          times.append(now() - t0)
+        rec[name]["seconds"] += float(np.median(times))
+        outs[name] = out
+      for name in names:   # in row order: AR's tokens first, for the identity check
+        out, r = outs[name], rec[name]
         if name != "autoregressive" and entries[name][2] == SERIES:
           carried[name] = out.stats.acceptance
         if name != "autoregressive" and isinstance(entries[name][1], drafters.SuffixCorpus):
@@ -771,7 +813,9 @@ def run_options(opts: "FamilyOptions") -> dict:
       "tasks": {}, "sources": {t: v[2] for t, v in prompts.items()}}
   models = {"target": params_digest(tp), **{
       name: [repr(e[0]) if isinstance(e[0], Drafter) else repr(e[0].config),
-             None if e[1] is None else params_digest(e[1]), e[2]] for name, e in entries.items()}}
+             None if e[1] is None else params_digest(e[1]),
+             repr(e[2]) if isinstance(e[2], AdaptiveGamma) else e[2]]
+      for name, e in entries.items()}}
   # Tasks innermost: the prompts of every task share one shape, so the cells of one
   # (temperature, batch) run the same executables; they are freed (XLA:CPU keeps memory
   # mappings per executable) only when the setting changes.
@@ -780,11 +824,12 @@ def run_options(opts: "FamilyOptions") -> dict:
   for i, (task, temp, b) in enumerate(todo):
     x, lens, _ = prompts[task]
     deps = {"models": models, "prompts": array_digest(x, lens), "max_new": max_new,
-            "temperature": temp, "batch": b}
+            "temperature": temp, "batch": b,
+            **({"repeats": opts.timing_repeats} if opts.timing_repeats > 1 else {})}
     key = f"{task}/T{temp:g}_B{b}"
     before = len(stages.computed)
-    cell = stages.run(key, lambda: measure_cell(target, tp, entries, x, lens, b, temp, max_new),
-                      deps)
+    cell = stages.run(key, lambda: measure_cell(target, tp, entries, x, lens, b, temp, max_new,
+                                                opts.timing_repeats), deps)
     measured = len(stages.computed) > before
     results["tasks"].setdefault(task, []).append(cell)
     done += measured
@@ -832,6 +877,8 @@ def options(cfg) -> FamilyOptions:
       eagle_tree_nodes=int(cfg.eagle_tree_nodes), auto=bool(cfg.get("auto", False)),
       eagle_stop=float(cfg.get("eagle_stop", 0.0)),
       auto_series=bool(cfg.get("auto_series", False)),
+      agreement_prior=bool(cfg.get("agreement_prior", True)),
+      timing_repeats=int(cfg.get("timing_repeats", 1)),
       sampled_children=str(cfg.get("sampled_children", "without")),
       only=tuple(str(x) for x in cfg.get("only", ())),
       eagle_shapes=tuple(tuple(int(v) for v in x) for x in cfg.get("eagle_shapes", ())),
