@@ -537,8 +537,10 @@ class SpeculativeDecoder:
     """The state with the next iteration's γ (`state.adapt.branch`) and each
     row's valid drafts (`limit_B`) chosen from the state alone."""
     ad = self.adaptive
+    left_B = self.max_new_tokens - state.out_len   # the batch's "finish" objective
     if not self.drafter.offers_room:
-      branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done)
+      branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done,
+                                         left_B=left_B)
       return state.replace(adapt=state.adapt.replace(branch=branch, limit_B=limit_B))
     # The drafts each row would send, one past max Γ: the call is sized by
     # how many there are, and the one after the row's valid drafts is kept
@@ -546,7 +548,7 @@ class SpeculativeDecoder:
     room_B, drafts_BW = self.drafter.preview(draft_params, state.draft_cache,
                                              _draft_input(state), ad.max_gamma + 1)
     branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done,
-                                       jnp.minimum(room_B, ad.max_gamma))
+                                       jnp.minimum(room_B, ad.max_gamma), left_B)
     peek_B = jnp.where(room_B > limit_B,
                        jnp.take_along_axis(drafts_BW, limit_B[:, None], axis=1)[:, 0], -1)
     return state.replace(adapt=state.adapt.replace(branch=branch, limit_B=limit_B,

@@ -103,9 +103,26 @@ def test_batch_mode_follows_the_rows_that_pay_and_mutes_the_others():
   st = AdaptState.zeros(3, 2).replace(
       accepted_B2=jnp.asarray([[9.0, 40.0], [9.0, 40.0], [0.0, 0.0]]),
       rejected_B2=jnp.asarray([[0.0, 0.0], [0.0, 0.0], [9.0, 0.0]]))
-  branch, limit = adaptive.choose(cfg, st, jnp.asarray(COSTS), jnp.ones((3,), bool))
+  ones = jnp.ones((3,), bool)
+  thr = AdaptiveGamma(batch_objective="throughput")
+  branch, limit = adaptive.choose(thr, st, jnp.asarray(COSTS), ones)
   # The call verifies every row's drafts: the failing row sends its own too.
+  assert thr.gammas[int(branch)] == 8 and limit.tolist() == [8, 8, 8]
+  # "finish" (the default): the call lasts until its last row ends. A failing
+  # row with as far to go as the others keeps the batch plain (drafts would
+  # not end the call sooner) ...
+  for left in (None, [50, 50, 50]):
+    branch, limit = adaptive.choose(cfg, st, jnp.asarray(COSTS), ones,
+                                    left_B=None if left is None else jnp.asarray(left))
+    assert cfg.gammas[int(branch)] == 0 and limit.tolist() == [0, 0, 0], left
+  # ... one that is nearly done does not (and sends its drafts along).
+  branch, limit = adaptive.choose(cfg, st, jnp.asarray(COSTS), ones,
+                                  left_B=jnp.asarray([50, 50, 1]))
   assert cfg.gammas[int(branch)] == 8 and limit.tolist() == [8, 8, 8]
+  # A finished row does not count, whatever it had left.
+  branch, _ = adaptive.choose(cfg, st, jnp.asarray(COSTS), jnp.asarray([True, True, False]),
+                              left_B=jnp.asarray([50, 50, 50]))
+  assert cfg.gammas[int(branch)] == 8
   # Rows that do not pay alone do not make the batch draft ...
   bad = st.replace(accepted_B2=jnp.zeros((3, 2)), rejected_B2=jnp.full((3, 2), 9.0))
   branch, limit = adaptive.choose(cfg, bad, jnp.asarray(COSTS), jnp.ones((3,), bool))
@@ -367,6 +384,8 @@ def test_misuse_is_named():
   for bad in (1.0, -0.01):
     with pytest.raises(ValueError, match="retry_budget must lie in \\[0, 1\\)"):
       AdaptiveGamma(retry_budget=bad)
+  with pytest.raises(ValueError, match="batch_objective must be one of .*'finish'.*got 'fast'"):
+    AdaptiveGamma(batch_objective="fast")
   kw = dict(max_new_tokens=8, sampling=GREEDY)
   with pytest.raises(ValueError, match="gamma must be an int >= 1, 'auto'"):
     specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, gamma="fast", **kw)
@@ -801,6 +820,29 @@ def test_a_row_that_stopped_retries_with_a_doubling_wait():
   assert int(adaptive.choose(cfg, idle, costs, jnp.ones((1,), bool))[1][0]) == 0
   assert int(adaptive.choose(cfg, idle.replace(retries=True), costs,
                              jnp.ones((1,), bool))[1][0]) == 1
+
+
+def test_a_batch_retries_once_every_row_that_drafted_is_due():
+  """Batch mode, "finish": a retry is the batch's drafting call, taken when
+  the last row that drafted is due (a row that never drafted does not
+  count); "throughput" and per-row mode: when any row is due."""
+  costs, active = jnp.asarray(COSTS), jnp.ones((3,), bool)   # a wait of 4 plain steps
+  st = AdaptState.zeros(3, 8, retries=True).replace(
+      rejected_B2=jnp.full((3, 2), 20.0), slow_B2=jnp.asarray([[0.0, 40.0]] * 3))
+  thr, per_row, cfg = (AdaptiveGamma(batch_objective="throughput"),
+                       AdaptiveGamma(per_row=True), AdaptiveGamma())
+
+  def drafts(c, idle):
+    s = st.replace(idle_B=jnp.asarray(idle, jnp.int32))
+    return (c.gammas[int(adaptive.choose(c, s, costs, active)[0])],
+            int(adaptive.steps_to_retry(c, s, costs, active)))
+
+  assert drafts(cfg, [9, 2, -1]) == (0, 2)   # row 1 is due in 2 steps; row 2 never drafted
+  assert drafts(cfg, [9, 4, -1]) == (1, 0)
+  assert drafts(cfg, [9, 4, 0]) == (0, 4)    # row 2 drafted just now: its wait counts
+  assert drafts(thr, [9, 2, -1]) == (1, 0)
+  assert drafts(per_row, [9, 2, -1]) == (1, 0)
+  assert drafts(cfg, [-1, -1, -1])[1] >= 2 ** 30 - 1   # none drafted: no retry
 
 
 def _wrong_draft():
