@@ -109,6 +109,12 @@ def test_a_series_row_passes_the_estimate_it_is_given(monkeypatch):
   assert seen[0][0] == "auto" and seen[0][1].evidence() == 0.0      # a fresh estimate
   assert seen[1] == ("auto", carried)
   assert seen[2] == ("auto", "absent")
+  # A recorded agreement's prior is for greedy decoding; sampled, the default prior.
+  from specjax.adaptive import AdaptiveGamma
+  prior = AdaptiveGamma(prior_alpha=0.8)
+  for sampling, want in ((specjax.GREEDY, prior), (specjax.SamplingConfig(1.0), "auto")):
+    families._run(None, None, ("drafter", None, prior), None, None, None, sampling, 4)
+    assert seen[-1] == (want, "absent")
 
 
 def test_an_auto_row_of_a_trained_head_starts_from_its_agreement():

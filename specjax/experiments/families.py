@@ -367,7 +367,10 @@ def auto_gamma(opts: "FamilyOptions", agreement):
   drafter's recorded agreement by depth, `AdaptiveGamma` whose prior is its
   first entry (a first draft's greedy acceptance on the head's validation
   data; clipped into [0.05, 0.95]), so a head that accepts drafts from
-  the call's first iteration where the default prior (0.5) would not."""
+  the call's first iteration where the default prior (0.5) would not. At
+  T > 0 (`_run`) the row takes the default prior: greedy agreement says
+  little about a sampled draft's acceptance (EAGLE-1's top-k tree drafted
+  on it at T = 1 and ran 0.86-0.88x AR)."""
   if not opts.agreement_prior or agreement is None:
     return "auto"
   return AdaptiveGamma(prior_alpha=min(max(float(agreement[0]), 0.05), 0.95))
@@ -459,6 +462,8 @@ def _run(target, tp, entry, x, n, key, sampling, max_new, acceptance=None):
   else:
     d, dp, g = entry
     kw = {}
+    if isinstance(g, AdaptiveGamma) and not sampling.is_greedy:
+      g = "auto"   # a recorded agreement is a greedy acceptance rate (`auto_gamma`)
     if g == SERIES:
       g, kw = "auto", {"acceptance": acceptance or specjax.Acceptance.fresh()}
     out = specjax.speculative_generate(target, tp, d, dp, x, n, max_new_tokens=max_new,
@@ -470,10 +475,12 @@ def _run(target, tp, entry, x, n, key, sampling, max_new, acceptance=None):
 
 def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new,
                  repeats: int = 1) -> dict:
-  """AR and every drafter on the same batches, interleaved batch by batch,
-  their order rotated by one from batch to batch; `repeats`: each call is
-  run this many times in a row and its median time kept (every row then
-  timed warm, whichever program ran before it)."""
+  """AR and every drafter on the same batches, interleaved batch by batch;
+  `repeats`: the batch's calls run in that many rounds, each call's median
+  time kept. The order rotates by one from round to round and batch to
+  batch (`call_order`), so each row is timed in several positions even in
+  a cell of one batch (at batch 8 a call timed once, or always after the
+  same other one, moved ±10% between runs)."""
   repeats = check_int("timing_repeats", repeats, 1)
   sampling = GREEDY if temp == 0 else SamplingConfig(float(temp))
   nb = len(prompts) // batch
@@ -505,17 +512,16 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new,
   with TraceCounter() as timed:  # nothing may compile while timing
     for i, (x, n, k) in enumerate(batches):
       ref = None
-      outs = {}
-      for j in call_order(len(names) - 1, i):
-        name = names[j + 1]
-        times = []
-        for _ in range(repeats):
+      outs, times = {}, {name: [] for name in names}
+      for rnd in range(repeats):
+        for j in call_order(len(names) - 1, i * repeats + rnd):
+          name = names[j + 1]
           t0 = now()
-          out = _run(target, tp, entries.get(name), x, n, k, sampling, max_new,
-                     carried.get(name))
-          times.append(now() - t0)
-        rec[name]["seconds"] += float(np.median(times))
-        outs[name] = out
+          outs[name] = _run(target, tp, entries.get(name), x, n, k, sampling, max_new,
+                            carried.get(name))
+          times[name].append(now() - t0)
+      for name in names:
+        rec[name]["seconds"] += float(np.median(times[name]))
       for name in names:   # in row order: AR's tokens first, for the identity check
         out, r = outs[name], rec[name]
         if name != "autoregressive" and entries[name][2] == SERIES:
