@@ -28,6 +28,7 @@ from specjax.experiments.common import Progress
 from specjax.experiments.long_context_report import (AUTO, is_auto, parse_variant, plot,
                                                      render)
 from specjax.experiments.report import machine_info
+from specjax.experiments.speed import call_order
 from specjax.experiments.stages import array_digest
 from specjax.measure.timing import cache_step_times, now
 
@@ -128,8 +129,8 @@ def measure_cell(cfg, target, tp, drafts, prompts_RC: np.ndarray, batch: int,
                  setting: str, seed: int = 0, gamma: int = None) -> dict:
   """AR and every draft on `prompts_RC` in batches of `batch` rows, each
   batch prefilled once (timed, compilation excluded) and decoded by each
-  decoder from a copy of that prefill (the first batch also once untimed,
-  to compile; with `gamma="auto"` it also measures the γ costs once, see
+  decoder from a copy of that prefill, in an order rotating from batch to
+  batch (the first batch also once untimed, to compile; with `gamma="auto"` it also measures the γ costs once, see
   `specjax.calibration`). Returns seconds, tokens, target calls, drafted
   tokens, accepted histograms, whether each draft's tokens equal AR's
   (greedy: must) and, with `gamma="auto"`, how many iterations ran each γ."""
@@ -173,15 +174,19 @@ def measure_cell(cfg, target, tp, drafts, prompts_RC: np.ndarray, batch: int,
       del out
       return res
 
-    for name in ["ar", *drafts]:
+    names = list(drafts)
+    outs = {}
+    # AR and the drafts in an order rotating from batch to batch (`call_order`).
+    for i in call_order(len(names), start // batch):
+      name = "ar" if i < 0 else names[i]
       if start == 0:
         run(name, pre)  # compile (untimed)
-      sec, toks, lens, stats = run(name, pre)
-      if name == "ar":
-        ar_toks = toks
-        rec["ar"]["seconds"].append(sec)
-        rec["ar"]["tokens"].append(int(lens.sum()))
-        continue
+      outs[name] = run(name, pre)
+    sec, ar_toks, lens, _ = outs["ar"]
+    rec["ar"]["seconds"].append(sec)
+    rec["ar"]["tokens"].append(int(lens.sum()))
+    for name in names:
+      sec, toks, lens, stats = outs[name]
       e = rec[name]
       e["seconds"].append(sec)
       e["tokens"].append(int(lens.sum()))
