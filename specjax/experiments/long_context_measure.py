@@ -130,7 +130,8 @@ def measure_cell(cfg, target, tp, drafts, prompts_RC: np.ndarray, batch: int,
   """AR and every draft on `prompts_RC` in batches of `batch` rows, each
   batch prefilled once (timed, compilation excluded) and decoded by each
   decoder from a copy of that prefill, in an order rotating from batch to
-  batch (the first batch also once untimed, to compile; with `gamma="auto"` it also measures the γ costs once, see
+  batch (the first batch also once untimed, to compile; with
+  `gamma="auto"` it also measures the γ costs once, see
   `specjax.calibration`). Returns seconds, tokens, target calls, drafted
   tokens, accepted histograms, whether each draft's tokens equal AR's
   (greedy: must) and, with `gamma="auto"`, how many iterations ran each γ."""
