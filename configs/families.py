@@ -76,7 +76,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eagle_stop = 0.0                   # > 0: an EAGLE-1 chain auto row with this confidence stop
   c.auto_series = False                # each auto row again, its estimate carried call to call
   c.agreement_prior = True             # auto rows of trained heads: prior = their agreement
-  c.timing_repeats = 1                 # each call timed this many times in a row (median)
+  c.timing_repeats = 1                 # rounds of each batch's calls, rotating; medians kept
   if preset in ("quick", "block"):
     c.chen_dir = "runs/chen_quick"
     c.medusa_dir = "runs/medusa_quick"

@@ -137,7 +137,7 @@ class FamilyOptions:
   # The auto rows of trained drafters with a recorded agreement (EAGLE-1, PARD:
   # `read_agreement`) start from its first entry as the prior (`auto_gamma`).
   agreement_prior: bool = True
-  timing_repeats: int = 1   # each call run this many times in a row, its median time kept
+  timing_repeats: int = 1   # rounds of each batch's calls (rotating order), medians kept
   eagle_dynamic: Tuple[int, int, int] = (4, 4, 16)
   eagle_tree_nodes: int = 16
   sampled_children: str = "without"
@@ -520,10 +520,9 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new,
           outs[name] = _run(target, tp, entries.get(name), x, n, k, sampling, max_new,
                             carried.get(name))
           times[name].append(now() - t0)
-      for name in names:
-        rec[name]["seconds"] += float(np.median(times[name]))
       for name in names:   # in row order: AR's tokens first, for the identity check
         out, r = outs[name], rec[name]
+        r["seconds"] += float(np.median(times[name]))
         if name != "autoregressive" and entries[name][2] == SERIES:
           carried[name] = out.stats.acceptance
         if name != "autoregressive" and isinstance(entries[name][1], drafters.SuffixCorpus):
