@@ -16,7 +16,13 @@ Tables are stored per machine like the tuned decode paths
 keyed by the model pair, Γ, the batch and cache-length buckets (powers of
 two) and the kind of sampling (greedy or not): `specjax.speculative_generate(
 ..., gamma="auto")` looks the table up and measures only when it is missing,
-so a second run (or process) on this machine measures nothing.
+so a second run (or process) on this machine measures nothing — for a day:
+a table older than `MAX_AGE_S` (or stored without its time) is measured
+again, since what an iteration costs relative to a plain step drifts with
+the machine's state (results/chen_chinchilla/README.md: a table stored
+days earlier had one pair's c(2) at 1.45 plain steps where it measured
+1.27-1.39 that day, and the rule drafted one token where two or four
+paid).
 
     costs = specjax.calibrate_gamma_costs(target, tp, drafter, dp, AdaptiveGamma(),
                                           batch_size=1, prompt_len=64, cache_len=512)
@@ -29,6 +35,7 @@ import dataclasses
 import hashlib
 import logging
 import statistics
+import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
@@ -46,12 +53,14 @@ from specjax.protocol import required_cache_len
 from specjax.sampling import SamplingConfig
 
 __all__ = ["GammaCosts", "calibrate_gamma_costs", "lookup_gamma_costs", "gamma_costs_key",
-           "resolve_gamma_costs", "measure_branch_seconds", "COSTS_FILE"]
+           "resolve_gamma_costs", "measure_branch_seconds", "COSTS_FILE", "MAX_AGE_S"]
 
 COSTS_FILE = "gamma_costs.json"
 # Part of every key: bumped when what an iteration at some γ executes changes
 # (a table measured on older code is then measured again, not reused).
 COSTS_VERSION = 3
+# A stored table older than this (seconds; wall clock) is measured again.
+MAX_AGE_S = 24 * 3600.0
 _HIGH = 1e9  # the cost that keeps a branch from ever being chosen
 
 
@@ -104,11 +113,24 @@ def gamma_costs_key(target: Any, drafter: Drafter, adaptive: AdaptiveGamma, batc
           f"batch<={_bucket(batch_size)} | cache<={_bucket(cache_len)} | {kind}")
 
 
-def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma) -> Optional[GammaCosts]:
+def _wall() -> float:
+  """Seconds since the epoch: when a table was measured (tests rig it)."""
+  return time.time()
+
+
+def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma,
+                       max_age_s: float = MAX_AGE_S) -> Optional[GammaCosts]:
   """The table stored under `key` on this machine, or None (also when the
-  stored entry is malformed: it is then measured again)."""
+  stored entry is malformed, or older than `max_age_s`: it is then
+  measured again)."""
   entry = matvec_cache.lookup_entry(COSTS_FILE, key)
   if entry is None:
+    return None
+  measured_at = entry.get("measured_at") if isinstance(entry, dict) else None
+  if not isinstance(measured_at, (int, float)) or not 0 <= _wall() - measured_at <= max_age_s:
+    logging.info("the γ cost table for %s was measured %s: measuring it again", key,
+                 "at an unknown time" if not isinstance(measured_at, (int, float))
+                 else f"{(_wall() - measured_at) / 3600:.1f} h ago")
     return None
   try:
     seconds = tuple(float(s) for s in entry["seconds"])
@@ -196,7 +218,8 @@ def calibrate_gamma_costs(target: Any, target_params: Any, drafter: Drafter, dra
                      calibration_seconds=now() - t_start)
   if store:
     path = matvec_cache.store_entry(COSTS_FILE, key, {"gammas": list(adaptive.gammas),
-                                                      "seconds": list(seconds)})
+                                                      "seconds": list(seconds),
+                                                      "measured_at": _wall()})
     logging.info("γ costs %s stored in %s", dict(zip(adaptive.gammas, seconds)), path)
   return costs
 

@@ -363,6 +363,20 @@ def test_the_cost_table_is_measured_once_stored_and_reused(monkeypatch):
   assert calibration.gamma_costs_key(lm, ModelDrafter(dm), kw["gamma"], 4, slots, GREEDY) != key
   assert calibration.lookup_gamma_costs(calibration.gamma_costs_key(
       lm, ModelDrafter(dm), kw["gamma"], 4, slots, GREEDY), kw["gamma"]) is None
+  # A day later the stored table is stale: the next process measures it again.
+  stored_at = calibration._wall()
+  monkeypatch.setattr(calibration, "_wall", lambda: stored_at + calibration.MAX_AGE_S - 600)
+  assert calibration.lookup_gamma_costs(key, kw["gamma"]) is not None
+  monkeypatch.setattr(calibration, "_wall", lambda: stored_at + calibration.MAX_AGE_S + 60)
+  assert calibration.lookup_gamma_costs(key, kw["gamma"]) is None
+  monkeypatch.setattr(calibration, "_RESOLVED", {})   # a new process
+  specjax.speculative_generate(lm, params, dm, dp, prompts, lengths, **kw)
+  assert len(measured) == 2 and measured[1].measured
+  # A table stored without its time (before tables carried one) is measured again.
+  from specjax.models import matvec_cache
+  matvec_cache.store_entry(calibration.COSTS_FILE, key, {"gammas": [0, 1, 3],
+                                                         "seconds": [1.0, 1.2, 1.5]})
+  assert calibration.lookup_gamma_costs(key, kw["gamma"]) is None
 
 
 # ------------------------------------------------------------------ misuse
