@@ -109,12 +109,23 @@ def test_a_series_row_passes_the_estimate_it_is_given(monkeypatch):
   assert seen[0][0] == "auto" and seen[0][1].evidence() == 0.0      # a fresh estimate
   assert seen[1] == ("auto", carried)
   assert seen[2] == ("auto", "absent")
-  # A recorded agreement's prior is for greedy decoding; sampled, the default prior.
+  # A recorded agreement's prior: greedy, for every drafter; sampled, for drafts
+  # drawn from a distribution, the default prior for deterministic ones (top-k).
   from specjax.adaptive import AdaptiveGamma
+  from specjax.drafters.eagle import Eagle, EagleConfig
+  from specjax.tree import TokenTree
+  target = specjax.DecoderLM(specjax.decoder_config("tiny"))
+  cfg = EagleConfig(target.config.d_model, target.vocab_size, num_heads=2)
+  drawn = Eagle(cfg, TokenTree.chain(2), target)
+  top_k = Eagle(cfg, TokenTree.chain(2), target, "top_k")
+  assert not drawn.deterministic and top_k.deterministic
   prior = AdaptiveGamma(prior_alpha=0.8)
-  for sampling, want in ((specjax.GREEDY, prior), (specjax.SamplingConfig(1.0), "auto")):
-    families._run(None, None, ("drafter", None, prior), None, None, None, sampling, 4)
-    assert seen[-1] == (want, "absent")
+  for d, sampling, want in ((drawn, specjax.GREEDY, prior), (top_k, specjax.GREEDY, prior),
+                            (drawn, specjax.SamplingConfig(1.0), prior),
+                            (top_k, specjax.SamplingConfig(1.0), "auto"),
+                            ("model", specjax.SamplingConfig(1.0), prior)):
+    families._run(None, None, (d, None, prior), None, None, None, sampling, 4)
+    assert seen[-1] == (want, "absent"), (d, sampling)
 
 
 def test_an_auto_row_of_a_trained_head_starts_from_its_agreement():
