@@ -3,6 +3,7 @@ the smoke modes of the roofline, sampling, projections, verify-cost and
 long-context-cost scripts (tiny models; keys and greedy agreement, never
 timings)."""
 
+import functools
 import json
 
 import jax
@@ -173,3 +174,45 @@ def test_adaptive_cost_smoke(tmp_path):
   for r in rows.values():
     assert np.isfinite(r["decode_ms_per_iteration"]) and r["call_ms_2_tokens"] > 0
   assert "| auto, always 4 |" in (tmp_path / "adaptive_cost_quick.md").read_text()
+
+
+@functools.lru_cache(maxsize=1)
+def _adaptive_rule_module():
+  """benchmarks/adaptive_rule.py as a module (imported once: it defines absl flags)."""
+  import importlib.util
+  import os
+  from bench_helpers import ROOT
+  spec = importlib.util.spec_from_file_location(
+      "adaptive_rule_bench", os.path.join(ROOT, "benchmarks", "adaptive_rule.py"))
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+@pytest.mark.parametrize("alpha, gamma, iterations", [
+    (1.0, 4, 13),   # 12 iterations of 5 tokens, then the last 4
+    (0.0, 4, 64),   # every draft rejected: one token per iteration
+    (1.0, 0, 64)])  # plain steps
+def test_adaptive_rule_simulation_hand_counted(alpha, gamma, iterations):
+  mod = _adaptive_rule_module()
+  rule = mod._Rule(mod.adaptive.AdaptiveGamma())
+  costs = (1.0, 1.5, 2.0, 3.0, 5.0)
+  r = mod.simulate([lambda pos: alpha] * 2, costs, gamma, rule, seed=0)
+  assert r["trace"] == [gamma] * iterations
+  assert r["time"] == pytest.approx(iterations * costs[rule.cfg.gammas.index(gamma)])
+
+
+def test_adaptive_rule_smoke(tmp_path):
+  _run(["benchmarks/adaptive_rule.py", "--quick", f"--out_dir={tmp_path}"])
+  result = json.loads((tmp_path / "adaptive_rule_quick.json").read_text())
+  failing, batch1 = result["cases"]
+  assert failing["batch"] == 8 and batch1["batch"] == 1
+  for r in (failing, batch1):
+    assert r["speed"]["0"] == 1.0 and sum(r["gamma_share"].values()) == pytest.approx(1.0)
+  # A row whose drafts fail holds a batch of 8 that waits for it: every fixed γ
+  # loses, and the rule keeps (nearly) to plain steps.
+  assert max(failing["speed"][g] for g in ("1", "2", "4", "8")) < 0.9
+  assert failing["auto_vs_plain"] > 0.9 and failing["gamma_share"]["0"] > 0.6
+  # α = 0.8 at batch 1: drafting pays, and the rule finds a γ near the best.
+  assert batch1["speed"]["4"] > 1.3 and batch1["auto_vs_best_fixed"] > 0.9
+  assert "| α = 0.8, batch 1 |" in (tmp_path / "adaptive_rule_quick.md").read_text()
