@@ -10,9 +10,10 @@ greedy verification); an iteration at γ costs c(γ) plain steps (a cost
 table); a batch runs until its last row holds `max_new` tokens. The rule is
 `specjax.adaptive`'s own `choose` and `observe` (jitted) with its
 defaults (the prior: the default 0.5, or a trained head's recorded
-agreement, as the families comparison's auto rows of that head) and retries (a drafter without previews), asked every iteration
-(the decoder asks after blocks of plain steps or when a retry falls due:
-the same choices where the estimate does not change within a block).
+agreement, as the families comparison's auto rows of that head) and
+retries (a drafter without previews), asked every iteration (the decoder
+asks after blocks of plain steps or when a retry falls due: the same
+choices where the estimate does not change within a block).
 The score of a policy is tokens per plain-step time relative to plain
 decoding (1.0 = as fast as plain decoding), averaged over trials that use
 the same random numbers for every policy.
