@@ -1,7 +1,8 @@
 """The cost benchmarks: step bytes and the roofline against hand counts, and
 the smoke modes of the roofline, sampling, projections, verify-cost and
 long-context-cost scripts (tiny models; keys and greedy agreement, never
-timings)."""
+timings); the adaptive rule's simulator against hand counts and its smoke
+mode (no clock at all)."""
 
 import functools
 import json
