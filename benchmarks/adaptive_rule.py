@@ -15,8 +15,9 @@ retries (a drafter without previews), asked every iteration (the decoder
 asks after blocks of plain steps or when a retry falls due: the same
 choices where the estimate does not change within a block).
 The score of a policy is tokens per plain-step time relative to plain
-decoding (1.0 = as fast as plain decoding), averaged over trials that use
-the same random numbers for every policy.
+decoding (1.0 = as fast as plain decoding), averaged over trials; each
+trial's random stream is seeded alike for every policy (each iteration
+draws one uniform per row and draft slot).
 
 What it separates from the wall-clock comparisons (`experiments/families.py`,
 `results/families/`): the rule's own losses against the best fixed γ —
@@ -149,7 +150,7 @@ def simulate(laws: Sequence[Callable[[int], float]], costs: Sequence[float], pol
 
 
 def run_case(case: dict, rule: _Rule, trials: int) -> dict:
-  policies = [g for g in rule.cfg.gammas] + ["auto"]
+  policies = list(rule.cfg.gammas) + ["auto"]
   time = {str(p): 0.0 for p in policies}
   hist: Dict[int, int] = {g: 0 for g in rule.cfg.gammas}
   for t in range(trials):
@@ -177,7 +178,7 @@ def render(result: dict) -> str:
   lines = ["# `gamma=\"auto\"`'s rule against fixed γ (simulated acceptance)", "",
            result["provenance"], "",
            f"{result['trials']} simulated calls of {MAX_NEW} tokens per case and policy, the same "
-           "random numbers for every policy; speed = plain decoding's time / the policy's "
+           "seed per trial for every policy; speed = plain decoding's time / the policy's "
            "(1.00 = plain decoding). No wall clock: the rule's decisions alone.", "",
            "| case | batch | prior | costs c(0, 1, 2, 4, 8) | γ=1 | γ=2 | γ=4 | γ=8 | auto | "
            "auto / best fixed | auto's γ = 0 / 1 / 2 / 4 / 8 |",

@@ -123,6 +123,9 @@ def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma,
   """The table stored under `key` on this machine, or None (also when the
   stored entry is malformed, or older than `max_age_s`: it is then
   measured again)."""
+  if isinstance(max_age_s, bool) or not isinstance(max_age_s, (int, float)) \
+      or not max_age_s >= 0:
+    raise ValueError(f"max_age_s must be a number of seconds >= 0, got {max_age_s!r}")
   entry = matvec_cache.lookup_entry(COSTS_FILE, key)
   if entry is None:
     return None
