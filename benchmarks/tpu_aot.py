@@ -17,16 +17,24 @@ Cases (bf16, greedy, every program compiled by the TPU compiler from libtpu):
   like the target; today_pallas: v6e-8 at batch 32 × 32k split, the models'
   attention over the cache on the fused Pallas kernel (`attention_kernel`);
   today_sampled: v5e-8 at batch 32 × 2k split, sampled at T = 1.
+* auto_layouts: five of the cases above with the weights in the layouts the
+  compiler chooses (`AotRun.param_layouts="auto"`): with the devices' default
+  layouts it copies some kernels once per program.
 * prefill: Llama-3.1-8B's prefill alone on v5e-8, chunked and not, batch 1–32
   (the memory plan's activation terms against the compiler; not in the default run).
 * chen_llama_split: Llama-3.1-70B with a split Llama-3.2-1B on 16 v4 chips
-  (the TPU compiler needs more than this machine's 24 GB of host memory for it:
-  run it where there is more).
+  (its speculative loop alone takes the TPU compiler ~18 GB of host memory).
 
-Each case writes `<out>/<case>.json` when it finishes (a rerun skips finished
-cases) and the tables are collected into `<out>/tables.md`.
+Each kind of program of a case (prefill, AR loop, speculative loops, ...) is
+compiled in a process of its own — the TPU compiler returns an 80-layer
+program's host memory only at exit, and the 70B AR loop and a split draft's
+loop together need more than 24 GB — and written to `<out>/.parts/`; when
+every kind is done the case is merged into `<out>/<case>.json` (a rerun skips
+finished cases and finished kinds) and the tables are collected into
+`<out>/tables.md`.
 """
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -35,7 +43,7 @@ import time
 
 from absl import app, flags
 
-from specjax.aot.run import AotRun, replan, run_aot
+from specjax.aot.run import PROGRAM_KINDS, AotRun, merge_results, replan, run_aot
 from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.experiments.leviathan import PAPER_TABLE2
 from specjax.measure.provenance import provenance
@@ -44,7 +52,8 @@ from specjax.models.t5 import T5, t5_config
 from specjax.sampling import SamplingConfig
 
 _ONLY = flags.DEFINE_list("only", ["leviathan", "chen", "chen_sharded", "today", "today_split",
-                                   "today_pallas", "today_sampled"],
+                                   "today_pallas", "today_sampled", "chen_llama_split",
+                                   "auto_layouts"],
                           "Case groups to run.")
 _OUT = flags.DEFINE_string("out", "results/tpu_aot", "Output directory.")
 _REPLAN = flags.DEFINE_bool("replan", False, "Compile nothing: recompute the memory-plan "
@@ -52,6 +61,8 @@ _REPLAN = flags.DEFINE_bool("replan", False, "Compile nothing: recompute the mem
 _CASE = flags.DEFINE_string("case", "", "Run this one case in this process (the driver runs "
                             "each case in a process of its own: the TPU compiler's memory "
                             "for an 80-layer program is returned to the system only at exit).")
+_KIND = flags.DEFINE_string("kind", "", "With --case: compile only this kind of program of "
+                            "the case (`specjax.aot.PROGRAM_KINDS`) into <out>/.parts/.")
 
 BF16 = dict(dtype="bfloat16", param_dtype="bfloat16")
 
@@ -102,8 +113,8 @@ def cases():
                       alphas=((draft, 0.8),))))
   # The paper's setup splits the draft over the 16 chips too: a replicated 4B draft reads
   # all 8 GB on every chip at every draft step.
-  # (Llama-3.1-70B with a split Llama-3.2-1B: group chen_llama_split, not run by
-  # default — the TPU compiler was killed at 24 GB of host memory compiling it.)
+  # (Llama-3.1-70B with a split Llama-3.2-1B: group chen_llama_split; its AR loop and
+  # speculative loop compiled in one process took the TPU compiler past 24 GB of host memory.)
   for group, tgt, draft in (("chen_sharded", "chinchilla-70b", "chinchilla-4b-draft"),
                             ("chen_llama_split", "llama-3.1-70b", "llama-3.2-1b")):
     out.append((group, f"chen_{tgt}_v4-2x2x4_draft-split",
@@ -161,6 +172,14 @@ def cases():
                   cache_len=2048, programs=("ar", "draft", "eagle_chain"),
                   draft_replicated=False, eagle_features=(2, 16, 29),
                   alphas=(("llama-3.2-1b", 0.8),), sampling=SamplingConfig(1.0))))
+  # The weights in the layouts the compiler chooses (`AotRun.param_layouts="auto"`) where the
+  # default layouts made it copy kernels once per program (the memory plan's misses).
+  auto_of = ("chen_chinchilla-70b_v4-2x2x4", "chen_chinchilla-70b_v4-2x2x4_draft-split",
+             "leviathan_v5e-2x4", "today_llama-3.1-8b_v5e-2x4_b1_ctx32768",
+             "today_llama-3.1-8b_v5e-2x4_b1_ctx2048_draft-split")
+  for _, name, thunk in [c for c in out if c[1] in auto_of]:
+    out.append(("auto_layouts", f"{name}_auto-layouts",
+                lambda thunk=thunk: dataclasses.replace(thunk(), param_layouts="auto")))
   # The target's prefill alone, chunked and not, at a few batch sizes: what the compiler
   # keeps live against the memory plan's activation terms (results/tpu_aot/README.md).
   for batch, prompt, chunk in ((1, 1792, None), (8, 1792, None), (1, 1792, 256),
@@ -173,29 +192,60 @@ def cases():
   return out
 
 
+def _kinds(run: AotRun):
+  """The case's program kinds, in the order `run_aot` compiles them."""
+  return [k for k in PROGRAM_KINDS if k in run.programs]
+
+
+def _part_path(name: str, kind: str) -> str:
+  return os.path.join(_OUT.value, ".parts", f"{name}.{kind}.json")
+
+
 def run_cases() -> None:
-  """Every case of the --only groups not finished yet, each in a process of its own."""
+  """Every case of the --only groups not finished yet, each kind of program of it in a
+  process of its own; a case whose kinds are all compiled is merged into its JSON."""
   todo = [c for c in cases() if c[0] in _ONLY.value]
   t0 = time.time()
-  for i, (group, name, _) in enumerate(todo):
+  for i, (group, name, thunk) in enumerate(todo):
     path = os.path.join(_OUT.value, f"{name}.json")
     if os.path.exists(path):
       continue
-    print(f"== [{i + 1}/{len(todo)}] {name} (elapsed {time.time() - t0:.0f} s)", flush=True)
-    rc = subprocess.call([sys.executable, os.path.abspath(__file__), f"--case={name}",
-                          f"--out={_OUT.value}"])
-    if rc != 0:
-      print(f"   {name} failed (exit {rc}); the report names what was not measured", flush=True)
+    run = thunk()
+    failed = []
+    for kind in _kinds(run):
+      if os.path.exists(_part_path(name, kind)):
+        continue
+      print(f"== [{i + 1}/{len(todo)}] {name}: {kind} (elapsed {time.time() - t0:.0f} s)",
+            flush=True)
+      rc = subprocess.call([sys.executable, os.path.relpath(__file__), f"--case={name}",
+                            f"--kind={kind}", f"--out={_OUT.value}"])
+      if rc != 0:
+        failed.append(kind)
+        print(f"   {name}: {kind} failed (exit {rc}); not merged", flush=True)
+    if not failed:
+      parts = []
+      for kind in _kinds(run):
+        with open(_part_path(name, kind), encoding="utf-8") as f:
+          parts.append(json.load(f))
+      result = merge_results(parts, run)
+      result.update(case=name, group=group, provenance=parts[-1]["provenance"])
+      atomic_write_json(path, result)
+      for kind in _kinds(run):
+        os.remove(_part_path(name, kind))
 
 
 def main(argv):
   del argv
-  os.makedirs(_OUT.value, exist_ok=True)
+  os.makedirs(os.path.join(_OUT.value, ".parts"), exist_ok=True)
   if _CASE.value:
     group, name, thunk = next(c for c in cases() if c[1] == _CASE.value)
-    result = run_aot(thunk(), progress=lambda m: print("  " + m, flush=True))
+    run = thunk()
+    if _KIND.value:
+      run = dataclasses.replace(run, programs=(_KIND.value,))
+    result = run_aot(run, progress=lambda m: print("  " + m, flush=True))
     result.update(case=name, group=group, provenance=provenance())
-    atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), result)
+    atomic_write_json(_part_path(name, _KIND.value) if _KIND.value
+                      else os.path.join(_OUT.value, f"{name}.json"), result)
     return
   if _REPLAN.value:
     for group, name, thunk in cases():

@@ -1,6 +1,7 @@
 """Compile-only runs for TPU topologies (libtpu's compiler, no TPU attached)."""
 
 import dataclasses
+import json
 from unittest import mock
 
 import numpy as np
@@ -10,7 +11,7 @@ from jax.sharding import Mesh
 from specjax.aot import chips, hlo_cost
 from specjax.aot.programs import lower_ar_loop
 from specjax.aot.report import compile_program
-from specjax.aot.run import AotRun, replan, run_aot
+from specjax.aot.run import AotRun, merge_results, replan, run_aot
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config
 from specjax.parallel.sharding import DATA, MODEL
@@ -175,6 +176,55 @@ def test_tiny_decoder_compiles_for_v5e_and_fits(tiny_decoder_report):
   speed = {s["program"]: s for s in r["speedups"]}
   assert speed["speculative draft draft γ=3"]["alpha"] == 0.8
   assert "| ar |" in r["markdown"]
+
+
+def test_programs_compiled_apart_merge_into_the_same_result(tiny_decoder_report):
+  # What benchmarks/tpu_aot.py does for the 70B cases: each program kind compiled in its own
+  # process, the parts merged. The merge must give what compiling them together gave.
+  r = tiny_decoder_report
+  run = AotRun("v5e:2x2", DecoderLM(_DEC), (("draft", DecoderLM(_DRAFT)),), gammas=(3,),
+               batch_size=8, prompt_len=120, max_new_tokens=8, cache_len=256,
+               programs=("ar", "draft", "prompt_lookup"), alphas=(("draft", 0.8),))
+  parts = [dict(r, programs=[p]) for p in r["programs"]]
+  for part in parts:   # a part alone has no AR step to compare against
+    part["speedups"] = []
+  merged = merge_results(json.loads(json.dumps(parts)), run)
+  assert [p["name"] for p in merged["programs"]] == [p["name"] for p in r["programs"]]
+  assert merged["programs"] == json.loads(json.dumps(r["programs"]))
+  assert merged["speedups"] == r["speedups"] and merged["speedups"]
+  assert merged["fits"] is True and merged["markdown"] == r["markdown"]
+  with pytest.raises(ValueError, match="differ in \\['batch_size'\\]"):
+    merge_results([parts[0], dict(parts[1], batch_size=4)], run)
+  with pytest.raises(ValueError, match="at least one"):
+    merge_results([], run)
+  with pytest.raises(ValueError, match="needs \\['argument_bytes'\\]"):
+    merge_results([dict(parts[0], programs=[{k: v for k, v in r["programs"][0].items()
+                                              if k != "argument_bytes"}])], run)
+
+
+def test_weights_in_the_compilers_layouts_need_no_copies():
+  # Per device the target's q / k / v kernels are [8192, 4, 128]; the speculative loop wants
+  # them in another layout than the device default, so the compiler copies them once per
+  # program into temporaries (2.4 GB per chip for chinchilla-70b on 16 v4 chips,
+  # results/tpu_aot). With the weights in the layouts it chooses (what a deployment placing
+  # them in the program's `input_formats` runs) the copies are gone.
+  target = DecoderConfig(vocab_size=1024, d_model=8192, num_layers=2, num_heads=16,
+                         num_kv_heads=16, head_dim=128, mlp_dim=16384, dtype="bfloat16",
+                         param_dtype="bfloat16")
+  temps = {}
+  for layouts in ("default", "auto"):
+    run = AotRun("v5e:2x2", DecoderLM(target), (("draft", DecoderLM(_DRAFT)),), gammas=(4,),
+                 batch_size=1, prompt_len=128, max_new_tokens=8, cache_len=256,
+                 programs=("draft",), draft_replicated=False, param_layouts=layouts)
+    r = run_aot(run, progress=lambda m: None)
+    (p,) = r["programs"]
+    assert p["error"] is None and r["param_layouts"] == layouts
+    temps[layouts] = p["temp_bytes"]
+  assert "weights in the compiler's layouts" in r["markdown"]
+  # One layer's q kernel per device is 8.4 MB: the default layouts hold copies of several.
+  assert temps["default"] - temps["auto"] > 8 << 20, temps
+  with pytest.raises(ValueError, match="param_layouts must be one of"):
+    AotRun("v5e:2x2", DecoderLM(_DEC), param_layouts="fast")
 
 
 def test_tiny_t5_compiles_for_v5e():

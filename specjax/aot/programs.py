@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional, Tuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from specjax import generation
@@ -40,6 +41,29 @@ __all__ = ["abstract_params", "abstract_cache", "abstract_rows", "Lowered", "low
 
 def _struct(x, sharding) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+PARAM_LAYOUTS = ("default", "auto")
+
+
+def _lower(jitted, static: Tuple[int, ...], donate: Tuple[str, ...], params_at: Tuple[int, ...],
+           args, param_layouts: str = "default"):
+  """`jitted.lower(*args)` (`static`: its static argument positions). `param_layouts="auto"`: the same function
+  lowered with the arguments at `params_at` in layouts the compiler chooses
+  (`Layout.AUTO`; their shardings kept) — the program a deployment runs that
+  places its weights in the compiled program's `input_formats`, instead of the
+  device's default layouts, which the compiler may copy into the layouts its
+  loop wants once per call (a buffer beside each copied weight)."""
+  if param_layouts not in PARAM_LAYOUTS:
+    raise ValueError(f"param_layouts must be one of {PARAM_LAYOUTS}, got {param_layouts!r}")
+  if param_layouts == "default":
+    return jitted.lower(*args)
+  shardings = tuple(
+      jax.tree_util.tree_map(lambda x: Format(Layout.AUTO, x.sharding) if i in params_at
+                             else x.sharding, a)
+      for i, a in enumerate(args) if i not in static)
+  return jax.jit(jitted.__wrapped__, static_argnums=static, donate_argnames=donate,
+                 in_shardings=shardings).lower(*args)
 
 
 def abstract_params(model, mesh: Mesh, replicated: bool = False):
@@ -135,13 +159,15 @@ def _prefill(model, params, sampling, prompts_BP, lengths_B, keys_B, cache):
 
 def lower_prefill(model, mesh: Mesh, *, batch_size: int, prompt_len: int, cache_len: int,
                   sampling: SamplingConfig = SamplingConfig(), name: str = "prefill target",
-                  replicated: bool = False) -> Lowered:
-  """The prefill of `model` on `[B, P]` prompts into a cache of `cache_len` slots."""
+                  replicated: bool = False, param_layouts: str = "default") -> Lowered:
+  """The prefill of `model` on `[B, P]` prompts into a cache of `cache_len` slots
+  (`param_layouts`: see `_lower`)."""
   params = abstract_params(model, mesh, replicated)
   cache = abstract_cache(model, mesh, batch_size, cache_len, prompt_len, replicated)
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
   with jax.set_mesh(mesh):
-    lowered = _prefill.lower(model, params, sampling, prompts, lengths, keys, cache)
+    lowered = _lower(_prefill, (0, 2), ("cache",), (1,),
+                     (model, params, sampling, prompts, lengths, keys, cache), param_layouts)
   return Lowered(name, lowered, "prefill", tokens_per_call=prompt_len,
                  slices={"target_params": device_bytes(params),
                          "target_cache": device_bytes(cache)})
@@ -149,14 +175,16 @@ def lower_prefill(model, mesh: Mesh, *, batch_size: int, prompt_len: int, cache_
 
 def lower_ar_loop(model, mesh: Mesh, *, batch_size: int, prompt_len: int, max_new_tokens: int,
                   cache_len: int, sampling: SamplingConfig = SamplingConfig(),
-                  eos_id: Optional[int] = None) -> Lowered:
-  """`generation.autoregressive_loop` (prefill, the decode loop, finalize)."""
+                  eos_id: Optional[int] = None, param_layouts: str = "default") -> Lowered:
+  """`generation.autoregressive_loop` (prefill, the decode loop, finalize;
+  `param_layouts`: see `_lower`)."""
   dec = generation.AutoregressiveDecoder(model, sampling, max_new_tokens, eos_id, 0)
   params = abstract_params(model, mesh)
   cache = abstract_cache(model, mesh, batch_size, cache_len, prompt_len)
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
   with jax.set_mesh(mesh):   # as `generate` traces it on a mesh (`sharding.decode_mesh`)
-    lowered = generation.autoregressive_loop.lower(dec, params, prompts, lengths, keys, cache)
+    lowered = _lower(generation.autoregressive_loop, (0,), ("cache", "prefilled"), (1,),
+                     (dec, params, prompts, lengths, keys, cache), param_layouts)
   return Lowered("ar", lowered, "ar",
                  slices={"target_params": decode_bytes(params),
                          "target_cache": device_bytes(cache)})
@@ -167,7 +195,8 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
                            draft_params_fn: Optional[Callable] = None,
                            draft_replicated: bool = True,
                            sampling: SamplingConfig = SamplingConfig(),
-                           eos_id: Optional[int] = None, name: Optional[str] = None) -> Lowered:
+                           eos_id: Optional[int] = None, name: Optional[str] = None,
+                           param_layouts: str = "default") -> Lowered:
   """`generation.speculative_loop` for a drafter and γ.
 
   `drafter`: a `specjax.drafting.Drafter`. Its params: a `ModelDrafter`'s
@@ -175,6 +204,7 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   `draft_params_fn(target_params)` builds the abstract tree (e.g. EAGLE's
   {"head": ..., "target": target_params}), None for drafters without params;
   its state is laid out by `sharding.state_spec` (`Drafter.splits_state`).
+  `param_layouts`: see `_lower` (both models' params).
   """
   tp = abstract_params(target, mesh)
   call_len = drafter.layout(gamma).length
@@ -194,8 +224,9 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
   dec = generation.SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, 0)
   with jax.set_mesh(mesh):
-    lowered = generation.speculative_loop.lower(dec, tp, dp, prompts, lengths, keys, tcache,
-                                                dcache)
+    lowered = _lower(generation.speculative_loop, (0,),
+                     ("target_cache", "draft_cache", "prefilled"), (1, 2), (dec, tp, dp, prompts, lengths, keys, tcache, dcache),
+                     param_layouts)
   width = 0
   if drafter.needs_prompt_hidden:
     width = target.config.d_model * max(1, len(drafter.hidden_layers or ()))

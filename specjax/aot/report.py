@@ -71,6 +71,17 @@ class ProgramReport:
     d.update(peak_bytes=self.peak_bytes, fits=self.fits)
     return d
 
+  @classmethod
+  def from_dict(cls, d: Dict[str, Any]) -> "ProgramReport":
+    """The report `to_dict` wrote (derived and extra keys ignored)."""
+    fields = dataclasses.fields(cls)
+    names = {f.name for f in fields}
+    missing = sorted(f.name for f in fields if f.name not in d
+                     and f.default is dataclasses.MISSING)
+    if missing:
+      raise ValueError(f"a program report needs {missing}; got keys {sorted(d)}")
+    return cls(**{k: v for k, v in d.items() if k in names})
+
 
 def _loop_dict(cost: LoopCost) -> Dict[str, Any]:
   return {"bytes_read": cost.bytes_read, "bytes_written": cost.bytes_written,

@@ -32,8 +32,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from specjax import theory
-from specjax.aot.chips import chip as chip_named, chip_of_device, num_hosts, topology_devices
-from specjax.aot.programs import (Lowered, lower_ar_loop, lower_eagle_train_step, lower_prefill,
+from specjax.aot.chips import Chip, chip as chip_named, chip_of_device, num_hosts, topology_devices
+from specjax.aot.programs import (PARAM_LAYOUTS, Lowered, lower_ar_loop, lower_eagle_train_step, lower_prefill,
                                   lower_speculative_loop, lower_train_step)
 from specjax.aot.report import ProgramReport, compile_program, format_reports
 from specjax.drafters.eagle import DynamicTree, Eagle
@@ -49,7 +49,7 @@ from specjax.sampling import GREEDY, SamplingConfig
 from specjax.tree import TokenTree
 from specjax._checks import check_int
 
-__all__ = ["AotRun", "run_aot", "replan", "PROGRAM_KINDS"]
+__all__ = ["AotRun", "run_aot", "replan", "merge_results", "PROGRAM_KINDS"]
 
 PROGRAM_KINDS = ("prefill", "ar", "draft", "prompt_lookup", "eagle_chain", "eagle_static",
                  "eagle_tree", "medusa", "train", "train_eagle")
@@ -84,6 +84,11 @@ class AotRun:
     sampling: how every program samples (default greedy, as the acceptance
       rates of the predictions are: the papers' T = 0 columns; a sampled
       program also processes the full vocabulary on every device).
+    param_layouts: "default" (the weights in the devices' default layouts, as
+      `jax.device_put` leaves them) or "auto" (in the layouts the compiler
+      chooses for each program: what a deployment that places its weights in
+      the compiled program's `input_formats` runs; the prefill, AR and
+      speculative programs).
   """
 
   topology: str
@@ -104,8 +109,12 @@ class AotRun:
   train_seq_len: int = 512
   alphas: Tuple[Tuple[str, float], ...] = ()
   sampling: SamplingConfig = GREEDY
+  param_layouts: str = "default"
 
   def __post_init__(self):
+    if self.param_layouts not in PARAM_LAYOUTS:
+      raise ValueError(f"param_layouts must be one of {PARAM_LAYOUTS}, "
+                       f"got {self.param_layouts!r}")
     bad = [k for k in self.programs if k not in PROGRAM_KINDS]
     if bad:
       raise ValueError(f"programs must be among {PROGRAM_KINDS}, got {bad}")
@@ -145,15 +154,16 @@ def _lowerings(run: AotRun, mesh: Mesh):
                                                 for name, d in run.drafts))
   b, p, n, s = run.batch_size, run.prompt_len, run.max_new_tokens, run.slots
   common = dict(batch_size=b, prompt_len=p, max_new_tokens=n, cache_len=s,
-                sampling=run.sampling)
+                sampling=run.sampling, param_layouts=run.param_layouts)
   out = []
   if "prefill" in run.programs:
     out.append(lambda: lower_prefill(t, mesh, batch_size=b, prompt_len=p, cache_len=s,
-                                     sampling=run.sampling))
+                                     sampling=run.sampling, param_layouts=run.param_layouts))
     for name, d in run.drafts:
       out.append(lambda d=d, name=name: lower_prefill(
           d, mesh, batch_size=b, prompt_len=p, cache_len=s, name=f"prefill draft {name}",
-          replicated=run.draft_replicated, sampling=run.sampling))
+          replicated=run.draft_replicated, sampling=run.sampling,
+          param_layouts=run.param_layouts))
   if "ar" in run.programs:
     out.append(lambda: lower_ar_loop(t, mesh, **common))
   if "draft" in run.programs:
@@ -320,11 +330,17 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
              + (f"FAILED {rep.error}" if rep.error else
                 f"compiled in {rep.compile_s:.0f} s, peak {rep.peak_bytes / 1e9:.2f} GB of "
                 f"{chip.hbm_bytes / 1e9:.1f}") + f" (elapsed {elapsed:.0f} s, ETA {eta:.0f} s)")
+  return _result(run, chip, devices, data, model, reports, plans)
+
+
+def _result(run: AotRun, chip, devices, data: int, model: int, reports, plans
+            ) -> Dict[str, Any]:
+  """`run_aot`'s result from the compiled programs' reports and plan checks."""
   out = {"topology": run.topology, "chip": dataclasses.asdict(chip),
          "hosts": num_hosts(devices), "devices": len(devices), "mesh": [data, model],
          "batch_size": run.batch_size, "prompt_len": run.prompt_len,
          "max_new_tokens": run.max_new_tokens, "cache_len": run.slots,
-         "sampling": dataclasses.asdict(run.sampling),
+         "sampling": dataclasses.asdict(run.sampling), "param_layouts": run.param_layouts,
          "programs": [dict(r.to_dict(), plan=p) for r, p in zip(reports, plans)]}
   out["speedups"] = predicted_speedups(reports, dict(run.alphas))
   out["fits"] = all(r.fits for r in reports)
@@ -335,8 +351,32 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
                                    f"model={model}, batch {run.batch_size}, prompt "
                                    f"{run.prompt_len}, {run.slots} cache slots, "
                                    + ("greedy" if run.sampling.is_greedy
-                                      else f"sampled {run.sampling}"))
+                                      else f"sampled {run.sampling}")
+                                   + ("" if run.param_layouts == "default"
+                                      else ", weights in the compiler's layouts"))
   return out
+
+
+def merge_results(parts: Sequence[Dict[str, Any]], run: AotRun,
+                  devices: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
+  """One `run_aot` result of `run` from results of its program kinds compiled apart
+  (each `run_aot(dataclasses.replace(run, programs=(kind,)))`, e.g. each in a
+  process of its own: the TPU compiler returns the host memory of an 80-layer
+  program only at exit). Programs in the order of `parts`; the speedups, `fits`
+  and the table recomputed over all of them."""
+  if not parts:
+    raise ValueError("parts must hold at least one run_aot result, got none")
+  keys = ("topology", "mesh", "batch_size", "prompt_len", "cache_len", "param_layouts")
+  for part in parts[1:]:
+    diff = [k for k in keys if part.get(k) != parts[0].get(k)]
+    if diff:
+      raise ValueError(f"parts must be results of one run; they differ in {diff}")
+  devices = list(devices) if devices is not None else topology_devices(run.topology)
+  chip = Chip(**parts[0]["chip"])
+  reports = [ProgramReport.from_dict(p) for part in parts for p in part["programs"]]
+  plans = [p.get("plan") for part in parts for p in part["programs"]]
+  data, model = parts[0]["mesh"]
+  return _result(run, chip, devices, data, model, reports, plans)
 
 
 def replan(result: Dict[str, Any], run: AotRun) -> Dict[str, Any]:
