@@ -48,12 +48,14 @@ PARAM_LAYOUTS = ("default", "auto")
 
 def _lower(jitted, static: Tuple[int, ...], donate: Tuple[str, ...], params_at: Tuple[int, ...],
            args, param_layouts: str = "default"):
-  """`jitted.lower(*args)` (`static`: its static argument positions). `param_layouts="auto"`: the same function
-  lowered with the arguments at `params_at` in layouts the compiler chooses
-  (`Layout.AUTO`; their shardings kept) — the program a deployment runs that
-  places its weights in the compiled program's `input_formats`, instead of the
-  device's default layouts, which the compiler may copy into the layouts its
-  loop wants once per call (a buffer beside each copied weight)."""
+  """`jitted.lower(*args)` (`static`: its static argument positions).
+
+  `param_layouts="auto"`: the same function lowered with the arguments at
+  `params_at` in layouts the compiler chooses (`Layout.AUTO`; their shardings
+  kept) — the program a deployment runs that places its weights in the
+  compiled program's `input_formats`, instead of the device's default layouts,
+  which the compiler may copy into the layouts its loop wants once per call (a
+  buffer beside each copied weight)."""
   if param_layouts not in PARAM_LAYOUTS:
     raise ValueError(f"param_layouts must be one of {PARAM_LAYOUTS}, got {param_layouts!r}")
   if param_layouts == "default":
@@ -225,7 +227,8 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   dec = generation.SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, 0)
   with jax.set_mesh(mesh):
     lowered = _lower(generation.speculative_loop, (0,),
-                     ("target_cache", "draft_cache", "prefilled"), (1, 2), (dec, tp, dp, prompts, lengths, keys, tcache, dcache),
+                     ("target_cache", "draft_cache", "prefilled"), (1, 2),
+                     (dec, tp, dp, prompts, lengths, keys, tcache, dcache),
                      param_layouts)
   width = 0
   if drafter.needs_prompt_hidden:

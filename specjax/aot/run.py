@@ -33,8 +33,8 @@ from jax.sharding import Mesh
 
 from specjax import theory
 from specjax.aot.chips import Chip, chip as chip_named, chip_of_device, num_hosts, topology_devices
-from specjax.aot.programs import (PARAM_LAYOUTS, Lowered, lower_ar_loop, lower_eagle_train_step, lower_prefill,
-                                  lower_speculative_loop, lower_train_step)
+from specjax.aot.programs import (PARAM_LAYOUTS, Lowered, lower_ar_loop, lower_eagle_train_step,
+                                  lower_prefill, lower_speculative_loop, lower_train_step)
 from specjax.aot.report import ProgramReport, compile_program, format_reports
 from specjax.drafters.eagle import DynamicTree, Eagle
 from specjax.drafters.medusa import Medusa
