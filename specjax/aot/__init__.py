@@ -20,6 +20,6 @@ arguments, lowering), `report` (compile and report one program), `run`
 """
 
 from specjax.aot.chips import CHIPS, Chip, chip, topology_devices
-from specjax.aot.run import AotRun, run_aot
+from specjax.aot.run import AotRun, merge_results, run_aot
 
-__all__ = ["AotRun", "run_aot", "CHIPS", "Chip", "chip", "topology_devices"]
+__all__ = ["AotRun", "run_aot", "merge_results", "CHIPS", "Chip", "chip", "topology_devices"]
