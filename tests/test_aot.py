@@ -202,6 +202,41 @@ def test_programs_compiled_apart_merge_into_the_same_result(tiny_decoder_report)
                                               if k != "argument_bytes"}])], run)
 
 
+def test_the_cli_compiles_program_kinds_apart(tiny_decoder_report, monkeypatch, tmp_path):
+  # `python -m specjax.aot --separate_processes`: one child per kind, each given the parent's
+  # flags but --programs / --out, writing its result where --part_out says; merged after.
+  from specjax.aot import __main__ as cli
+  argv = ["--config=c.py:quick", "--topology", "v5e:2x2", "--programs", "ar,draft",
+          "--separate_processes", "--out=/x", "--param_layouts=auto"]
+  assert cli._child_args(argv) == ["--config=c.py:quick", "--topology", "v5e:2x2",
+                                   "--param_layouts=auto"]
+  r = tiny_decoder_report
+  by_kind = {"ar": [r["programs"][0]], "draft": [r["programs"][1]]}
+  calls = []
+
+  def fake_call(cmd):
+    calls.append(cmd)
+    kind = next(a for a in cmd if a.startswith("--programs=")).split("=")[1]
+    out = next(a for a in cmd if a.startswith("--part_out=")).split("=", 1)[1]
+    with open(out, "w", encoding="utf-8") as f:
+      json.dump(dict(r, programs=by_kind[kind], speedups=[]), f)
+    return 0
+  monkeypatch.setattr(cli.subprocess, "call", fake_call)
+  monkeypatch.setattr(cli.sys, "argv", ["specjax-aot"] + argv)
+  run = AotRun("v5e:2x2", DecoderLM(_DEC), (("draft", DecoderLM(_DRAFT)),), gammas=(3,),
+               batch_size=8, prompt_len=120, max_new_tokens=8, cache_len=256,
+               programs=("ar", "draft"), alphas=(("draft", 0.8),))
+  merged = cli._compile_apart(run, ["ar", "draft"])
+  assert [c[-2:] for c in calls] == [["--programs=ar", calls[0][-1]],
+                                     ["--programs=draft", calls[1][-1]]]
+  assert all("--out=/x" not in c and "--param_layouts=auto" in c for c in calls)
+  assert [p["name"] for p in merged["programs"]] == ["ar", "speculative draft draft γ=3"]
+  assert merged["speedups"][0]["alpha"] == 0.8     # computed across the parts
+  monkeypatch.setattr(cli.subprocess, "call", lambda cmd: -9)
+  with pytest.raises(RuntimeError, match="'ar' programs failed \\(exit -9"):
+    cli._compile_apart(run, ["ar", "draft"])
+
+
 def test_weights_in_the_compilers_layouts_need_no_copies():
   # Per device the target's q / k / v kernels are [8192, 4, 128]; the speculative loop wants
   # them in another layout than the device default, so the compiler copies them once per

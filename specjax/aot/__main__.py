@@ -8,16 +8,25 @@ Needs libtpu (`pip install -e ".[tpu]"`). Prints a markdown table per
 program (memory against the chip's HBM, bytes per iteration against what
 each call must read, collectives, host transfers, cache-sized copies,
 predicted times) and, with --out, writes report.json and report.md there.
+
+A large program compiled for a big slice can take the TPU compiler well over
+10 GB of host memory, returned only when the process exits: with
+--separate_processes each kind of program is compiled in a process of its own
+and the reports are merged (`specjax.aot.merge_results`).
 """
 
+import json
 import os
+import subprocess
 import sys
+import tempfile
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from specjax.aot.from_config import run_from_config
-from specjax.aot.run import PROGRAM_KINDS, run_aot
+from specjax.aot.programs import PARAM_LAYOUTS
+from specjax.aot.run import PROGRAM_KINDS, merge_results, run_aot
 from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.measure.provenance import provenance
 
@@ -27,6 +36,51 @@ _PROGRAMS = flags.DEFINE_list("programs", ["prefill", "ar", "draft"],
                               f"Programs to compile, among {', '.join(PROGRAM_KINDS)}.")
 _MESH = flags.DEFINE_string("mesh", "", "data x model, e.g. 1x8 (default: model over all).")
 _OUT = flags.DEFINE_string("out", "", "Directory for report.json / report.md.")
+_LAYOUTS = flags.DEFINE_enum("param_layouts", "default", list(PARAM_LAYOUTS),
+                             "Weights in the devices' default layouts, or in the layouts the "
+                             "compiler chooses (what a deployment placing them in the compiled "
+                             "program's input formats runs).")
+_SEPARATE = flags.DEFINE_bool("separate_processes", False,
+                              "Compile each kind of program in a process of its own and merge "
+                              "the reports (the compiler's host memory is freed at exit).")
+_PART = flags.DEFINE_string("part_out", "", "Internal (--separate_processes): write this "
+                            "process's result as JSON to this file.")
+
+# Flags a child process of --separate_processes gets from the parent's command line: all but
+# these, which it is given anew.
+_PARENT_ONLY = ("programs", "separate_processes", "out", "part_out")
+
+
+def _child_args(argv):
+  """The parent's flags without `_PARENT_ONLY` ("--flag=value" or "--flag value")."""
+  out, skip = [], False
+  for a in argv:
+    if skip:
+      skip = False
+      continue
+    name = a.lstrip("-").split("=")[0]
+    if a.startswith("-") and name in _PARENT_ONLY + tuple("no" + n for n in _PARENT_ONLY):
+      skip = "=" not in a and name in ("programs", "out", "part_out")
+      continue
+    out.append(a)
+  return out
+
+
+def _compile_apart(run, kinds):
+  """Each kind of `run`'s programs compiled by `python -m specjax.aot` in its own process."""
+  parts = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for kind in kinds:
+      path = os.path.join(tmp, f"{kind}.json")
+      logging.info("compiling the %s programs in a process of their own", kind)
+      rc = subprocess.call([sys.executable, "-m", "specjax.aot", *_child_args(sys.argv[1:]),
+                            f"--programs={kind}", f"--part_out={path}"])
+      if rc != 0:
+        raise RuntimeError(f"compiling the {kind!r} programs failed (exit {rc}; a process "
+                           "killed for host memory exits -9)")
+      with open(path, encoding="utf-8") as f:
+        parts.append(json.load(f))
+  return merge_results(parts, run)
 
 
 def main(argv):
@@ -34,12 +88,19 @@ def main(argv):
   logging.set_verbosity(logging.INFO)
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. configs/chen_chinchilla.py:paper")
-  overrides = {"programs": tuple(_PROGRAMS.value)}
+  overrides = {"programs": tuple(_PROGRAMS.value), "param_layouts": _LAYOUTS.value}
   if _MESH.value:
     data, model = (int(x) for x in _MESH.value.lower().split("x"))
     overrides["mesh"] = (data, model)
   run = run_from_config(_CONFIG.value, _TOPOLOGY.value or None, **overrides)
-  result = run_aot(run, progress=logging.info)
+  kinds = [k for k in PROGRAM_KINDS if k in run.programs]
+  if _SEPARATE.value and len(kinds) > 1:
+    result = _compile_apart(run, kinds)
+  else:
+    result = run_aot(run, progress=logging.info)
+  if _PART.value:
+    atomic_write_json(_PART.value, result)
+    return
   print(result["markdown"])
   if _OUT.value:
     os.makedirs(_OUT.value, exist_ok=True)
@@ -53,7 +114,7 @@ def run():
   """The `specjax-aot` console script and `python -m specjax.aot`: absl's `app.run(main)`."""
   # --help lists the main module's flags and prints its docstring; under a console script
   # the main module is the installed wrapper, so name ours its key flags and lend it our doc.
-  for holder in (_CONFIG, _TOPOLOGY, _PROGRAMS, _MESH, _OUT):
+  for holder in (_CONFIG, _TOPOLOGY, _PROGRAMS, _MESH, _OUT, _LAYOUTS, _SEPARATE):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
   if not getattr(sys.modules["__main__"], "__doc__", None):
     sys.modules["__main__"].__doc__ = __doc__
