@@ -17,7 +17,7 @@ Cases (bf16, greedy, every program compiled by the TPU compiler from libtpu):
   like the target; today_pallas: v6e-8 at batch 32 × 32k split, the models'
   attention over the cache on the fused Pallas kernel (`attention_kernel`);
   today_sampled: v5e-8 at batch 32 × 2k split, sampled at T = 1.
-* auto_layouts: six of the cases above with the weights in the layouts the
+* auto_layouts: seven of the cases above with the weights in the layouts the
   compiler chooses (`AotRun.param_layouts="auto"`): with the devices' default
   layouts it copies some kernels once per program.
 * prefill: Llama-3.1-8B's prefill alone on v5e-8, chunked and not, batch 1–32
@@ -177,7 +177,8 @@ def cases():
   auto_of = ("chen_chinchilla-70b_v4-2x2x4", "chen_chinchilla-70b_v4-2x2x4_draft-split",
              "chen_llama-3.1-70b_v4-2x2x4_draft-split",
              "leviathan_v5e-2x4", "today_llama-3.1-8b_v5e-2x4_b1_ctx32768",
-             "today_llama-3.1-8b_v5e-2x4_b1_ctx2048_draft-split")
+             "today_llama-3.1-8b_v5e-2x4_b1_ctx2048_draft-split",
+             "today_llama-3.1-8b_v6e-2x4_b1_ctx2048_draft-split")
   for _, name, thunk in [c for c in out if c[1] in auto_of]:
     out.append(("auto_layouts", f"{name}_auto-layouts",
                 lambda thunk=thunk: dataclasses.replace(thunk(), param_layouts="auto")))
