@@ -43,7 +43,7 @@ import time
 
 from absl import app, flags
 
-from specjax.aot.run import PROGRAM_KINDS, AotRun, merge_results, replan, run_aot
+from specjax.aot.run import AotRun, merge_results, replan, run_aot
 from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.experiments.leviathan import PAPER_TABLE2
 from specjax.measure.provenance import provenance
@@ -194,11 +194,6 @@ def cases():
   return out
 
 
-def _kinds(run: AotRun):
-  """The case's program kinds, in the order `run_aot` compiles them."""
-  return [k for k in PROGRAM_KINDS if k in run.programs]
-
-
 def _part_path(name: str, kind: str) -> str:
   return os.path.join(_OUT.value, ".parts", f"{name}.{kind}.json")
 
@@ -214,7 +209,7 @@ def run_cases() -> None:
       continue
     run = thunk()
     failed = []
-    for kind in _kinds(run):
+    for kind in run.kinds:
       if os.path.exists(_part_path(name, kind)):
         continue
       print(f"== [{i + 1}/{len(todo)}] {name}: {kind} (elapsed {time.time() - t0:.0f} s)",
@@ -226,13 +221,13 @@ def run_cases() -> None:
         print(f"   {name}: {kind} failed (exit {rc}); not merged", flush=True)
     if not failed:
       parts = []
-      for kind in _kinds(run):
+      for kind in run.kinds:
         with open(_part_path(name, kind), encoding="utf-8") as f:
           parts.append(json.load(f))
       result = merge_results(parts, run)
       result.update(case=name, group=group, provenance=parts[-1]["provenance"])
       atomic_write_json(path, result)
-      for kind in _kinds(run):
+      for kind in run.kinds:
         os.remove(_part_path(name, kind))
 
 

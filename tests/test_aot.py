@@ -185,6 +185,7 @@ def test_programs_compiled_apart_merge_into_the_same_result(tiny_decoder_report)
   run = AotRun("v5e:2x2", DecoderLM(_DEC), (("draft", DecoderLM(_DRAFT)),), gammas=(3,),
                batch_size=8, prompt_len=120, max_new_tokens=8, cache_len=256,
                programs=("ar", "draft", "prompt_lookup"), alphas=(("draft", 0.8),))
+  assert AotRun("v5e:2x2", DecoderLM(_DEC), programs=("draft", "ar")).kinds == ("ar", "draft")
   parts = [dict(r, programs=[p]) for p in r["programs"]]
   for part in parts:   # a part alone has no AR step to compare against
     part["speedups"] = []

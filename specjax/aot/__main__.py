@@ -93,9 +93,8 @@ def main(argv):
     data, model = (int(x) for x in _MESH.value.lower().split("x"))
     overrides["mesh"] = (data, model)
   run = run_from_config(_CONFIG.value, _TOPOLOGY.value or None, **overrides)
-  kinds = [k for k in PROGRAM_KINDS if k in run.programs]
-  if _SEPARATE.value and len(kinds) > 1:
-    result = _compile_apart(run, kinds)
+  if _SEPARATE.value and len(run.kinds) > 1:
+    result = _compile_apart(run, run.kinds)
   else:
     result = run_aot(run, progress=logging.info)
   if _PART.value:

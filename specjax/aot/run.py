@@ -124,6 +124,11 @@ class AotRun:
       check_int("gammas[i]", g, 1)
 
   @property
+  def kinds(self) -> Tuple[str, ...]:
+    """The kinds of program to compile, in `PROGRAM_KINDS` order (e.g. one process each)."""
+    return tuple(k for k in PROGRAM_KINDS if k in self.programs)
+
+  @property
   def slots(self) -> int:
     if self.cache_len is not None:
       return self.cache_len
