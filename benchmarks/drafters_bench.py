@@ -5,7 +5,7 @@
       --eagle_dir=runs/eagle_full --eagle3_dir=runs/eagle3_full     # + learned heads
   python benchmarks/drafters_bench.py --smoke                         # tiny random models
 
-The flags of `specjax.experiments.families.FamilyOptions` (what is measured, and
+The flags of `experiments.programs.families.FamilyOptions` (what is measured, and
 how a killed run resumes: see that module). Writes drafters.json and
 drafters.md (drafters_smoke.*) into --out_dir. `experiments/families.py` runs
 the same comparison from an ml_collections config into results/families.
@@ -15,7 +15,7 @@ import os
 
 from absl import app, flags
 
-from specjax.experiments import families
+from experiments.programs import families
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                            "Where drafters.json / drafters.md go.")
@@ -52,7 +52,7 @@ _EAGLE_DYN = flags.DEFINE_list("eagle_dynamic", ["4", "4", "16"],
 
 
 def options() -> families.FamilyOptions:
-  """The flags as `specjax.experiments.families.FamilyOptions`."""
+  """The flags as `experiments.programs.families.FamilyOptions`."""
   return families.FamilyOptions(
       out_dir=_OUT.value, name="drafters", chen_dir=_CHEN.value, data_cache=_DATA.value,
       work_dir=_WORK.value, smoke=_SMOKE.value, prompts=_PROMPTS.value,

@@ -53,9 +53,9 @@ from specjax.atomic_io import atomic_write_text
 from specjax.drafters.windowed import WindowedLM
 from specjax.measure.provenance import provenance_sentence
 from specjax.measure.timing import cache_step_times, now
-from specjax.experiments.long_context_measure import (component_times,
+from experiments.programs.long_context_measure import (component_times,
                                                       kv_bytes_per_position)
-from specjax.experiments.report import machine_info
+from experiments.programs.report import machine_info
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),

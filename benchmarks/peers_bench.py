@@ -28,7 +28,7 @@ import time
 from absl import app, flags, logging
 
 from specjax.atomic_io import atomic_write_json, atomic_write_text
-from specjax.experiments import peers_suite
+from experiments.programs import peers_suite
 
 _OUT = flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                            "Where peers.json / peers.md go.")

@@ -45,7 +45,7 @@ from absl import app, flags
 
 from specjax.aot.run import AotRun, merge_results, replan, run_aot
 from specjax.atomic_io import atomic_write_json, atomic_write_text
-from specjax.experiments.leviathan import PAPER_TABLE2
+from experiments.programs.leviathan import PAPER_TABLE2
 from specjax.measure.provenance import provenance
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5, t5_config

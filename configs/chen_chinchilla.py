@@ -90,7 +90,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.results_dir = ""                  # also copy results here (e.g. results/chen_chinchilla)
   c.seed = 0
 
-  # Where it runs (specjax.experiments.placement): "DxM" data x model axes or "auto" (the
+  # Where it runs (experiments.programs.placement): "DxM" data x model axes or "auto" (the
   # fewest model-axis devices whose memory plan fits); the CPU presets fit one device.
   c.mesh = "1x1"
   c.distributed = False               # True: jax.distributed.initialize() (pods, multi-host)

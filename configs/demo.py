@@ -8,7 +8,7 @@ Run:
 A small decoder is trained here on the Python standard library's sources
 (~1 min on 2 CPU cores, then reused from the workdir) and continues long
 prompts from held-out packages at batch 1, greedy; the output is checked
-token for token against plain decoding (`specjax.experiments.demo`).
+token for token against plain decoding (`experiments.programs.demo`).
 """
 
 import ml_collections

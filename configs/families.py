@@ -31,7 +31,7 @@ Run (from the repository root), after the Chen experiment and the learned drafte
   for g in 1 2 4 8; do python experiments/families.py --config=configs/families.py:lookup \
       --config.lookup_gamma=$g --config.workdir=runs/families_lookup_g$g; done   # fixed γ vs auto
 
-Measured (`specjax.experiments.families`): on code, summarisation and free text, at
+Measured (`experiments.programs.families`): on code, summarisation and free text, at
 T = 0 and T = 1, batch 1 and 8: α, τ (tokens per target call), the target
 call's cost, walltime vs AR measured in the same run, greedy equality, the
 drafter's own parameters and state bytes per row; a table in Spec-Bench's

@@ -1,5 +1,5 @@
 """Suffix drafting (SuffixDecoding) against prompt lookup: agent-like code
-edit sessions and summarisation, batch 1, greedy (`specjax.experiments.suffix`).
+edit sessions and summarisation, batch 1, greedy (`experiments.programs.suffix`).
 
 Run (from the repository root):
   python experiments/suffix.py --config=configs/suffix.py \

@@ -1,4 +1,4 @@
-"""Training presets for `experiments/train.py` (see `specjax.training.runner`).
+"""Training presets for `experiments/train.py` (see `experiments.programs.runner`).
 
 Run:
   python experiments/train.py --config=configs/train.py:tiny --workdir=/tmp/train_tiny
@@ -11,7 +11,7 @@ Run:
 
 Killed and restarted with the same command, a run resumes from its last
 checkpoint and ends with the same parameters. Data: build the tasks first
-(`python -m specjax.data.build --task=... --cache_dir=/tmp/specjax_data
+(`python -m experiments.data.build --task=... --cache_dir=/tmp/specjax_data
 --spm_vocab_size=8000`) and point `data.tokenizer` at the vocabulary.
 
 Presets: tiny, tiny-t5 (synthetic, seconds); summarize-draft / summarize-target

@@ -10,7 +10,7 @@ import os
 from absl import app, logging
 from ml_collections import config_flags
 
-from specjax.experiments import demo
+from experiments.programs import demo
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py"),

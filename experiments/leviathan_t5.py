@@ -10,7 +10,7 @@ from ml_collections import config_flags
 
 from specjax.aot.from_config import run_from_config
 from specjax.aot.run import run_aot
-from specjax.experiments import leviathan
+from experiments.programs import leviathan
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "leviathan_t5.py"),

@@ -1,5 +1,5 @@
 """The seeds' analysis exercises: tokens per call vs N, the α a speedup needs,
-a traffic mix, an EAGLE-3 head's memory, α against KL (`specjax.experiments.seeds`).
+a traffic mix, an EAGLE-3 head's memory, α against KL (`experiments.programs.seeds`).
 
   python experiments/seeds_exercises.py                  # full: results/seeds/
   python experiments/seeds_exercises.py --quick --out_dir=/tmp/seeds
@@ -9,7 +9,7 @@ import os
 
 from absl import app, flags
 
-from specjax.experiments import seeds
+from experiments.programs import seeds
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", os.path.join(os.path.dirname(__file__), "..", "results", "seeds"),

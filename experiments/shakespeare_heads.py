@@ -8,7 +8,7 @@ import os
 from absl import app, logging
 from ml_collections import config_flags
 
-from specjax.experiments import shakespeare_heads
+from experiments.programs import shakespeare_heads
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "shakespeare_heads.py"),

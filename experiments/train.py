@@ -8,7 +8,7 @@ import os
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from specjax.training import runner
+from experiments.programs import runner
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "train.py"),

@@ -9,7 +9,7 @@ import os
 from absl import app, logging
 from ml_collections import config_flags
 
-from specjax.experiments import drafter_training
+from experiments.programs import drafter_training
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", os.path.join(os.path.dirname(__file__), "..", "configs", "train_drafter.py"),

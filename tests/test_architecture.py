@@ -1,6 +1,7 @@
 """The architecture contract (README, "Architecture"): every package imports only
 the layers below it (`.importlinter`, checked by import-linter), and only the
-programs (`specjax.experiments`) import the package root with its public API."""
+programs (`experiments/`, outside the package) import the package root with its public API;
+the library never imports the programs."""
 
 import ast
 import os
@@ -15,7 +16,7 @@ CONFIG = os.path.join(ROOT, ".importlinter")
 
 
 def _lint(package_parent: str, config: str = CONFIG) -> subprocess.CompletedProcess:
-  """`lint-imports` on the `specjax` package found under `package_parent`."""
+  """`lint-imports` on the `specjax` and `experiments` packages under `package_parent`."""
   env = dict(os.environ, PYTHONPATH=package_parent)
   code = ("import sys; from importlinter.cli import lint_imports; "
           f"sys.exit(lint_imports(config_filename={config!r}))")
@@ -27,17 +28,33 @@ def test_every_package_imports_only_downward():
   res = _lint(ROOT)
   assert res.returncode == 0, res.stdout + res.stderr
   assert "specjax imports only downward KEPT" in res.stdout
+  assert "the library never imports the programs KEPT" in res.stdout
+
+
+def _copy(tmp_path):
+  for name in ("specjax", "experiments"):
+    shutil.copytree(os.path.join(ROOT, name), tmp_path / name,
+                    ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def test_the_contract_catches_an_upward_import(tmp_path):
-  # Negative control: a copy of the package in which a model imports the API.
-  shutil.copytree(os.path.join(ROOT, "specjax"), tmp_path / "specjax",
-                  ignore=shutil.ignore_patterns("__pycache__"))
+  # Negative control: a copy of the packages in which a model imports the API.
+  _copy(tmp_path)
   layers = tmp_path / "specjax" / "models" / "layers.py"
   layers.write_text(layers.read_text() + "\nfrom specjax import api  # noqa: E402,F401\n")
   res = _lint(str(tmp_path))
   assert res.returncode != 0
   assert "specjax.models is not allowed to import specjax.api" in res.stdout
+
+
+def test_the_contract_catches_the_library_importing_a_program(tmp_path):
+  # Negative control: the API imports a paper program.
+  _copy(tmp_path)
+  api = tmp_path / "specjax" / "api.py"
+  api.write_text(api.read_text() + "\nfrom experiments.programs import leviathan  # noqa\n")
+  res = _lint(str(tmp_path))
+  assert res.returncode != 0
+  assert "the library never imports the programs BROKEN" in res.stdout
 
 
 def _imports_of_the_root(path: str):
@@ -59,8 +76,6 @@ def test_only_the_programs_import_the_package_root():
   offenders = []
   for folder, _, files in os.walk(os.path.join(ROOT, "specjax")):
     rel = os.path.relpath(folder, ROOT).replace(os.sep, ".")
-    if rel == "specjax.experiments" or rel.startswith("specjax.experiments."):
-      continue
     for name in files:
       if name.endswith(".py") and not (rel == "specjax" and name == "__init__.py"):
         path = os.path.join(folder, name)

@@ -12,7 +12,7 @@ from etils import epath
 
 from specjax import atomic_io
 from specjax.checkpoints.hf_common import load_state_dict, save_safetensors
-from specjax.data import common as data_common
+from experiments.data import common as data_common
 
 from memgcs import memgcs, objects  # noqa: F401  (memgcs: the gs:// fixture)
 

@@ -58,7 +58,7 @@ def test_families_config_maps_to_the_benchmark_options(tmp_path):
   """configs/families.py → FamilyOptions: every preset loads, a learned
   drafter whose directory is missing is left out (not an error later)."""
   from configs import families as fam_config
-  from specjax.experiments import families
+  from experiments.programs import families
   for preset in ("quick", "full", "block", "pard", "auto_heads", "lookup", "sampled_full",
                  "auto_full", "smoke"):
     fam_config.get_config(preset)
@@ -87,7 +87,7 @@ def test_a_series_row_passes_the_estimate_it_is_given(monkeypatch):
   carried estimate (a fresh one when the cell has none yet); other entries
   pass no estimate."""
   import specjax
-  from specjax.experiments import families
+  from experiments.programs import families
   seen = []
 
   class _Out:
@@ -133,7 +133,7 @@ def test_an_auto_row_of_a_trained_head_starts_from_its_agreement():
   (clipped), without one (or with agreement_prior off) plain "auto"; the
   row's buffers are sized for its Γ."""
   from specjax.adaptive import AdaptiveGamma
-  from specjax.experiments import families
+  from experiments.programs import families
   opts = families.FamilyOptions(chen_dir="c", data_cache="d", work_dir="w")
   g = families.auto_gamma(opts, (0.79, 0.6))
   assert isinstance(g, AdaptiveGamma) and g.prior_alpha == 0.79

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bench_helpers import run_script as _run
-from specjax.experiments import peers as bp
+from experiments.programs import peers as bp
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.t5 import T5
 
@@ -56,7 +56,7 @@ def test_peers_t5_pair_every_system_follows_greedy(tmp_path):
   transformers): transformers greedy, assisted and prompt-lookup generation
   give specjax's greedy tokens (the suite's smoke below runs the decoder
   pair through everything else; the suite's code is shared by both kinds)."""
-  from specjax.experiments import peers as bp
+  from experiments.programs import peers as bp
   pair = bp.load_pair(bp.fallback_spec("t5", "t5", size="tiny"))
   rng = np.random.default_rng(3)
   prompts = rng.integers(2, pair.target.vocab_size, (2, 8)).astype(np.int32)
@@ -429,7 +429,7 @@ def test_measured_alpha_is_the_argmax_agreement(make_pair):
   import types
 
   import specjax
-  from specjax.experiments import peers_suite
+  from experiments.programs import peers_suite
   target, tp, draft, dp = make_pair()
   rng = np.random.default_rng(1)
   plen, n_new = 6, 12
@@ -460,7 +460,7 @@ def _goal_results(alpha, measured):
 
 
 def test_batch_goal_gates_on_e_beta_and_projects_the_components():
-  from specjax.experiments import peers_suite
+  from experiments.programs import peers_suite
 
   def goal(alpha, measured):
     out = [g for g in peers_suite.goals(_goal_results(alpha, measured))
@@ -494,7 +494,7 @@ def test_floor_step_seconds():
 
 
 def test_model_parallel_mesh_choices():
-  from specjax.experiments import peers_suite
+  from experiments.programs import peers_suite
   cfg = lambda k: peers_suite.SuiteConfig(model_parallel=k)
   assert peers_suite.model_parallel_mesh(cfg(1)) == (None, "")  # the default: off
   mesh, note = peers_suite.model_parallel_mesh(cfg(2))

@@ -13,10 +13,10 @@ import specjax
 from configs import chen_chinchilla as chen_config
 from specjax.checkpoints.orbax_io import restore_model
 from specjax.drafters import load_parallel_draft, read_agreement
-from specjax.data import build_task
-from specjax.data import code as code_lib
-from specjax.data.code_vocab import code_sentences, round_trip_failures, train_code_sentencepiece
-from specjax.experiments import chen, chen_quality, notebooks
+from experiments.data import build_task
+from experiments.data import code as code_lib
+from experiments.data.code_vocab import code_sentences, round_trip_failures, train_code_sentencepiece
+from experiments.programs import chen, chen_quality, notebooks
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 
 @pytest.fixture(scope="module")
@@ -160,7 +160,7 @@ def test_micro_run_trains_a_pard_draft(micro_run, tmp_path):
   and train_drafter.py's pard job (3 slots, on the target's continuations):
   each loadable as a PARD drafter (slot count and mask id from its run) and
   exact: greedy tokens those of plain decoding."""
-  from specjax.experiments import drafter_training
+  from experiments.programs import drafter_training
   cfg, _ = micro_run
   td = _drafter_job(cfg, "pard_micro", tmp_path / "pard")
   out = drafter_training.run(td)
@@ -234,7 +234,7 @@ def test_medusa_heads_train_on_the_micro_target(micro_run, tmp_path):
   import jax.numpy as jnp
   import specjax
   from specjax.drafters import load_medusa
-  from specjax.experiments import drafter_training
+  from experiments.programs import drafter_training
   cfg, _ = micro_run
   td = _drafter_job(cfg, "medusa_micro", tmp_path / "medusa")
   out = drafter_training.run(td)
@@ -270,7 +270,7 @@ def test_eagle3_head_trains_on_the_micro_target(micro_run, tmp_path, kind):
   import jax.numpy as jnp
   import specjax
   from specjax.drafters import DynamicTree, load_eagle
-  from specjax.experiments import drafter_training
+  from experiments.programs import drafter_training
   from specjax.tree import TokenTree
   cfg, _ = micro_run
   td = _drafter_job(cfg, f"{kind}_micro", tmp_path / kind)

@@ -1,4 +1,4 @@
-"""Tests of specjax.data: .mo files, Debian indexes, splits, cache, sources."""
+"""Tests of experiments.data: .mo files, Debian indexes, splits, cache, sources."""
 
 import gettext
 import gzip
@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from specjax import data
-from specjax.data import code as code_lib
-from specjax.data import common
-from specjax.data import debian
-from specjax.data import gettext_mo
-from specjax.data import sources
-from specjax.data import tasks
+from experiments import data
+from experiments.data import code as code_lib
+from experiments.data import common
+from experiments.data import debian
+from experiments.data import gettext_mo
+from experiments.data import sources
+from experiments.data import tasks
 from data_helpers import lists_dir
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "data")
@@ -446,7 +446,7 @@ def test_translate_en_de_from_local_catalogs(tmp_path):
 
 
 def test_load_unbuilt_task_names_the_command(tmp_path):
-  with pytest.raises(FileNotFoundError, match="specjax.data.build --task=xsum"):
+  with pytest.raises(FileNotFoundError, match="experiments.data.build --task=xsum"):
     data.load_task("xsum", "train", tmp_path)
   with pytest.raises(KeyError, match="known tasks"):
     data.load_task("nope", "train", tmp_path)
@@ -618,7 +618,7 @@ def test_stdlib_corpus_has_no_test_directories():
 
 
 def test_cli_builds_and_prints_counts(tmp_path):
-  cmd = [sys.executable, "-m", "specjax.data.build", "--task=xsum",
+  cmd = [sys.executable, "-m", "experiments.data.build", "--task=xsum",
          f"--cache_dir={tmp_path}",
          "--source=jsonl:" + os.path.join(FIXTURES, "xsum.jsonl")]
   env = {**os.environ, "PYTHONPATH": REPO_ROOT}

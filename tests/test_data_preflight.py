@@ -1,4 +1,4 @@
-"""The Debian default data on a host that cannot build it: `specjax.data.host_problems`
+"""The Debian default data on a host that cannot build it: `experiments.data.host_problems`
 names what is missing (apt-get, root, apt's index, German catalogs), and the reproductions
 stop before any work with a `DataHostError` naming the config fields of the alternatives —
 unless the data is already cached or another source is configured."""
@@ -10,11 +10,11 @@ import pytest
 
 from configs import chen_chinchilla as chen_config
 from configs import leviathan_t5 as lev_config
-from specjax import data
-from specjax.data import debian, gettext_mo
-from specjax.data import tasks
-from specjax.experiments import chen, leviathan
-from specjax.experiments.common import DataHostError
+from experiments import data
+from experiments.data import debian, gettext_mo
+from experiments.data import tasks
+from experiments.programs import chen, leviathan
+from experiments.programs.common import DataHostError
 from data_helpers import lists_dir
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "data")
@@ -44,7 +44,7 @@ def _catalog_root(tmp_path):
 
 
 # -----------------------------------------------------------------------------
-# specjax.data.host_problems
+# experiments.data.host_problems
 # -----------------------------------------------------------------------------
 
 

@@ -13,7 +13,7 @@ from etils import epath
 from specjax.atomic_io import atomic_write_json
 from specjax.checkpoints import CheckpointError, integrity
 from specjax.checkpoints.orbax_io import config_to_dict, read_config
-from specjax.experiments import common
+from experiments.programs import common
 from specjax.models.decoder import decoder_config
 
 from memgcs import memgcs  # noqa: F401  (the gs:// fixture)
@@ -73,7 +73,7 @@ def test_compilation_cache_on_gs_creates_no_local_directory(memgcs, tmp_path, mo
 
 
 def test_tensorboard_scalars_are_skipped_for_a_gs_workdir(memgcs, tmp_path, monkeypatch):
-  from specjax.experiments import placement
+  from experiments.programs import placement
   monkeypatch.chdir(tmp_path)
   placement.write_scalars("gs://bucket/run", {"a": 1.0})
   assert objects() == [] and list(tmp_path.iterdir()) == []

@@ -9,7 +9,7 @@ import pytest
 
 from configs import leviathan_t5 as lev_config
 from specjax.checkpoints import CheckpointError, params_digest, restore_params
-from specjax.experiments import leviathan, notebooks
+from experiments.programs import leviathan, notebooks
 from memgcs import memgcs, objects  # noqa: F401  (the gs:// fixture)
 
 

@@ -10,8 +10,8 @@ import pytest
 import specjax
 from specjax import theory
 from specjax.drafters import PromptLookup, WindowedKV
-from specjax.experiments import long_context as lc
-from specjax.experiments import long_context_measure as lcm
+from experiments.programs import long_context as lc
+from experiments.programs import long_context_measure as lcm
 from specjax.measure import timing
 from specjax.models.decoder import DecoderLM, decoder_config
 
@@ -177,7 +177,7 @@ def _small_stdlib(root):
   the `json` package (held out)."""
   import os
   import shutil
-  from specjax.data import code as code_lib
+  from experiments.data import code as code_lib
   code_dir = root / "code"
   shutil.copytree(os.path.join(code_lib.stdlib_dir(), "json"), code_dir / "json",
                   ignore=shutil.ignore_patterns("__pycache__"))
@@ -241,7 +241,7 @@ def test_micro_run_measures_every_cell_exactly(micro_run):
 
 def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
   cfg, first = micro_run
-  from specjax.experiments import long_context_measure as lcm
+  from experiments.programs import long_context_measure as lcm
 
   def fail(*a, **k):
     raise AssertionError("a stored cell was measured again")
@@ -252,7 +252,7 @@ def test_micro_run_resumes_without_measuring_again(micro_run, monkeypatch):
 
 
 def test_variants_are_checked():
-  from specjax.experiments.long_context_report import is_auto, label, parse_variant
+  from experiments.programs.long_context_report import is_auto, label, parse_variant
   assert parse_variant("window@2") == ("window", 2)
   assert parse_variant("small@auto") == ("small", "auto")
   assert is_auto("small@auto") and not is_auto("small@2") and not is_auto("small")
@@ -263,7 +263,7 @@ def test_variants_are_checked():
 
 
 def test_auto_is_compared_with_the_same_drafts_best_fixed_gamma():
-  from specjax.experiments.long_context_report import auto_lines, best_fixed, render
+  from experiments.programs.long_context_report import auto_lines, best_fixed, render
   s = lambda speedup, **kw: dict(alpha=0.5, tokens_per_call=1.5, speedup=speedup,
                                  speedup_end_to_end=1.0, identical=1.0, predicted=1.1, **kw)
   auto = lambda speedup: s(speedup, gamma_counts={"0": 3, "4": 1}) | {"predicted": None}
@@ -291,7 +291,7 @@ def test_auto_is_compared_with_the_same_drafts_best_fixed_gamma():
 
 
 def test_crossover_is_the_context_from_which_speculation_stays_ahead():
-  from specjax.experiments.long_context_report import crossovers
+  from experiments.programs.long_context_report import crossovers
   cell = lambda ctx, b, s: {"context": ctx, "batch": b, "setting": "greedy",
                             "summary": {"window": {"speedup": s}}}
   cells = [cell(512, 1, 0.8), cell(1024, 1, 1.1), cell(2048, 1, 0.9), cell(4096, 1, 1.3),
@@ -304,7 +304,7 @@ def test_the_demo_compares_prompt_lookup_fixed_and_auto_on_code(tmp_path):
   library copy: trains, decodes, checks every output against plain greedy
   decoding, reports what auto chose; a rerun reuses the trained target."""
   from configs import demo as demo_config
-  from specjax.experiments import demo
+  from experiments.programs import demo
   cfg = demo_config.get_config("tiny")
   cfg.workdir = str(tmp_path / "run")
   cfg.data.cache_dir = str(tmp_path / "data")

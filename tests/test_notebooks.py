@@ -111,7 +111,7 @@ def test_notebook_follows_colab_norms(path):
 
 
 def test_runtime_summary_says_how_to_switch_a_colab_cpu_runtime(monkeypatch):
-  from specjax.experiments import notebooks
+  from experiments.programs import notebooks
   rt = {"backend": "cpu", "devices": 1, "kind": "cpu", "large": False}
   monkeypatch.setattr(notebooks, "in_colab", lambda: False)
   assert "Change runtime type" not in notebooks.runtime_summary(rt)
@@ -128,7 +128,7 @@ def test_show_progress_puts_absl_info_on_stderr_outside_app_run():
   import subprocess
   import sys
   code = ("from absl import logging\n"
-          "from specjax.experiments import notebooks\n"
+          "from experiments.programs import notebooks\n"
           "logging.info('before-the-helper')\n"
           "notebooks.show_progress()\n"
           "logging.info('after-the-helper')\n")

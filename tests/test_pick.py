@@ -9,7 +9,7 @@ import pytest
 from absl import flags
 
 from specjax import theory
-from specjax.experiments.pick import main
+from specjax.cli.pick import main
 from specjax.planning.picker import (FamilyMeasurement, VerifyCost, draft_memory_bytes, pick,
                                      predict_speedup)
 from specjax.planning.picker_io import measurements_from_json, verify_cost_from_json

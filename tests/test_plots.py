@@ -10,7 +10,7 @@ matplotlib = pytest.importorskip("matplotlib")
 
 from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
 
-from specjax.experiments import families, long_context_report, report, seeds
+from experiments.programs import families, long_context_report, report, seeds
 
 
 @pytest.fixture

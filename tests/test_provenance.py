@@ -12,7 +12,7 @@ import jax
 import pytest
 
 from bench_helpers import run_script
-from specjax.experiments import report
+from experiments.programs import report
 from specjax.measure import provenance as prov
 
 KEYS = {"machine", "jax", "jaxlib", "flax", "orbax_checkpoint", "optax", "numpy", "libtpu",

@@ -12,7 +12,7 @@ import pytest
 from etils import epath
 
 from specjax.checkpoints import CheckpointError, params_digest, restore_params, save_params
-from specjax.experiments.stages import Stages, array_digest, first_difference, fingerprint
+from experiments.programs.stages import Stages, array_digest, first_difference, fingerprint
 from specjax.models.decoder import DecoderLM, decoder_config
 
 from memgcs import memgcs  # noqa: F401  (the gs:// fixture)

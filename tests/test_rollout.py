@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.experiments import rollout as rollout_cli
+from specjax.cli import rollout as rollout_cli
 from specjax.measure import gate as rollout
 from specjax.measure import latency
 from specjax.measure.latency import emission_times

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from specjax import theory
-from specjax.experiments import seeds
+from experiments.programs import seeds
 from specjax.measure.beta import alpha_vs_kl
 from specjax.planning import draft_memory
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from configs import shakespeare_heads as shk_config
-from specjax.data.shakespeare import CharVocab, build_shakespeare, load_shakespeare
-from specjax.experiments import shakespeare_heads
+from experiments.data.shakespeare import CharVocab, build_shakespeare, load_shakespeare
+from experiments.programs import shakespeare_heads
 
 
 WORDS = "thou art my lord and shall not the king hath come to thee good night sweet prince".split()

@@ -1,4 +1,4 @@
-"""The walltime sweep (`specjax.experiments.speed`): gamma="auto" cells on
+"""The walltime sweep (`experiments.programs.speed`): gamma="auto" cells on
 their own and as one series over the prompts (the acceptance estimate
 carried from call to call, and from chunk to chunk across a resumed run),
 timing repeats, and the speedup at AR's output lengths."""
@@ -10,8 +10,8 @@ import pytest
 
 import specjax
 from specjax import calibration
-from specjax.experiments.speed import matched_speedup, summarize, sweep
-from specjax.experiments.stages import Stages
+from experiments.programs.speed import matched_speedup, summarize, sweep
+from experiments.programs.stages import Stages
 from specjax.sampling import GREEDY
 from tiny import EOS, ragged_prompts, target
 
@@ -75,7 +75,7 @@ def test_the_speedup_at_ar_lengths():
 
 
 def test_call_order_rotates_through_every_position():
-  from specjax.experiments.speed import call_order
+  from experiments.programs.speed import call_order
   assert call_order(3, 0) == [-1, 0, 1, 2]
   assert call_order(3, 1) == [0, 1, 2, -1]
   assert call_order(3, 6) == [1, 2, -1, 0]

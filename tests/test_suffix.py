@@ -216,7 +216,7 @@ def test_sampling_is_exact_and_the_control_is_caught(cfg):
 # ------------------------------------------------------------------ the experiment
 
 def test_edit_sessions_are_one_small_edit_apart():
-  from specjax.experiments.suffix import edit_sessions
+  from experiments.programs.suffix import edit_sessions
   rng = np.random.default_rng(3)
   streams = {"a": rng.integers(0, 50, 600).astype(np.int32),
              "b": rng.integers(0, 50, 500).astype(np.int32)}
@@ -235,7 +235,7 @@ def test_edit_sessions_are_one_small_edit_apart():
 
 def test_the_experiment_smoke_preset(tmp_path):
   from configs import suffix as suffix_config
-  from specjax.experiments import suffix
+  from experiments.programs import suffix
   cfg = suffix_config.get_config("smoke")
   cfg.workdir = str(tmp_path / "work")
   cfg.results_dir = str(tmp_path / "results")

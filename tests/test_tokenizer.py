@@ -1,4 +1,4 @@
-"""Tests of specjax.tokenizers.sentencepiece and the SentencePiece training in specjax.data."""
+"""Tests of specjax.tokenizers.sentencepiece and the SentencePiece training in experiments.data."""
 
 import json
 import os
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from specjax import data
+from experiments import data
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "data")
@@ -168,7 +168,7 @@ def test_training_is_deterministic_and_cached(built, tmp_path):
   assert other != path
   with open(path, "rb") as f1, open(other, "rb") as f2:
     assert f1.read() == f2.read()
-  with pytest.raises(FileNotFoundError, match="specjax.data.build"):
+  with pytest.raises(FileNotFoundError, match="experiments.data.build"):
     data.train_sentencepiece(["xsum"], cache, vocab_size=VOCAB_SIZE)
 
 

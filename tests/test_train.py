@@ -317,7 +317,7 @@ def test_a_damaged_step_checkpoint_falls_back_to_the_one_before(tmp_path):
 
 def test_train_or_restore_rebuilds_a_damaged_final_and_refuses_other_settings(tmp_path):
   from specjax.checkpoints import CheckpointError
-  from specjax.experiments.common import train_or_restore
+  from experiments.programs.common import train_or_restore
   src = _reverse_source()
   config = _config()
   work = str(tmp_path / "run")

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import specjax
-from specjax.experiments import peers as bp
-from specjax.experiments import peers_suite
+from experiments.programs import peers as bp
+from experiments.programs import peers_suite
 from specjax.measure import tuning
 from specjax.measure.tuning import choose_matvec_rows
 from specjax.models.decoder import DecoderLM, decoder_config

@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from specjax.aot.run import AotRun
-from specjax.experiments.chen import decoder
-from specjax.experiments.leviathan import _t5
 from specjax.models.decoder import DecoderLM, decoder_config
+from specjax.models.sections import decoder_from_section, t5_from_section
 from specjax.models.t5 import T5, t5_config
 
 __all__ = ["run_from_config"]
@@ -44,11 +43,12 @@ def run_from_config(cfg, topology: Optional[str] = None, **overrides: Any) -> Ao
     target = _named(aot.target, dtype)
     drafts = tuple((str(n), _named(str(m), dtype)) for n, m in aot.drafts.items())
   elif leviathan:
-    target = _retyped(_t5(cfg.models.target, vocab), dtype)
-    drafts = tuple((n, _retyped(_t5(m, vocab), dtype)) for n, m in cfg.models.drafts.items())
+    target = _retyped(t5_from_section(cfg.models.target, vocab), dtype)
+    drafts = tuple((n, _retyped(t5_from_section(m, vocab), dtype))
+                   for n, m in cfg.models.drafts.items())
   else:
-    target = _retyped(decoder(cfg.models.target, vocab), dtype)
-    drafts = (("draft", _retyped(decoder(cfg.models.draft, vocab), dtype)),)
+    target = _retyped(decoder_from_section(cfg.models.target, vocab), dtype)
+    drafts = (("draft", _retyped(decoder_from_section(cfg.models.draft, vocab), dtype)),)
   if leviathan:
     gammas = tuple(int(g) for g in cfg.eval.gammas)
     prompt_len, new = int(cfg.data.input_len), int(cfg.data.target_len)

@@ -13,7 +13,7 @@ step:
   verdict = gate(m.baseline, m.candidate, m.alpha, min_alpha=0.55, p99_margin=0.10)
   write_plan(verdict, out_dir)                     # rollout.md + rollout.json
 
-and `python -m specjax.experiments.rollout` runs them on a built-in tiny
+and `python -m specjax.cli.rollout` runs them on a built-in tiny
 random pair. Latencies are `specjax.measure.latency.LatencyStats`.
 
 How `measure` times (no serving stack: static batches on this process). The

@@ -48,7 +48,7 @@ Usage (the JSON readers are `specjax.planning.picker_io`):
              max_new_tokens=64)
   print(rec.format())
 
-or `python -m specjax.experiments.pick --results=benchmarks/results/drafters.json
+or `python -m specjax.cli.pick --results=benchmarks/results/drafters.json
 --task=code --batch=1 --temperature=0 --context=128 --max_new=64`.
 """
 

