@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from specjax.models.layers import on_mesh
+from specjax.parallel.rules import on_mesh
 
 __all__ = ["SamplingConfig", "process_logits", "sample_tokens", "sample_from_uniform",
            "row_uniforms", "draw", "argmax_first", "greedy", "GREEDY", "vocab_shards",
@@ -109,7 +109,7 @@ def vocab_shards(vocab: int) -> int:
   The sampler's passes over the vocabulary (`sample_from_uniform`,
   `top_k_over_vocab`, `gather_over_vocab`) take a shape that follows these
   pieces, so that over logits left split by the vocab-parallel LM head
-  (`specjax.models.layers.whole_vocab`) each device works on its own slice and
+  (`specjax.parallel.rules.whole_vocab`) each device works on its own slice and
   only per-row scalars cross devices. A static choice: it depends on the mesh's
   shape, never on a value."""
   mesh = jax.sharding.get_abstract_mesh()

@@ -412,7 +412,7 @@ def test_a_split_eagle_head_is_laid_out_megatron_style():
 
 def test_large_sampled_logits_stay_split_over_the_vocabulary():
   """At batch 64 × 32k tokens the logits of every call are above
-  `layers.GATHER_MAX_BYTES` per device: they stay split over the vocabulary and the
+  `rules.GATHER_MAX_BYTES` per device: they stay split over the vocabulary and the
   sampler works piece by piece (`sampling.vocab_shards`). Per iteration the only
   all-gathers left are the γ + 1 draws' piece masses (`[B, M]` float32 each), never a
   `[B, T, V]` block of logits (before: 42 MB gathered per iteration)."""

@@ -93,10 +93,10 @@ def test_activation_estimate_matches_its_definition():
 
 
 def test_logits_above_the_gather_limit_are_planned_split_over_the_vocabulary():
-  """Logits of more than `layers.GATHER_MAX_BYTES` per device stay split over the
-  vocabulary (`layers.whole_vocab`): the plan counts 1/model of them; up to the limit
+  """Logits of more than `rules.GATHER_MAX_BYTES` per device stay split over the
+  vocabulary (`rules.whole_vocab`): the plan counts 1/model of them; up to the limit
   they are whole on every device."""
-  from specjax.models.layers import GATHER_MAX_BYTES
+  from specjax.parallel.rules import GATHER_MAX_BYTES
   v, rows = 2 ** 15, 32                     # 32 rows per device x V float32 = the limit
   assert rows * v * F32 == GATHER_MAX_BYTES
   big = dataclasses.replace(TARGET, vocab_size=v)

@@ -246,13 +246,13 @@ def test_a_split_eagle_head_and_gathered_logits_decode_exactly():
 
 
 def test_logits_too_large_to_gather_stay_split_and_sample_exactly():
-  """A verify call's logits above `layers.GATHER_MAX_BYTES` per device stay split over
+  """A verify call's logits above `rules.GATHER_MAX_BYTES` per device stay split over
   the vocabulary (16 rows per device x 5 positions x 16384 tokens: 5.2 MB), the draft
   steps' (1.0 MB) are gathered; the sampler then runs over vocabulary pieces
   (`sampling.vocab_shards`: top-k, top-p, the rejection rule's gathers, the draws) and
   gives the single-device tokens at T = 0.8 with top-k and top-p, and greedily."""
   from specjax.models.decoder import DecoderLM, decoder_config
-  from specjax.models.layers import GATHER_MAX_BYTES
+  from specjax.parallel.rules import GATHER_MAX_BYTES
   vocab, batch, gamma = 16384, 32, 4
   assert 16 * (gamma + 1) * vocab * 4 > GATHER_MAX_BYTES >= 16 * vocab * 4
   lm = DecoderLM(decoder_config("tiny", vocab_size=vocab, num_layers=1))

@@ -70,7 +70,7 @@ from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Pr
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
                                        init_eagle, layer_params, mask_inputs, pair_inputs, qkv,
                                        shared_weights)
-from specjax.models.layers import on_mesh
+from specjax.parallel.rules import on_mesh
 from specjax.protocol import check_tree
 from specjax.tree import TokenTree, check_child_mode, draw_children
 
@@ -162,7 +162,7 @@ def _write_pairs(config: EagleConfig, hp, state: "EagleState", x_BTE, pos_BT, st
 
 
 def _pinned(config: EagleConfig, state: "EagleState") -> "EagleState":
-  """The state in the layout it has in the decode loop (`layers.on_mesh`; no-op
+  """The state in the layout it has in the decode loop (`rules.on_mesh`; no-op
   off a mesh): the cache by head for a split head, else rows only; the feature
   whole. Written from the target's (split) prefill, XLA would otherwise carry the
   state into the loop in a layout of the prefill's choosing: an all-reduce per

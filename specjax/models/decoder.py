@@ -353,7 +353,7 @@ class DecoderModule(nn.Module):
 
   def project(self, h_xE: jax.Array) -> jax.Array:
     """Hidden states `[..., E]` → float32 logits `[..., V]` (whole over the
-    vocabulary on every device: `layers.whole_vocab`)."""
+    vocabulary on every device: `rules.whole_vocab`)."""
     c = self.config
     if self.is_initializing():
       logits = self.embed.attend(h_xE) if c.tie_embeddings else self.lm_head(h_xE)

@@ -36,7 +36,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax._checks import check_int
-from specjax.models.layers import apply_rope, on_mesh, whole_vocab
+from specjax.models.layers import apply_rope
+from specjax.parallel.rules import on_mesh, whole_vocab
 from specjax.models.medusa_head import target_lm_head
 
 __all__ = ["EagleConfig", "init_eagle", "shared_weights", "fuse_features", "pair_inputs",
@@ -159,7 +160,7 @@ def layer_params(params, i: int) -> Dict[str, jax.Array]:
 
 
 # A split head's layout (`EagleConfig.split`), pinned under a mesh
-# (`layers.on_mesh`; no-ops otherwise): its activations `[B, ..., E]` whole on
+# (`rules.on_mesh`; no-ops otherwise): its activations `[B, ..., E]` whole on
 # every device (partial sums added where they are made), a column-split
 # kernel's output split on its last axis as it is made (XLA then gathers the
 # output, not the kernel), queries / keys / values / attention over `model` by

@@ -19,7 +19,7 @@ from specjax.models.rope import rope_frequencies
 
 __all__ = ["KVCache", "RMSNorm", "apply_rope", "contract", "accumulate_f32_dot", "kv_specs",
            "zero_arrays", "replace_layer", "to_cache_layout", "write_kv", "copy_slots", "attend",
-           "attend_cached", "whole_vocab", "on_mesh", "suffix_partition"]
+           "attend_cached"]
 
 
 @struct.dataclass
@@ -143,27 +143,6 @@ def contract(x: jax.Array, kernel: jax.Array, kernel_in_axes: Sequence[int],
   return y.reshape(tuple(lead) + y.shape[1:])
 
 
-# Mesh axes of the shape letters (`specjax.parallel.sharding`'s layout: rows over
-# `data`; attention heads and MLP hidden units over `model`); other letters are
-# not split.
-_LETTER_AXES = {"B": "data", "H": "model", "K": "model", "F": "model"}
-
-
-def suffix_partition(suffix: str, shape: Sequence[int], axis_sizes) -> Tuple[Optional[str], ...]:
-  """The mesh axis of each axis of an array named by its shape `suffix`
-  (e.g. "BTHD"): `B` over `data`, `H` / `K` / `F` over `model`, where the mesh has
-  that axis (`axis_sizes`: name → size) and its size divides the length; any
-  other letter, or a `_`, is not split."""
-  if len(suffix) != len(shape):
-    raise ValueError(f"suffix {suffix!r} names {len(suffix)} axes; the array has shape "
-                     f"{tuple(shape)}")
-  out = []
-  for letter, n in zip(suffix, shape):
-    name = _LETTER_AXES.get(letter)
-    out.append(name if name in axis_sizes and n % axis_sizes[name] == 0 else None)
-  return tuple(out)
-
-
 def block_boundary(x_BTE: jax.Array) -> jax.Array:
   """The residual stream `[B, T, E]` between two blocks, materialised when a
   call has T > 1 positions (`jax.lax.optimization_barrier`; the identity on
@@ -174,60 +153,6 @@ def block_boundary(x_BTE: jax.Array) -> jax.Array:
   1.1 GB with it (results/tpu_aot/README.md). Decode steps (T = 1) are left to
   the compiler."""
   return jax.lax.optimization_barrier(x_BTE) if x_BTE.shape[1] > 1 else x_BTE
-
-
-def on_mesh(x: jax.Array, suffix: str) -> jax.Array:
-  """`x` laid out by its shape `suffix` (`suffix_partition`) when traced under
-  a mesh with a `model` axis of size > 1 (`jax.set_mesh`: what
-  `specjax.generate` / `speculative_generate` and `specjax.aot` trace
-  decoding under when the params are split, `sharding.decode_mesh`); else `x`
-  unchanged. Pins the layout where XLA's propagation would otherwise pick a
-  costly one (a split head's activations, logits over a split vocabulary)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or "model" not in mesh.axis_names or mesh.shape["model"] == 1:
-    return x
-  spec = suffix_partition(suffix, x.shape, dict(mesh.shape))
-  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec(*spec))
-
-
-# Logits up to this many bytes per device are gathered whole over the vocabulary
-# (`whole_vocab`); larger ones stay split and the sampler works on each device's slice.
-GATHER_MAX_BYTES = 4 << 20
-
-
-def whole_vocab(logits_xV: jax.Array) -> jax.Array:
-  """Logits `[B, ..., V]` laid out for the sampler under a mesh with a `model`
-  axis (`on_mesh`; unchanged outside one): rows over `data`, and
-
-  * whole over the vocabulary on every device when one device's share of them
-    is at most `GATHER_MAX_BYTES` (4 MiB, float32): a vocab-parallel LM head
-    leaves them split, and every reduction the sampler then runs over them
-    (max, sum, argmax, the draw, the finite check) would be a collective of its
-    own; one all-gather of `[B, T, V]` costs about what a few such collectives
-    cost at that size (TPU v5e: ~4 MiB over ICI ≈ 40 µs ≈ four collective
-    latencies);
-  * split over the vocabulary like the LM head otherwise (batch 32 × 5
-    positions × 128k tokens: 82 MB per device gathered per call, and every pass
-    of the sampler over it repeated on every device): the sampler then passes
-    over each device's slice only (`specjax.sampling.vocab_shards`), and only
-    per-row scalars cross devices.
-
-  Decoding only: specjax's train steps do not trace under a mesh, and a loss
-  over split logits should not gather them."""
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or "model" not in mesh.axis_names or mesh.shape["model"] == 1:
-    return logits_xV
-  rows = logits_xV.shape[0]
-  data = mesh.shape.get("data", 1)
-  per_device = (rows // data if rows % data == 0 else rows) * 4
-  for n in logits_xV.shape[1:]:
-    per_device *= n
-  vocab, model = logits_xV.shape[-1], mesh.shape["model"]
-  if per_device <= GATHER_MAX_BYTES or vocab % model:
-    return on_mesh(logits_xV, "B" + "_" * (logits_xV.ndim - 1))
-  spec = suffix_partition("B" + "_" * (logits_xV.ndim - 2), logits_xV.shape[:-1],
-                          dict(mesh.shape)) + ("model",)
-  return jax.lax.with_sharding_constraint(logits_xV, jax.sharding.PartitionSpec(*spec))
 
 
 def accumulate_f32_dot(lhs, rhs, dimension_numbers, precision=None, out_dtype=None, **kw):

@@ -19,7 +19,7 @@ from typing import Dict
 import jax
 import jax.numpy as jnp
 
-from specjax.models.layers import whole_vocab
+from specjax.parallel.rules import whole_vocab
 from specjax._checks import check_int
 
 __all__ = ["MedusaConfig", "target_lm_head", "init_heads", "head_logits"]

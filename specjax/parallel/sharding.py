@@ -11,7 +11,7 @@ inputs are placed with `jax.sharding.NamedSharding`s over a 2-D mesh
   table (vocab-parallel: a token's row lives on one device; XLA masks the
   lookup and sums it over `model`, and the logits come out split over the
   vocabulary: gathered once per call where they are small, left split where
-  they are large and sampled piece by piece, `layers.whole_vocab`) — go over
+  they are large and sampled piece by piece, `rules.whole_vocab`) — go over
   `model` (Megatron-style). An axis that does not divide evenly is replicated.
 * a model axis larger than the kv heads (8 kv heads, 16 devices) would
   replicate the whole KV cache on every device; `fit_to_mesh` stores each kv
@@ -49,7 +49,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from specjax.models.layers import suffix_partition
+from specjax.parallel.rules import suffix_partition
 
 __all__ = ["make_mesh", "param_spec", "shard_params", "cache_spec", "sharded_cache", "shard_batch",
            "replicate", "fsdp_spec", "kv_head_repeats", "fit_to_mesh", "params_mesh",
@@ -214,7 +214,7 @@ def suffix_spec(name: str, shape: Sequence[int], mesh) -> P:
   """PartitionSpec of a state array from its name's shape suffix (the
   codebase's convention, e.g. an EAGLE head's cache `k_BSHD`): `B` over
   `data`, `H` / `K` (attention heads) and `F` (MLP units) over `model`, where each divides
-  (`specjax.models.layers.suffix_partition`); a name without a suffix of
+  (`specjax.parallel.rules.suffix_partition`); a name without a suffix of
   `len(shape)` capitals: `rows_spec`. The layout of a drafter's state when its
   weights are split over `model` like the target's."""
   suffix = str(name).rsplit("_", 1)[-1]
@@ -269,7 +269,7 @@ def decode_mesh(params):
   """The context a decoding program over `params` is traced in:
   `jax.set_mesh(mesh)` when `params` lie on a mesh of several devices, else a
   null context. Under it the models lay their logits out for the sampler
-  (`specjax.models.layers.whole_vocab`: gathered over the vocabulary once per
+  (`specjax.parallel.rules.whole_vocab`: gathered over the vocabulary once per
   call when small, else left split and sampled over vocabulary pieces,
   `specjax.sampling.vocab_shards`).
 

@@ -35,7 +35,7 @@ from jax.sharding import AbstractMesh
 from specjax._checks import check_int
 from specjax.models import attention_kernel
 from specjax.models.decoder import DecoderConfig, DecoderLM
-from specjax.models.layers import GATHER_MAX_BYTES
+from specjax.parallel.rules import GATHER_MAX_BYTES
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
 from specjax.parallel.sharding import DATA, MODEL, cache_spec, kv_head_repeats, param_spec
@@ -144,7 +144,7 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
   rows = _split(batch_size, mesh, DATA) * tokens
   logits = _split(batch_size, mesh, DATA) * (tokens if logit_tokens is None else logit_tokens) \
       * config.vocab_size * 4
-  if logits > GATHER_MAX_BYTES:   # left split over the vocabulary (`layers.whole_vocab`)
+  if logits > GATHER_MAX_BYTES:   # left split over the vocabulary (`rules.whole_vocab`)
     logits = logits // mesh.shape[MODEL] if config.vocab_size % mesh.shape[MODEL] == 0 \
         else logits
   states = _HIDDEN_BUFFERS * rows * width * itemsize
@@ -308,7 +308,7 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
   over `model` where it divides, s the itemsize of `dtype`:
 
     logits           B' T_l V * 4          (float32, the vocabulary whole; T_l = logit_tokens;
-                                            / model above `layers.GATHER_MAX_BYTES`, where
+                                            / model above `rules.GATHER_MAX_BYTES`, where
                                             they stay split over the vocabulary)
     hidden states    4 B' T E * s          (residual, normed, attention out, input)
     MLP              3 B' T F' * s         (gate, up, their product)
