@@ -36,7 +36,8 @@ import numpy as np
 from specjax.models import decoder_layout, matvec_cache, rope
 from specjax.models.attention_kernel import KERNELS
 from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, block_boundary,
-                                   contract, copy_slots, replace_layer, whole_vocab)
+                                   contract, copy_slots, replace_layer)
+from specjax.parallel.rules import whole_vocab
 from specjax._checks import check_bool, check_int, check_optional_int
 
 __all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]

@@ -51,7 +51,8 @@ from flax import struct
 
 from specjax.models.layers import (RMSNorm, accumulate_f32_dot, attend, attend_cached,
                                    block_boundary, copy_slots, kv_specs, replace_layer,
-                                   to_cache_layout, whole_vocab, zero_arrays)
+                                   to_cache_layout, zero_arrays)
+from specjax.parallel.rules import whole_vocab
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 from specjax._checks import check_int
 
