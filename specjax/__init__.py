@@ -21,7 +21,7 @@ iteration in-graph (`AdaptiveGamma`, costs from `calibrate_gamma_costs`;
 `Acceptance` carries what one call learned to the next);
 `clear_compiled` / `set_max_compiled_programs` bound how many compiled
 decoding programs a long-lived process keeps (`specjax.compiled`).
-The package map (what may import what) is in the README's "Architecture".
+The package map (what may import what) is in docs/architecture.md.
 
 Shape names: B batch, P prompt, T tokens per call, S cache slots, V vocab,
 L layers, H heads, K kv heads, D head dim, E width, G = gamma.

@@ -1,4 +1,4 @@
-"""The architecture contract (README, "Architecture"): every package imports only
+"""The architecture contract (docs/architecture.md): every package imports only
 the layers below it (`.importlinter`, checked by import-linter), and only the
 programs (`experiments/`, outside the package) import the package root with its public API;
 the library never imports the programs."""

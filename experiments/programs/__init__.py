@@ -9,7 +9,9 @@ Nothing in the library imports this package (the architecture contract in
   drafter_training, shakespeare_heads             training Medusa / EAGLE heads
   peers, peers_suite                               specjax against transformers
   seeds                                            the analysis exercises
-  demo, pick, rollout                              the demo; the picker and gate CLIs
+  suffix                                           suffix drafting against prompt lookup
+  runner                                           the standalone training job (experiments/train.py)
+  demo                                             the demo (the picker and gate CLIs: specjax.cli)
   common, stages, report, speed, placement,       what the programs share: resumable
   notebooks                                        stages, reports, speed sweeps, meshes
 """
