@@ -5,8 +5,7 @@ drafter, γ, sampling, `max_new_tokens`, EOS / pad ids) and per input shape
 (batch, prompt length, cache slots) — is compiled once by `jax.jit` and kept
 for the next call of the same shape. On XLA:CPU a compiled program holds
 hundreds of memory mappings and megabytes of host memory even for a tiny
-model (`tests/test_soak.py` prints them: ~500 mappings and ~34 MB per
-speculative / autoregressive program of a 1-layer decoder); a notebook or a
+model (`tests/test_soak.py` prints them per program); a notebook or a
 sweep that tries
 hundreds of shapes would pile them up until the process runs out of
 mappings (`vm.max_map_count`, 65530 by default) and crashes.

@@ -9,8 +9,8 @@ program (memory against the chip's HBM, bytes per iteration against what
 each call must read, collectives, host transfers, cache-sized copies,
 predicted times) and, with --out, writes report.json and report.md there.
 
-A large program compiled for a big slice can take the TPU compiler well over
-10 GB of host memory, returned only when the process exits: with
+A large program compiled for a big slice can take the TPU compiler many GB
+of host memory, returned only when the process exits: with
 --separate_processes each kind of program is compiled in a process of its own
 and the reports are merged (`specjax.aot.merge_results`).
 """

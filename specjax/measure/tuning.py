@@ -3,11 +3,9 @@
 `DecoderConfig.matvec_max_rows` decides how a call on N = B * T tokens
 computes each projection: for 1 < N <= it, one matrix-vector product per
 token, back to back on each kernel; otherwise one matrix-matrix product.
-Which is faster depends on the CPU (its caches above all): on one
-development machine (1 MB L2, 32 MB L3) the per-token products won at 2-8
-rows by 1.16-1.43x, on another (2 MB L2, 105 MB L3) one matrix-matrix
-product won from 2-3 rows on, by up to 1.5x at 8 rows
-(benchmarks/README.md). No fixed default is right on both, so measure:
+Which is faster depends on the CPU (its caches above all): the per-token
+products win on some machines and lose on others (benchmarks/README.md).
+No fixed default is right everywhere, so measure:
 
   choice = specjax.tune_matvec_rows(lm, params)     # ~1 min for a 17M model
   lm = choice.apply(lm)                              # same weights, same params
@@ -127,8 +125,8 @@ def tune_matvec_rows(model: DecoderLM, params, row_counts: Sequence[int] = DEFAU
     save: store the choice for this machine, model shape and layout, where
       `matvec_max_rows=None` finds it (`specjax.models.matvec_cache`).
 
-  Compiles 2 * len(row_counts) step loops; costs ~1 min for the Chen
-  reproduction's 17.3M target on a 2-core CPU with the defaults.
+  Compiles 2 * len(row_counts) step loops; with the defaults, about a
+  minute for a model of tens of millions of parameters on a small CPU.
   """
   _check_model(model)
   _check_margin(margin)  # before a minute of measuring, not after

@@ -7,9 +7,8 @@ attention: Dao et al. 2022). It returns the part's *unnormalised* output,
 its running max and its sum of weights, which `layers.attend_cached`
 merges with the new tokens' `[T, T]` block. Without it XLA writes the
 float32 scores `[B, K, Q, S]` of each layer to HBM and reads them twice
-(max and sum, then the product with the values): at 32 rows × 32k slots
-5–6 GB per chip per verification of Llama-3.1-8B on a v6e-8
-(results/tpu_aot/README.md).
+(max and sum, then the product with the values): at many rows and long
+caches, gigabytes per chip per verification.
 
 Static choice: `DecoderConfig.attention_kernel = "pallas"` (TPU only; the
 default "xla" runs everywhere); "pallas_interpret" runs the same kernel
@@ -47,8 +46,8 @@ def block_slots(s: int) -> int:
 def fits(slots: int, head_dim: int) -> bool:
   """Whether a cache of `slots` slots and heads `head_dim` wide takes the kernel:
   both multiples of 128 (the TPU's lanes: the kernel reads the buffers in
-  row-major tiles, and XLA lays out narrower heads otherwise — Llama-3.2-1B's
-  64-wide cache fed to the kernel held 9.3 GB of temporaries at 32 × 32k)."""
+  row-major tiles, and XLA lays out narrower heads otherwise, so a narrower
+  cache fed to the kernel is relaid out into large temporaries)."""
   return bool(block_slots(slots)) and head_dim % _LANES == 0
 
 

@@ -79,15 +79,13 @@ class DecoderConfig:
       matrix-vector product per token, issued back to back on the same
       kernel, so the kernel streams from memory once and the other products
       read it from cache; otherwise one matrix-matrix product. Which is faster
-      depends on the CPU (its caches, its neighbours' load): on one machine
-      the per-token products won at 2-8 rows, on another (105 MB L3) one
-      matrix-matrix product won from 2 rows on, about even at 2
-      (benchmarks/README.md). `specjax.tune_matvec_rows` measures both paths
-      on this machine, picks the value and stores it for this machine and
-      model shape. None (default): on the CPU backend the stored choice if
-      there is one, else 0 (one matrix-matrix product per call, which never
-      loses badly: per-token products cost 2-3x on a 32 MB-L3 machine); 0
-      on other backends; 0 turns it off.
+      depends on the CPU (its caches, its neighbours' load), so
+      `specjax.tune_matvec_rows` measures both paths on this machine, picks
+      the value and stores it for this machine and model shape. None
+      (default): on the CPU backend the stored choice if there is one, else 0
+      (one matrix-matrix product per call, which never loses badly, where
+      per-token products can lose several-fold); 0 on other backends; 0 turns
+      it off.
     prefill_chunk: a prefill of P > prefill_chunk positions runs as
       ceil(P / prefill_chunk) calls of that many positions, each attending to
       the cache the earlier ones wrote (compute only; the same values up to

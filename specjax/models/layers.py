@@ -68,9 +68,9 @@ class KVCache:
 def zero_arrays(*specs: Tuple[Sequence[int], Any]) -> Tuple[jax.Array, ...]:
   """Fresh zero arrays, one per `(shape, dtype)` spec, made by one jitted call.
 
-  Made one `jnp.zeros` at a time, each array costs a dispatch of its own
-  (~0.3 ms on CPU: a 17-buffer cache took ~5.6 ms, paid by every request
-  that allocates one); inside a trace the result is the same zeros."""
+  Made one `jnp.zeros` at a time, each array costs a dispatch of its own,
+  which a cache of many buffers pays on every request that allocates one;
+  inside a trace the result is the same zeros."""
   key = tuple((tuple(int(n) for n in shape), jnp.dtype(dtype)) for shape, dtype in specs)
   return _zeros_fn(key)()
 
@@ -148,9 +148,8 @@ def block_boundary(x_BTE: jax.Array) -> jax.Array:
   call has T > 1 positions (`jax.lax.optimization_barrier`; the identity on
   values). Without it XLA's TPU compiler rewrites the stream as the embedding
   plus the sum of every block's outputs, fused into the final norm, and keeps
-  all 2L all-reduced block outputs `[B·T, E]` live until the call ends: 9.2 of
-  the 11.7 GB per chip of an 8 × 1792-token Llama-3.1-8B prefill on a v5e-8,
-  1.1 GB with it (results/tpu_aot/README.md). Decode steps (T = 1) are left to
+  all 2L all-reduced block outputs `[B·T, E]` live until the call ends —
+  most of a long prefill's memory per chip. Decode steps (T = 1) are left to
   the compiler."""
   return jax.lax.optimization_barrier(x_BTE) if x_BTE.shape[1] > 1 else x_BTE
 
@@ -305,8 +304,8 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
   `[T·G, S] @ [S, D]` over the value buffer — the orientation XLA:CPU's
   matrix products handle without repacking a buffer, so a T-token call
   reads each buffer once (with the queries on the right, or values stored
-  slots-last, a verify of 5 tokens cost 3.5× a one-token step's attention
-  at 512 slots; now ~1.3×: benchmarks/README.md). The new tokens' part is a
+  slots-last, it repacks them, and a verify's attention costs several
+  one-token steps'). The new tokens' part is a
   `[T, T]` block beside it; one softmax spans both.
 
   The buffers are read (whole, by the contractions) before they are written.
