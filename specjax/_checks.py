@@ -3,8 +3,9 @@
 A value of the wrong type is a `TypeError`, a value of the right type outside
 its range a `ValueError`; both name the argument, the value and what is
 allowed. `bool` is not an integer here (`True` is no batch size), numpy
-integer and floating scalars are accepted. Array-valued arguments of the
-closed forms (`specjax.theory`) broadcast and are checked there.
+integer and floating scalars are accepted. Array-valued arguments (the
+closed forms of `specjax.theory` broadcast them) go through
+`check_real_array` / `check_int_array`, whose messages name the first bad entry.
 """
 
 from __future__ import annotations
@@ -18,23 +19,37 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = ["check_int", "check_optional_int", "check_real", "check_optional_real",
+           "check_probability", "check_real_array", "check_int_array", "first_bad",
            "check_bool", "is_concrete", "check_prompts", "check_token_ids"]
 
 
+def _num(x) -> str:
+  return str(x) if isinstance(x, numbers.Integral) else f"{x:g}"
+
+
 def _range_text(minimum, maximum, lo_open=False, hi_open=False) -> str:
+  """"in [a, b)", ">= a", "< b" or "" (no bound)."""
+  if minimum == -math.inf and maximum == math.inf:
+    return ""
   if maximum == math.inf:
-    return f"> {minimum:g}" if lo_open else f">= {minimum:g}"
+    return f"> {_num(minimum)}" if lo_open else f">= {_num(minimum)}"
   if minimum == -math.inf:
-    return f"< {maximum:g}" if hi_open else f"<= {maximum:g}"
-  return f"in {'(' if lo_open else '['}{minimum:g}, {maximum:g}{')' if hi_open else ']'}"
+    return f"< {_num(maximum)}" if hi_open else f"<= {_num(maximum)}"
+  return (f"in {'(' if lo_open else '['}{_num(minimum)}, {_num(maximum)}"
+          f"{')' if hi_open else ']'}")
+
+
+def _with_range(what: str, *bounds, **open_ends) -> str:
+  text = _range_text(*bounds, **open_ends)
+  return f"{what} {text}" if text else what
 
 
 def check_int(name: str, value: Any, minimum: Optional[int] = None,
-              maximum: Optional[int] = None) -> int:
-  """`value` as an int in [minimum, maximum] (either bound may be None)."""
-  allowed = "an int" + ("" if minimum is None and maximum is None else
-                        " " + _range_text(-math.inf if minimum is None else minimum,
-                                          math.inf if maximum is None else maximum))
+              maximum: Optional[int] = None, *, note: str = "") -> int:
+  """`value` as an int in [minimum, maximum] (either bound may be None);
+  `note` (e.g. " (0 disables)") follows the allowed range in the messages."""
+  allowed = _with_range("an int", -math.inf if minimum is None else minimum,
+                        math.inf if maximum is None else maximum) + note
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
     raise TypeError(f"{name} must be {allowed}, got {value!r} ({type(value).__name__})")
   if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
@@ -43,25 +58,30 @@ def check_int(name: str, value: Any, minimum: Optional[int] = None,
 
 
 def check_optional_int(name: str, value: Any, minimum: Optional[int] = None,
-                       maximum: Optional[int] = None) -> Optional[int]:
+                       maximum: Optional[int] = None, **kw) -> Optional[int]:
   """None, or `check_int`."""
-  return None if value is None else check_int(name, value, minimum, maximum)
+  return None if value is None else check_int(name, value, minimum, maximum, **kw)
 
 
 def check_real(name: str, value: Any, minimum: float = -math.inf, maximum: float = math.inf, *,
-               lo_open: bool = False, hi_open: bool = False, allow_nan: bool = False) -> float:
+               lo_open: bool = False, hi_open: bool = False, allow_nan: bool = False,
+               note: str = "", what: str = "a finite number") -> float:
   """`value` as a finite float in [minimum, maximum] (`lo_open` / `hi_open`:
-  the bound itself excluded; `allow_nan`: NaN passes, meaning "unknown")."""
+  the bound itself excluded; `allow_nan`: NaN passes, meaning "unknown").
+  `note` follows the allowed range in the messages; `what` names the value
+  in the ValueError ("a finite number")."""
+  ends = dict(lo_open=lo_open, hi_open=hi_open)
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-    raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    raise TypeError(f"{name} must be {_with_range('a real number', minimum, maximum, **ends)}"
+                    f"{note}, got {value!r} ({type(value).__name__})")
   v = float(value)
   if allow_nan and math.isnan(v):
     return v
   ok = (math.isfinite(v) and (v > minimum if lo_open else v >= minimum)
         and (v < maximum if hi_open else v <= maximum))
   if not ok:
-    raise ValueError(f"{name} must be a finite number "
-                     f"{_range_text(minimum, maximum, lo_open, hi_open)}, got {value!r}")
+    raise ValueError(f"{name} must be {_with_range(what, minimum, maximum, **ends)}{note}, "
+                     f"got {value!r}")
   return v
 
 
@@ -69,6 +89,72 @@ def check_optional_real(name: str, value: Any, minimum: float = -math.inf,
                         maximum: float = math.inf, **kw) -> Optional[float]:
   """None, or `check_real`."""
   return None if value is None else check_real(name, value, minimum, maximum, **kw)
+
+
+def check_probability(name: str, value: Any, *, lo_open: bool = False, hi_open: bool = False,
+                      note: str = "") -> float:
+  """`value` as a probability: a float in [0, 1] (`lo_open` / `hi_open`: 0 / 1
+  excluded); `check_real` with "must be a probability in ..." messages."""
+  return check_real(name, value, 0.0, 1.0, lo_open=lo_open, hi_open=hi_open, note=note,
+                    what="a probability")
+
+
+def first_bad(arr: np.ndarray, bad: np.ndarray) -> str:
+  """The first entry of `arr` where `bad` is True, for a message: its value,
+  and for an array its index and the count of bad entries."""
+  if arr.ndim == 0:
+    return repr(arr.item())
+  count = int(np.count_nonzero(bad))
+  index = tuple(int(i) for i in np.argwhere(bad)[0])
+  return f"{arr[index].item()!r} at index {index} ({count} invalid entries)"
+
+
+def _array_of(name: str, value: Any, kinds: str, what: str, dtypes: str) -> np.ndarray:
+  """`value` as a numpy array of a dtype kind in `kinds`; named errors for a
+  string, a ragged nesting or another dtype (bool included)."""
+  if isinstance(value, (str, bytes)):
+    raise TypeError(f"{name} must be {what} or an array-like of them, got the string {value!r}")
+  try:
+    arr = np.asarray(value)
+  except (ValueError, TypeError) as e:
+    raise ValueError(f"{name} must be {what} or a rectangular array-like of them, got "
+                     f"{value!r} ({e})") from None
+  if arr.dtype.kind not in kinds:
+    raise TypeError(f"{name} must be {what} or an array-like of them ({dtypes}), got "
+                    f"{value!r} with dtype {arr.dtype}")
+  return arr
+
+
+def check_real_array(name: str, value: Any, minimum: float = -math.inf,
+                     maximum: float = math.inf, *, lo_open: bool = False,
+                     hi_open: bool = False) -> np.ndarray:
+  """`value` (a real number or an array-like of them, int or float dtype) as a
+  float64 array of finite entries in [minimum, maximum] (`lo_open` /
+  `hi_open`: the bound excluded); the ValueError names the first bad entry."""
+  arr = _array_of(name, value, "iuf", "a real number", "int or float dtype").astype(np.float64)
+  bad = ~np.isfinite(arr)
+  if bad.any():
+    raise ValueError(f"{name} must be finite, got {first_bad(arr, bad)}")
+  bad = ((arr <= minimum if lo_open else arr < minimum)
+         | (arr >= maximum if hi_open else arr > maximum))
+  if bad.any():
+    text = _range_text(minimum, maximum, lo_open, hi_open)
+    raise ValueError(f"{name} must {'lie' if text.startswith('in') else 'be'} {text}, got "
+                     f"{first_bad(arr, bad)}")
+  return arr
+
+
+def check_int_array(name: str, value: Any, minimum: int = 0) -> np.ndarray:
+  """`value` (an integer or an array-like of them, integer dtype; not bool)
+  as an int64 array of entries >= `minimum`; the ValueError names the first
+  bad entry."""
+  if isinstance(value, (bool, np.bool_)):
+    raise TypeError(f"{name} must be an integer >= {minimum}, got the bool {value!r}")
+  arr = _array_of(name, value, "iu", f"an integer >= {minimum}", "integer dtype").astype(np.int64)
+  bad = arr < minimum
+  if bad.any():
+    raise ValueError(f"{name} must be an integer >= {minimum}, got {first_bad(arr, bad)}")
+  return arr
 
 
 def check_bool(name: str, value: Any) -> bool:

@@ -21,7 +21,6 @@ slots (`copy_slots`).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Iterable, Optional, Sequence, Tuple
 
 import jax
@@ -63,8 +62,7 @@ class TokenTree:
       raise ValueError(f"parents[0] must be -1 (node 0 is the root: the pending token), got "
                        f"{list(parents)[:4]}")
     for i, p in enumerate(parents):
-      if isinstance(p, bool) or not isinstance(p, numbers.Integral):
-        raise TypeError(f"parents[{i}] must be an int, got {p!r}")
+      check_int(f"parents[{i}]", p)
       if i == 0:
         continue
       if p == i:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import specjax
+from specjax import _checks
 from specjax.api import usable_gamma
 from specjax.drafters import ModelDrafter, PromptLookup
 from specjax.models import cast_params
@@ -266,3 +267,77 @@ def test_draft_heads_params_are_checked():
   with pytest.raises(TypeError, match="draft_params must be a dict with keys"):
     specjax.speculative_generate(lm, params, medusa, heads, prompts, lengths,
                                  max_new_tokens=4, sampling=GREEDY)
+
+
+# ------------------------------------------------- the argument checks (specjax._checks)
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda: _checks.check_int("n", True), TypeError, r"n must be an int, got True \(bool\)"),
+    (lambda: _checks.check_int("n", 2.0, 1), TypeError, r"n must be an int >= 1, got 2.0"),
+    (lambda: _checks.check_int("n", 0, 1), ValueError, r"n must be an int >= 1, got 0"),
+    (lambda: _checks.check_int("n", -1, 0, 2**31), ValueError,
+     r"n must be an int in \[0, 2147483648\], got -1"),
+    (lambda: _checks.check_int("k", -1, 0, note=" (0 disables)"), ValueError,
+     r"k must be an int >= 0 \(0 disables\), got -1"),
+    (lambda: _checks.check_real("x", True), TypeError, r"x must be a real number, got True"),
+    (lambda: _checks.check_real("x", "1", 0.0), TypeError,
+     r"x must be a real number >= 0, got '1' \(str\)"),
+    (lambda: _checks.check_real("x", float("nan"), 0.0), ValueError,
+     r"x must be a finite number >= 0, got nan"),
+    (lambda: _checks.check_real("x", float("inf")), ValueError,
+     r"x must be a finite number, got inf"),
+    (lambda: _checks.check_real("x", 0.0, 0.0, lo_open=True), ValueError,
+     r"x must be a finite number > 0, got 0.0"),
+    (lambda: _checks.check_real("t", -1, 0.0, note=" (0 = greedy)"), ValueError,
+     r"t must be a finite number >= 0 \(0 = greedy\), got -1"),
+    (lambda: _checks.check_probability("p", 1.0, hi_open=True), ValueError,
+     r"p must be a probability in \[0, 1\), got 1.0"),
+    (lambda: _checks.check_probability("p", 0, lo_open=True), ValueError,
+     r"p must be a probability in \(0, 1\], got 0"),
+    (lambda: _checks.check_probability("p", np.nan), ValueError,
+     r"p must be a probability in \[0, 1\], got nan"),
+    (lambda: _checks.check_probability("p", np.True_), TypeError,
+     r"p must be a real number in \[0, 1\], got np.True_"),
+    (lambda: _checks.check_bool("b", 1), TypeError, r"b must be a bool, got 1 \(int\)"),
+    (lambda: _checks.check_real_array("a", [0.5, 2.0], 0.0, 1.0), ValueError,
+     r"a must lie in \[0, 1\], got 2.0 at index \(1,\) \(1 invalid entries\)"),
+    (lambda: _checks.check_real_array("a", [[0.5], [np.inf]]), ValueError,
+     r"a must be finite, got inf at index \(1, 0\)"),
+    (lambda: _checks.check_real_array("a", -1, 0.0), ValueError, r"a must be >= 0, got -1.0"),
+    (lambda: _checks.check_real_array("a", 0, 0.0, lo_open=True), ValueError,
+     r"a must be > 0, got 0.0"),
+    (lambda: _checks.check_real_array("a", [True, False]), TypeError,
+     r"a must be a real number or an array-like of them \(int or float dtype\), got "
+     r"\[True, False\] with dtype bool"),
+    (lambda: _checks.check_real_array("a", "0.5"), TypeError, r"a must be a real number .*string"),
+    (lambda: _checks.check_real_array("a", [1, [2]]), ValueError,
+     r"a must be a real number or a rectangular array-like"),
+    (lambda: _checks.check_int_array("g", True, 1), TypeError,
+     r"g must be an integer >= 1, got the bool True"),
+    (lambda: _checks.check_int_array("g", [1, 2.5], 1), TypeError,
+     r"g must be an integer >= 1 or an array-like of them \(integer dtype\), got \[1, 2.5\]"),
+    (lambda: _checks.check_int_array("g", [[1, 0]], 1), ValueError,
+     r"g must be an integer >= 1, got 0 at index \(0, 1\) \(1 invalid entries\)"),
+])
+def test_checks_name_the_argument_the_value_and_what_is_allowed(call, error, pattern):
+  with pytest.raises(error, match=pattern):
+    call()
+
+
+def test_checks_return_the_value_normalised():
+  for v in (3, np.int64(3), np.uint8(3)):
+    assert type(_checks.check_int("n", v, 0, 3)) is int and _checks.check_int("n", v) == 3
+  assert _checks.check_optional_int("n", None, 1) is None
+  for v in (0.25, 1, np.float32(0.25), np.float64(0.25), np.int32(0)):
+    got = _checks.check_real("x", v, 0.0, 1.0)
+    assert type(got) is float and got == float(v)
+  assert np.isnan(_checks.check_real("x", float("nan"), 0.0, 1.0, allow_nan=True))
+  assert _checks.check_optional_real("x", None) is None
+  assert _checks.check_probability("p", np.float32(0.5), lo_open=True, hi_open=True) == 0.5
+  assert _checks.check_probability("p", 1) == 1.0 and _checks.check_probability("p", 0) == 0.0
+  assert _checks.check_bool("b", np.True_) is True
+  arr = _checks.check_real_array("a", [[0, 1], [0.5, 1.0]], 0.0, 1.0)
+  assert arr.dtype == np.float64 and arr.tolist() == [[0.0, 1.0], [0.5, 1.0]]
+  assert _checks.check_real_array("a", np.float32(2.5), 0.0, lo_open=True).ndim == 0
+  ints = _checks.check_int_array("g", np.array([1, 4], np.int32), 1)
+  assert ints.dtype == np.int64 and ints.tolist() == [1, 4]

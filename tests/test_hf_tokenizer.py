@@ -150,7 +150,7 @@ def test_batches_padding_lengths_and_truncation(tok):
                                        add_bos=False)
   assert plain_b.tolist() == [len(s) - 2 for s in singles]
   assert plain_bp[0, :plain_b[0]].tolist() == singles[0][1:-1]
-  with pytest.raises(ValueError, match="max_len must be >= 1, got 0"):
+  with pytest.raises(ValueError, match="max_len must be an int >= 1, got 0"):
     tok.encode_batch(texts, 0)
   with pytest.raises(TypeError, match="not one string"):
     tok.encode_batch("abc", 8)

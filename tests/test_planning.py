@@ -240,7 +240,7 @@ def test_memory_plan_validates_its_arguments():
     memory_plan(TARGET, **dict(kw, cache_len=-1))
   with pytest.raises(ValueError, match="activation_tokens must be an int >= 1"):
     memory_plan(TARGET, activation_tokens=0, **kw)
-  with pytest.raises(ValueError, match="draft_sharded must be a bool, got 1"):
+  with pytest.raises(TypeError, match="draft_sharded must be a bool, got 1"):
     memory_plan(TARGET, DRAFT, draft_sharded=1, **kw)
   with pytest.raises(TypeError, match="target_config must be a DecoderConfig or a T5Config"):
     memory_plan({"vocab_size": 8}, **kw)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
-from specjax._checks import check_int
+from specjax._checks import check_int, check_real
 
 __all__ = ["TableCache", "UnigramLM", "BigramLM", "fit_ngram"]
 
@@ -92,8 +92,7 @@ def fit_ngram(sequences, vocab_size: int, order: int, smoothing: float = 0.1) ->
   with additive smoothing, from an iterable of token-id sequences."""
   if order not in (1, 2):
     raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order!r}")
-  if not smoothing > 0:
-    raise ValueError(f"smoothing must be > 0, got {smoothing!r}")
+  smoothing = check_real("smoothing", smoothing, 0.0, lo_open=True)
   shape = (vocab_size,) if order == 1 else (vocab_size, vocab_size)
   counts = np.full(shape, smoothing, np.float64)
   for seq in sequences:

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh
 
-from specjax._checks import check_int
+from specjax._checks import check_bool, check_int
 from specjax.models import attention_kernel
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.parallel.rules import GATHER_MAX_BYTES
@@ -332,8 +332,7 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
   batch_size = check_int("batch_size", batch_size, 1)
   cache_len = check_int("cache_len", cache_len, 1)
   prompt_len = cache_len if prompt_len is None else check_int("prompt_len", prompt_len, 1)
-  if not isinstance(draft_sharded, bool):
-    raise ValueError(f"draft_sharded must be a bool, got {draft_sharded!r}")
+  check_bool("draft_sharded", draft_sharded)
   context = max(cache_len, prompt_len)
   tokens = context if activation_tokens is None else check_int("activation_tokens",
                                                                 activation_tokens, 1)

@@ -61,7 +61,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from specjax import theory
-from specjax._checks import check_int, check_optional_int, check_optional_real, check_real
+from specjax._checks import (check_bool, check_int, check_optional_int, check_optional_real,
+                             check_real)
 
 __all__ = [
     "FamilyMeasurement",
@@ -223,8 +224,7 @@ class VerifyCost:
                        f"{pts[1]!r}; divide every ratio by it")
     pts[1] = 1.0
     for name in ("extrapolate", "monotone"):
-      if not isinstance(getattr(self, name), (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+      check_bool(name, getattr(self, name))
     check_optional_int("batch", self.batch, 1)
     pts = dict(sorted(pts.items()))
     object.__setattr__(self, "points", pts)

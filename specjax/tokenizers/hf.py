@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 import numpy as np
 
+from specjax._checks import check_int
 from specjax.tokenizers.chat import read_chat_template, read_eos_ids, render_chat
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer, token_rows
 
@@ -437,10 +438,7 @@ class HFTokenizer:
       if not isinstance(text, str):
         raise TypeError(f"texts[{row}] must be a str, got "
                         f"{type(text).__name__}")
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)):
-      raise TypeError(f"max_len must be an int, got {max_len!r}")
-    if max_len < 1:
-      raise ValueError(f"max_len must be >= 1, got {max_len}")
+    max_len = check_int("max_len", max_len, 1)
     prefix, suffix = self._specials_for(add_bos, add_eos)
     encodings = self._tok.encode_batch(texts, add_special_tokens=False)
     tokens_bp = np.full((len(texts), max_len), self.pad_id, dtype=np.int32)

@@ -60,7 +60,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
-from specjax._checks import check_int
+from specjax._checks import check_int, check_real_array
 
 __all__ = [
     "PAD_ID", "EOS_ID", "Example", "SourceStats", "Source", "Seq2SeqSource", "LMSource",
@@ -94,14 +94,6 @@ def _as_example(ex: Any, i: int) -> Example:
       raise TypeError(f"example {i}: {name} must be a 1-D integer array, got shape "
                       f"{arr.shape} dtype {arr.dtype}")
   return Example(prompt.astype(np.int32), target.astype(np.int32))
-
-
-def _check_pos_int(name: str, value: Any, minimum: int = 1) -> int:
-  return check_int(name, value, minimum)
-
-
-def _check_seed(seed: Any) -> int:
-  return _check_pos_int("seed", seed, 0)
 
 
 @dataclasses.dataclass
@@ -211,8 +203,8 @@ class Seq2SeqSource(_PaddedSource):
 
   def __init__(self, examples: Iterable[Any], input_len: int, target_len: int,
                overlong: str = "truncate", decoder_start_id: int = PAD_ID):
-    self.input_len = _check_pos_int("input_len", input_len)
-    self.target_len = _check_pos_int("target_len", target_len)
+    self.input_len = check_int("input_len", input_len, 1)
+    self.target_len = check_int("target_len", target_len, 1)
     if overlong not in OVERLONG_POLICIES:
       raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {overlong!r}")
     self.overlong = overlong
@@ -280,7 +272,7 @@ class LMSource(_PaddedSource):
 
   def __init__(self, examples: Iterable[Any], seq_len: int, packing: bool = False,
                overlong: str = "truncate"):
-    self.seq_len = _check_pos_int("seq_len", seq_len)
+    self.seq_len = check_int("seq_len", seq_len, 1)
     if overlong not in OVERLONG_POLICIES:
       raise ValueError(f"overlong must be one of {OVERLONG_POLICIES}, got {overlong!r}")
     self.overlong = overlong
@@ -402,9 +394,7 @@ class Mixture:
       if not (isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], Source)):
         raise TypeError(f"mixture entry {i} must be a (Source, weight) pair, got {item!r}")
     self.sources = [s for s, _ in sources]
-    weights = np.asarray([w for _, w in sources], np.float64)
-    if not np.all(np.isfinite(weights)) or np.any(weights <= 0):
-      raise ValueError(f"mixture weights must be finite and > 0, got {weights.tolist()}")
+    weights = check_real_array("mixture weights", [w for _, w in sources], 0.0, lo_open=True)
     self.weights = weights / weights.sum()
     spec = self.sources[0].row_spec
     for i, s in enumerate(self.sources[1:], 1):
@@ -431,9 +421,9 @@ class Mixture:
 
   def assignment(self, seed: int, step: int, batch_size: int):
     """(source of each row [B], stream position of each row [B]) at `step`."""
-    seed = _check_seed(seed)
-    step = _check_pos_int("step", step, 0)
-    batch_size = _check_pos_int("batch_size", batch_size)
+    seed = check_int("seed", seed, 0)
+    step = check_int("step", step, 0)
+    batch_size = check_int("batch_size", batch_size, 1)
     if len(self.sources) == 1:
       return (np.zeros(batch_size, np.int64),
               step * batch_size + np.arange(batch_size, dtype=np.int64))
@@ -475,8 +465,8 @@ def eval_batches(source: Source, batch_size: int, num_batches: int) -> list[Batc
   """The first `num_batches * batch_size` items of `source` in their stored
   (unshuffled) order, as fixed batches; the last one is padded with rows of
   zero loss mask when the source is shorter."""
-  batch_size = _check_pos_int("batch_size", batch_size)
-  num_batches = _check_pos_int("num_batches", num_batches, 0)
+  batch_size = check_int("batch_size", batch_size, 1)
+  num_batches = check_int("num_batches", num_batches, 0)
   out = []
   for b in range(num_batches):
     idx = np.arange(b * batch_size, min((b + 1) * batch_size, source.num_items))

@@ -38,6 +38,7 @@ import numpy as np
 from absl import logging
 
 from specjax import atomic_io
+from specjax._checks import check_int
 from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import config_to_dict
 from specjax.measure.tensorboard import ScalarWriter
@@ -320,7 +321,7 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
   elif teacher is not None:
     logging.warning("a teacher was given but config.distill_weight = 0: it is not used")
   if stop_at_step is not None:
-    stop_at_step = batching._check_pos_int("stop_at_step", stop_at_step)  # pylint: disable=protected-access
+    stop_at_step = check_int("stop_at_step", stop_at_step, 1)
   end = config.steps if stop_at_step is None else min(config.steps, stop_at_step)
 
   parallel = None

@@ -52,6 +52,7 @@ from typing import Any, Mapping, Optional
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from specjax._checks import check_int
 from specjax.parallel.sharding import DATA, fsdp_spec, make_mesh
 from specjax.training.steps import StepSpec, TrainState, _train_step
 
@@ -65,8 +66,7 @@ def training_mesh(mesh_data: int = 1, mesh_model: int = 1,
   `mesh_model`, over the first devices; None for 1 x 1 (the single-device
   step, unchanged). Errors name the fields as `<owner>.mesh_data`."""
   for name, v in (("mesh_data", mesh_data), ("mesh_model", mesh_model)):
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-      raise ValueError(f"{owner}.{name} must be an int >= 1, got {v!r}")
+    check_int(f"{owner}.{name}", v, 1)
   if mesh_data * mesh_model == 1:
     return None
   available = jax.device_count()
