@@ -7,10 +7,11 @@ rather than an XLA error (or a silent clamp) from deep inside.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import numbers
 import warnings
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,8 @@ from specjax.protocol import check_model, check_params, required_cache_len
 from specjax.sampling import SamplingConfig
 from specjax.verify import rejection_verify
 
-__all__ = ["generate", "speculative_generate", "prefill", "required_cache_len"]
+__all__ = ["generate", "speculative_generate", "plan_speculative", "SpeculativePlan", "prefill",
+           "required_cache_len"]
 
 _NONFINITE = ("raise", "warn", "ignore")
 _MAX_SLOTS = 2**31 - 1  # cache positions and lengths are int32
@@ -234,7 +236,8 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
   return _check_finite(out, nonfinite, "params")
 
 
-def _check_finite(out: GenerationOutput, nonfinite: str, params_name: str) -> GenerationOutput:
+def _check_finite(out: GenerationOutput, nonfinite: str, params_name: str,
+                  stacklevel: int = 3) -> GenerationOutput:
   """Raises / warns (per `nonfinite`) when some row's target logits were not finite."""
   if nonfinite == "ignore" or not is_concrete(out.stats.nonfinite):
     return out
@@ -250,7 +253,7 @@ def _check_finite(out: GenerationOutput, nonfinite: str, params_name: str) -> Ge
          "where float32 does not); nonfinite='warn' returns the output anyway")
   if nonfinite == "raise":
     raise FloatingPointError(msg)
-  warnings.warn(msg, RuntimeWarning, stacklevel=3)
+  warnings.warn(msg, RuntimeWarning, stacklevel=stacklevel)
   return out
 
 
@@ -304,11 +307,13 @@ def resolve_drafter(target, target_params, draft, draft_params, gamma):
   None."""
   if isinstance(draft, Drafter):
     drafter = draft
-  elif hasattr(draft, "extend") and hasattr(draft, "prefill"):
-    drafter = ModelDrafter(draft)
   else:
-    raise TypeError(f"draft must be a draft model (a specjax LanguageModel) or a drafter "
-                    f"(specjax.drafters), got {type(draft).__name__}")
+    try:
+      check_model(draft, "draft")
+    except TypeError as e:
+      raise TypeError(f"draft must be a draft model (a specjax LanguageModel) or a drafter "
+                      f"(specjax.drafters), got {type(draft).__name__}: {e}") from None
+    drafter = ModelDrafter(draft)
   if drafter.fixed_gamma is not None:
     gamma = drafter.fixed_gamma
   gamma = check_int("gamma", gamma, 1)
@@ -342,31 +347,230 @@ def usable_gamma(target, drafter: Drafter, gamma: int, max_new_tokens: int) -> i
       pass
     else:
       warnings.warn(f"gamma={gamma} is more than {what}: using gamma={useful}", UserWarning,
-                    stacklevel=3)
+                    stacklevel=4)
       return useful
   warnings.warn(f"{type(drafter).__name__} drafts {lay.chain_len} deep (gamma={gamma}), more "
                 f"than {what}: the deeper drafts are computed and never committed",
-                UserWarning, stacklevel=3)
+                UserWarning, stacklevel=4)
   return gamma
 
 
 _DEFAULT_ADAPTIVE = AdaptiveGamma()
 
 
-def _adaptive_gamma(gamma, gamma_costs) -> Optional[AdaptiveGamma]:
-  """The AdaptiveGamma `gamma` asks for ("auto": the default one), or None
-  for a fixed γ."""
+@dataclasses.dataclass(frozen=True)
+class SpeculativePlan:
+  """What one `speculative_generate` call runs, decided on the host before
+  anything is traced (`plan_speculative` returns it without running it).
+
+  `speculative_generate` is validate → plan → decode: the arguments are
+  checked once, the plan fixes every choice that follows from them, and the
+  decoder (`decoder()`) runs it. Two calls with equal plans run the same
+  compiled program.
+
+  Attributes:
+    target: the target model.
+    drafter: where the drafts come from (a draft model is a `ModelDrafter`).
+    gamma: the largest γ an iteration drafts: the fixed γ (lowered to what
+      `max_new_tokens` can use, `usable_gamma`), or max Γ with `adaptive`.
+    adaptive: the `AdaptiveGamma` rule, its Γ capped at the drafter's
+      `gamma_limit` and at max(1, max_new_tokens - 1); None for a fixed γ.
+    call_len: tokens in one target call (`drafter.layout(gamma).length`).
+    batch_size, prompt_len, max_new_tokens: the call's sizes (B, P, N).
+    cache_len: slots of the target's cache.
+    draft_cache_len: slots of a draft model's cache (`drafter.owns_model`),
+      else None (the drafter sizes its state by the target's cache).
+    gamma_costs: with `adaptive`: the cost of one iteration at each γ of Γ
+      (given, stored or measured: `specjax.calibration`); else None.
+    plain: run plain decoding's program (`generate`'s very tokens): with
+      `adaptive`, where no γ > 0 can pay and no probe falls due.
+    sampling, eos_id, pad_id, verify_fn, nonfinite: the checked arguments.
+    mesh: the `jax.sharding.Mesh` the target's weights lie on (decoding
+      traces under it and places every cache on it), or None: one device.
+  """
+
+  target: Any
+  drafter: Drafter
+  gamma: int
+  adaptive: Optional[AdaptiveGamma]
+  call_len: int
+  batch_size: int
+  prompt_len: int
+  max_new_tokens: int
+  cache_len: int
+  draft_cache_len: Optional[int]
+  gamma_costs: Optional[Tuple[float, ...]]
+  plain: bool
+  sampling: SamplingConfig
+  eos_id: EosIds
+  pad_id: int
+  verify_fn: Callable
+  nonfinite: str
+  mesh: Any = None
+
+  def decoder(self) -> Union[AutoregressiveDecoder, SpeculativeDecoder]:
+    """The decoder that runs this plan (plain decoding's where `plain`)."""
+    if self.plain:
+      return AutoregressiveDecoder(self.target, self.sampling, self.max_new_tokens, self.eos_id,
+                                   self.pad_id, report_adaptive=self.adaptive)
+    return SpeculativeDecoder(self.target, self.drafter, self.gamma, self.sampling,
+                              self.max_new_tokens, self.eos_id, self.pad_id, self.verify_fn,
+                              adaptive=self.adaptive)
+
+
+def _gamma_rule(draft, gamma, gamma_costs, acceptance):
+  """`(adaptive, given, gamma)` from the `gamma` argument: the AdaptiveGamma
+  it asks for (capped at a drafter's `gamma_limit`) and the one given, with
+  γ = its max Γ; or None, None and the fixed γ."""
   if isinstance(gamma, str):
     if gamma != "auto":
       raise ValueError(f"gamma must be an int >= 1, 'auto' or a specjax.AdaptiveGamma, "
                        f"got {gamma!r}")
-    return _DEFAULT_ADAPTIVE
-  if isinstance(gamma, AdaptiveGamma):
-    return gamma
-  if gamma_costs is not None:
-    raise ValueError(f"gamma_costs is for gamma='auto' (or an AdaptiveGamma); gamma={gamma!r} "
-                     "is fixed")
-  return None
+    gamma = _DEFAULT_ADAPTIVE
+  if not isinstance(gamma, AdaptiveGamma):
+    for name, value in (("gamma_costs", gamma_costs), ("acceptance", acceptance)):
+      if value is not None:
+        raise ValueError(f"{name} is for gamma='auto' (or an AdaptiveGamma); gamma={gamma!r} "
+                         "is fixed")
+    return None, None, gamma
+  adaptive = gamma
+  if isinstance(draft, Drafter) and draft.gamma_limit is not None:
+    adaptive = adaptive.capped_at(draft.gamma_limit)   # e.g. a tree's depth caps Γ
+  return adaptive, gamma, adaptive.max_gamma
+
+
+def _validate_and_plan(target, target_params, draft, draft_params, prompts, prompt_lengths, *,
+                       max_new_tokens, gamma, sampling, key, eos_id, pad_id, target_cache,
+                       draft_cache, cache_len, verify_fn, prefilled, nonfinite, gamma_costs,
+                       acceptance):
+  """The checked arguments and the plan of a `speculative_generate` call:
+  `(plan, (draft_params, prompts, prompt_lengths, keys, target_cache,
+  draft_cache, acceptance))`."""
+  check_model(target, "target")
+  check_params(target, target_params, "target_params")
+  adaptive, given, gamma = _gamma_rule(draft, gamma, gamma_costs, acceptance)
+  if acceptance is not None:
+    acceptance = check_acceptance(acceptance)
+  drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
+                                                 gamma)
+  if not callable(verify_fn):
+    raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
+  max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
+                                                 target.vocab_size, nonfinite)
+  if adaptive is not None:
+    check_adaptive(drafter, adaptive)
+    adaptive = adaptive.limited_to(max(1, max_new_tokens - 1))
+    gamma = adaptive.max_gamma
+    if gamma_costs is not None:  # costs of the Γ given, kept for the γ kept
+      gamma_costs = given.costs_of(adaptive, check_costs(given, gamma_costs))
+  else:
+    gamma = usable_gamma(target, drafter, gamma, max_new_tokens)
+  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, target.vocab_size)
+  b, p = prompts.shape
+  call_len = drafter.layout(gamma).length
+  try:
+    if prefilled is not None:
+      _check_prefilled(prefilled, target_cache, target, b, p, max_new_tokens, call_len - 1)
+    else:
+      _check_cache("target_cache", target, target_cache, b, p, max_new_tokens, call_len - 1,
+                   cache_len, target_params, allocate=False)
+  except ValueError as e:
+    if call_len == gamma + 1:
+      raise
+    raise ValueError(f"{e} (the drafter's target call holds {call_len} tokens: "
+                     f"{type(drafter).__name__} needs {call_len - 1} slots past the pending "
+                     "token, not gamma)") from None
+  draft_cache_len = None
+  if drafter.owns_model:
+    _check_cache("draft_cache", drafter.model, draft_cache, b, p, max_new_tokens, gamma,
+                 cache_len, draft_params, allocate=False)
+    draft_cache_len = (draft_cache.max_len if draft_cache is not None
+                       else int(cache_len) if cache_len is not None
+                       else required_cache_len(drafter.model, p, max_new_tokens, gamma))
+  elif draft_cache is not None:
+    raise ValueError(f"draft_cache is for a draft model; {type(drafter).__name__} allocates "
+                     "its own state (pass draft_cache=None)")
+  keys = _row_keys(key, b, sampling)
+  given_cache = prefilled.cache if prefilled is not None else target_cache
+  slots = (given_cache.max_len if given_cache is not None
+           else int(cache_len) if cache_len is not None
+           else required_cache_len(target, p, max_new_tokens, call_len - 1))
+  costs, plain = None, False
+  if adaptive is not None:
+    costs = tuple(np.asarray(resolve_gamma_costs(
+        target, target_params, drafter, draft_params, adaptive, batch_size=b, prompt_len=p,
+        cache_len=slots, sampling=sampling, gamma_costs=gamma_costs).seconds,
+                             np.float32).tolist())
+    # Where no γ > 0 pays even at the prior's (or the carried) acceptance,
+    # plain steps observe nothing and no probe falls due, the rule would run
+    # plain steps to the end.
+    if acceptance is None:
+      plain = not drafter.offers_room and not _prior_may_draft(adaptive, costs)
+    else:
+      plain = not (drafter.offers_room or probe_due(adaptive, acceptance, max_new_tokens)
+                   or prior_may_draft(adaptive, np.asarray(costs, np.float32), acceptance))
+    if plain and given_cache is None and cache_len is None:
+      slots = required_cache_len(target, p, max_new_tokens, 0)  # no room for drafts
+  plan = SpeculativePlan(
+      target=target, drafter=drafter, gamma=gamma, adaptive=adaptive, call_len=call_len,
+      batch_size=b, prompt_len=p, max_new_tokens=max_new_tokens, cache_len=slots,
+      draft_cache_len=draft_cache_len, gamma_costs=costs, plain=plain, sampling=sampling,
+      eos_id=eos_id, pad_id=pad_id, verify_fn=verify_fn, nonfinite=nonfinite,
+      mesh=params_mesh(target_params))
+  return plan, (draft_params, prompts, prompt_lengths, keys, target_cache, draft_cache,
+                acceptance)
+
+
+def _decode(plan: SpeculativePlan, target_params, draft_params, prompts, prompt_lengths, keys,
+            target_cache, draft_cache, prefilled, acceptance) -> GenerationOutput:
+  """Allocates the caches the plan sizes (donated ones are reused) and runs its decoder."""
+  b, p = plan.batch_size, plan.prompt_len
+  if prefilled is None and target_cache is None:
+    # Placed like the params: on their mesh, split, never whole on every device.
+    target_cache = place_cache_like(plan.target.init_cache(b, plan.cache_len, p), target_params)
+  drafter = plan.drafter
+  if not plan.plain or draft_cache is not None:
+    if draft_cache is None and drafter.owns_model:
+      draft_cache = place_cache_like(drafter.model.init_cache(b, plan.draft_cache_len, p),
+                                     draft_params)
+    elif draft_cache is None:
+      slots = (prefilled.cache if prefilled is not None else target_cache).max_len
+      draft_cache = drafter.alloc(b, p, slots, plan.gamma)
+      if plan.mesh is not None:   # placed like the target's params (`place_cache_like`)
+        draft_cache = place_state(draft_cache, plan.mesh, drafter.splits_state)
+  dec = plan.decoder()
+  if plan.plain:
+    out = dec.run(target_params, prompts, prompt_lengths, keys, target_cache, prefilled,
+                  acceptance)
+    out = out.replace(draft_cache=draft_cache)
+  else:
+    costs = None if plan.gamma_costs is None else np.asarray(plan.gamma_costs, np.float32)
+    out = dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
+                  draft_cache, prefilled, gamma_costs=costs, acceptance=acceptance)
+  enforce_limit()
+  return _check_finite(out, plan.nonfinite, "target_params", stacklevel=4)
+
+
+def plan_speculative(target, target_params, draft, draft_params, prompts, prompt_lengths=None,
+                     *, max_new_tokens: int, gamma: Union[int, str, AdaptiveGamma] = 4,
+                     sampling: SamplingConfig = SamplingConfig(), key=None,
+                     eos_id: Union[None, int, Sequence[int]] = None, pad_id: int = 0,
+                     target_cache=None, draft_cache=None, cache_len: Optional[int] = None,
+                     verify_fn: Callable = rejection_verify,
+                     prefilled: Optional[Prefill] = None, nonfinite: str = "raise",
+                     gamma_costs: Optional[Sequence[float]] = None,
+                     acceptance: Optional[Acceptance] = None) -> SpeculativePlan:
+  """The `SpeculativePlan` that `speculative_generate` with these arguments
+  runs, without running it: the drafter, γ or Γ, cache sizes, the cost
+  table, plain or speculative, the mesh. Checks the arguments as
+  `speculative_generate` does (and, with gamma="auto", measures a missing
+  cost table as it would)."""
+  return _validate_and_plan(
+      target, target_params, draft, draft_params, prompts, prompt_lengths,
+      max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling, key=key, eos_id=eos_id,
+      pad_id=pad_id, target_cache=target_cache, draft_cache=draft_cache, cache_len=cache_len,
+      verify_fn=verify_fn, prefilled=prefilled, nonfinite=nonfinite, gamma_costs=gamma_costs,
+      acceptance=acceptance)[0]
 
 
 def speculative_generate(target, target_params, draft, draft_params, prompts,
@@ -442,107 +646,15 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
   Raises:
     As `generate`; `draft_params` are checked against a draft model's tree.
   """
-  check_model(target, "target")
-  check_params(target, target_params, "target_params")
-  adaptive = given = _adaptive_gamma(gamma, gamma_costs)
-  if adaptive is not None:
-    if isinstance(draft, Drafter) and draft.gamma_limit is not None:
-      adaptive = adaptive.capped_at(draft.gamma_limit)   # e.g. a tree's depth caps Γ
-    gamma = adaptive.max_gamma
-    if acceptance is not None:
-      acceptance = check_acceptance(acceptance)
-  elif acceptance is not None:
-    raise ValueError(f"acceptance is for gamma='auto' (or an AdaptiveGamma); gamma={gamma!r} "
-                     "is fixed")
-  drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
-                                                 gamma)
-  if not callable(verify_fn):
-    raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
-  max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
-                                                 target.vocab_size, nonfinite)
-  if adaptive is not None:
-    check_adaptive(drafter, adaptive)
-    adaptive = adaptive.limited_to(max(1, max_new_tokens - 1))
-    gamma = adaptive.max_gamma
-    if gamma_costs is not None:  # costs of the Γ given, kept for the γ kept
-      gamma_costs = given.costs_of(adaptive, check_costs(given, gamma_costs))
-  else:
-    gamma = usable_gamma(target, drafter, gamma, max_new_tokens)
-  prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, target.vocab_size)
-  b, p = prompts.shape
-  call_len = drafter.layout(gamma).length
-  # gamma="auto" allocates the target's cache once it knows whether it drafts.
-  allocate = adaptive is None or target_cache is not None
-  try:
-    if prefilled is not None:
-      _check_prefilled(prefilled, target_cache, target, b, p, max_new_tokens, call_len - 1)
-    else:
-      target_cache = _check_cache("target_cache", target, target_cache, b, p, max_new_tokens,
-                                  call_len - 1, cache_len, target_params, allocate=allocate)
-  except ValueError as e:
-    if call_len == gamma + 1:
-      raise
-    raise ValueError(f"{e} (the drafter's target call holds {call_len} tokens: "
-                     f"{type(drafter).__name__} needs {call_len - 1} slots past the pending "
-                     "token, not gamma)") from None
-  keys = _row_keys(key, b, sampling)
-  costs, plain = None, False
-  if adaptive is not None:
-    if prefilled is not None or target_cache is not None:
-      slots = (prefilled.cache if prefilled is not None else target_cache).max_len
-    else:
-      slots = (int(cache_len) if cache_len is not None
-               else required_cache_len(target, p, max_new_tokens, call_len - 1))
-    costs = np.asarray(resolve_gamma_costs(
-        target, target_params, drafter, draft_params, adaptive, batch_size=b, prompt_len=p,
-        cache_len=slots, sampling=sampling, gamma_costs=gamma_costs).seconds, np.float32)
-    # Where no γ > 0 pays even at the prior's (or the carried) acceptance,
-    # plain steps observe nothing and no probe falls due, the rule would run
-    # plain steps to the end.
-    if acceptance is None:
-      plain = not drafter.offers_room and not _prior_may_draft(adaptive, tuple(costs.tolist()))
-    else:
-      plain = not (drafter.offers_room or probe_due(adaptive, acceptance, max_new_tokens)
-                   or prior_may_draft(adaptive, costs, acceptance))
-    if prefilled is None and target_cache is None:
-      # Plain decoding needs no room for drafts (unless cache_len asks for it).
-      target_cache = _check_cache("target_cache", target, None, b, p, max_new_tokens,
-                                  0 if plain else call_len - 1, cache_len, target_params)
-  if not plain or draft_cache is not None:
-    draft_cache = _draft_state(drafter, draft_cache, draft_params, b, p, max_new_tokens, gamma,
-                               cache_len, prefilled.cache if prefilled is not None
-                               else target_cache)
-  if plain:   # plain decoding's own program: the decisions the loop would make
-    dec = AutoregressiveDecoder(target, sampling, max_new_tokens, eos_id, pad_id,
-                                report_adaptive=adaptive)
-    out = dec.run(target_params, prompts, prompt_lengths, keys, target_cache, prefilled,
-                  acceptance)
-    out = out.replace(draft_cache=draft_cache)
-  else:
-    dec = SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, pad_id,
-                             verify_fn, adaptive=adaptive)
-    out = dec.run(target_params, draft_params, prompts, prompt_lengths, keys, target_cache,
-                  draft_cache, prefilled, gamma_costs=costs, acceptance=acceptance)
-  enforce_limit()
-  return _check_finite(out, nonfinite, "target_params")
-
-
-def _draft_state(drafter, draft_cache, draft_params, b, p, max_new, gamma, cache_len,
-                 target_cache):
-  """The drafter's state: a draft model's cache checked (or allocated like
-  the target's), another drafter's allocated for the target's slots."""
-  if isinstance(drafter, ModelDrafter) and not drafter.shares_target_params:
-    return _check_cache("draft_cache", drafter.model, draft_cache, b, p, max_new, gamma,
-                        cache_len, draft_params)
-  if draft_cache is not None and not isinstance(drafter, ModelDrafter):
-    raise ValueError(f"draft_cache is for a draft model; {type(drafter).__name__} allocates "
-                     "its own state (pass draft_cache=None)")
-  if draft_cache is None:
-    draft_cache = drafter.alloc(b, p, target_cache.max_len, gamma)
-    mesh = params_mesh(target_cache)   # placed like the target's params (`place_cache_like`)
-    if mesh is not None:
-      draft_cache = place_state(draft_cache, mesh, drafter.splits_state)
-  return draft_cache
+  plan, (draft_params, prompts, prompt_lengths, keys, target_cache, draft_cache,
+         acceptance) = _validate_and_plan(
+             target, target_params, draft, draft_params, prompts, prompt_lengths,
+             max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling, key=key,
+             eos_id=eos_id, pad_id=pad_id, target_cache=target_cache, draft_cache=draft_cache,
+             cache_len=cache_len, verify_fn=verify_fn, prefilled=prefilled,
+             nonfinite=nonfinite, gamma_costs=gamma_costs, acceptance=acceptance)
+  return _decode(plan, target_params, draft_params, prompts, prompt_lengths, keys,
+                 target_cache, draft_cache, prefilled, acceptance)
 
 
 @functools.lru_cache(maxsize=256)

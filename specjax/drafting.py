@@ -242,6 +242,10 @@ class Drafter(abc.ABC):
     uses_target_params: the drafter runs on the target's own weights
       (self-speculative): `speculative_generate(..., draft_params=None)`
       passes the target's.
+    owns_model: the drafter is a separate model with weights and a KV cache
+      of its own (`model`; a classic draft model): its cache is checked,
+      allocated and placed like the target's (`draft_cache=`), and
+      `specjax.aot` compiles it as a model of its own.
     needs_hidden: `update` reads the target's hidden states of the call
       (`DraftFeedback.target_hidden_BE` / `target_hidden_BCX`).
     needs_prompt_hidden: the drafter reads the target's hidden states over
@@ -281,6 +285,7 @@ class Drafter(abc.ABC):
 
   deterministic: bool = False
   uses_target_params: bool = False
+  owns_model: bool = False
   needs_hidden: bool = False
   needs_prompt_hidden: bool = False
   hidden_layers: Optional[Tuple[int, ...]] = None

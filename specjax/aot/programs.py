@@ -24,7 +24,6 @@ from jax.experimental.layout import Format, Layout
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from specjax import generation
-from specjax.drafters.model import ModelDrafter
 from specjax.measure.roofline import decode_reads
 from specjax.models.eagle_head import init_eagle, shared_weights
 from specjax.parallel.sharding import cache_spec, fsdp_spec, param_spec, rows_spec, state_spec
@@ -211,7 +210,7 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   tp = abstract_params(target, mesh)
   call_len = drafter.layout(gamma).length
   tcache = abstract_cache(target, mesh, batch_size, cache_len, prompt_len)
-  if isinstance(drafter, ModelDrafter) and not drafter.shares_target_params:
+  if drafter.owns_model:
     dp = abstract_params(drafter.model, mesh, draft_replicated)
     dcache = abstract_cache(drafter.model, mesh, batch_size, cache_len, prompt_len,
                             draft_replicated)

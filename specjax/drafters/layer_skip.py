@@ -98,7 +98,7 @@ class LayerSkip(ModelDrafter):
 
   def __init__(self, target: DecoderLM, layers: Sequence[int]):
     object.__setattr__(self, "model", LayerSkipLM(target, tuple(layers)))
-    object.__setattr__(self, "shares_target_params", True)
+    object.__setattr__(self, "uses_target_params", True)
 
   @property
   def target(self) -> DecoderLM:

@@ -45,20 +45,22 @@ class ModelDrafter(Drafter):
 
   Attributes:
     model: the draft, a `LanguageModel` with the target's vocabulary.
-    shares_target_params: the model runs on the target's parameters (a
-      self-speculative draft); `speculative_generate` then passes them.
+    uses_target_params: the model runs on the target's parameters (a
+      self-speculative draft: `LayerSkip`, `WindowedKV`);
+      `speculative_generate` then passes them, and the drafter owns no
+      model of its own (`owns_model`).
   """
 
   model: Any
-  shares_target_params: bool = False
+  uses_target_params: bool = False
 
   deterministic = False
   adaptive = True
   catches_up = True
 
   @property
-  def uses_target_params(self) -> bool:
-    return self.shares_target_params
+  def owns_model(self) -> bool:
+    return not self.uses_target_params
 
   @property
   def vocab_size(self) -> int:
@@ -68,7 +70,7 @@ class ModelDrafter(Drafter):
     check_draft_model(self.model, target)
 
   def check_params(self, params: Any) -> None:
-    if not self.shares_target_params:  # the target's were checked as target_params
+    if self.owns_model:  # the target's were checked as target_params
       check_params(self.model, params, "draft_params")
 
   def layout(self, gamma: int) -> CallLayout:

@@ -156,7 +156,7 @@ class WindowedKV(ModelDrafter):
   def of(cls, target: DecoderLM, window: int, sinks: int = 4, gamma: int = 8) -> "WindowedKV":
     """The drafter for up to `gamma` drafts per iteration."""
     gamma = check_int("gamma", gamma, 1)
-    return cls(WindowedLM(target, window, sinks, gamma + 1), shares_target_params=True)
+    return cls(WindowedLM(target, window, sinks, gamma + 1), uses_target_params=True)
 
   def check(self, target: Any, gamma: int) -> None:
     lm = self.model
