@@ -4,122 +4,35 @@
 a small static set Γ of draft lengths (default {0, 1, 2, 4, 8}; 0 is a
 plain target step), one branch compiled per γ, selected per iteration by
 `lax.switch` inside the same `lax.while_loop` and over the same cache
-buffers (sized for max Γ). The choice maximises the expected tokens per unit
-of time — for a batch, by default, the time the call needs to finish:
+buffers (sized for max Γ). Why: no fixed γ is right for every pair, prompt
+and machine, and where no γ pays the loop should decode plainly. Each
+iteration maximises expected tokens per unit of time:
 
     score(γ) = 1 / (c(γ) · max_b n_b / E_b(γ))   (objective "finish"), or
     score(γ) = Σ_b E_b(γ) / c(γ)                  (objective "throughput"),
     E_b(γ) = 1 + a_b (1 − r_b^k) / (1 − r_b),   k = min(γ, room_b)
 
-where c(γ) is the measured time of one iteration at γ (a cost table,
-`specjax.calibration`), room_b the drafts row b can offer (all of them for a
-draft model; the matched continuation for prompt lookup), a_b the row's
-running estimate of the probability that its first draft is accepted and
-r_b that a draft is accepted after the one before it was. With a_b = r_b =
-α this is Leviathan et al.'s (1 − α^(k+1)) / (1 − α); two rates fit drafts
-whose acceptances come in runs — a copied continuation is right for a while
-once its first token is — where one rate undervalues long drafts. Each is
-the maximum likelihood over past iterations with exponential forgetting and
-a prior:
+c(γ) the measured time of one iteration at γ (`specjax.calibration`),
+n_b the tokens row b has left, room_b the drafts it can offer, and a_b /
+r_b its running estimates that its first draft, and a draft after an
+accepted one, are accepted (maximum likelihood with forgetting and a
+prior; with a_b = r_b = α, Leviathan et al.'s model). Rows that stopped
+drafting drift back to their long-run rate and retry with exponential
+backoff; an `Acceptance` carries the estimate across calls, and a series
+probes where it has no evidence.
 
-    p_b = (S1_b + a0 · m) / (S1_b + T1_b + m)
-    a_b = (A1_b + p_b · m) / (A1_b + R1_b + m),   r_b = (A2_b + a_b · m) / (A2_b + R2_b + m)
-
-p_b is the row's long-run rate: the same first-draft observations (S1:
-accepted, T1: rejected) forgotten slowly (`slow_decay`), so a run of bad
-luck (a high-acceptance pair's estimate dipping below where drafting pays)
-does not stop the row for good: while it drafts nothing, its estimate
-drifts back to the long-run rate, not to a0. r_b's prior is the row's own
-a_b: one rate, Leviathan et al.'s model, until later drafts say otherwise
-(with a fixed prior, a row that only ever drafted one token would never
-learn that longer drafts pay).
-
-A1 / R1: iterations whose first valid draft was accepted / rejected; A2:
-accepted drafts after the first; R2: rejections after at least one
-acceptance (an iteration that stopped before its valid drafts ran out). All
-decay by `decay` at every iteration in which the row drafted. An iteration
-in which it drafted nothing observes nothing:
-the counts decay by the slower `idle_decay`, so a row that stopped drafting
-drifts back to the prior and tries again after a while — exploration whose
-price is one γ = 1 iteration per tens of plain steps (with the defaults, a
-γ = 1 iteration costing 1.2-1.3 plain steps and a row that failed its last
-ten drafts: one after ~70-110 plain steps, ~40-70 without the switch
-margin). A drafter that previews its drafts (prompt lookup) needs no such
-exploration: each plain step observes whether its first draft would have
-been accepted (`observe`'s `next_B`).
-
-Retries. The idle drift alone is too slow for a row whose first few drafts
-failed by bad luck or by the prompt's shape (a summary's opening tokens): a
-64-token call ends before it drafts again. So a row that drafted before and
-stopped also retries: it drafts one token again after w plain steps,
-
-    w = (c(γ₁) − c(0)) / (retry_budget · c(0)) · 2^f,
-
-γ₁ the smallest γ > 0 and f the retries it rejected since its last accepted
-first draft (exponential backoff). A row whose drafts keep failing spends a
-vanishing share of its time on them (the waits double); one that was unlucky
-is back within a few retries (each accepted retry resets the wait). A row
-that never drafted in the call (its prior never paid) does not retry. In
-batch mode with the "finish" objective a retry is the batch's (one
-drafting call for every row), taken once every row that drafted is due:
-the row that keeps the batch plain sets the pace (at batch 8, staggered
-rows' own retries had the batch draft every ~7 steps).
-
-Across calls: the estimate can outlive a call. `speculative_generate(...,
-acceptance=a)` starts every row from `a` (an `Acceptance`: what earlier
-calls learned, `out.stats.acceptance` — the rows' final counts, averaged)
-instead of the prior, and a series of calls (a dataset, a server's
-requests) learns the pair once. Since what it learns is kept, a series also
-explores: a row with (almost) no evidence — the first call's
-`Acceptance.fresh()`, or evidence decayed away over many plain steps —
-probes: it drafts (at least one token) in its next `explore_steps`
-iterations to find out, even where the prior says drafting does not pay (a
-call on its own never does: its evidence would be gone at its end). Where
-the carried estimate says no γ > 0 pays and no probe falls due within the
-call, the call runs plain decoding's program and returns the estimate with
-the idle decay of its steps.
-
-Per row: the batch's γ follows the rows that pay (`per_row=False`); a row
-whose own best γ is 0 still sends its drafts when the batch drafts (its
-drafts are computed and verified anyway: free tokens and a free
-observation). A call's batch runs until its last row ends, so by default
-(`batch_objective="finish"`) the batch scores a γ by when it would finish
-if held: c(γ) times the most iterations any active row still needs, its n_b
-tokens left (to `max_new_tokens`) over E_b(γ). A row whose drafts fail and
-that has as far to go as the others keeps the batch from drafting (drafts
-would not end the call sooner: the classic draft at batch 8 on code prompts
-ran 0.71-0.84x plain decoding's speed by the summed score, 1.05x by this
-one); one that is nearly done does not. "throughput" sums the rows' tokens instead
-(right where a finished row's slot is refilled at once, as in a server).
-With `per_row=True` each row drafts its own γ (0: it proposes nothing, its
-drafts marked invalid) and the call is as long as the longest.
-
-Exactness. The γ of iteration i (and each row's valid drafts) is a function
-of the state before iteration i — tokens already committed, acceptance
-counts of past iterations — never of iteration i's random numbers. Given that
-past, iteration i is an ordinary exact speculative iteration (with some γ
-and some valid drafts), so the tokens it commits follow the target's
-conditional distribution; by the chain rule the whole output has the
-target's law, whatever the rule chose. Greedy decoding commits the target's
-argmax path for every γ, so its tokens equal plain greedy decoding's.
-
-The same holds across calls: a carried `Acceptance` is a function of
-earlier calls' committed tokens, fixed before this call draws anything.
-
-What depends on what. With `per_row=False` a row's γ follows the batch, so a
-row's *sampled* tokens for a given key depend on the other rows (their law
-does not). With `per_row=True` a row's choice reads only its own history and
-draws its uniforms prefix-consistently (draft j and acceptance j use the j-th
-uniform, the residual the one after its own valid drafts), so its tokens do
-not depend on the other rows — up to float rounding of calls of different
-lengths.
+Exactness: the γ of iteration i (and each row's valid drafts) is a function
+of the state before it, never of its random numbers, so every iteration is
+an ordinary exact speculative iteration and the output has the target's
+law; greedy output equals plain greedy decoding's. The rule, the estimate,
+retries, the batch objectives and the exactness argument in full:
+docs/adaptive.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 from typing import Optional, Sequence, Tuple
 
 import jax
@@ -127,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax._checks import check_int
+from specjax._checks import check_bool, check_int, check_probability, check_real
 
 __all__ = ["BATCH_OBJECTIVES", "AdaptiveGamma", "AdaptState", "Acceptance", "DEFAULT_GAMMAS",
            "expected_tokens", "choose", "observe", "idle_block", "estimated_alpha", "may_draft",
@@ -135,16 +48,6 @@ __all__ = ["BATCH_OBJECTIVES", "AdaptiveGamma", "AdaptState", "Acceptance", "DEF
 
 DEFAULT_GAMMAS: Tuple[int, ...] = (0, 1, 2, 4, 8)
 BATCH_OBJECTIVES: Tuple[str, ...] = ("finish", "throughput")
-
-
-def _check_fraction(name: str, value, low_open: bool = False) -> float:
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise TypeError(f"{name} must be a real number in {'(0' if low_open else '[0'}, 1), "
-                    f"got {value!r}")
-  v = float(value)
-  if not (0.0 < v < 1.0 if low_open else 0.0 <= v < 1.0):
-    raise ValueError(f"{name} must lie in {'(0' if low_open else '[0'}, 1), got {value!r}")
-  return v
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,11 +71,10 @@ class AdaptiveGamma:
     prior_alpha, prior_weight: the estimate before any evidence (and what a
       row that stopped drafting drifts back to): prior_alpha in (0, 1)
       weighted as prior_weight >= 0 pseudo-trials; the same weight pulls the
-      row's short-term estimate toward its long-run rate. At 2 a run of three
-      or four rejected first drafts stopped a row that accepts ~60% of its
-      drafts (the Chen pair: 35-60% of iterations plain, `auto` 0.77-0.88x
-      the best fixed γ); 6 rides out such runs and still stops a row whose
-      drafts keep failing within ~5-8 iterations.
+      row's short-term estimate toward its long-run rate. The default rides
+      out a short run of rejected first drafts in a pair that accepts well
+      and still stops a row whose drafts keep failing within a few
+      iterations (docs/adaptive.md).
     per_row: each row drafts its own γ (the call is as long as the
       longest), so a row's tokens do not depend on the other rows; False:
       one γ for the batch, maximising the batch's expected tokens per second.
@@ -193,12 +95,12 @@ class AdaptiveGamma:
       per ~300 tokens.
     retry_budget: a row that stopped drafting (a drafter without previews)
       retries one draft after (c(γ₁) − c(0)) / (retry_budget · c(0)) plain
-      steps, the wait doubling after each rejected retry (module doc): at
+      steps, the wait doubling after each rejected retry (docs/adaptive.md): at
       most this share of a plain step's time goes to retries. 0: no
       retries (the idle drift alone).
     batch_objective: how batch mode scores a γ: "finish" (the time the
       call would need to end, set by its slowest row) or "throughput" (the
-      rows' expected tokens summed); module doc.
+      rows' expected tokens summed); docs/adaptive.md.
   """
 
   gammas: Tuple[int, ...] = DEFAULT_GAMMAS
@@ -228,29 +130,15 @@ class AdaptiveGamma:
       raise ValueError(f"gammas must hold at least one γ > 0 (only 0 is plain decoding), "
                        f"got {g!r}")
     object.__setattr__(self, "gammas", tuple(sorted(vals)))
-    object.__setattr__(self, "decay", _check_fraction("decay", self.decay))
-    object.__setattr__(self, "idle_decay", _check_fraction("idle_decay", self.idle_decay))
-    object.__setattr__(self, "slow_decay", _check_fraction("slow_decay", self.slow_decay))
-    object.__setattr__(self, "slow_idle_decay",
-                       _check_fraction("slow_idle_decay", self.slow_idle_decay))
-    object.__setattr__(self, "prior_alpha",
-                       _check_fraction("prior_alpha", self.prior_alpha, low_open=True))
-    w = self.prior_weight
-    if isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0 <= float(w) < 1e6:
-      raise ValueError(f"prior_weight must be a real number >= 0, got {w!r}")
-    object.__setattr__(self, "prior_weight", float(w))
-    if not isinstance(self.per_row, bool):
-      raise TypeError(f"per_row must be a bool, got {self.per_row!r}")
+    for f, top in (("decay", 1), ("idle_decay", 1), ("slow_decay", 1), ("slow_idle_decay", 1),
+                   ("prior_weight", 1e6), ("switch_margin", 10), ("explore_below", 1),
+                   ("retry_budget", 1)):
+      object.__setattr__(self, f, check_real(f, getattr(self, f), 0.0, top, hi_open=True))
+    object.__setattr__(self, "prior_alpha", check_probability(
+        "prior_alpha", self.prior_alpha, lo_open=True, hi_open=True))
+    object.__setattr__(self, "per_row", check_bool("per_row", self.per_row))
     check_int("plain_block", self.plain_block, 1)
-    m = self.switch_margin
-    if isinstance(m, bool) or not isinstance(m, numbers.Real) or not 0 <= float(m) < 10:
-      raise ValueError(f"switch_margin must be a real number in [0, 10), got {m!r}")
-    object.__setattr__(self, "switch_margin", float(m))
-    object.__setattr__(self, "explore_below",
-                       _check_fraction("explore_below", self.explore_below))
     check_int("explore_steps", self.explore_steps, 1)
-    object.__setattr__(self, "retry_budget",
-                       _check_fraction("retry_budget", self.retry_budget))
     if self.batch_objective not in BATCH_OBJECTIVES:
       raise ValueError(f"batch_objective must be one of {BATCH_OBJECTIVES}, got "
                        f"{self.batch_objective!r}")
@@ -423,7 +311,7 @@ def after_idle(cfg: AdaptiveGamma, acceptance: Acceptance, steps_B: jax.Array) -
 
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
   """`[B, 2]` the per-row acceptance estimates: of the first draft (a_b) and
-  of a draft after an accepted one (r_b) (see the module doc)."""
+  of a draft after an accepted one (r_b) (docs/adaptive.md)."""
   xp = _xp(st.accepted_B2)
   m = cfg.prior_weight
   acc, rej = st.accepted_B2, st.rejected_B2
@@ -468,7 +356,7 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
   `costs_G`: seconds (or any unit) per iteration at each γ of Γ;
   `room_B`: drafts each row can offer (None: max Γ); `left_B`: tokens each
   row may still generate (None: as many for every row) — batch mode's
-  "finish" objective (module doc)."""
+  "finish" objective (docs/adaptive.md)."""
   gam_G = jnp.asarray(cfg.gammas, jnp.int32)
   b = active_B.shape[0]
   room_B = jnp.full((b,), cfg.max_gamma, jnp.int32) if room_B is None else room_B

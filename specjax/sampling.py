@@ -13,13 +13,13 @@ Shapes: any leading dims `[...]`, vocabulary last (`V`).
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from typing import Optional
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from specjax._checks import check_int, check_probability, check_real
 from specjax.parallel.rules import on_mesh
 
 __all__ = ["SamplingConfig", "process_logits", "sample_tokens", "sample_from_uniform",
@@ -48,23 +48,12 @@ class SamplingConfig:
   top_p: float = 1.0
 
   def __post_init__(self):
-    t, k, p = self.temperature, self.top_k, self.top_p
-    if isinstance(t, bool) or not isinstance(t, numbers.Real):
-      raise TypeError(f"temperature must be a real number, got {t!r}")
-    if not t >= 0 or t != t or t == float("inf"):
-      raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {t!r}")
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-      raise TypeError(f"top_k must be an int (0 disables), got {k!r}")
-    if k < 0:
-      raise ValueError(f"top_k must be >= 0 (0 disables), got {k!r}")
-    if isinstance(p, bool) or not isinstance(p, numbers.Real):
-      raise TypeError(f"top_p must be a real number in (0, 1], got {p!r}")
-    if not 0.0 < p <= 1.0:
-      raise ValueError(f"top_p must lie in (0, 1] (1 disables), got {p!r}")
-    # Normalise types so equal configs hash equal (they are jit-static).
-    object.__setattr__(self, "temperature", float(t))
-    object.__setattr__(self, "top_k", int(k))
-    object.__setattr__(self, "top_p", float(p))
+    # Checked, and normalised so that equal configs hash equal (they are jit-static).
+    object.__setattr__(self, "temperature", check_real("temperature", self.temperature, 0.0,
+                                                       note=" (0 = greedy)"))
+    object.__setattr__(self, "top_k", check_int("top_k", self.top_k, 0, note=" (0 disables)"))
+    object.__setattr__(self, "top_p", check_probability("top_p", self.top_p, lo_open=True,
+                                                        note=" (1 disables)"))
 
   @property
   def is_greedy(self) -> bool:
@@ -86,9 +75,9 @@ def argmax_first(x: jax.Array, axis: int = -1) -> jax.Array:
 
   Two plain reductions (a max, then a min over the indices that reach it)
   instead of `jnp.argmax`'s (value, index) pair reduction, which XLA:CPU
-  runs as a scalar loop: over 4096 logits 1.9 µs against 12 µs per row
-  (3 × 4096: 6 against 25 µs), and a greedy decoding iteration takes
-  several (the draft's tokens, the target's call, the verification).
+  runs as a scalar loop several times slower (benchmarks/README.md), and a
+  greedy decoding iteration takes several (the draft's tokens, the target's
+  call, the verification).
   """
   if not -x.ndim <= axis < x.ndim:
     raise ValueError(f"axis must be in [{-x.ndim}, {x.ndim}) for an array of shape "
@@ -259,9 +248,9 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array,
 
   The method of `torch.multinomial`, done in two levels — blocks of 128
   tokens, then within the chosen block — so it costs O(V) and one random
-  number instead of V Gumbel draws (`jax.random.categorical` costs ~0.3 ms at
-  V = 2k and ~7 ms at V = 32k per row on XLA:CPU, more than a small draft's
-  forward pass). Callers that need several draws per step take all their
+  number instead of V Gumbel draws (on XLA:CPU `jax.random.categorical`
+  costs more than a small draft's forward pass at real vocabularies:
+  `benchmarks/sampling_bench.py`). Callers that need several draws per step take all their
   uniforms from one PRNG call (each PRNG call is a loop of its own on CPU).
   Tokens with zero probability are never drawn; probabilities are resolved to
   the uniform's 2^-23 grid. A row with no mass at all gives V − 1 (an id the
@@ -287,8 +276,8 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array,
     raise ValueError(f"probs_BV must be [B, V] and u_B [B]; got probs_BV shape "
                      f"{jnp.shape(probs_BV)} and u_B shape {jnp.shape(u_B)}")
   b, v = probs_BV.shape
-  m = vocab_shards(v) if shards is None else shards
-  if isinstance(m, bool) or not isinstance(m, numbers.Integral) or m < 1 or v % m:
+  m = check_int("shards", vocab_shards(v) if shards is None else shards, 1)
+  if v % m:
     raise ValueError(f"shards must be an int >= 1 dividing the vocabulary ({v}), got {m!r}")
   probs_BV = probs_BV.astype(jnp.float32)
   u_B = u_B.astype(jnp.float32)

@@ -393,10 +393,11 @@ def test_misuse_is_named():
     AdaptiveGamma(decay=1.0)
   with pytest.raises(ValueError, match="prior_alpha"):
     AdaptiveGamma(prior_alpha=0.0)
-  with pytest.raises(ValueError, match="switch_margin must be a real number in \\[0, 10\\), got -0.1"):
+  with pytest.raises(ValueError,
+                     match="switch_margin must be a finite number in \\[0, 10\\), got -0.1"):
     AdaptiveGamma(switch_margin=-0.1)
   for bad in (1.0, -0.01):
-    with pytest.raises(ValueError, match="retry_budget must lie in \\[0, 1\\)"):
+    with pytest.raises(ValueError, match="retry_budget must be a finite number in \\[0, 1\\)"):
       AdaptiveGamma(retry_budget=bad)
   with pytest.raises(ValueError, match="batch_objective must be one of .*'finish'.*got 'fast'"):
     AdaptiveGamma(batch_objective="fast")

@@ -245,8 +245,11 @@ def test_misuse_is_named():
   with pytest.raises(ValueError, match="goes beyond the 3 drafts Medusa can make per "
                      "iteration: use γ <= 3"):
     check_adaptive(Medusa(_medusa_heads(lm, params)[0], MEDUSA_TREE), AdaptiveGamma((0, 2, 4)))
-  for bad in (1.0, -0.1, "0.5", True):
+  for bad in (1.0, -0.1, np.nan):
     with pytest.raises(ValueError, match="stop_below must be a probability in \\[0, 1\\)"):
+      Eagle(config, TREE, lm, stop_below=bad)
+  for bad in ("0.5", True):
+    with pytest.raises(TypeError, match="stop_below must be a real number in \\[0, 1\\)"):
       Eagle(config, TREE, lm, stop_below=bad)
   # A PARD draft trained for 1 slot: Γ capped at γ = 2.
   dm, dp = noisy_draft()

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -63,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax._checks import check_int
+from specjax._checks import check_int, check_probability
 from specjax.checkpoints.heads import load_eagle_head
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               check_head_params)
@@ -113,11 +112,9 @@ class DynamicTree:
     """(m, c) of the sampled tree (children drawn at T > 0): each level
     after the root's expands its m best nodes with c children each, m * c
     = top_k; m = `expand`, by default top_k (c = 1: the root's top_k
-    sampled children each grow a sampled chain). Measured on the Chen quick
-    pair at T = 1 (results/families/README.md): τ 3.86-4.04 with the
-    default, 2.62-2.83 with m = c = 2, 2.28-2.45 with m = 1, c = 4 — a
+    sampled children each grow a sampled chain), the default because a
     second sampled sibling comes from what the first left, rarely what the
-    target samples."""
+    target samples (docs/drafters.md)."""
     m = self.expand or self.top_k
     return m, self.top_k // m
 
@@ -192,8 +189,7 @@ class Eagle(Drafter):
   (static trees) — drawn from the head's distribution after the target's
   temperature / top-k / top-p, with or without replacement among siblings,
   and verified against those distributions (`specjax.tree.draw_children`):
-  what keeps acceptance up at T > 0 (results/families/sampled: τ at T = 1
-  0.91-0.96x its T = 0 value, against ~0.42x with top-k children). At T = 0
+  what keeps acceptance up at T > 0 (docs/drafters.md). At T = 0
   every mode makes the same decisions. On EAGLE-2's dynamic tree, "top_k"
   keeps the best `nodes` of all candidates by path probability; at T > 0
   the sampled modes grow a tree whose shape is fixed before each level's
@@ -244,11 +240,8 @@ class Eagle(Drafter):
       raise ValueError("Eagle needs the target (its embedding and LM head are shared)")
     if self.children is not None:
       check_child_mode("children", self.children)
-    c = self.stop_below
-    if isinstance(c, bool) or not isinstance(c, numbers.Real) or not 0.0 <= float(c) < 1.0:
-      raise ValueError(f"stop_below must be a probability in [0, 1) (0: no confidence stop), "
-                       f"got {c!r}")
-    object.__setattr__(self, "stop_below", float(c))
+    object.__setattr__(self, "stop_below", check_probability(
+        "stop_below", self.stop_below, hi_open=True, note=" (0: no confidence stop)"))
     if isinstance(self.tree, DynamicTree) and self.child_mode != "top_k":
       most = self.tree.top_k * self.tree.depth
       if self.tree.nodes > most:
