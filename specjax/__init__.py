@@ -5,6 +5,7 @@ Decoding (one jit, one `lax.while_loop`, donated static-shape caches):
   generate(model, params, prompts, prompt_lengths, max_new_tokens=..., ...)
   speculative_generate(target, target_params, draft, draft_params, prompts,
                        prompt_lengths, max_new_tokens=..., gamma=..., ...)
+  plan_speculative(...)  # the same arguments: the SpeculativePlan the call runs
 
 Models follow `specjax.protocol.LanguageModel`: `DecoderLM` (Chinchilla /
 Llama style), `T5` (v1.0 / v1.1), `UnigramLM` / `BigramLM`. Drafts are draft
@@ -29,7 +30,8 @@ L layers, H heads, K kv heads, D head dim, E width, G = gamma.
 
 from specjax import drafters, parallel, theory
 from specjax.adaptive import Acceptance, AdaptiveGamma
-from specjax.api import generate, prefill, speculative_generate
+from specjax.api import (SpeculativePlan, generate, plan_speculative, prefill,
+                         speculative_generate)
 from specjax.calibration import GammaCosts, calibrate_gamma_costs
 from specjax.checkpoints.hf_llama import export_hf_decoder, import_hf_decoder
 from specjax.checkpoints.hf_t5 import export_hf_t5, import_hf_t5
@@ -62,4 +64,5 @@ __all__ = [
     "SentencePieceTokenizer", "load_tokenizer", "check_tokenizers_compatible",
     "clear_compiled", "compiled_programs", "max_compiled_programs", "set_max_compiled_programs",
     "AdaptiveGamma", "Acceptance", "GammaCosts", "calibrate_gamma_costs",
+    "plan_speculative", "SpeculativePlan",
 ]
