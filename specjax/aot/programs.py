@@ -35,7 +35,7 @@ from specjax.training.steps import StepSpec, init_state
 
 __all__ = ["abstract_params", "abstract_cache", "abstract_rows", "Lowered", "lower_prefill",
            "lower_ar_loop", "lower_speculative_loop", "lower_train_step",
-           "lower_eagle_train_step"]
+           "lower_eagle_train_step", "lower_plan", "place_weights"]
 
 
 def _struct(x, sharding) -> jax.ShapeDtypeStruct:
@@ -197,7 +197,9 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
                            draft_replicated: bool = True,
                            sampling: SamplingConfig = SamplingConfig(),
                            eos_id: Optional[int] = None, name: Optional[str] = None,
-                           param_layouts: str = "default") -> Lowered:
+                           param_layouts: str = "default",
+                           decoder: Optional[generation.SpeculativeDecoder] = None,
+                           draft_cache_len: Optional[int] = None) -> Lowered:
   """`generation.speculative_loop` for a drafter and γ.
 
   `drafter`: a `specjax.drafting.Drafter`. Its params: a `ModelDrafter`'s
@@ -205,15 +207,18 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   `draft_params_fn(target_params)` builds the abstract tree (e.g. EAGLE's
   {"head": ..., "target": target_params}), None for drafters without params;
   its state is laid out by `sharding.state_spec` (`Drafter.splits_state`).
-  `param_layouts`: see `_lower` (both models' params).
+  `param_layouts`: see `_lower` (both models' params). `decoder`: the
+  `SpeculativeDecoder` to lower (a plan's, `lower_plan`: its verify rule and
+  adaptive γ) instead of one built from the arguments; `draft_cache_len`: a
+  draft model's cache slots (default `cache_len`).
   """
   tp = abstract_params(target, mesh)
   call_len = drafter.layout(gamma).length
   tcache = abstract_cache(target, mesh, batch_size, cache_len, prompt_len)
   if drafter.owns_model:
     dp = abstract_params(drafter.model, mesh, draft_replicated)
-    dcache = abstract_cache(drafter.model, mesh, batch_size, cache_len, prompt_len,
-                            draft_replicated)
+    dcache = abstract_cache(drafter.model, mesh, batch_size, draft_cache_len or cache_len,
+                            prompt_len, draft_replicated)
     draft_model = drafter.model
   else:
     dp = draft_params_fn(tp) if draft_params_fn is not None else None
@@ -223,11 +228,15 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
         mesh, state_spec(path, x.shape, mesh, drafter.splits_state))), shapes)
     draft_model = None
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
-  dec = generation.SpeculativeDecoder(target, drafter, gamma, sampling, max_new_tokens, eos_id, 0)
+  dec = decoder or generation.SpeculativeDecoder(target, drafter, gamma, sampling,
+                                                 max_new_tokens, eos_id, 0)
+  args = (dec, tp, dp, prompts, lengths, keys, tcache, dcache)
+  if dec.adaptive is not None:   # no prefill given; the cost table over Γ, replicated
+    args += (None, _struct(np.zeros(len(dec.adaptive.gammas), np.float32),
+                           NamedSharding(mesh, P())))
   with jax.set_mesh(mesh):
     lowered = _lower(generation.speculative_loop, (0,),
-                     ("target_cache", "draft_cache", "prefilled"), (1, 2),
-                     (dec, tp, dp, prompts, lengths, keys, tcache, dcache),
+                     ("target_cache", "draft_cache", "prefilled"), (1, 2), args,
                      param_layouts)
   width = 0
   if drafter.needs_prompt_hidden:
@@ -242,6 +251,44 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
                          "draft_params": _own_bytes(dp, tp), "draft_cache": device_bytes(dcache),
                          "draft_shared": (lm_head_bytes(tp) if drafter.reads_target_lm_head
                                           else 0)})
+
+
+def lower_plan(plan, mesh: Mesh, *, draft_params_fn: Optional[Callable] = None,
+               draft_replicated: bool = True, param_layouts: str = "default",
+               name: Optional[str] = None) -> Lowered:
+  """The program a `specjax.SpeculativePlan` runs (`specjax.plan_speculative`),
+  lowered for `mesh` (a TPU slice's devices, `chips.topology_devices`, or
+  this machine's): the plan's own decoder (`plan.decoder()`: its γ or Γ,
+  verify rule and sampling) over the plan's batch, prompt, token and cache
+  sizes. So the program checked for a slice is the program the plan runs;
+  with `param_layouts="auto"` its compiled `input_formats` say where the
+  weights go (`place_weights`). `draft_params_fn`, `draft_replicated`: as
+  in `lower_speculative_loop`. A `plain` plan runs `generate`'s program:
+  lower it with `lower_ar_loop`."""
+  if plan.plain:
+    raise ValueError("plan.plain: the plan runs plain decoding's program (lower_ar_loop), "
+                     "not a speculative loop")
+  return lower_speculative_loop(
+      plan.target, plan.drafter, mesh, gamma=plan.gamma, batch_size=plan.batch_size,
+      prompt_len=plan.prompt_len, max_new_tokens=plan.max_new_tokens, cache_len=plan.cache_len,
+      draft_params_fn=draft_params_fn, draft_replicated=draft_replicated,
+      sampling=plan.sampling, eos_id=plan.eos_id, name=name, param_layouts=param_layouts,
+      decoder=plan.decoder(), draft_cache_len=plan.draft_cache_len)
+
+
+def place_weights(compiled, target_params, draft_params=None):
+  """`(target_params, draft_params)` placed in the formats (layout and
+  sharding) a compiled speculative program takes them in
+  (`compiled.input_formats`; the program of `lower_plan(...,
+  param_layouts="auto")`, compiled): the weights a deployment passes to it,
+  so no call copies them into the layouts its loop wants."""
+  formats = compiled.input_formats[0]
+  if len(formats) < 2:
+    raise ValueError(f"compiled must be a speculative program (target and draft params "
+                     f"first), got one taking {len(formats)} arguments")
+  placed_target = jax.device_put(target_params, formats[0])
+  placed_draft = None if draft_params is None else jax.device_put(draft_params, formats[1])
+  return placed_target, placed_draft
 
 
 def decode_bytes(params) -> int:
