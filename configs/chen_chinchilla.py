@@ -47,27 +47,16 @@ measurements (64 XSum-like and 64 HumanEval prompts, K 0..7, batch 1/4/16)
 take ≈ 45 min.
 """
 
+import functools
+import os
+import runpy
+
 import ml_collections
 
-
-def _decoder(d_model, num_layers, num_heads, head_dim, mlp_dim, tie_embeddings=False):
-  return ml_collections.ConfigDict(dict(
-      d_model=d_model, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_heads,
-      head_dim=head_dim, mlp_dim=mlp_dim, tie_embeddings=tie_embeddings))
-
-
-def _train(steps, batch_size, lr, warmup, distill_weight=0.0, log_every=50):
-  c = ml_collections.ConfigDict()
-  c.steps = steps
-  c.batch_size = batch_size
-  c.learning_rate = lr
-  c.warmup_steps = warmup
-  c.distill_weight = distill_weight
-  c.checkpoint_every = max(steps // 8, 1)
-  c.eval_every = max(steps // 4, 1)
-  c.eval_batches = 4
-  c.log_every = log_every
-  return c
+# configs/common.py, read by its path (see there why).
+_COMMON = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.py"))
+_decoder = _COMMON["decoder"]
+_train = functools.partial(_COMMON["train"], checkpoints=8, evals=4, distill_weight=0.0)
 
 
 def _parallel(c, slots, mask_id=0, decay=0.8):
@@ -78,25 +67,7 @@ def _parallel(c, slots, mask_id=0, decay=0.8):
 
 
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.preset = preset
-  # Compile-only run for a TPU slice instead of running (`python -m specjax.aot`):
-  # --config.aot_topology=v5e:4x4 compiles every program of this config there and exits.
-  c.aot_topology = ""
-  c.aot = ml_collections.ConfigDict()
-  c.aot.target = ""                   # named shapes for checkpoints not read (paper presets)
-  c.aot.drafts = ml_collections.ConfigDict()
-  c.workdir = f"runs/chen_{preset}"
-  c.results_dir = ""                  # also copy results here (e.g. results/chen_chinchilla)
-  c.seed = 0
-
-  # Where it runs (experiments.programs.placement): "DxM" data x model axes or "auto" (the
-  # fewest model-axis devices whose memory plan fits); the CPU presets fit one device.
-  c.mesh = "1x1"
-  c.distributed = False               # True: jax.distributed.initialize() (pods, multi-host)
-  c.profile_steps = 0                 # > 0: a jax.profiler trace of that many decode
-                                      # iterations in <workdir>/profile (TensorBoard / Perfetto)
-  c.dtype = "float32"                 # params + compute of imported checkpoints (paper: bf16)
+  c = _COMMON["paper_run"](preset, "chen")
 
   c.data = ml_collections.ConfigDict()
   c.data.cache_dir = "data_cache"     # shared by runs; never committed
@@ -200,11 +171,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   elif preset == "paper":
     # Chen et al.'s setting on real checkpoints (Chinchilla's are not public): any decoder
     # pair of one family, e.g. Llama-3.1-70B + Llama-3.2-1B or Qwen2.5-32B + Qwen2.5-0.5B.
-    c.models.source = "hf"
-    c.mesh = "auto"
-    c.dtype = "bfloat16"
-    c.aot.target = "chinchilla-70b"
-    c.aot.drafts = ml_collections.ConfigDict(dict(draft="chinchilla-4b-draft"))
+    _COMMON["paper_checkpoints"](c, "chinchilla-70b", dict(draft="chinchilla-4b-draft"))
     c.data.summarize_task = "xsum"
     c.data.summarize_source = "tfds:xsum"   # or jsonl:PATH with document / summary fields
     c.eval.ks = list(range(0, 8))

@@ -11,13 +11,14 @@ prompts from held-out packages at batch 1, greedy; the output is checked
 token for token against plain decoding (`experiments.programs.demo`).
 """
 
+import os
+import runpy
+
 import ml_collections
 
-
-def _model(d_model, num_layers, num_heads, head_dim, mlp_dim):
-  return ml_collections.ConfigDict(dict(
-      d_model=d_model, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_heads,
-      head_dim=head_dim, mlp_dim=mlp_dim, tie_embeddings=False))
+# configs/common.py, read by its path (see there why).
+_COMMON = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.py"))
+_decoder = _COMMON["decoder"]
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
@@ -34,7 +35,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # 10.5M with the 2048-token vocabulary: wide and shallow, so a step streams its weights
   # (42 MB, more than the L3 of a small CPU) and a verify of γ + 1 tokens costs little more
   # than a step (a 4-layer 2.7M model was compute-bound here: a 5-token verify cost 2.7x).
-  c.model = _model(512, 2, 8, 64, 2048)
+  c.model = _decoder(512, 2, 8, 64, 2048)
   c.train_seq_len = 256
   c.train = ml_collections.ConfigDict(dict(
       steps=100, batch_size=8, learning_rate=3e-3, warmup_steps=10, checkpoint_every=25,
@@ -52,7 +53,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.data.heldout = ["json"]
     c.data.vocab_size = 512
     c.data.spm_sentences = 2_000
-    c.model = _model(32, 2, 2, 16, 64)
+    c.model = _decoder(32, 2, 2, 16, 64)
     c.train_seq_len = 64
     c.train.steps = 4
     c.train.batch_size = 2

@@ -41,6 +41,18 @@ draft's and Medusa's; EAGLE-3 ≥ EAGLE-2). A killed run resumes per cell.
 
 import ml_collections
 
+_DRAFTERS = ("medusa", "eagle", "eagle3", "block", "pard")
+
+
+def _on_quick(c, *drafters):
+  """Measures on the Chen quick run's target with `drafters`' *_quick runs (the other
+  drafters' dirs empty: their rows are left out), 8 prompts of 48 new tokens."""
+  c.chen_dir = "runs/chen_quick"
+  for d in _DRAFTERS:
+    c[f"{d}_dir"] = f"runs/{d}_quick" if d in drafters else ""
+  c.prompts = 8
+  c.max_new = 48
+
 
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -78,14 +90,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.agreement_prior = True             # auto rows of trained heads: prior = their agreement
   c.timing_repeats = 1                 # rounds of each batch's calls, rotating; medians kept
   if preset in ("quick", "block"):
-    c.chen_dir = "runs/chen_quick"
-    c.medusa_dir = "runs/medusa_quick"
-    c.eagle_dir = "runs/eagle_quick"
-    c.eagle3_dir = "runs/eagle3_quick"
-    c.block_dir = "runs/block_quick"
-    c.pard_dir = "runs/pard_quick"
-    c.prompts = 8
-    c.max_new = 48
+    _on_quick(c, *_DRAFTERS)
     c.medusa_trees = ["chain", "16"]
     if preset == "block":   # results/families/block: block heads and EAGLE-2's sampled trees
       c.block_dir = "runs/block2_quick"
@@ -97,31 +102,19 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
                 "EAGLE-2 2/8/16 expand 2", "block chain", "block tree 16",
                 "block tree 16 sampled"]
   elif preset == "pard":   # results/families/pard: PARD against the classic draft and EAGLE-1
-    c.chen_dir = "runs/chen_quick"
-    c.eagle_dir = "runs/eagle_quick"
+    _on_quick(c, "eagle")
     c.pard_dir = "runs/chen_quick/draft_parallel"
-    c.medusa_dir = c.eagle3_dir = c.block_dir = ""
-    c.prompts = 8
-    c.max_new = 48
     c.auto = False
     c.only = ["classic draft", "PARD chain", "EAGLE-1 chain"]
   elif preset == "auto_heads":   # results/families/auto_heads: EAGLE-1 and PARD, fixed vs auto
-    c.chen_dir = "runs/chen_quick"
-    c.eagle_dir = "runs/eagle_quick"
-    c.pard_dir = "runs/pard_quick"
-    c.medusa_dir = c.eagle3_dir = c.block_dir = ""
-    c.prompts = 8
-    c.max_new = 48
+    _on_quick(c, "eagle", "pard")
     c.eagle_stop = 0.3
     c.auto_series = True
     c.only = ["EAGLE-1 chain", "EAGLE-1 chain auto", "EAGLE-1 chain auto series",
               "EAGLE-1 chain auto stop series", "EAGLE-1 tree 16", "EAGLE-1 tree 16 auto series",
               "PARD chain", "PARD chain auto", "PARD chain auto series"]
   elif preset == "lookup":   # prompt lookup at one fixed γ (--config.lookup_gamma) against auto
-    c.chen_dir = "runs/chen_quick"
-    c.medusa_dir = c.eagle_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""
-    c.prompts = 8
-    c.max_new = 48
+    _on_quick(c)
     c.only = ["prompt lookup", "prompt lookup auto"]
   elif preset == "sampled_full":   # results/families/sampled_full: EAGLE-2's sampled tree, full
     c.medusa_dir = c.eagle3_dir = c.block_dir = c.pard_dir = ""

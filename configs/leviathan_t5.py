@@ -30,7 +30,14 @@ Model sizes (T5 v1.1: gated-GELU, untied head) follow the paper's ratios as
 far as this CPU allows: T5-XXL : small ≈ 140, : base ≈ 44, : large ≈ 14.
 """
 
+import functools
+import os
+import runpy
+
 import ml_collections
+
+# configs/common.py, read by its path (see there why).
+_COMMON = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.py"))
 
 
 def _t5(d_model, d_kv, num_heads, d_ff, num_layers):
@@ -38,40 +45,11 @@ def _t5(d_model, d_kv, num_heads, d_ff, num_layers):
                                         d_ff=d_ff, num_layers=num_layers))
 
 
-def _train(steps, batch_size, lr, warmup, distill_weight=0.0, log_every=50):
-  c = ml_collections.ConfigDict()
-  c.steps = steps
-  c.batch_size = batch_size
-  c.learning_rate = lr
-  c.warmup_steps = warmup
-  c.distill_weight = distill_weight
-  c.checkpoint_every = max(steps // 6, 1)
-  c.eval_every = max(steps // 3, 1)
-  c.eval_batches = 4
-  c.log_every = log_every
-  return c
+_train = functools.partial(_COMMON["train"], checkpoints=6, evals=3, distill_weight=0.0)
 
 
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
-  c.preset = preset
-  # Compile-only run for a TPU slice instead of running (`python -m specjax.aot`):
-  # --config.aot_topology=v5e:4x4 compiles every program of this config there and exits.
-  c.aot_topology = ""
-  c.aot = ml_collections.ConfigDict()
-  c.aot.target = ""                   # named shapes for checkpoints not read (paper presets)
-  c.aot.drafts = ml_collections.ConfigDict()
-  c.workdir = f"runs/leviathan_{preset}"
-  c.results_dir = ""                  # also copy results here (e.g. results/leviathan_t5)
-  c.seed = 0
-
-  # Where it runs (experiments.programs.placement): "DxM" data x model axes or "auto" (the
-  # fewest model-axis devices whose memory plan fits); the CPU presets fit one device.
-  c.mesh = "1x1"
-  c.distributed = False               # True: jax.distributed.initialize() (pods, multi-host)
-  c.profile_steps = 0                 # > 0: a jax.profiler trace of that many decode
-                                      # iterations in <workdir>/profile (TensorBoard / Perfetto)
-  c.dtype = "float32"                 # params + compute of imported checkpoints (paper: bf16)
+  c = _COMMON["paper_run"](preset, "leviathan")
 
   c.data = ml_collections.ConfigDict()
   c.data.cache_dir = "data_cache"     # shared by runs; never committed
@@ -165,12 +143,8 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   elif preset == "paper":
     # Leviathan et al.'s setting on the real checkpoints: T5-XXL v1.1 target, T5-small /
     # base / large drafts (same vocabulary), WMT14 EN-DE and CNN/DM, batch 1, T in {0, 1}.
-    c.models.source = "hf"
-    c.mesh = "auto"
-    c.dtype = "bfloat16"
-    c.aot.target = "t5-v1_1-xxl"
-    c.aot.drafts = ml_collections.ConfigDict(dict(small="t5-v1_1-small", base="t5-v1_1-base",
-                                                  large="t5-v1_1-large"))
+    _COMMON["paper_checkpoints"](c, "t5-v1_1-xxl", dict(
+        small="t5-v1_1-small", base="t5-v1_1-base", large="t5-v1_1-large"))
     c.data.translate_task = "wmt14_translate/de-en"
     c.data.summarize_task = "cnn_dailymail"
     c.data.translate_source = "tfds"    # or jsonl:PATH with en / de fields

@@ -36,26 +36,17 @@ the trained weights) and the speedup they predict; bytes per step. Results:
 `<workdir>/results/` and --config.results_dir.
 """
 
+import functools
+import os
+import runpy
+
 import ml_collections
 
-
-def _train(steps, batch_size, lr, warmup, log_every=10):
-  c = ml_collections.ConfigDict()
-  c.steps = steps
-  c.batch_size = batch_size
-  c.learning_rate = lr
-  c.warmup_steps = warmup
-  c.checkpoint_every = max(steps // 6, 1)
-  c.eval_every = max(steps // 2, 1)
-  c.eval_batches = 2
-  c.log_every = log_every
-  return c
-
-
-def _decoder(d_model, num_layers, num_heads, head_dim, mlp_dim, tie_embeddings=False):
-  return ml_collections.ConfigDict(dict(
-      d_model=d_model, num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_heads,
-      head_dim=head_dim, mlp_dim=mlp_dim, tie_embeddings=tie_embeddings))
+# configs/common.py, read by its path (see there why).
+_COMMON = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.py"))
+_decoder = _COMMON["decoder"]
+_train = functools.partial(_COMMON["train"], checkpoints=6, evals=2, eval_batches=2,
+                           log_every=10)
 
 
 def get_config(preset: str = "quick") -> ml_collections.ConfigDict:

@@ -11,19 +11,14 @@ Run (from the repository root):
       --config.workdir=runs/chen_quick
 """
 
-import importlib.util
 import os
+import runpy
 
 import ml_collections
 
-
-def _demo_config(preset: str) -> ml_collections.ConfigDict:
-  """configs/demo.py's config: the code task's data, model and training."""
-  spec = importlib.util.spec_from_file_location(
-      "_specjax_demo_config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py"))
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod.get_config(preset)
+# configs/demo.py (the code task's data, model and training), read by its path as
+# configs/common.py says why.
+_DEMO = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "demo.py"))
 
 
 def get_config(preset: str = "") -> ml_collections.ConfigDict:
@@ -34,7 +29,7 @@ def get_config(preset: str = "") -> ml_collections.ConfigDict:
   c.seed = 0
   c.tasks = ["code_edits", "summarize"]
   c.data_cache = "data_cache"
-  c.code = _demo_config("")          # the demo's code decoder, trained / reused in its workdir
+  c.code = _DEMO["get_config"]("")  # the demo's code decoder, trained / reused in its workdir
   c.sessions = 4                     # edit sessions (one held-out file window each)
   c.turns = 5                        # requests per session (the first, then 4 edited versions)
   c.edit_max = 8                     # tokens rewritten per edit, at most

@@ -71,11 +71,9 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   c.eval.max_new_tokens = 48
   c.eval.batch_size = 16
 
-  if arg == "tiny":
-    c.model.name = "tiny"
+  if arg in ("tiny", "tiny-t5"):   # synthetic sequences reversed, a 32-token vocabulary
     c.model.overrides.vocab_size = 32
     c.data.tasks = "synthetic_reverse"
-    c.data.seq_len = 32
     c.train.steps = 200
     c.train.learning_rate = 3e-3
     c.train.warmup_steps = 20
@@ -83,20 +81,14 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
     c.train.eval_every = 100
     c.train.checkpoint_every = 50
     c.train.eval_batches = 2
-  elif arg == "tiny-t5":
-    c.model.kind = "t5"
-    c.model.name = "t5-tiny"
-    c.model.overrides.vocab_size = 32
-    c.data.tasks = "synthetic_reverse"
-    c.data.input_len = 16
-    c.data.target_len = 16
-    c.train.steps = 200
-    c.train.learning_rate = 3e-3
-    c.train.warmup_steps = 20
-    c.train.log_every = 20
-    c.train.eval_every = 100
-    c.train.checkpoint_every = 50
-    c.train.eval_batches = 2
+    if arg == "tiny":
+      c.model.name = "tiny"
+      c.data.seq_len = 32
+    else:
+      c.model.kind = "t5"
+      c.model.name = "t5-tiny"
+      c.data.input_len = 16
+      c.data.target_len = 16
   elif arg == "summarize-draft":
     c.eval.rouge = True
   elif arg == "summarize-target":
@@ -108,21 +100,15 @@ def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
   elif arg == "chen-draft":
     c.data.tasks = "summarize_debian:0.7,code_python:0.3"
     c.eval.rouge = True
-  elif arg == "translate-t5-draft":
+  elif arg in ("translate-t5-draft", "translate-t5-target"):
     c.model.kind = "t5"
-    c.model.name = "t5-cpu-draft"
+    c.model.name = "t5-cpu-draft" if arg.endswith("draft") else "t5-cpu-target"
     c.data.tasks = "translate_en_de"
     c.data.input_len = 64
     c.data.target_len = 64
     c.eval.bleu = True
-  elif arg == "translate-t5-target":
-    c.model.kind = "t5"
-    c.model.name = "t5-cpu-target"
-    c.data.tasks = "translate_en_de"
-    c.data.input_len = 64
-    c.data.target_len = 64
-    c.train.learning_rate = 5e-4
-    c.eval.bleu = True
+    if arg.endswith("target"):
+      c.train.learning_rate = 5e-4
   else:
     raise ValueError(
         f"unknown train preset {arg!r}; known: tiny, tiny-t5, summarize-draft, summarize-target, "

@@ -4,30 +4,10 @@ measurements, report.
   python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:quick
 """
 
-import os
-
-from absl import app, logging
-from ml_collections import config_flags
-
-from specjax.aot.from_config import run_from_config
-from specjax.aot.run import run_aot
+from experiments import launch
 from experiments.programs import chen
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "chen_chinchilla.py"),
-    "Experiment config (configs/chen_chinchilla.py:<preset>).")
-
-
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.INFO)
-  if _CONFIG.value.get("aot_topology", ""):  # compile-only for a TPU slice (specjax.aot)
-    print(run_aot(run_from_config(_CONFIG.value), progress=logging.info)["markdown"])
-    return
-  results_md = os.path.join(chen.run(_CONFIG.value)["_out_dir"], "results.md")
-  with open(results_md, encoding="utf-8") as f:
-    print(f.read())
-
+_CONFIG = launch.config_flag("chen_chinchilla.py")
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(_CONFIG, chen.run, results_md=True)

@@ -5,23 +5,10 @@ and the γ auto chose, measured side by side.
   python experiments/demo.py --config=configs/demo.py
 """
 
-import os
-
-from absl import app, logging
-from ml_collections import config_flags
-
+from experiments import launch
 from experiments.programs import demo
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "demo.py"),
-    "Demo config (configs/demo.py).")
-
-
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.INFO)
-  demo.run(_CONFIG.value)
-
+_CONFIG = launch.config_flag("demo.py", "Demo")
 
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(_CONFIG, demo.run)

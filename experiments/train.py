@@ -3,27 +3,16 @@
   python experiments/train.py --config=configs/train.py:tiny --workdir=/tmp/train_tiny
 """
 
-import os
+from absl import flags
 
-from absl import app, flags, logging
-from ml_collections import config_flags
-
+from experiments import launch
 from experiments.programs import runner
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(__file__), "..", "configs", "train.py"),
-    "Training config (configs/train.py:<preset>).")
+_CONFIG = launch.config_flag("train.py", "Training")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, metrics and final params.",
                                required=True)
 _STOP_AT = flags.DEFINE_integer("stop_at_step", None,
                                 "Stop (with a checkpoint) at this step; rerun to continue.")
 
-
-def main(argv):
-  del argv
-  logging.set_verbosity(logging.INFO)
-  runner.run(_CONFIG.value, _WORKDIR.value, stop_at_step=_STOP_AT.value)
-
-
 if __name__ == "__main__":
-  app.run(main)
+  launch.run(_CONFIG, lambda cfg: runner.run(cfg, _WORKDIR.value, stop_at_step=_STOP_AT.value))

@@ -38,18 +38,17 @@ import numpy as np
 from absl import logging
 
 import specjax
-from specjax.atomic_io import as_path, atomic_write_json
+from specjax.atomic_io import as_path
 from specjax.checkpoints import params_digest
 from experiments.data import build_task, debian, load_task
 from experiments.data.code_vocab import train_code_sentencepiece
-from experiments.programs import chen_quality, chen_report, report
+from experiments.programs import chen_quality, chen_report
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.timing import count_params, prefill_seconds, step_times
 from experiments.programs.common import (Stages, array_digest, check_data_host,
-                                        checkpoint_fingerprint, copy_results,
-                                        enable_compilation_cache, fingerprint, open_workdir,
-                                        pad_batch, pretrained_dir, train_config,
-                                        train_or_restore)
+                                        checkpoint_fingerprint, enable_compilation_cache,
+                                        fingerprint, open_workdir, pad_batch, pretrained_dir,
+                                        publish_results, train_config, train_or_restore)
 from specjax import theory
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_llama import decoder_config_from_hf, import_hf_decoder
@@ -601,20 +600,9 @@ def run(cfg) -> dict:
   logging.info("stages: %d computed, %d reused%s", results["stages"]["computed"],
                results["stages"]["reused"],
                "".join(f"\n  recomputed {k}: {v}" for k, v in stages.recomputed.items()))
-  results["config"] = cfg.to_dict()
-  results["machine"] = report.machine_info()
-  out_dir = os.path.join(workdir, "results")
-  results["_out_dir"] = out_dir
-  if not placement.is_main_process():  # Only process 0 writes.
-    return results
   head = cell_name(DRAFT, int(cfg.eval.headline_k))
-  placement.write_scalars(workdir, {
-      f"{name}/{key}": r["cells"][head][key] for name, r in results["settings"].items()
-      for key in ("speedup", "acceptance_rate", "tokens_per_iteration", "ms_per_token")})
-  atomic_write_json(os.path.join(out_dir, "results.json"),
-                    {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
-  chen_report.write_chen(results, out_dir, PAPER_TABLE1, PAPER_K_SWEEP)
-  if cfg.results_dir:
-    copy_results(out_dir, cfg.results_dir)
-  logging.info("results in %s", out_dir)
-  return results
+  return publish_results(
+      results, cfg, workdir,
+      lambda: {f"{name}/{key}": r["cells"][head][key] for name, r in results["settings"].items()
+               for key in ("speedup", "acceptance_rate", "tokens_per_iteration", "ms_per_token")},
+      lambda out_dir: chen_report.write_chen(results, out_dir, PAPER_TABLE1, PAPER_K_SWEEP))

@@ -13,7 +13,9 @@
 * `pad_batch`: token lists → right-padded `[B, P]` + lengths;
 * `Progress`: absl logging of done/total with rate and ETA;
 * `check_data_host`: before any work, a `DataHostError` naming what this host
-  lacks to build the configured data (apt-get, root, ...) and the alternatives.
+  lacks to build the configured data (apt-get, root, ...) and the alternatives;
+* `publish_results`: a reproduction's last step, results.json, the report and
+  the scalars from process 0.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import jax
 import numpy as np
 from absl import logging
 
-from specjax.atomic_io import as_path, atomic_write_bytes, is_local
+from specjax.atomic_io import as_path, atomic_write_bytes, atomic_write_json, is_local
 from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import restore_params
 from experiments.data import host_problems
+from experiments.programs import placement
 from experiments.programs.stages import Stages, array_digest, fingerprint
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 from specjax.training import default_config, train_model
@@ -42,7 +45,7 @@ from specjax.training.loop import meta_difference, quiet_orbax_info_logs, traini
 __all__ = ["Stages", "enable_compilation_cache", "train_or_restore", "pad_batch", "Progress",
            "train_config", "find_tokenizer", "array_digest", "fingerprint",
            "checkpoint_fingerprint",
-           "pretrained_dir", "DataHostError", "check_data_host"]
+           "pretrained_dir", "DataHostError", "check_data_host", "publish_results"]
 
 
 class DataHostError(RuntimeError):
@@ -143,6 +146,29 @@ def copy_results(src_dir: str, dest_dir: str, names: Sequence[str] = ()) -> None
   files = [src / n for n in names] if names else [f for f in src.iterdir() if f.is_file()]
   for f in files:
     atomic_write_bytes(as_path(dest_dir) / f.name, f.read_bytes())
+
+
+def publish_results(results: dict, cfg, workdir: str, scalars, write_report) -> dict:
+  """A reproduction's last step: `results` gains the config, the machine and "_out_dir"
+  (<workdir>/results); process 0 then writes the TensorBoard scalars (`scalars()`: {tag:
+  value}), results.json (all but "_out_dir") and the report (`write_report(out_dir)`),
+  copies them to `cfg.results_dir` when set and logs where they are. Returns `results`."""
+  from experiments.programs import report  # Not at the top: report imports speed, which
+                                           # imports this module.
+  results["config"] = cfg.to_dict()
+  results["machine"] = report.machine_info()
+  out_dir = os.path.join(workdir, "results")
+  results["_out_dir"] = out_dir
+  if not placement.is_main_process():  # Only process 0 writes.
+    return results
+  placement.write_scalars(workdir, scalars())
+  atomic_write_json(os.path.join(out_dir, "results.json"),
+                    {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
+  write_report(out_dir)
+  if cfg.results_dir:
+    copy_results(out_dir, cfg.results_dir)
+  logging.info("results in %s", out_dir)
+  return results
 
 
 def enable_compilation_cache(directory: str) -> None:

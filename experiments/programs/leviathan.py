@@ -30,16 +30,15 @@ from absl import logging
 
 import specjax
 from specjax import theory
-from specjax.atomic_io import atomic_write_json
 from specjax.checkpoints import params_digest
 from experiments.data import build_task, debian, load_task, train_sentencepiece
 from experiments.programs import report
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.timing import count_params, prefill_seconds, step_times
 from experiments.programs.common import (Stages, array_digest, check_data_host,
-                                        checkpoint_fingerprint, copy_results,
-                                        enable_compilation_cache, open_workdir, pad_batch,
-                                        pretrained_dir, train_config, train_or_restore)
+                                        checkpoint_fingerprint, enable_compilation_cache,
+                                        open_workdir, pad_batch, pretrained_dir,
+                                        publish_results, train_config, train_or_restore)
 from experiments.programs.speed import (AUTO_CELLS, cell_name, decode_ms_per_token, gamma_room,
                                        matched_speedup, summarize, sweep, sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
@@ -407,21 +406,10 @@ def run(cfg) -> dict:
   results["mesh"] = {"data": int(mesh.devices.shape[0]), "model": int(mesh.devices.shape[1]),
                      "dtype": cfg.get("dtype", "float32") if source == "hf" else "float32",
                      "source": source}
-  results["config"] = cfg.to_dict()
-  results["machine"] = report.machine_info()
-  out_dir = os.path.join(workdir, "results")
-  results["_out_dir"] = out_dir
-  if not placement.is_main_process():  # Only process 0 writes.
-    return results
-  placement.write_scalars(workdir, {
-      f"{task}/t{temp}/{d}/{key}": best[key]
-      for task, te in results["tasks"].items() for temp, tr in te["temperatures"].items()
-      for d, best in tr.get("best", {}).items() for key in ("speedup", "alpha", "gamma")
-      if isinstance(best.get(key), (int, float))})
-  atomic_write_json(os.path.join(out_dir, "results.json"),
-                    {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
-  report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)
-  if cfg.results_dir:
-    copy_results(out_dir, cfg.results_dir)
-  logging.info("results in %s", out_dir)
-  return results
+  return publish_results(
+      results, cfg, workdir,
+      lambda: {f"{task}/t{temp}/{d}/{key}": best[key]
+               for task, te in results["tasks"].items() for temp, tr in te["temperatures"].items()
+               for d, best in tr.get("best", {}).items() for key in ("speedup", "alpha", "gamma")
+               if isinstance(best.get(key), (int, float))},
+      lambda out_dir: report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS))
