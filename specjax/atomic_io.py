@@ -16,6 +16,9 @@ and its "rename" is a copy plus a delete: a temporary object would double the tr
 the run killed between the two, leave a stray object behind, for no extra safety. `atomic_path`
 gives writers that need a local file name (matplotlib, safetensors) a local temporary file and
 uploads it when the block ends without an error; a failed block uploads nothing.
+
+Directories: `atomic_dir` publishes a directory whole (local: written beside it, then renamed over
+it; an object store has no rename: written in place), `move_tree` moves one.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from typing import Any, Iterator, Union
 
 from etils import epath
 
 __all__ = ["PathLike", "is_local", "as_path", "atomic_path", "atomic_write_bytes",
-           "atomic_write_text", "atomic_write_json", "append_text"]
+           "atomic_write_text", "atomic_write_json", "append_text", "atomic_dir", "move_tree"]
 
 PathLike = Union[str, os.PathLike, epath.Path]
 
@@ -118,3 +122,48 @@ def atomic_write_json(path: PathLike, obj: Any, indent: int = 1, **dumps_kw) -> 
   """Writes `obj` as JSON (keys sorted) to `path` atomically; `dumps_kw` go
   to `json.dumps` (e.g. `default=str`)."""
   atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, **dumps_kw))
+
+
+@contextlib.contextmanager
+def atomic_dir(path: PathLike) -> Iterator[str]:
+  """Yields a directory for a writer to fill, which replaces the directory `path` whole when the
+  block ends without an error.
+
+  Local: the directory is `<path>.tmp-<pid>` beside it, renamed to `path` (a previous `path` is
+  first renamed to `<path>.old-<pid>`, removed after), so `path` is the old or the new complete
+  directory; a failed block removes it and leaves `path` as it was. Not local (gs://, where a
+  directory rename is a copy): `path` itself, emptied first and written in place — the writer
+  must make an incomplete directory recognisable (write a marker file last)."""
+  if not is_local(path):
+    dest = epath.Path(path)
+    dest.rmtree(missing_ok=True)
+    yield os.fspath(dest)
+    return
+  final = os.path.abspath(os.fspath(path))
+  tmp, old = f"{final}.tmp-{os.getpid()}", f"{final}.old-{os.getpid()}"
+  shutil.rmtree(tmp, ignore_errors=True)
+  try:
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  if os.path.exists(final):
+    os.rename(final, old)
+  os.rename(tmp, final)
+  shutil.rmtree(old, ignore_errors=True)
+
+
+def move_tree(src: PathLike, dest: PathLike) -> None:
+  """Moves the directory `src` to `dest`: one `os.rename` on a local disk; elsewhere (an object
+  store has no rename) every file is copied, then the source tree removed."""
+  if is_local(src):
+    os.rename(src, dest)
+    return
+  src, dest = epath.Path(src), epath.Path(dest)
+  for item in src.iterdir():
+    if item.is_dir():
+      move_tree(item, dest / item.name)
+    else:
+      dest.mkdir(parents=True, exist_ok=True)
+      item.copy(dest / item.name)
+  src.rmtree(missing_ok=True)

@@ -103,3 +103,46 @@ def test_is_local_and_as_path(tmp_path):
   assert not atomic_io.is_local("gs://b/x") and not atomic_io.is_local(epath.Path("gs://b/x"))
   assert os.fspath(atomic_io.as_path("gs://b/x")) == "gs://b/x"
   assert os.fspath(atomic_io.as_path("rel")) == os.path.abspath("rel")
+
+
+def test_atomic_dir_replaces_a_directory_whole(tmp_path):
+  dest = tmp_path / "final"
+  with atomic_io.atomic_dir(dest) as d:
+    assert not dest.exists()   # written beside it, published at the end
+    os.makedirs(d)
+    (epath.Path(d) / "a.txt").write_text("new")
+  assert (dest / "a.txt").read_text() == "new"
+  (dest / "stale.txt").write_text("old")
+  with pytest.raises(RuntimeError, match="boom"):
+    with atomic_io.atomic_dir(dest) as d:
+      os.makedirs(d)
+      (epath.Path(d) / "a.txt").write_text("partial")
+      raise RuntimeError("boom")
+  assert sorted(p.name for p in dest.iterdir()) == ["a.txt", "stale.txt"]
+  assert (dest / "a.txt").read_text() == "new"
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]   # no temporary left
+  with atomic_io.atomic_dir(dest) as d:
+    os.makedirs(d)
+    (epath.Path(d) / "b.txt").write_text("b")
+  assert sorted(p.name for p in dest.iterdir()) == ["b.txt"]   # the old one is gone whole
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+
+
+def test_atomic_dir_and_move_tree_on_gs(memgcs):
+  atomic_io.atomic_write_text("gs://bucket/run/final/old.txt", "old")
+  with atomic_io.atomic_dir("gs://bucket/run/final") as d:
+    assert d == "gs://bucket/run/final" and objects() == []   # emptied, written in place
+    atomic_io.atomic_write_text(f"{d}/a.txt", "new")
+  assert objects() == ["gs://bucket/run/final/a.txt"]
+  atomic_io.atomic_write_text("gs://bucket/run/final/sub/b.txt", "b")
+  atomic_io.move_tree("gs://bucket/run/final", "gs://bucket/aside/final")
+  assert objects() == ["gs://bucket/aside/final/a.txt", "gs://bucket/aside/final/sub/b.txt"]
+  assert epath.Path("gs://bucket/aside/final/sub/b.txt").read_text() == "b"
+
+
+def test_move_tree_renames_locally(tmp_path):
+  (tmp_path / "src" / "sub").mkdir(parents=True)
+  (tmp_path / "src" / "sub" / "x.txt").write_text("x")
+  atomic_io.move_tree(tmp_path / "src", tmp_path / "dest")
+  assert not (tmp_path / "src").exists()
+  assert (tmp_path / "dest" / "sub" / "x.txt").read_text() == "x"

@@ -18,9 +18,9 @@ renames it to `<step>` when complete (`CheckpointManager` finalisation); a
 run killed mid-save leaves only the temporary directory, which
 `latest_step()` ignores. The final params are written by `save_params` into
 `<workdir>/final.tmp-<pid>` and then renamed to `<workdir>/final` (a previous
-`final` is first renamed aside and removed after), so `final/` is either the
-old or the new, complete artifact. Small JSON files are written to a temporary
-file and `os.replace`d.
+`final` is first renamed aside and removed after: `atomic_io.atomic_dir`), so
+`final/` is either the old or the new, complete artifact. Small JSON files are
+written to a temporary file and `os.replace`d.
 
 Recovery: `restore_newest_intact` tries the steps newest first; a step that
 orbax cannot read (a truncated or missing file) is logged, moved aside to
@@ -39,8 +39,6 @@ nothing is gathered to one host. Every process of a multi-host run must call
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from typing import Callable, Optional, Tuple
 
@@ -69,24 +67,9 @@ def move_aside(path: str, reason: str) -> str:
   dest = aside_dir / f"{name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}"
   while dest.exists():
     dest = dest.parent / (dest.name + "x")
-  _move_tree(src, dest)
+  atomic_io.move_tree(src, dest)
   logging.warning("%s: %s; moved aside to %s", path, reason, dest)
   return str(dest)
-
-
-def _move_tree(src, dest) -> None:
-  """`src` → `dest` (epath paths): `os.rename` on a local disk; elsewhere
-  every file copied, then the source tree removed."""
-  if atomic_io.is_local(src):
-    os.rename(src, dest)
-    return
-  for item in src.iterdir():
-    if item.is_dir():
-      _move_tree(item, dest / item.name)
-    else:
-      dest.mkdir(parents=True, exist_ok=True)
-      item.copy(dest / item.name)
-  src.rmtree(missing_ok=True)
 
 
 _device_copy = jax.jit(jax.numpy.copy)
@@ -193,7 +176,7 @@ TRAIN_META = "train_meta.json"
 
 def save_final_params(workdir: str, params, model_config, meta: Optional[dict] = None,
                       extra: Optional[dict] = None) -> str:
-  """Atomically (tmp dir + rename) writes `<workdir>/final`; returns its path.
+  """Atomically (`atomic_io.atomic_dir`) writes `<workdir>/final`; returns its path.
   `meta` (the run's `training_meta`) goes to `final/train_meta.json`, so a
   later run can tell whether the artifact matches its settings; `extra`:
   more JSON files, {file name: object}. On an object store (gs://, where a
@@ -201,22 +184,10 @@ def save_final_params(workdir: str, params, model_config, meta: Optional[dict] =
   writes its config.json last (a `final/` without one is incomplete, and
   `orbax_io.restore_params` refuses it), so an interrupted write makes the
   next run train again rather than read half an artifact."""
-  if not atomic_io.is_local(workdir):
-    final = atomic_io.as_path(workdir) / "final"
-    final.rmtree(missing_ok=True)
-    _write_final(str(final), params, model_config, meta, extra)
-    return str(final)
-  workdir = os.path.abspath(workdir)
-  final = os.path.join(workdir, "final")
-  tmp = f"{final}.tmp-{os.getpid()}"
-  shutil.rmtree(tmp, ignore_errors=True)
-  _write_final(tmp, params, model_config, meta, extra)
-  old = f"{final}.old-{os.getpid()}"
-  if os.path.exists(final):
-    os.rename(final, old)
-  os.rename(tmp, final)
-  shutil.rmtree(old, ignore_errors=True)
-  return final
+  final = atomic_io.as_path(workdir) / "final"
+  with atomic_io.atomic_dir(final) as directory:
+    _write_final(directory, params, model_config, meta, extra)
+  return str(final)
 
 
 def _write_final(directory: str, params, model_config, meta, extra) -> None:
