@@ -25,7 +25,6 @@ Writes `adaptive_cost.json` and `adaptive_cost.md` into --out_dir.
 
 import json
 import os
-import statistics
 
 import jax
 import jax.numpy as jnp
@@ -36,7 +35,7 @@ import specjax
 from specjax.adaptive import AdaptiveGamma
 from specjax.atomic_io import atomic_write_text
 from specjax.measure.provenance import provenance, provenance_sentence
-from specjax.measure.timing import now
+from specjax.measure.timing import interleaved_rounds
 from specjax.models.t5_config import T5Config
 
 _OUT = flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and markdown go.")
@@ -119,16 +118,12 @@ def measure_pair(target, tp, draft, dp, prompt_len: int, repeats: int) -> dict:
     for name, fn in fns.items():
       out = fn()
       iters[(name, n)] = int(np.asarray(out.stats.target_calls).max()) - 1
-  secs = {key: [] for key in iters}
-  for _ in range(repeats):
-    for name in runs[LONG]:
-      for n in (LONG, SHORT):
-        t0 = now()
-        jax.block_until_ready(runs[n][name]().tokens)
-        secs[(name, n)].append(now() - t0)
+  # Each cell's long and short call side by side, the order reversed every other round.
+  timed = interleaved_rounds({(name, n): runs[n][name] for name in runs[LONG]
+                              for n in (LONG, SHORT)}, repeats, reverse=True)
   rows = {}
   for name in runs[LONG]:
-    long_s, short_s = (statistics.median(secs[(name, n)]) for n in (LONG, SHORT))
+    long_s, short_s = (timed.median((name, n)) for n in (LONG, SHORT))
     it = iters[(name, LONG)] - iters[(name, SHORT)]
     rows[name] = {"decode_ms_per_iteration": 1e3 * (long_s - short_s) / it,
                   "iterations": iters[(name, LONG)], "call_ms_2_tokens": 1e3 * short_s}

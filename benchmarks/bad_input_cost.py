@@ -22,7 +22,6 @@ Writes `bad_input_cost.json` and `bad_input_cost.md` into --out_dir.
 import json
 import os
 import platform
-import statistics
 
 import jax
 import numpy as np
@@ -34,7 +33,7 @@ from specjax.atomic_io import atomic_write_text
 from specjax.drafters import ModelDrafter
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
 from specjax.measure.provenance import provenance, provenance_sentence
-from specjax.measure.timing import now, time_call
+from specjax.measure.timing import interleaved_rounds, now, time_call
 from specjax.protocol import check_params
 
 _OUT = flags.DEFINE_string("out_dir", "benchmarks/results", "Where the JSON and markdown go.")
@@ -72,13 +71,8 @@ def loop_cost(target, tp, draft, dp, batch, repeats):
                        draft.init_cache(batch, slots, 16)).tokens
       call().block_until_ready()  # compile
       runs[count] = call
-    times = {True: [], False: []}
-    for _ in range(repeats):
-      for count in (True, False):
-        t0 = now()
-        runs[count]().block_until_ready()
-        times[count].append(now() - t0)
-    on, off = statistics.median(times[True]), statistics.median(times[False])
+    timed = interleaved_rounds(runs, repeats)
+    on, off = timed.median(True), timed.median(False)
     rows.append({"kind": kind, "batch": batch, "with_count_ms": 1e3 * on,
                  "without_count_ms": 1e3 * off, "ratio": on / off})
     logging.info("%s batch %d: %.2f ms with the count, %.2f without (%.3fx)", kind, batch,

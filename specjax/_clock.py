@@ -1,15 +1,20 @@
 """The one clock every specjax timing reads (`specjax.measure.timing`,
-`specjax.calibration`): `time.perf_counter`, or what `use_clock` installs —
-tests rig it, so the logic of a measurement is tested exactly and never
-depends on how busy the machine is."""
+`specjax.calibration`, `specjax.streaming`): `time.perf_counter`, or what
+`use_clock` installs — tests rig it, so the logic of a measurement is tested
+exactly and never depends on how busy the machine is. `interleaved_rounds`
+is the one timer of calls compared with each other; `wall` the date a
+result is stamped with."""
 
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Dict, Hashable, Iterator, List, Mapping, NamedTuple
 
-__all__ = ["now", "use_clock"]
+import jax
+
+__all__ = ["now", "use_clock", "wall", "interleaved_rounds", "Rounds"]
 
 _CLOCKS = [time.perf_counter]
 
@@ -36,3 +41,52 @@ def use_clock(clock: Callable[[], float]) -> Iterator[None]:
     yield
   finally:
     _CLOCKS.pop()
+
+
+def wall() -> float:
+  """Seconds since the epoch (`time.time`): when a stored result was
+  measured, to tell its age (not a duration: durations read `now`)."""
+  return time.time()
+
+
+class Rounds(NamedTuple):
+  """What `interleaved_rounds` measured: per key, `seconds` of its call in
+  each round (in round order) and `last`, what its last call returned."""
+
+  seconds: Dict[Hashable, List[float]]
+  last: Dict[Hashable, Any]
+
+  def median(self, key: Hashable) -> float:
+    """The median over the rounds of `key`'s seconds."""
+    return statistics.median(self.seconds[key])
+
+
+def interleaved_rounds(calls: Mapping[Hashable, Callable[[], Any]], rounds: int, *,
+                       reverse: bool = False) -> Rounds:
+  """Times every call of `calls` once per round, `rounds` rounds, on `now()`,
+  each call's output blocked on (`jax.block_until_ready`).
+
+  Calls compared with each other are timed moments apart, so a slow spell
+  of a noisy machine hits them all, and no call always runs first or right
+  after the same other one (a program or weights still warm): round r runs
+  them in `calls`' order rotated left by r; with `reverse`, in that order
+  on even rounds and reversed on odd ones (neighbours stay neighbours: two
+  calls timed for a paired difference stay adjacent). Compilation is the
+  caller's to exclude (call each once first). Only the last output of a
+  call is kept (outputs may hold caches)."""
+  if not isinstance(calls, Mapping) or not calls:
+    raise ValueError(f"calls must be a non-empty mapping {{key: call}}, got {calls!r}")
+  if not all(callable(c) for c in calls.values()):
+    raise TypeError(f"calls must map keys to callables taking no argument, got {calls!r}")
+  if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+    raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+  keys = list(calls)
+  out = Rounds({k: [] for k in keys}, {})
+  for r in range(rounds):
+    k0 = r % len(keys)
+    order = (keys[::-1] if r % 2 else keys) if reverse else keys[k0:] + keys[:k0]
+    for key in order:
+      t0 = now()
+      out.last[key] = jax.block_until_ready(calls[key]())
+      out.seconds[key].append(now() - t0)
+  return out

@@ -12,7 +12,7 @@ is timed that way for `iterations` iterations, the runs interleaved over
 program), divided by the iterations actually run (the median over rounds).
 
 Tables are stored per machine like the tuned decode paths
-(`specjax.models.matvec_cache`: `$SPECJAX_CACHE_DIR/gamma_costs.json`),
+(`specjax.machine_store`: `$SPECJAX_CACHE_DIR/gamma_costs.json`),
 keyed by the model pair, Γ, the batch and cache-length buckets (powers of
 two) and the kind of sampling (greedy or not): `specjax.speculative_generate(
 ..., gamma="auto")` looks the table up and measures only when it is missing,
@@ -32,23 +32,24 @@ paid).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import statistics
-import time
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax import machine_store
 from specjax._checks import check_int
-from specjax._clock import now
+from specjax._clock import interleaved_rounds, now
+from specjax._clock import wall as _wall   # when a table was measured (tests rig it)
 from specjax.adaptive import AdaptiveGamma, check_costs
 from specjax.compiled import register
 from specjax.drafting import Drafter
 from specjax.generation import SpeculativeDecoder, check_adaptive
-from specjax.models import matvec_cache
 from specjax.protocol import required_cache_len
 from specjax.sampling import SamplingConfig
 
@@ -113,11 +114,6 @@ def gamma_costs_key(target: Any, drafter: Drafter, adaptive: AdaptiveGamma, batc
           f"batch<={_bucket(batch_size)} | cache<={_bucket(cache_len)} | {kind}")
 
 
-def _wall() -> float:
-  """Seconds since the epoch: when a table was measured (tests rig it)."""
-  return time.time()
-
-
 def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma,
                        max_age_s: float = MAX_AGE_S) -> Optional[GammaCosts]:
   """The table stored under `key` on this machine, or None (also when the
@@ -126,7 +122,7 @@ def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma,
   if isinstance(max_age_s, bool) or not isinstance(max_age_s, (int, float)) \
       or not max_age_s >= 0:
     raise ValueError(f"max_age_s must be a number of seconds >= 0, got {max_age_s!r}")
-  entry = matvec_cache.lookup_entry(COSTS_FILE, key)
+  entry = machine_store.lookup_entry(COSTS_FILE, key)
   if entry is None:
     return None
   measured_at = entry.get("measured_at") if isinstance(entry, dict) else None
@@ -142,7 +138,7 @@ def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma,
       raise ValueError(f"gammas {entry['gammas']}, seconds {entry['seconds']}")
   except (KeyError, TypeError, ValueError) as e:
     logging.warning("%s holds a malformed γ cost table for %s (%s): measuring it again",
-                    matvec_cache.cache_path(COSTS_FILE), key, e)
+                    machine_store.cache_path(COSTS_FILE), key, e)
     return None
   return GammaCosts(adaptive.gammas, seconds, key=key)
 
@@ -151,24 +147,18 @@ def measure_branch_seconds(run_branch: Callable[[int], int], run_base: Callable[
                            num_branches: int, repeats: int) -> Tuple[float, ...]:
   """Per branch, the median over `repeats` rounds of (wall(run_branch(i)) −
   wall(run_base())) / iterations, where run_branch(i) runs branch i and
-  returns the iterations it ran. Rounds interleave the branches (and the
-  base), each round starting one branch later, so a slow spell of the
-  machine spreads over all of them. Walls are read from `specjax._clock`."""
-  per = [[] for _ in range(num_branches)]
-  for r in range(repeats):
-    t0 = now()
-    run_base()
-    base = now() - t0
-    for j in range(num_branches):
-      i = (j + r) % num_branches
-      t0 = now()
-      iters = run_branch(i)
-      wall = now() - t0
-      if iters > 0:
-        per[i].append(max(wall - base, 1e-9) / iters)
-  if any(not p for p in per):
+  returns the iterations it ran (the same program on the same inputs every
+  round: its last run's count). The branches and the base are timed in
+  interleaved rounds (`specjax._clock.interleaved_rounds`), so a slow spell
+  of the machine spreads over all of them."""
+  calls = {"base": run_base, **{i: functools.partial(run_branch, i)
+                                for i in range(num_branches)}}
+  timed = interleaved_rounds(calls, repeats)
+  if any(not timed.last[i] > 0 for i in range(num_branches)):
     raise RuntimeError("a γ branch ran no iteration while its cost was measured")
-  return tuple(float(statistics.median(p)) for p in per)
+  return tuple(float(statistics.median(max(wall - base, 1e-9) / timed.last[i] for wall, base
+                                       in zip(timed.seconds[i], timed.seconds["base"])))
+               for i in range(num_branches))
 
 
 def calibrate_gamma_costs(target: Any, target_params: Any, drafter: Drafter, draft_params: Any,
@@ -220,7 +210,7 @@ def calibrate_gamma_costs(target: Any, target_params: Any, drafter: Drafter, dra
   costs = GammaCosts(adaptive.gammas, seconds, key=key, measured=True,
                      calibration_seconds=now() - t_start)
   if store:
-    path = matvec_cache.store_entry(COSTS_FILE, key, {"gammas": list(adaptive.gammas),
+    path = machine_store.store_entry(COSTS_FILE, key, {"gammas": list(adaptive.gammas),
                                                       "seconds": list(seconds),
                                                       "measured_at": _wall()})
     logging.info("γ costs %s stored in %s", dict(zip(adaptive.gammas, seconds)), path)
@@ -239,7 +229,7 @@ def resolve_gamma_costs(target: Any, target_params: Any, drafter: Drafter, draft
   if gamma_costs is not None:
     return GammaCosts(adaptive.gammas, tuple(float(c) for c in check_costs(adaptive,
                                                                            gamma_costs)))
-  memo = (matvec_cache.cache_path(COSTS_FILE), target, drafter, adaptive, int(batch_size),
+  memo = (machine_store.cache_path(COSTS_FILE), target, drafter, adaptive, int(batch_size),
           int(cache_len), sampling.is_greedy)
   try:
     hit = _RESOLVED.get(memo)

@@ -126,6 +126,64 @@ class DecodeStats:
     z = jnp.zeros((batch,), jnp.int32)
     return cls(z, z, z, z, jnp.zeros((batch, gamma + 1), jnp.int32), z)
 
+  @classmethod
+  def from_histogram(cls, accepted_hist: Any, drafted: Any = 0) -> "DecodeStats":
+    """Stats of one row holding totals: an accepted-length histogram
+    `[..., G + 1]` of any rows and calls (summed over its leading axes) and
+    the drafted tokens (summed) — how a program's stored records are read
+    back into τ / α by the arithmetic of a run's stats. Call counters are 0."""
+    hist = np.asarray(accepted_hist)
+    if hist.ndim < 1 or hist.shape[-1] < 1 or hist.dtype.kind not in "iuf":
+      raise ValueError(f"accepted_hist must be a histogram [..., G + 1] of counts, got "
+                       f"{accepted_hist!r}")
+    hist = hist.reshape(-1, hist.shape[-1]).sum(0, keepdims=True)   # [1, G + 1]
+    z = np.zeros((1,), np.int64)
+    return cls(z, z, np.reshape(np.sum(drafted), (1,)), (hist * np.arange(hist.shape[1])).sum(1),
+               hist, z)
+
+  @property
+  def iterations(self) -> int:
+    """Speculative iterations, all rows together (the histogram's count)."""
+    return int(_host_sum(self.accepted_hist))
+
+  @property
+  def tokens_per_iteration(self) -> float:
+    """τ: mean tokens per speculative iteration (accepted drafts + 1) over
+    every row's iterations, before EOS / max_new_tokens cuts; NaN without
+    one. The measured counterpart of `theory.expected_tokens_per_call`."""
+    hist = _host_sum(self.accepted_hist, last=True)
+    n = hist.sum()
+    return float((hist * np.arange(1, hist.size + 1)).sum() / n) if n else float("nan")
+
+  def alpha(self, gamma: Optional[int] = None) -> float:
+    """α: accepted / drafted tokens, all rows together; with a fixed
+    `gamma`, accepted / (γ · iterations) — every iteration counted as γ
+    drafts (a drafter that proposed fewer, e.g. no prompt-lookup match,
+    counts the missing ones as rejected), Leviathan et al.'s α at that γ.
+    NaN when nothing was drafted."""
+    if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)
+                              or gamma < 1):
+      raise ValueError(f"gamma must be None or an integer >= 1, got {gamma!r}")
+    drafted = _host_sum(self.drafted) if gamma is None else gamma * self.iterations
+    return float(_host_sum(self.accepted) / drafted) if drafted else float("nan")
+
+  @property
+  def acceptance_by_position(self) -> np.ndarray:
+    """float64 `[G]`: P(draft position i accepted), i = 1..G, = Σ_{k ≥ i}
+    hist[k] / Σ hist over every row's iterations (NaN without one)."""
+    hist = _host_sum(self.accepted_hist, last=True)
+    n = hist.sum()
+    return np.cumsum(hist[::-1])[::-1][1:] / n if n else np.full(hist.size - 1, np.nan)
+
+
+def _host_sum(x: Any, last: bool = False) -> np.ndarray:
+  """float64 on the host: `x` summed over every axis (`last`: all but the
+  last, `[..., K]` → `[K]`), on the device for a jax.Array (rows split
+  over hosts)."""
+  axes = tuple(range(np.ndim(x) - 1)) if last else None
+  x = jnp.sum(x, axis=axes) if isinstance(x, jax.Array) else np.sum(x, axis=axes)
+  return np.asarray(x, np.float64)
+
 
 @struct.dataclass
 class GenerationOutput:
@@ -148,17 +206,14 @@ class GenerationOutput:
 
   @property
   def acceptance_rate(self) -> float:
-    """Accepted / drafted over the whole batch."""
-    drafted = int(jnp.sum(self.stats.drafted))
-    return float(jnp.sum(self.stats.accepted)) / drafted if drafted else float("nan")
+    """Accepted / drafted over the whole batch (`DecodeStats.alpha`)."""
+    return self.stats.alpha()
 
   @property
   def mean_tokens_per_iteration(self) -> float:
-    """Mean of (accepted + 1) over speculative iterations: the measured
-    counterpart of theory.expected_tokens_per_call (before EOS/max cuts)."""
-    hist = jnp.sum(self.stats.accepted_hist, axis=0)
-    n = int(jnp.sum(hist))
-    return float(jnp.sum(hist * (jnp.arange(hist.shape[0]) + 1))) / n if n else float("nan")
+    """`DecodeStats.tokens_per_iteration`: the mean of (accepted + 1) over
+    speculative iterations."""
+    return self.stats.tokens_per_iteration
 
   @property
   def tokens_per_target_call(self) -> float:

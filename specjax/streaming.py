@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Any, Callable, List, Optional, Tuple
 
 import jax
 import numpy as np
 
+from specjax._clock import now
 from specjax.compiled import enforce_limit, register
 from specjax.generation import AutoregressiveDecoder, DecodeState, SpeculativeDecoder
 
@@ -84,7 +84,7 @@ def _sp_step(dec, target_params, draft_params, state):
 
 def stream(decoder: Any, params: Any, prompts_BP: Any, lengths_B: Any, keys_B: Any, cache: Any,
            *, draft_params: Any = None, draft_cache: Any = None,
-           clock: Callable[[], float] = time.perf_counter,
+           clock: Callable[[], float] = now,
            max_steps: Optional[int] = None) -> StreamResult:
   """Decodes one batch step by step from the host (see the module doc).
 
@@ -96,7 +96,8 @@ def stream(decoder: Any, params: Any, prompts_BP: Any, lengths_B: Any, keys_B: A
     cache: the target's cache (donated).
     draft_params, draft_cache: the drafter's params and state (speculative
       only; the state donated).
-    clock: the timestamp source (inject a fake one in tests).
+    clock: the timestamp source (default: specjax's one clock,
+      `specjax._clock.now`, which `use_clock` rigs in tests).
     max_steps: iterations at most (default `decoder.max_new_tokens`).
 
   Returns:

@@ -45,6 +45,7 @@ __all__ = [
     "alpha_for_tokens",
     "walltime_improvement",
     "walltime_improvement_from_tokens",
+    "walltime_improvement_from_times",
     "optimal_gamma",
     "optimal_gamma_and_improvement",
     "operations_factor",
@@ -372,6 +373,40 @@ def walltime_improvement_from_tokens(tokens_per_call: ArrayLike,
   t, g, cc, v = _broadcast(tokens_per_call=t, gamma=g, c=cc, verify_cost=v)
   _check_tokens(t, g)
   return _out(t / (g * cc + v))
+
+
+def walltime_improvement_from_times(tokens_per_iteration: ArrayLike, step_s: ArrayLike,
+                                    iteration_s: ArrayLike) -> Number:
+  """Speedup predicted from an iteration's measured (or modelled) time:
+  τ · t_step / t_iteration.
+
+  Leviathan et al. 2023, Theorem 3.8, in seconds: an iteration emits τ =
+  `tokens_per_iteration` tokens and costs `iteration_s` (its draft steps,
+  its verify call and whatever else it runs), where plain decoding spends
+  `step_s` per token, i.e. τ · t_step on those tokens. This is
+  `walltime_improvement_from_tokens` with t_iteration / t_step = γ·c +
+  verify_cost, for callers that have the iteration's time whole (a
+  compiled program's cost, a sum of component times) rather than per draft
+  step.
+
+  Args:
+    tokens_per_iteration: τ, tokens emitted per iteration, >= 1 (measured:
+      `DecodeStats.tokens_per_iteration`; modelled:
+      `expected_tokens_per_call`).
+    step_s: seconds of one plain decoding step, > 0.
+    iteration_s: seconds of one speculative iteration, > 0.
+
+  Returns:
+    The predicted speedup factor over plain decoding.
+  """
+  t = _real("tokens_per_iteration", tokens_per_iteration)
+  if (t < 1.0).any():
+    raise ValueError("tokens_per_iteration must be >= 1 (an iteration emits at least one "
+                     f"token), got {_first_bad(t, t < 1.0)}")
+  step = _positive("step_s", step_s)
+  it = _positive("iteration_s", iteration_s)
+  t, step, it = _broadcast(tokens_per_iteration=t, step_s=step, iteration_s=it)
+  return _out(t * step / it)
 
 
 def _optimal(alpha: ArrayLike, c: ArrayLike,

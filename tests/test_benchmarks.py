@@ -164,6 +164,33 @@ class FakeClock:
     self.t += seconds
 
 
+def test_interleaved_rounds_rotates_the_order_and_reads_the_clock():
+  from specjax.measure.timing import interleaved_rounds, use_clock
+  clock, ran = FakeClock(), []
+
+  def call(key, seconds):
+    def run():
+      ran.append(key)
+      clock.advance(seconds)
+      return f"{key}{len(ran)}"
+    return run
+  with use_clock(clock):
+    out = interleaved_rounds({"a": call("a", 1.0), "b": call("b", 2.0), "c": call("c", 4.0)}, 3)
+  assert "".join(ran) == "abc" + "bca" + "cab"   # each round rotated left by one
+  assert out.seconds == {"a": [1.0] * 3, "b": [2.0] * 3, "c": [4.0] * 3}
+  assert out.median("c") == 4.0 and out.last == {"c": "c7", "a": "a8", "b": "b9"}
+  ran.clear()
+  with use_clock(clock):
+    interleaved_rounds({"a": call("a", 1.0), "b": call("b", 1.0)}, 4, reverse=True)
+  assert "".join(ran) == "ab" + "ba" + "ab" + "ba"
+  with pytest.raises(ValueError, match="rounds"):
+    interleaved_rounds({"a": call("a", 1.0)}, 0)
+  with pytest.raises(ValueError, match="calls"):
+    interleaved_rounds({}, 1)
+  with pytest.raises(TypeError, match="calls"):
+    interleaved_rounds({"a": 3}, 1)
+
+
 class _ClockedModel:
   """A tiny decoder whose prefill advances a fake clock by `prefill_s` and
   whose extend advances it by `step_s` per call (host callbacks inside the

@@ -8,7 +8,7 @@ import pytest
 import specjax
 
 from specjax.drafters import ModelDrafter
-from specjax.generation import SpeculativeDecoder
+from specjax.generation import DecodeStats, SpeculativeDecoder
 from specjax.measure.compiles import TraceCounter
 from specjax.models.ngram import BigramLM
 from specjax.sampling import GREEDY, SamplingConfig
@@ -97,6 +97,29 @@ def _init(dec, target_params, draft_params, prompts, lengths, keys, cache_len=64
   return dec.init_state(target_params, draft_params, prompts, lengths, keys,
                         dec.target.init_cache(b, cache_len, p),
                         dec.drafter.model.init_cache(b, cache_len, p))
+
+
+def test_decode_stats_summaries_by_hand():
+  # Rows' histograms [3, 1, 2] and [1, 1, 0] (γ = 2): 8 iterations accepting 0 ×4, 1 ×2, 2 ×2.
+  stats = DecodeStats.zeros(2, 2).replace(
+      accepted_hist=jnp.array([[3, 1, 2], [1, 1, 0]]), accepted=jnp.array([5, 1]),
+      drafted=jnp.array([10, 2]))
+  assert stats.iterations == 8
+  assert stats.tokens_per_iteration == pytest.approx((4 * 1 + 2 * 2 + 2 * 3) / 8)
+  assert stats.alpha() == pytest.approx(6 / 12)       # accepted / drafted
+  assert stats.alpha(2) == pytest.approx(6 / 16)      # accepted / (γ · iterations)
+  np.testing.assert_allclose(stats.acceptance_by_position, [4 / 8, 2 / 8])
+  # Stored totals read back the same way.
+  back = DecodeStats.from_histogram([[3, 1, 2], [1, 1, 0]], drafted=[10, 2])
+  assert (back.tokens_per_iteration, back.alpha(), back.alpha(2)) == (
+      stats.tokens_per_iteration, stats.alpha(), stats.alpha(2))
+  empty = DecodeStats.zeros(1, 3)
+  assert np.isnan(empty.tokens_per_iteration) and np.isnan(empty.alpha())
+  assert np.isnan(empty.acceptance_by_position).all() and empty.acceptance_by_position.shape == (3,)
+  with pytest.raises(ValueError, match="gamma"):
+    stats.alpha(0)
+  with pytest.raises(ValueError, match="accepted_hist"):
+    DecodeStats.from_histogram("x")
 
 
 def test_rows_commit_different_counts_in_one_iteration():

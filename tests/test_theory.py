@@ -260,6 +260,24 @@ def test_walltime_from_tokens_agrees_with_model(alpha, gamma, c):
       pytest.approx(theory.walltime_improvement(alpha, gamma, c), rel=1e-14))
 
 
+def test_walltime_from_times_hand_values_and_errors():
+  # 2.5 tokens per iteration, 10 ms a plain step, 20 ms an iteration: 2.5 · 10 / 20 = 1.25.
+  assert theory.walltime_improvement_from_times(2.5, 0.010, 0.020) == pytest.approx(1.25)
+  # The same ratio in target steps: 3 tokens, γ = 5, c = .1, verify 1.2 steps → 3 / 1.7.
+  assert theory.walltime_improvement_from_times(3.0, 1.0, 5 * 0.1 + 1.2) == pytest.approx(
+      theory.walltime_improvement_from_tokens(3.0, 5, 0.1, verify_cost=1.2), rel=1e-14)
+  np.testing.assert_allclose(theory.walltime_improvement_from_times([1.0, 3.0], 2.0, [4.0, 1.0]),
+                             [0.5, 6.0])
+  with pytest.raises(ValueError, match="tokens_per_iteration"):
+    theory.walltime_improvement_from_times(0.5, 1.0, 1.0)
+  with pytest.raises(ValueError, match="step_s"):
+    theory.walltime_improvement_from_times(2.0, 0.0, 1.0)
+  with pytest.raises(ValueError, match="iteration_s"):
+    theory.walltime_improvement_from_times(2.0, 1.0, -1.0)
+  with pytest.raises(TypeError, match="tokens_per_iteration"):
+    theory.walltime_improvement_from_times("2", 1.0, 1.0)
+
+
 # -----------------------------------------------------------------------------
 # optimal_gamma
 # -----------------------------------------------------------------------------

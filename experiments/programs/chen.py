@@ -325,7 +325,8 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
            "expected_tokens_from_alpha": float(theory.expected_tokens_per_call(alpha, k))}
     if verify is not None:
       row["verify_cost"] = verify / t1
-      row["predicted_from_components"] = c["tokens_per_iteration"] * t1 / (draft_iter + verify)
+      row["predicted_from_components"] = theory.walltime_improvement_from_times(
+          c["tokens_per_iteration"], t1, draft_iter + verify)
     rows.append(row)
   return rows
 

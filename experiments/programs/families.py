@@ -37,6 +37,7 @@ unreadable is named in the log and measured again.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -67,7 +68,8 @@ from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.compiles import DECODE_LOOPS, TraceCounter
 from specjax.measure.layers import choose_layers
 from specjax.measure.provenance import provenance, provenance_sentence
-from specjax.measure.timing import StepTimer, count_params, floor_step_seconds, now
+from specjax.measure.timing import (StepTimer, count_params, floor_step_seconds,
+                                    interleaved_rounds, now)
 from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig, init_heads
@@ -522,17 +524,16 @@ def measure_cell(target, tp, entries, prompts, lengths, batch, temp, max_new,
   with TraceCounter() as timed:  # nothing may compile while timing
     for i, (x, n, k) in enumerate(batches):
       ref = None
-      outs, times = {}, {name: [] for name in names}
-      for rnd in range(repeats):
-        for j in call_order(len(names) - 1, i * repeats + rnd):
-          name = names[j + 1]
-          t0 = now()
-          outs[name] = _run(target, tp, entries.get(name), x, n, k, sampling, max_new,
-                            carried.get(name))
-          times[name].append(now() - t0)
+
+      def call(name):
+        return _run(target, tp, entries.get(name), x, n, k, sampling, max_new, carried.get(name))
+      # Round r runs the calls in call_order(·, i · repeats + r).
+      order = [names[j + 1] for j in call_order(len(names) - 1, i * repeats)]
+      rounds = interleaved_rounds({name: functools.partial(call, name) for name in order},
+                                  repeats)
       for name in names:   # in row order: AR's tokens first, for the identity check
-        out, r = outs[name], rec[name]
-        r["seconds"] += float(np.median(times[name]))
+        out, r = rounds.last[name], rec[name]
+        r["seconds"] += rounds.median(name)
         if name != "autoregressive" and entries[name][2] == SERIES:
           carried[name] = out.stats.acceptance
         if name != "autoregressive" and isinstance(entries[name][1], drafters.SuffixCorpus):

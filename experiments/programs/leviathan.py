@@ -291,8 +291,8 @@ def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict
           cell["c"] = c
           cell["verify_cost"] = verify
           cell["predicted_from_alpha"] = float(theory.walltime_improvement(alpha, g, c))
-          cell["predicted_from_components"] = float(
-              cell["tokens_per_iteration"] * t1 / (draft_iter + comp["target"][str(g + 1)]))
+          cell["predicted_from_components"] = theory.walltime_improvement_from_times(
+              cell["tokens_per_iteration"], t1, draft_iter + comp["target"][str(g + 1)])
           if pre:  # Each prompt's prefill was measured (one generate call per prompt).
             n = tr["num_prompts"]
             # End to end from the same components: every call pays its prefill (the

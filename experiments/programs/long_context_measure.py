@@ -30,6 +30,7 @@ from experiments.programs.long_context_report import (AUTO, is_auto, parse_varia
 from experiments.programs.report import machine_info
 from experiments.programs.speed import call_order
 from experiments.programs.stages import array_digest
+from specjax.generation import DecodeStats
 from specjax.measure.timing import cache_step_times, now
 
 __all__ = ["SETTINGS", "kv_bytes_per_position", "step_bytes", "component_times", "repo_prompts",
@@ -217,16 +218,13 @@ def summarize_cell(rec: dict, gamma, batch: int) -> dict:
          "ar_step_s": ar_s / (len(rec["ar"]["seconds"]) * max(new - 1, 1))}
   for name in [k for k in rec if k not in ("ar", "prefill_s")]:
     e = rec[name]
-    s, hist = sum(e["seconds"]), np.sum(e["hist"], axis=0)
-    iters = hist.sum()
-    accepted = float((hist * np.arange(len(hist))).sum())
+    s, st = sum(e["seconds"]), DecodeStats.from_histogram(e["hist"], e.get("drafted", []))
     # γ varies per iteration under "auto" (γ = 0 drafts nothing): count the drafts.
-    drafted = sum(e.get("drafted", [])) if gamma == AUTO else gamma * iters
+    alpha = st.alpha(None if gamma == AUTO else gamma)
     out[name] = {
         "speedup": ar_s / s, "speedup_end_to_end": (ar_s + pre_s) / (s + pre_s),
-        "alpha": accepted / drafted if drafted else 0.0,
-        "tokens_per_iteration": float((hist * (np.arange(len(hist)) + 1)).sum() / iters)
-        if iters else 1.0,
+        "alpha": alpha if np.isfinite(alpha) else 0.0,
+        "tokens_per_iteration": st.tokens_per_iteration if st.iterations else 1.0,
         "tokens_per_call": sum(e["tokens"]) / sum(e["target_calls"]),
         "identical": float(np.mean(e["identical"]))}
     if "gamma_counts" in e:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -58,7 +59,8 @@ from specjax.drafters import ModelDrafter
 from experiments.programs.common import find_tokenizer
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
 from specjax.measure.calls import model_call_loop
-from specjax.measure.timing import StepTimer, floor_step_seconds, now, time_call
+from specjax.measure.timing import (StepTimer, floor_step_seconds, interleaved_rounds, now,
+                                    time_call)
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
@@ -487,26 +489,30 @@ def hf_runner(hf: HFPair, prompts: np.ndarray, lengths: np.ndarray, row_groups, 
 
 def interleaved_times(runners: Sequence[Runner], repeats: int, log=None) -> None:
   """Calls every runner once (warm-up: compilation for specjax), then
-  `repeats` rounds over all of them, the order rotated each round. Fills
-  `runner.last` with first_s, runs (seconds), median_s, tokens, stats; keeps
-  transformers' stream events of the timed rounds."""
+  `repeats` rounds over all of them, the order rotated each round
+  (`interleaved_rounds`). Fills `runner.last` with first_s, runs (seconds),
+  median_s, tokens, stats; keeps transformers' stream events of the timed
+  rounds."""
   for r in runners:
     t0 = now()
     tokens, stats = r.fn()
     r.last = {"first_s": now() - t0, "runs": [], "tokens": tokens, "stats": stats}
     if log:
       log(f"  warm {r.system} B={r.batch} γ={r.gamma}: {r.last['first_s']:.2f}s")
-  for i in range(repeats):
-    order = list(runners[i % len(runners):]) + list(runners[:i % len(runners)])
-    for r in order:
-      t0 = now()
-      tokens, stats = r.fn()
-      r.last["runs"].append(now() - t0)
-      r.last["tokens"], r.last["stats"] = tokens, stats
-      if "events" in stats:
-        r.latency_events.extend(stats["events"])
-  for r in runners:
-    r.last["median_s"] = statistics.median(r.last["runs"]) if r.last["runs"] else r.last["first_s"]
+  if repeats < 1:
+    for r in runners:
+      r.last["median_s"] = r.last["first_s"]
+    return
+
+  def timed(r: Runner):
+    tokens, stats = r.fn()
+    r.latency_events.extend(stats.get("events", ()))
+    return tokens, stats
+  rounds = interleaved_rounds({i: functools.partial(timed, r) for i, r in enumerate(runners)},
+                              repeats)
+  for i, r in enumerate(runners):
+    r.last.update(runs=rounds.seconds[i], median_s=rounds.median(i), tokens=rounds.last[i][0],
+                  stats=rounds.last[i][1])
 
 
 def token_agreement(tokens: np.ndarray, reference: np.ndarray) -> Dict[str, Any]:
@@ -850,11 +856,10 @@ def cost_growth(pair: Pair, prompts: np.ndarray, lengths: np.ndarray, gamma: int
     t0 = now()
     r["fn"]().block_until_ready()
     r["first_s"] = now() - t0
-  for i in range(repeats):
-    for r in order[i % len(order):] + order[:i % len(order)]:
-      t0 = now()
-      r["fn"]().block_until_ready()
-      r["runs"].append(now() - t0)
+  if repeats:   # rounds over every configuration, the order rotated each round
+    timed = interleaved_rounds({i: r["fn"] for i, r in enumerate(order)}, repeats)
+    for i, r in enumerate(order):
+      r["runs"] = timed.seconds[i]
   for row in out:
     r = runs[row.pop("_key")]
     med = statistics.median(r["runs"]) if r["runs"] else r["first_s"]

@@ -24,6 +24,7 @@ import numpy as np
 import specjax
 from specjax import theory
 from experiments.programs import peers as bp
+from specjax.generation import DecodeStats
 from specjax.measure.beta import measure_beta
 from specjax.measure.latency import emission_times, latency_stats
 from specjax.measure.provenance import provenance, provenance_sentence
@@ -169,12 +170,9 @@ def _specjax_rows(pair, runners, streams, tt, td, prefill_t, prefill_d, cfg, bat
                agreement=bp.token_agreement(r.last["tokens"], ar.last["tokens"]),
                devices=r.devices)
     if r.gamma:
-      hist = np.asarray(st["hist"], float)
-      its = int(hist.sum())
-      row.update(acceptance_rate=st["accepted"] / max(st["drafted"], 1),
-                 tokens_per_iteration=float((hist * (np.arange(hist.size) + 1)).sum() / its)
-                 if its else float("nan"),
-                 iterations=st["iterations"])
+      measured = DecodeStats.from_histogram(st["hist"], st["drafted"])
+      row.update(acceptance_rate=measured.alpha() if st["drafted"] else 0.0,
+                 tokens_per_iteration=measured.tokens_per_iteration, iterations=st["iterations"])
     if r.devices > 1:  # Model-parallel: throughput against one device, nothing else.
       base = one.get(r.gamma)
       row["vs_one_device"] = (base.last["median_s"] / med) if base else float("nan")

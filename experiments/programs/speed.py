@@ -24,6 +24,7 @@ each call several times and keeps the median.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -33,10 +34,10 @@ import numpy as np
 import specjax
 from specjax._checks import check_int
 from specjax.adaptive import AdaptiveGamma
-from specjax.measure.timing import now
+from specjax.measure.timing import interleaved_rounds, now
 from experiments.programs.common import Progress
 from experiments.programs.stages import Stages, array_digest
-from specjax.generation import EosIds
+from specjax.generation import DecodeStats, EosIds
 
 __all__ = ["sweep", "summarize", "cell_name", "matched_speedup", "AUTO_CELLS"]
 
@@ -56,18 +57,6 @@ def gamma_room(gammas: Sequence) -> int:
   the caches' room."""
   return max([int(g) for g in gammas if g not in AUTO_CELLS]
              + ([AdaptiveGamma().max_gamma] if set(AUTO_CELLS) & set(gammas) else []))
-
-
-def _timed(fn, repeats: int = 1):
-  """(output, seconds): the median over `repeats` runs of `fn` (the same
-  call: the same key gives the same tokens)."""
-  times = []
-  for _ in range(repeats):
-    t0 = now()
-    out = fn()
-    out.tokens.block_until_ready()
-    times.append(now() - t0)
-  return out, float(np.median(times))
 
 
 def sweep_cache_len(target, drafts: Sequence[object], prompt_len: int, max_new_tokens: int,
@@ -166,17 +155,17 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     # Compile AR and every cell to be measured once, outside the timings.
     s0, x0, l0 = batches[0]
     t0 = now()
-    _timed(lambda: run_ar(x0, l0, keys_for(s0)))
+    jax.block_until_ready(run_ar(x0, l0, keys_for(s0)))
     for d, g in cells:
       if cell_name(d, g) in todo_cells:
         if g != "auto_series":
-          _timed(lambda: run_sp(d, g, x0, l0, keys_for(s0)))
+          jax.block_until_ready(run_sp(d, g, x0, l0, keys_for(s0)))
           continue
         # A series' programs: drafting (a fresh estimate probes) and, where
         # an estimate that rejects everything leads there, plain decoding's.
         for start in (specjax.Acceptance.fresh(), specjax.Acceptance(
             np.zeros(2, np.float32), np.asarray([1e3, 0.0], np.float32))):
-          _timed(lambda: run_sp(d, g, x0, l0, keys_for(s0), start))
+          jax.block_until_ready(run_sp(d, g, x0, l0, keys_for(s0), start))
     if len(todo_cells) == len(cells):
       stages.put(f"{prefix}/compile_s", now() - t0)
   progress = Progress(prefix, sum(len(chunks[k]) for k in todo_chunks))
@@ -213,10 +202,11 @@ def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_token
                    carried: Optional[Dict[str, object]] = None,
                    batch_size: int = 1) -> Dict[str, dict]:
   """AR and the given (draft, γ) cells on every batch of one chunk,
-  interleaved batch by batch (each call timed `repeats` times, the median
-  kept): {"ar": record, cell name: record}. The order of the calls rotates
-  by one from one batch to the next (`call_order`), so that no cell is
-  always timed right after the same other one. `carried`: the estimate
+  interleaved batch by batch (each batch's calls in `repeats` interleaved
+  rounds, the median kept; the same key gives the same tokens): {"ar":
+  record, cell name: record}. The order of the calls rotates by one from one
+  batch (and round) to the next (`call_order`), so that no cell is always
+  timed right after the same other one. `carried`: the estimate
   each gamma="auto" cell's next call starts from (updated; its record
   keeps the last as "acceptance")."""
   carried = {} if carried is None else carried
@@ -225,14 +215,15 @@ def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_token
                             "identical": []} for d, g in cells}
   for s, x, l in chunk_batches:
     keys = keys_for(s)
-    outs = {}
-    for i in call_order(len(cells), s // batch_size):
+
+    def call(i):   # -1: AR; else the cell cells[i]
       if i < 0:
-        outs[i] = _timed(lambda: run_ar(x, l, keys), repeats)
-      else:
-        d, g = cells[i]
-        outs[i] = _timed(lambda: run_sp(d, g, x, l, keys, carried.get(cell_name(d, g))),
-                         repeats)
+        return run_ar(x, l, keys)
+      d, g = cells[i]
+      return run_sp(d, g, x, l, keys, carried.get(cell_name(d, g)))
+    order = call_order(len(cells), s // batch_size)
+    timed = interleaved_rounds({i: functools.partial(call, i) for i in order}, repeats)
+    outs = {i: (timed.last[i], timed.median(i)) for i in order}
     ar, t_ar = outs[-1]
     lens = np.asarray(ar.lengths)
     toks = np.asarray(ar.tokens)
@@ -306,21 +297,17 @@ def summarize(records: Sequence[dict]) -> Dict[str, dict]:
     s = sum(sum(r["cells"][name]["seconds"]) for r in records)
     tok = sum(sum(r["cells"][name]["tokens"]) for r in records)
     hist = np.sum([h for r in records for h in r["cells"][name]["hist"]], axis=0)
-    iters = hist.sum()
-    g = len(hist) - 1
-    accepted = float((hist * np.arange(g + 1)).sum())
     identical = [x for r in records for x in r["cells"][name]["identical"]]
     drafted = [x for r in records for x in r["cells"][name].get("drafted", [])]
     traces = [t for r in records for t in r["cells"][name].get("gamma_trace", [])]
-    if drafted and traces:   # gamma="auto": γ varies, acceptance is accepted / drafted
-      acceptance = accepted / sum(drafted) if sum(drafted) else 0.0
-    else:
-      acceptance = accepted / (g * iters) if iters else 0.0
+    st = DecodeStats.from_histogram(hist, drafted)
+    # gamma="auto": γ varies, acceptance is accepted / drafted; else α at the cell's γ.
+    acceptance = st.alpha(None if drafted and traces else len(hist) - 1)
     out[name] = {
         "seconds": s, "tokens": tok, "ms_per_token": 1e3 * s / tok,
         "speedup": (ar_s / ar_tok) / (s / tok),
-        "tokens_per_iteration": float((hist * (np.arange(g + 1) + 1)).sum() / iters) if iters else 1.0,
-        "acceptance_rate": acceptance,
+        "tokens_per_iteration": st.tokens_per_iteration if st.iterations else 1.0,
+        "acceptance_rate": acceptance if np.isfinite(acceptance) else 0.0,
         "accepted_hist": hist.tolist(), "identical_fraction": float(np.mean(identical)),
         "target_calls": int(sum(sum(r["cells"][name]["target_calls"]) for r in records)),
     }

@@ -454,7 +454,8 @@ def _cache_buffer_bytes(run: AotRun, mesh: Mesh) -> int:
 
 def predicted_speedups(reports, alphas: Dict[str, float]):
   """Theory's speedup from each speculative program's predicted iteration time
-  against the AR step's: E[tokens per iteration](α, γ) × t_AR / t_iteration."""
+  against the AR step's: E[tokens per iteration](α, γ) × t_AR / t_iteration
+  (`theory.walltime_improvement_from_times`)."""
   ar = next((r for r in reports if r.kind == "ar" and not r.error and r.predicted_s), None)
   rows = []
   if ar is None:
@@ -469,6 +470,7 @@ def predicted_speedups(reports, alphas: Dict[str, float]):
     if name in alphas and gamma is not None:
       tokens = float(theory.expected_tokens_per_call(alphas[name], gamma))
       row.update(alpha=alphas[name], gamma=gamma, tokens_per_iteration=tokens,
-                 predicted_speedup=tokens * t_ar / r.predicted_s["total_s"])
+                 predicted_speedup=theory.walltime_improvement_from_times(
+                     tokens, t_ar, r.predicted_s["total_s"]))
     rows.append(row)
   return rows

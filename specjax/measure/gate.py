@@ -49,7 +49,7 @@ from specjax._checks import check_int, check_prompts, check_real
 from specjax.api import resolve_drafter
 from specjax.atomic_io import atomic_write_json, atomic_write_text
 from specjax.drafters import ModelDrafter
-from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
+from specjax.generation import AutoregressiveDecoder, DecodeStats, SpeculativeDecoder
 from specjax.measure.latency import LatencyStats, emission_times, latency_stats
 from specjax.measure.timing import now
 from specjax.protocol import check_model, check_params, required_cache_len
@@ -184,8 +184,7 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
   run_sp(0, batches[0])
   arms = {"baseline": ([], [], 0.0), "candidate": ([], [], 0.0)}
   outputs = {"baseline": {}, "candidate": {}}
-  accepted = drafted = 0
-  hist = None
+  drafted, hist = 0, 0
   for i, rows in enumerate(batches):
     real = len(set(rows.tolist()))  # padded rows are copies at the end
     for arm, fn in (("baseline", run_ar), ("candidate", run_sp)):
@@ -204,14 +203,10 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
       arms[arm] = (arrivals, all_times, offset + (end - start))
       if arm == "candidate":
         st = jax.device_get(state.stats)
-        accepted += int(np.sum(st.accepted[:real]))
         drafted += int(np.sum(st.drafted[:real]))
-        h = np.sum(st.accepted_hist[:real], axis=0)
-        hist = h if hist is None else hist + h
+        hist = hist + np.sum(st.accepted_hist[:real], axis=0)
   stats = {arm: latency_stats(t, a) for arm, (a, t, _) in arms.items()}
-  iters = int(hist.sum()) if hist is not None else 0
-  tokens_per_call = (float(np.sum(hist * (np.arange(hist.size) + 1))) / iters if iters
-                     else float("nan"))
+  measured = DecodeStats.from_histogram(hist, drafted)   # the candidate's real rows
   identical = (outputs["baseline"] == outputs["candidate"]) if sampling.is_greedy else None
   context = {"batch_size": batch_size, "num_prompts": n, "prompt_len": p,
              "max_new_tokens": max_new, "gamma": gamma, "temperature": sampling.temperature,
@@ -219,8 +214,8 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
                          else type(drafter).__name__),
              "target": type(target).__name__}
   return Measurement(baseline=stats["baseline"], candidate=stats["candidate"],
-                     alpha=accepted / drafted if drafted else float("nan"),
-                     tokens_per_call=tokens_per_call, outputs_identical=identical,
+                     alpha=measured.alpha(), tokens_per_call=measured.tokens_per_iteration,
+                     outputs_identical=identical,
                      context=context,
                      traces={arm: (a, t) for arm, (a, t, _) in arms.items()},
                      outputs={arm: [o[i] for i in range(n)] for arm, o in outputs.items()})

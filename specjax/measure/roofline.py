@@ -261,8 +261,8 @@ def summarize(rows, gammas, alphas=(0.6, 0.7, 0.75, 0.9), goal: float = 1.3,
           continue
         verify = target[g + 1]["step_ms"]
         draft_iter = (d[2]["step_ms"] if 2 in d else d[1]["step_ms"]) + (g - 1) * d[1]["step_ms"]
-        pred = {f"{a:g}": float(theory.expected_tokens_per_call(a, g)) * t1 / (draft_iter + verify)
-                for a in alphas}
+        pred = {f"{a:g}": theory.walltime_improvement_from_times(
+            theory.expected_tokens_per_call(a, g), t1, draft_iter + verify) for a in alphas}
         out.append({"family": family, "draft": draft, "gamma": g, "c": c,
                     "verify_cost": verify / t1, "predicted_speedup": pred})
     cells = [s for s in out if s["family"] == family]

@@ -14,29 +14,25 @@ helpers only make the measurements consistent:
 Every timing in specjax reads one clock, `now()` (`time.perf_counter`
 unless `use_clock` injects another): tests rig it — a fake clock that the
 timed calls advance by chosen amounts — so the logic of a measurement is
-tested exactly and never depends on how busy the machine is.
+tested exactly and never depends on how busy the machine is. Calls compared
+with each other are timed by one timer, `interleaved_rounds` (all of them
+live in `specjax._clock`).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 from typing import Any, Callable, Dict, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from specjax._clock import now, use_clock
+from specjax._clock import Rounds, interleaved_rounds, now, use_clock
 
-__all__ = ["now", "use_clock", "time_call", "step_times", "StepTimer", "floor_step_seconds",
-           "step_times_side_by_side", "prefill_seconds", "count_params",
-           "cache_step_times"]
-
-
-def _block(tree):
-  for leaf in jax.tree_util.tree_leaves(tree):
-    if hasattr(leaf, "block_until_ready"):
-      leaf.block_until_ready()
-  return tree
+__all__ = ["now", "use_clock", "interleaved_rounds", "Rounds", "time_call", "step_times",
+           "StepTimer", "floor_step_seconds", "step_times_side_by_side", "prefill_seconds",
+           "count_params", "cache_step_times"]
 
 
 def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> Dict[str, float]:
@@ -46,15 +42,11 @@ def time_call(fn: Callable[[], Any], repeats: int = 5, warmup: int = 1) -> Dict[
   if repeats < 1:
     raise ValueError(f"repeats must be >= 1, got {repeats}")
   t0 = now()
-  _block(fn())
+  jax.block_until_ready(fn())
   first = now() - t0
   for _ in range(max(warmup - 1, 0)):
-    _block(fn())
-  times = []
-  for _ in range(repeats):
-    t0 = now()
-    _block(fn())
-    times.append(now() - t0)
+    jax.block_until_ready(fn())
+  times = interleaved_rounds({"call": fn}, repeats).seconds["call"]
   return {"median_s": statistics.median(times), "min_s": min(times), "first_s": first,
           "runs": times}
 
@@ -86,30 +78,20 @@ def _step_loop(model, params, batch_size: int, cache_len: int, prompt_len: int, 
     return acc
 
   fn = jax.jit(run)
-  _block(fn(params, cache, jnp.int32(steps)))  # compile + warm up
+  jax.block_until_ready(fn(params, cache, jnp.int32(steps)))  # compile + warm up
   return fn, cache
 
 
-def _paired_step_seconds(loops, steps: int, repeats: int) -> Dict[Any, list]:
-  """Per key of `loops` ({key: (run, cache, params)}): `repeats` paired
-  differences (time at n = steps − time at n = 0) / steps, the keys
-  interleaved (their order reversed every other repeat, so neither is always
-  the first)."""
-  none, full = jnp.int32(0), jnp.int32(steps)
-
-  def seconds(fn, cache, params, n):
-    t_start = now()
-    _block(fn(params, cache, n))
-    return now() - t_start
-
-  per_step = {key: [] for key in loops}
-  order = list(loops)
-  for r in range(repeats):
-    for key in (order if r % 2 == 0 else order[::-1]):
-      fn, cache, params = loops[key]
-      t0 = seconds(fn, cache, params, none)
-      per_step[key].append((seconds(fn, cache, params, full) - t0) / steps)
-  return per_step
+def _paired_step_seconds(loops, steps: int, repeats: int, base: int = 0) -> Dict[Any, list]:
+  """Per key of `loops` ({key: (run, cache, params)}, `run(params, cache, n)`):
+  `repeats` paired differences (time at n = base + steps − time at n = base)
+  / steps, the keys interleaved (`interleaved_rounds`, the order reversed
+  every other round, so neither is always the first)."""
+  ns = (jnp.int32(base), jnp.int32(base + steps))
+  calls = {(key, i): functools.partial(fn, params, cache, ns[i])
+           for key, (fn, cache, params) in loops.items() for i in (0, 1)}
+  sec = interleaved_rounds(calls, repeats, reverse=True).seconds
+  return {key: [(hi - lo) / steps for lo, hi in zip(sec[key, 0], sec[key, 1])] for key in loops}
 
 
 class StepTimer:
@@ -252,18 +234,7 @@ def cache_step_times(model, params, batch_size: int, cache_len: int, valid: int,
 
       return jax.lax.fori_loop(0, n, body, (cache, jnp.zeros((batch_size,))))[1]
     fn = jax.jit(run)
-    _block(fn(params, cache, jnp.int32(1)))
-    loops[t] = fn
-  per = {t: [] for t in token_counts}
-  order = list(token_counts)
-
-  def seconds(fn, n):
-    t0 = now()
-    _block(fn(params, cache, jnp.int32(n)))
-    return now() - t0
-
-  for r in range(repeats):
-    for t in (order if r % 2 == 0 else order[::-1]):
-      once = seconds(loops[t], steps)
-      per[t].append((seconds(loops[t], 2 * steps) - once) / steps)
+    jax.block_until_ready(fn(params, cache, jnp.int32(1)))
+    loops[t] = (fn, cache, params)
+  per = _paired_step_seconds(loops, steps, repeats, base=steps)
   return {t: floor_step_seconds(v) for t, v in per.items()}
