@@ -19,10 +19,8 @@ two) and the kind of sampling (greedy or not): `specjax.speculative_generate(
 so a second run (or process) on this machine measures nothing — for a day:
 a table older than `MAX_AGE_S` (or stored without its time) is measured
 again, since what an iteration costs relative to a plain step drifts with
-the machine's state (results/chen_chinchilla/README.md: a table stored
-days earlier had one pair's c(2) at 1.45 plain steps where it measured
-1.27-1.39 that day, and the rule drafted one token where two or four
-paid).
+the machine's state, and a stale table makes the rule pick the wrong γ
+(docs/adaptive.md).
 
     costs = specjax.calibrate_gamma_costs(target, tp, drafter, dp, AdaptiveGamma(),
                                           batch_size=1, prompt_len=64, cache_len=512)

@@ -31,13 +31,13 @@ the argument, the bad value and what is allowed.
 
 from __future__ import annotations
 
-import numbers
+import functools
 from typing import Any, Dict, Sequence, Tuple
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from specjax._checks import check_int
+from specjax._checks import check_int, check_int_array, check_real_array, first_bad
 
 __all__ = [
     "acceptance_rate",
@@ -64,88 +64,13 @@ Number = float | np.ndarray
 # -----------------------------------------------------------------------------
 
 
-def _first_bad(arr: np.ndarray, bad: np.ndarray) -> str:
-  """Describes the first offending entry of `arr` (where `bad` is True)."""
-  if arr.ndim == 0:
-    return repr(arr.item())
-  count = int(np.count_nonzero(bad))
-  index = tuple(int(i) for i in np.argwhere(bad)[0])
-  return f"{arr[index].item()!r} at index {index} ({count} invalid entries)"
-
-
-def _real(name: str, value: ArrayLike) -> np.ndarray:
-  """Converts `value` to a float64 array of finite real numbers."""
-  if isinstance(value, (str, bytes)):
-    raise TypeError(
-        f"{name} must be a real number or an array-like of real numbers, "
-        f"got the string {value!r}")
-  try:
-    arr = np.asarray(value)
-  except (ValueError, TypeError) as e:
-    raise ValueError(
-        f"{name} must be a real number or a rectangular array-like of real "
-        f"numbers, got {value!r} ({e})") from None
-  if arr.dtype.kind not in "iuf":
-    raise TypeError(
-        f"{name} must be a real number or an array-like of real numbers "
-        f"(int or float dtype), got {value!r} with dtype {arr.dtype}")
-  arr = arr.astype(np.float64)
-  bad = ~np.isfinite(arr)
-  if bad.any():
-    raise ValueError(
-        f"{name} must be finite, got {_first_bad(arr, bad)}")
-  return arr
-
-
-def _in_unit_interval(name: str, value: ArrayLike) -> np.ndarray:
-  arr = _real(name, value)
-  bad = (arr < 0) | (arr > 1)
-  if bad.any():
-    raise ValueError(
-        f"{name} must lie in [0, 1], got {_first_bad(arr, bad)}")
-  return arr
-
-
-def _non_negative(name: str, value: ArrayLike) -> np.ndarray:
-  arr = _real(name, value)
-  bad = arr < 0
-  if bad.any():
-    raise ValueError(f"{name} must be >= 0, got {_first_bad(arr, bad)}")
-  return arr
-
-
-def _positive(name: str, value: ArrayLike) -> np.ndarray:
-  arr = _real(name, value)
-  bad = arr <= 0
-  if bad.any():
-    raise ValueError(f"{name} must be > 0, got {_first_bad(arr, bad)}")
-  return arr
-
-
-def _integer(name: str, value: ArrayLike, minimum: int) -> np.ndarray:
-  """Converts `value` to an int64 array of integers >= `minimum`."""
-  if isinstance(value, (bool, np.bool_)):
-    raise TypeError(f"{name} must be an integer >= {minimum}, got the bool "
-                    f"{value!r}")
-  if isinstance(value, (str, bytes)):
-    raise TypeError(f"{name} must be an integer >= {minimum}, got the string "
-                    f"{value!r}")
-  try:
-    arr = np.asarray(value)
-  except (ValueError, TypeError) as e:
-    raise ValueError(
-        f"{name} must be an integer or a rectangular array-like of integers, "
-        f"got {value!r} ({e})") from None
-  if arr.dtype.kind not in "iu":
-    raise TypeError(
-        f"{name} must be an integer (a Python int, numpy integer or integer "
-        f"array) >= {minimum}, got {value!r} with dtype {arr.dtype}")
-  arr = arr.astype(np.int64)
-  bad = arr < minimum
-  if bad.any():
-    raise ValueError(
-        f"{name} must be an integer >= {minimum}, got {_first_bad(arr, bad)}")
-  return arr
+# `specjax._checks`' array checks, under the names the closed forms use.
+_real = check_real_array
+_in_unit_interval = functools.partial(check_real_array, minimum=0.0, maximum=1.0)
+_non_negative = functools.partial(check_real_array, minimum=0.0)
+_positive = functools.partial(check_real_array, minimum=0.0, lo_open=True)
+_integer = check_int_array
+_first_bad = first_bad
 
 
 def _check_tokens(t: np.ndarray, g: np.ndarray) -> None:
@@ -224,10 +149,7 @@ def acceptance_rate(p: ArrayLike, q: ArrayLike, axis: int = -1,
     raise ValueError(
         "p and q must be probability vectors (at least 1-D), got scalars "
         f"p={p_arr.item()!r}, q={q_arr.item()!r}")
-  if isinstance(axis, (bool, np.bool_)) or not isinstance(
-      axis, numbers.Integral):
-    raise TypeError(f"axis must be an int, got {axis!r} of type "
-                    f"{type(axis).__name__}")
+  check_int("axis", axis)
   if not -p_arr.ndim <= axis < p_arr.ndim:
     raise ValueError(
         f"axis must be in [{-p_arr.ndim}, {p_arr.ndim - 1}] for p and q of "

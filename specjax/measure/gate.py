@@ -48,7 +48,6 @@ import numpy as np
 from specjax._checks import check_int, check_prompts, check_real
 from specjax.api import resolve_drafter
 from specjax.atomic_io import atomic_write_json, atomic_write_text
-from specjax.drafters import ModelDrafter
 from specjax.generation import AutoregressiveDecoder, DecodeStats, SpeculativeDecoder
 from specjax.measure.latency import LatencyStats, emission_times, latency_stats
 from specjax.measure.timing import now
@@ -155,7 +154,7 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
   ar = AutoregressiveDecoder(target, sampling, max_new, eos_id, pad_id)
   sp = SpeculativeDecoder(target, drafter, gamma, sampling, max_new, eos_id, pad_id)
   call_len = drafter.layout(gamma).length
-  separate_draft = isinstance(drafter, ModelDrafter) and not drafter.shares_target_params
+  separate_draft = drafter.owns_model
   base_key = jax.random.key(seed)
 
   def inputs(i, rows):
