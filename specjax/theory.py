@@ -1,32 +1,23 @@
 """Analytic results for speculative decoding (Leviathan, Kalman, Matias 2023).
 
-Closed-form predictions of arXiv 2211.17192 ("Fast Inference from
-Transformers via Speculative Decoding", §3), as small pure numpy functions.
-They are used to set γ, to predict a speedup before a run, and to check a
-measured run against the model afterwards.
+The closed forms of arXiv 2211.17192 ("Fast Inference from Transformers via Speculative
+Decoding", §3) as small pure numpy functions: to set γ, to predict a speedup before a run and to
+check a measured run against the model afterwards.
 
-Notation (the paper's):
+Notation (the paper's): p the draft model's next-token distribution, q the target's; β =
+Σ_x min(p(x), q(x)) the acceptance rate of one step; α = E[β] over prefixes; γ (``gamma``) the
+draft tokens per iteration; c = t_draft_step / t_target_step; ĉ the draft / target ratio of
+arithmetic operations per token.
 
-  p       the draft (approximation) model's next-token distribution,
-  q       the target model's next-token distribution,
-  β       the acceptance rate of one step, Σ_x min(p(x), q(x)),
-  α       the expected acceptance rate E[β] over prefixes,
-  γ       the number of draft tokens per iteration (``gamma``),
-  c       the cost coefficient t_draft_step / t_target_step,
-  ĉ       the ratio of arithmetic operations per token, draft / target.
+Every prediction except `acceptance_rate` assumes the β of successive positions are i.i.d. with
+mean α. Real acceptance is correlated (easy stretches accept whole blocks), so check a measured
+run with `walltime_improvement_from_tokens` on the measured mean tokens per target call, not
+with α alone.
 
-Every prediction except `acceptance_rate` rests on the paper's simplifying
-assumption that the β of successive positions are i.i.d. with mean α. Real
-acceptance is correlated (easy stretches accept whole blocks), so compare a
-measured run with `walltime_improvement_from_tokens` built on the measured
-mean tokens per target call, not with α alone.
-
-Conventions: arguments are Python scalars or array-likes and broadcast
-against each other with numpy's rules; a function returns a Python ``float``
-(or ``int``) when every input is a scalar and an ``np.ndarray`` otherwise.
-Invalid input raises ``TypeError`` (wrong kind: a string, a bool, a
-non-integer γ) or ``ValueError`` (wrong value or shape); each message names
-the argument, the bad value and what is allowed.
+Arguments are scalars or array-likes that broadcast with numpy's rules; a result is a Python
+``float`` (or ``int``) when every input is a scalar, an ``np.ndarray`` otherwise. Invalid input
+raises ``TypeError`` (a string, a bool, a non-integer γ) or ``ValueError`` (a bad value or
+shape), naming the argument, the bad value and what is allowed.
 """
 
 from __future__ import annotations
@@ -59,9 +50,7 @@ __all__ = [
 
 Number = float | np.ndarray
 
-# -----------------------------------------------------------------------------
-# Validation helpers.
-# -----------------------------------------------------------------------------
+# --- Validation helpers ---
 
 
 # `specjax._checks`' array checks, under the names the closed forms use.
@@ -102,9 +91,8 @@ def _out(x: np.ndarray) -> Number:
 def _tokens(alpha: np.ndarray, gamma: np.ndarray) -> np.ndarray:
   """(1 − α^{γ+1}) / (1 − α) on validated, broadcast arrays.
 
-  Written as −expm1((γ+1)·log α) / (1 − α), which is accurate to a few ulps
-  for every α in [0, 1] (no cancellation as α → 1); α = 1 takes the exact
-  limit γ + 1, and the result is clipped to its true range [1, γ + 1].
+  As −expm1((γ+1)·log α) / (1 − α): accurate to a few ulps for every α in [0, 1] (no
+  cancellation as α → 1); α = 1 takes the exact limit γ + 1; the result is clipped to [1, γ + 1].
   """
   n = gamma.astype(np.float64) + 1.0
   with np.errstate(divide="ignore", invalid="ignore"):
@@ -113,31 +101,27 @@ def _tokens(alpha: np.ndarray, gamma: np.ndarray) -> np.ndarray:
   return np.clip(t, 1.0, n)
 
 
-# -----------------------------------------------------------------------------
-# The acceptance rate.
-# -----------------------------------------------------------------------------
+# --- The acceptance rate ---
 
 
 def acceptance_rate(p: ArrayLike, q: ArrayLike, axis: int = -1,
                     atol: float = 1e-5) -> Number:
   """β = Σ_x min(p(x), q(x)) = 1 − TV(p, q), the chance a draft is accepted.
 
-  Leviathan et al. 2023, Theorem 3.5 and Corollary 3.6: with draft p and
-  target q, speculative sampling accepts the drafted token with probability
-  β = Σ_x min(p(x), q(x)) = 1 − D_LK(p, q), where D_LK is the total
-  variation distance ½ Σ_x |p(x) − q(x)|. α = E[β] over prefixes.
+  Leviathan et al. 2023, Theorem 3.5 and Corollary 3.6: speculative sampling with draft p and
+  target q accepts the drafted token with probability β = 1 − D_LK(p, q), D_LK being the total
+  variation distance ½ Σ_x |p(x) − q(x)|.
 
   Args:
-    p: draft distribution(s): non-negative, summing to 1 along `axis`.
-      Leading (and trailing) dimensions are batch dimensions.
-    q: target distribution(s), same shape as `p` and the same conditions.
+    p: draft distribution(s): non-negative, summing to 1 along `axis`; the other dimensions are
+      batch dimensions.
+    q: target distribution(s), of p's shape, under the same conditions.
     axis: the vocabulary axis (an int within p's dimensions).
-    atol: tolerance (>= 0) on |Σ p − 1| and |Σ q − 1|; default 1e-5.
+    atol: tolerance (>= 0) on |Σ p − 1| and |Σ q − 1|.
 
   Returns:
-    β in [0, 1]: a float for 1-D inputs, else an array of p's shape without
-    `axis`. (Sums within the tolerance could give β a hair above 1; it is
-    clipped to 1.)
+    β in [0, 1] (clipped: sums within the tolerance could give a hair above 1): a float for 1-D
+    inputs, else an array of p's shape without `axis`.
   """
   p_arr = _real("p", p)
   q_arr = _real("q", q)
@@ -170,21 +154,15 @@ def acceptance_rate(p: ArrayLike, q: ArrayLike, axis: int = -1,
   return _out(np.clip(beta, 0.0, 1.0))
 
 
-# -----------------------------------------------------------------------------
-# Tokens per call, walltime and operations (i.i.d. model).
-# -----------------------------------------------------------------------------
+# --- Tokens per call, walltime and operations (i.i.d. model) ---
 
 
 def expected_tokens_per_call(alpha: ArrayLike, gamma: ArrayLike) -> Number:
   """Expected tokens produced per target call: (1 − α^{γ+1}) / (1 − α).
 
-  Leviathan et al. 2023, Equation (1) (§3.3): with i.i.d. acceptances of
-  mean α, the number of accepted drafts is a capped geometric variable and
-  each iteration also emits one corrected or bonus token, so an iteration
-  (one target call) yields 1 + α + … + α^γ tokens on average.
-
-  The α → 1 limit γ + 1 is returned exactly (no 0/0), α = 0 gives 1, and
-  γ = 0 (plain decoding) gives 1 for every α.
+  Leviathan et al. 2023, Equation (1) (§3.3): with i.i.d. acceptances of mean α the accepted
+  drafts are a capped geometric variable, and each iteration also emits a corrected or bonus
+  token. The α → 1 limit γ + 1 is exact (no 0/0); α = 0 or γ = 0 (plain decoding) gives 1.
 
   Args:
     alpha: expected acceptance rate(s), in [0, 1].
@@ -202,13 +180,10 @@ def expected_tokens_per_call(alpha: ArrayLike, gamma: ArrayLike) -> Number:
 def alpha_for_tokens(tokens_per_call: ArrayLike, gamma: ArrayLike) -> Number:
   """The α at which `expected_tokens_per_call(α, γ)` equals tokens_per_call.
 
-  The inverse of Equation (1) in α (it increases strictly from 1 at α = 0 to
-  γ + 1 at α = 1), found by bisection to float64 precision. Two uses: the α a
-  speedup target needs (feed it the tokens per call that target requires),
-  and the α the i.i.d. model would need to explain a measured mean of tokens
-  per call. (It is not accepted / drafted: in the i.i.d. model that ratio is
-  lower than α for γ > 1, because the drafts after a rejection are proposed
-  but never checked.)
+  The inverse of Equation (1) in α (strictly increasing from 1 at α = 0 to γ + 1 at α = 1), by
+  bisection to float64 precision: the α a speedup target needs, or the α the i.i.d. model needs
+  to explain a measured mean of tokens per call. (Not accepted / drafted, which in the i.i.d.
+  model is below α for γ > 1: the drafts after a rejection are proposed but never checked.)
 
   Args:
     tokens_per_call: tokens per target call, in [1, γ + 1].
@@ -233,10 +208,9 @@ def walltime_improvement(alpha: ArrayLike, gamma: ArrayLike,
                          c: ArrayLike) -> Number:
   """Expected walltime speedup: (1 − α^{γ+1}) / ((1 − α)(γc + 1)).
 
-  Leviathan et al. 2023, Theorem 3.8: one iteration costs γ draft steps and
-  one target call (assumed to cost the same as one target decode step, since
-  verifying γ + 1 tokens in parallel is ~free on idle hardware), i.e.
-  (γc + 1) target-step units, and yields `expected_tokens_per_call` tokens.
+  Leviathan et al. 2023, Theorem 3.8: an iteration costs γ draft steps and one target call
+  (taken as one target decode step: verifying γ + 1 tokens in parallel is ~free on idle
+  hardware), and yields `expected_tokens_per_call` tokens.
 
   Args:
     alpha: expected acceptance rate(s), in [0, 1].
@@ -258,29 +232,20 @@ def walltime_improvement_from_tokens(tokens_per_call: ArrayLike,
                                      verify_cost: ArrayLike = 1.0) -> Number:
   """Speedup predicted from MEASURED tokens per call and component costs.
 
-  tokens_per_call / (γ·c + verify_cost), where
+  tokens_per_call / (γ·c + verify_cost), with c = t_draft_step / t_target_step and verify_cost =
+  t_verify(γ + 1 tokens) / t_target_step (1.0: the paper's free verification).
 
-    c           = t_draft_step / t_target_step,
-    verify_cost = t_verify(γ + 1 tokens) / t_target_step
-                  (1.0 = the paper's assumption that verification is free).
-
-  Why: the closed forms above assume the β of successive
-  positions are i.i.d. with mean α. They are not — acceptances cluster (an
-  easy stretch accepts the whole block), so the mean tokens per call can
-  exceed (1 − α^{γ+1}) / (1 − α) for the measured α. Leviathan's own CNN/DM
-  temperature-0 row (α 0.65, γ 5) measured 3.1×, above the c = 0 bound of
-  2.64× that α implies. A run should therefore be checked against this
-  function fed with the measured mean tokens per target call (accepted drafts
-  + 1, averaged over iterations) and the measured step times: given those,
-  the speedup (n_tokens · t_target_step) / (n_calls · (γ t_draft_step +
-  t_verify)) is exactly this ratio, so a gap between it and the measured
-  speedup points at overheads (host syncs, sampling, cache bookkeeping), not
-  at the acceptance model. With verify_cost = 1 and tokens_per_call =
+  The closed forms above assume i.i.d. β; real acceptances cluster, so the mean tokens per call
+  can exceed (1 − α^{γ+1}) / (1 − α) for the measured α (Leviathan et al.'s own CNN/DM
+  temperature-0 row beats the c = 0 bound its α implies). Given the measured tokens per call and
+  step times, the speedup (n_tokens · t_target_step) / (n_calls · (γ t_draft_step + t_verify)) is
+  exactly this ratio, so a gap to the measured speedup points at overheads (host syncs, sampling,
+  cache bookkeeping), not at the acceptance model. With verify_cost = 1 and tokens_per_call =
   `expected_tokens_per_call(α, γ)` it equals `walltime_improvement`.
 
   Args:
-    tokens_per_call: measured mean tokens emitted per target call, in
-      [1, γ + 1] (each call emits between 1 and γ + 1 tokens).
+    tokens_per_call: measured mean tokens emitted per target call (accepted drafts + 1, averaged
+      over iterations), in [1, γ + 1].
     gamma: draft length(s), integer(s) >= 0.
     c: draft-to-target step-time ratio(s), >= 0.
     verify_cost: cost of the verify call in target decode steps, > 0.
@@ -299,22 +264,16 @@ def walltime_improvement_from_tokens(tokens_per_call: ArrayLike,
 
 def walltime_improvement_from_times(tokens_per_iteration: ArrayLike, step_s: ArrayLike,
                                     iteration_s: ArrayLike) -> Number:
-  """Speedup predicted from an iteration's measured (or modelled) time:
-  τ · t_step / t_iteration.
+  """Speedup predicted from an iteration's measured or modelled time: τ · t_step / t_iteration.
 
-  Leviathan et al. 2023, Theorem 3.8, in seconds: an iteration emits τ =
-  `tokens_per_iteration` tokens and costs `iteration_s` (its draft steps,
-  its verify call and whatever else it runs), where plain decoding spends
-  `step_s` per token, i.e. τ · t_step on those tokens. This is
-  `walltime_improvement_from_tokens` with t_iteration / t_step = γ·c +
-  verify_cost, for callers that have the iteration's time whole (a
-  compiled program's cost, a sum of component times) rather than per draft
-  step.
+  Leviathan et al. 2023, Theorem 3.8 in seconds: an iteration emits τ tokens and costs
+  `iteration_s` (draft steps, verify call and the rest) where plain decoding spends τ · t_step.
+  It is `walltime_improvement_from_tokens` with t_iteration / t_step = γ·c + verify_cost, for
+  callers holding the iteration's whole time (a compiled program's cost, a sum of components).
 
   Args:
     tokens_per_iteration: τ, tokens emitted per iteration, >= 1 (measured:
-      `DecodeStats.tokens_per_iteration`; modelled:
-      `expected_tokens_per_call`).
+      `DecodeStats.tokens_per_iteration`; modelled: `expected_tokens_per_call`).
     step_s: seconds of one plain decoding step, > 0.
     iteration_s: seconds of one speculative iteration, > 0.
 
@@ -349,11 +308,9 @@ def optimal_gamma(alpha: ArrayLike, c: ArrayLike,
                   max_gamma: int = 32) -> int | np.ndarray:
   """The integer γ in 1..max_gamma that maximises `walltime_improvement`.
 
-  Leviathan et al. 2023, §3.5 (Figure 3): the improvement
-  (1 − α^{γ+1}) / ((1 − α)(γc + 1)) has no closed-form maximiser, so it is
-  found by evaluating every γ in 1..max_gamma. Ties (e.g. α = 0 with c = 0,
-  where every γ gives 1) go to the smallest γ. The optimum grows with α and
-  shrinks with c; at α = 1 and c < 1 it is max_gamma.
+  Leviathan et al. 2023, §3.5 (Figure 3): the improvement has no closed-form maximiser, so every
+  γ in 1..max_gamma is evaluated; ties (e.g. α = 0 with c = 0) go to the smallest γ. The optimum
+  grows with α and shrinks with c; at α = 1 and c < 1 it is max_gamma.
 
   Args:
     alpha: expected acceptance rate(s), in [0, 1].
@@ -361,9 +318,8 @@ def optimal_gamma(alpha: ArrayLike, c: ArrayLike,
     max_gamma: the largest γ searched, a scalar integer >= 1.
 
   Returns:
-    The best γ: an int for scalar inputs, else an int64 array of the
-    broadcast shape of alpha and c. (See `optimal_gamma_and_improvement`
-    for the improvement it reaches.)
+    The best γ: an int for scalar inputs, else an int64 array of alpha's and c's broadcast
+    shape (`optimal_gamma_and_improvement` also returns the improvement).
   """
   best, _ = _optimal(alpha, c, max_gamma)
   return int(best) if best.ndim == 0 else best
@@ -385,13 +341,10 @@ def operations_factor(alpha: ArrayLike, gamma: ArrayLike,
                       c_hat: ArrayLike) -> Number:
   """Factor of extra arithmetic: (1 − α)(γĉ + γ + 1) / (1 − α^{γ+1}).
 
-  Leviathan et al. 2023, Theorem 3.11: per iteration the target runs on
-  γ + 1 tokens and the draft on γ tokens (ĉ = draft operations per token /
-  target operations per token), i.e. γĉ + γ + 1 target-token units of work,
-  for `expected_tokens_per_call` tokens. The factor is always >= 1 (at most
-  γ + 1 tokens come from γĉ + γ + 1 units): speculative decoding trades extra
-  work for fewer serial calls. The α → 1 limit (γĉ + γ + 1)/(γ + 1) is
-  returned exactly.
+  Leviathan et al. 2023, Theorem 3.11: an iteration runs the target on γ + 1 tokens and the draft
+  on γ, i.e. γĉ + γ + 1 target-token units of work, for `expected_tokens_per_call` tokens. The
+  factor is >= 1: speculative decoding trades extra work for fewer serial calls. The α → 1 limit
+  (γĉ + γ + 1)/(γ + 1) is exact.
 
   Args:
     alpha: expected acceptance rate(s), in [0, 1].
@@ -408,28 +361,18 @@ def operations_factor(alpha: ArrayLike, gamma: ArrayLike,
   return _out((g * ch + g + 1.0) / _tokens(a, g))
 
 
-# -----------------------------------------------------------------------------
-# Break-even and bounds.
-# -----------------------------------------------------------------------------
+# --- Break-even and bounds ---
 
 
 def breakeven_alpha(gamma: ArrayLike, overhead: ArrayLike) -> Number:
   """α at which speculation breaks even: (1 + γα)/(1 + ε) = 1, so α = ε/γ.
 
-  A first-order rule of thumb: an iteration costs
-  (1 + ε) target steps, ε = overhead being the relative extra cost of
-  drafting plus verification (ε = γc + verify_cost − 1 in the notation of
-  `walltime_improvement_from_tokens`), and yields about 1 + γα tokens.
-  Speculation pays off for α above the returned value. It is a single-request
-  rule: under high concurrency verification stops being free (ε grows) and
-  the practical break-even is ~0.45–0.55. The linearised 1 + γα
-  overestimates the i.i.d. model's tokens (1 − α^{γ+1})/(1 − α), so this
-  threshold is a lower bound on the α that model would need.
-
-  No break-even: the raw ratio ε/γ is returned even when it exceeds 1 (it is
-  not turned into inf and does not raise). A value > 1 means no acceptance
-  rate α ∈ [0, 1] recovers the overhead at this γ; a gate `alpha >=
-  breakeven_alpha(...)` then correctly never opens.
+  A first-order, single-request rule of thumb: an iteration costs (1 + ε) target steps (ε the
+  relative extra cost of drafting and verifying: γc + verify_cost − 1 in
+  `walltime_improvement_from_tokens`' notation; under high concurrency it grows) and yields
+  about 1 + γα tokens. 1 + γα overestimates the i.i.d. model's tokens, so this is a lower bound
+  on the α that model needs. The raw ε/γ is returned even above 1 (no inf, no raise): then no
+  α ∈ [0, 1] recovers the overhead, and a gate `alpha >= breakeven_alpha(...)` never opens.
 
   Args:
     gamma: draft length(s), integer(s) >= 1.
@@ -447,12 +390,9 @@ def breakeven_alpha(gamma: ArrayLike, overhead: ArrayLike) -> Number:
 def improvement_lower_bound(alpha: ArrayLike, c: ArrayLike) -> Number:
   """(1 + α)/(1 + c): a walltime improvement the best γ is sure to reach.
 
-  Leviathan et al. 2023, Corollary 3.9: if α > c there is a γ with an
-  improvement (a factor > 1), and the factor is at least (1 + α)/(1 + c).
-  (It is `walltime_improvement(α, 1, c)`, so the optimum over γ >= 1 is
-  never below it.) The value is returned for any α and c; the condition
-  α > c is exactly when it exceeds 1 — for α <= c it is <= 1 and promises no
-  speedup (the caller checks `alpha > c`; nothing is raised).
+  Leviathan et al. 2023, Corollary 3.9: if α > c some γ improves walltime, by at least this
+  factor (it is `walltime_improvement(α, 1, c)`). It is returned for any α and c; for α <= c it
+  is <= 1 and promises no speedup (nothing is raised).
 
   Args:
     alpha: expected acceptance rate(s), in [0, 1].
@@ -470,11 +410,9 @@ def improvement_lower_bound(alpha: ArrayLike, c: ArrayLike) -> Number:
 def expected_accepted_histogram(alpha: ArrayLike, gamma: int) -> np.ndarray:
   """The i.i.d. model's distribution of accepted drafts n ∈ 0..γ per iteration.
 
-  P(n = k) = α^k (1 − α) for k < γ and P(n = γ) = α^γ (Leviathan et al.
-  2023, §3.3: a geometric variable capped at γ). Its mean plus 1 (the
-  corrected or bonus token) is `expected_tokens_per_call`. Compare it with a
-  measured histogram of accepted counts: a measured histogram heavier at 0
-  and γ than this one is the signature of correlated acceptances.
+  P(n = k) = α^k (1 − α) for k < γ and P(n = γ) = α^γ (Leviathan et al. 2023, §3.3: a geometric
+  variable capped at γ); its mean plus 1 is `expected_tokens_per_call`. A measured histogram
+  heavier at 0 and γ than this one is the signature of correlated acceptances.
 
   Args:
     alpha: expected acceptance rate(s), in [0, 1]; any shape.
@@ -492,10 +430,7 @@ def expected_accepted_histogram(alpha: ArrayLike, gamma: int) -> np.ndarray:
   return probs
 
 
-# -----------------------------------------------------------------------------
-# Draft length, the α a speedup needs, traffic mixes (the memory of a draft is
-# `specjax.planning.draft_memory`).
-# -----------------------------------------------------------------------------
+# --- Draft length, the α a speedup needs, traffic mixes (a draft's memory: planning) ---
 
 
 def _scalar_non_negative(name: str, value: Any) -> float:
@@ -526,30 +461,20 @@ def tokens_per_call_curve(alphas: ArrayLike, n_max: int = 16,
                           verify_overhead: float = 0.0) -> Dict[str, np.ndarray]:
   """Tokens per target call against the draft length N, and the best N per α.
 
-  The tokens per call (1 − α^{N+1}) / (1 − α) (`expected_tokens_per_call`)
-  grow with N towards 1 / (1 − α), so they alone have no optimum: longer
-  drafts always emit more tokens per call. The optimum comes from the cost
-  of an iteration. The cost model (in target decode steps, the one
-  `alpha_for_speedup` and `traffic_mix` use):
-
-    cost(N) = 1 + ε + N·c,
-
-  one verify call (a target step plus a fixed relative overhead ε =
-  `verify_overhead`: sampling, bookkeeping, the verify of N + 1 tokens
-  costing a little more than one step) and N draft steps of c =
-  `cost_ratio` target steps each. (A verify cost growing per verified
-  token can be folded into c.) The walltime speedup over plain decoding is
-  tokens(α, N) / cost(N); N* is its argmax over 1..n_max (the smallest N on
-  ties). With c = ε = 0 this is Leviathan et al.'s improvement at c = 0,
-  which grows with N, so N* = n_max; with ε = 0 it is
-  `walltime_improvement(α, N, c)` and N* = `optimal_gamma(α, c, n_max)`.
+  The tokens per call (`expected_tokens_per_call`) grow with N towards 1 / (1 − α), so the
+  optimum comes from the iteration's cost in target decode steps (the model `alpha_for_speedup`
+  and `traffic_mix` share): cost(N) = 1 + ε + N·c, one verify call (a target step plus a relative
+  overhead ε = `verify_overhead`: sampling, bookkeeping, verifying N + 1 tokens) and N draft
+  steps of c = `cost_ratio` target steps (a per-token verify cost folds into c). The speedup is
+  tokens(α, N) / cost(N) and N* its argmax over 1..n_max (the smallest N on ties); with c = ε = 0,
+  N* = n_max; with ε = 0 it is `walltime_improvement(α, N, c)` and N* = `optimal_gamma(α, c,
+  n_max)`.
 
   Args:
     alphas: acceptance rate(s) in [0, 1]: a scalar or a 1-D sequence.
     n_max: the longest draft length considered, a scalar integer >= 1.
     cost_ratio: c = t_draft_step / t_target_step, a scalar >= 0.
-    verify_overhead: ε, the relative extra cost of one iteration's verify,
-      a scalar >= 0.
+    verify_overhead: ε, the relative extra cost of one iteration's verify, a scalar >= 0.
 
   Returns:
     A dict of arrays (A = number of alphas):
@@ -586,33 +511,24 @@ def alpha_for_speedup(speedup: ArrayLike, k: ArrayLike, overhead: ArrayLike = 0.
                       cost_ratio: ArrayLike = 0.0, model: str = "geometric") -> Number:
   """The acceptance rate α a walltime speedup needs at draft length K.
 
-  A speedup S needs S·cost tokens per target call, with the iteration cost
-  1 + ε + K·c of `tokens_per_call_curve` (ε = `overhead`, c =
-  `cost_ratio`). Two models of the tokens per call:
+  A speedup S needs S·cost tokens per target call, with the iteration cost 1 + ε + K·c of
+  `tokens_per_call_curve` (ε = `overhead`, c = `cost_ratio`). Two models of the tokens per call:
 
     "geometric"  (1 − α^{K+1}) / (1 − α), Leviathan et al.'s Equation (1):
                  α = `alpha_for_tokens(S·cost, K)`;
-    "linear"     1 + K·α, the rule of thumb S = (1 + Kα)/(1 + ε) of the
-                 seeds: α = (S·cost − 1) / K.
+    "linear"     1 + K·α, the rule of thumb S = (1 + Kα)/(1 + ε): α = (S·cost − 1) / K.
 
-  The linear form overestimates the tokens (every draft is counted as if
-  the earlier ones had all been accepted), so it asks for a lower α than the
-  geometric one. Speedups at or below what α = 0 gives return 0 (no α is
-  needed); speedups no α ∈ [0, 1] reaches (S·cost above K + 1 in the
-  geometric model, α above 1 in the linear one) return NaN. Sensitivity to
-  the overhead: at fixed S and K, dα/dε = S / (dtokens/dα) — S / K in the
-  linear model; in the geometric one the slope Σ_i i·α^{i−1} is below K at
-  small α and above it near 1, so high speedups are less sensitive to ε
-  there than the linear rule says (2× at K = 5, ε = 0.15: 0.44 vs 0.40;
-  3×: 0.38 vs 0.60).
+  The linear form overestimates the tokens (every draft counts as if the earlier ones were
+  accepted), so it asks for a lower α. Speedups that α = 0 already gives return 0; speedups no
+  α ∈ [0, 1] reaches return NaN. At fixed S and K, dα/dε = S / (dtokens/dα): S / K in the linear
+  model, while the geometric slope Σ_i i·α^{i−1} is below K at small α and above it near 1, so
+  high speedups are less sensitive to ε than the linear rule says.
 
   Args:
     speedup: the walltime speedup(s) wanted, > 0 (2.0 for 2×).
     k: draft length(s) K, integer(s) >= 1.
-    overhead: ε, the relative extra cost per iteration, >= 0 (the seeds use
-      0.1–0.15 at batch 1; it grows with concurrency).
-    cost_ratio: c = t_draft_step / t_target_step, >= 0 (0: drafting counted
-      inside ε, as in the seeds' formula).
+    overhead: ε, the relative extra cost per iteration, >= 0 (it grows with concurrency).
+    cost_ratio: c = t_draft_step / t_target_step, >= 0 (0: drafting counted inside ε).
     model: "geometric" (default) or "linear".
 
   Returns:
@@ -643,30 +559,20 @@ def traffic_mix(shares: Sequence[float], alphas: Sequence[float], k: int,
                 share_of: str = "tokens") -> Dict[str, Any]:
   """Expected tokens per call and speedup of a mix of traffic classes.
 
-  Class i carries a share s_i of the traffic and drafts are accepted at α_i
-  (i.i.d. within a class), so its target calls emit T_i = (1 − α_i^{K+1}) /
-  (1 − α_i) tokens on average. How the classes combine depends on what the
-  shares count:
+  Class i carries a share s_i of the traffic and accepts drafts at α_i (i.i.d. within the class),
+  so its target calls emit T_i = (1 − α_i^{K+1}) / (1 − α_i) tokens on average. The shares count:
 
-    share_of="tokens"  s_i is the class's share of the generated tokens
-                       (the usual traffic split). Class i needs s_i / T_i
-                       calls per token, so the mix emits 1 / Σ s_i / T_i
-                       tokens per call (a harmonic mean);
-    share_of="calls"   s_i is its share of target calls (iterations): the
-                       mix emits Σ s_i T_i tokens per call (the plain
-                       weighted expectation).
+    share_of="tokens"  the class's share of generated tokens (the usual split): class i needs
+                       s_i / T_i calls per token, so the mix emits 1 / Σ s_i / T_i tokens per
+                       call (a harmonic mean);
+    share_of="calls"   its share of target calls: the mix emits Σ s_i T_i tokens per call.
 
-  The speedup is the mix's tokens per call over the iteration cost
-  1 + ε + K·c (see `tokens_per_call_curve`); speculation pays when it
-  exceeds 1. Two averages of α are reported: the share-weighted mean
-  Σ s_i α_i (the seeds' "average α"), and the call-weighted one, which is
-  what an aggregate accepted / drafted counter over the whole traffic would
-  read (every call drafts K tokens, so classes weigh by their calls). The
-  tokens per call at the mean α are not the mix's: T is convex in α (a
-  polynomial with positive coefficients), so a call-weighted mix emits at
-  least T(mean α), while with token shares the low class costs more calls
-  per token than the high one saves and the mix can fall below it (it does
-  for 70 % at α 0.7 and 30 % at α 0.4).
+  The speedup is the mix's tokens per call over the iteration cost 1 + ε + K·c (see
+  `tokens_per_call_curve`). Two averages of α are reported: the share-weighted Σ s_i α_i and the
+  call-weighted one, which an aggregate accepted / drafted counter would read (every call drafts K
+  tokens). T at the mean α is not the mix's: T is convex in α, so a call-weighted mix emits at
+  least T(mean α), while with token shares the low class costs more calls per token than the high
+  one saves and the mix can fall below it.
 
   Args:
     shares: each class's share, >= 0, summing to 1 (tolerance 1e-6).
@@ -674,23 +580,21 @@ def traffic_mix(shares: Sequence[float], alphas: Sequence[float], k: int,
     k: the draft length K, a scalar integer >= 1.
     overhead: ε, the relative extra cost per iteration, a scalar >= 0.
     cost_ratio: c = t_draft_step / t_target_step, a scalar >= 0.
-    gate_alpha: the rollout gate on α, in [0, 1] (the seeds' 0.55: the
-      practical break-even at high concurrency).
+    gate_alpha: the rollout gate on α, in [0, 1] (default: the practical break-even at high
+      concurrency).
     share_of: "tokens" (default) or "calls", what the shares count.
 
   Returns:
     A dict of Python values:
-      "share_of", "k", "overhead", "cost_ratio", "gate_alpha": the inputs;
+      "share_of", "k", "overhead", "cost_ratio", "gate_alpha", "shares", "alphas": the inputs;
       "class_tokens_per_call", "class_speedup": per class;
       "call_shares": each class's share of target calls;
       "mean_alpha": Σ s_i α_i; "call_weighted_alpha": α by call share;
       "tokens_per_call": the mix's expected tokens per target call;
-      "tokens_at_mean_alpha": T at the mean α (for comparison);
-      "iteration_cost": 1 + ε + K·c;
+      "tokens_at_mean_alpha": T at the mean α; "iteration_cost": 1 + ε + K·c;
       "speedup": the mix's walltime speedup; "pays": speedup > 1;
-      "breakeven_alpha": the α with speedup 1 in the geometric model (NaN if
-        none); "meets_gate": mean α >= gate_alpha;
-      "classes_below_gate": indices of the classes with α_i < gate_alpha.
+      "breakeven_alpha": the α with speedup 1 in the geometric model (NaN if none);
+      "meets_gate": mean α >= gate_alpha; "classes_below_gate": indices with α_i < gate_alpha.
   """
   if not isinstance(share_of, str) or share_of not in _MIX_SHARES:
     raise ValueError(f"share_of must be one of {_MIX_SHARES}, got {share_of!r}")
