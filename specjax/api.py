@@ -1,8 +1,7 @@
 """`generate` and `speculative_generate`: validated entry points.
 
-Everything shape- or value-related is checked here, on the host, before the
-jitted loop runs, so misuse gets a ValueError/TypeError naming the argument
-rather than an XLA error (or a silent clamp) from deep inside.
+Every shape and value is checked here, on the host, before the jitted loop runs, so misuse gets a
+ValueError/TypeError naming the argument rather than an XLA error (or a silent clamp).
 """
 
 from __future__ import annotations
@@ -77,8 +76,8 @@ def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
 
 def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len, params=None,
                  allocate: bool = True):
-  """`cache` checked, or (None) one allocated for these sizes (`allocate`
-  False: only `cache_len` checked; None returned)."""
+  """`cache` checked, or (None) one allocated for these sizes (`allocate` False: only
+  `cache_len` checked; None returned)."""
   need = required_cache_len(model, prompt_len, max_new, gamma)
   if cache is None:
     if need > _MAX_SLOTS:
@@ -118,17 +117,15 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
 @functools.lru_cache(maxsize=64)
 def _abstract_caches(model, batch: int, slots: int, prompt_len: int):
   """The model's cache for these sizes and for one more prompt position, as
-  `jax.ShapeDtypeStruct`s (traced once per model and sizes, not per call)."""
+  `jax.ShapeDtypeStruct`s (traced once per model and sizes)."""
   return tuple(jax.eval_shape(lambda p=p: model.init_cache(batch, slots, p))
                for p in (prompt_len, prompt_len + 1))
 
 
 def _check_cache_fits(name, model, cache, prompt_len) -> None:
-  """ValueError naming `name` when `cache`'s buffers are not those
-  `model.init_cache` makes for its batch and slots: another model's cache
-  (other layers, heads or head size) would fail inside the trace. Compared
-  abstractly (`jax.eval_shape`); axes that follow the prompt length (T5's
-  encoder positions, of which a cache may hold more) and dtypes are not."""
+  """ValueError naming `name` when `cache`'s buffers are not those `model.init_cache` makes for
+  its batch and slots (another model's cache would fail inside the trace). Compared abstractly;
+  axes that follow the prompt length (T5's encoder positions) and dtypes are not compared."""
   want, longer = _abstract_caches(model, cache.lengths.shape[0], cache.max_len, prompt_len)
   got, got_tree = jax.tree_util.tree_flatten_with_path(cache)
   want_leaves, want_tree = jax.tree_util.tree_flatten(want)
@@ -192,32 +189,25 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
     prompt_lengths: int `[B]` in [1, P]; default all P.
     max_new_tokens: N, tokens to generate per row (EOS included).
     sampling: a `SamplingConfig` (temperature 0 = greedy).
-    key: a PRNG key, or one per row (`[B]`) for batch-independent rows;
-      required unless greedy.
-    eos_id: a row stops after emitting it (EOS included in its tokens);
-      a sequence of ids: after emitting any of them (instruct checkpoints,
-      e.g. the `eos_ids` of `HFTokenizer`, read from the checkpoint's
-      `generation_config.json`); None: rows run to N.
+    key: a PRNG key, or one per row (`[B]`) for batch-independent rows; required unless greedy.
+    eos_id: a row stops after emitting it (EOS included in its tokens), or any id of a sequence
+      (instruct checkpoints: `HFTokenizer.eos_ids`); None: rows run to N.
     pad_id: fills output slots past each row's length.
     cache: a cache from `model.init_cache` to reuse (donated); or
     cache_len: slots of the cache to allocate (default: the minimum).
-    prefilled: a `Prefill` of these prompts (`specjax.prefill`, donated):
-      decoding starts from it instead of prefilling (`cache` must be None);
-      the tokens are those `generate` would give with the same key.
-    nonfinite: what to do when the target's logits held a NaN or +inf
-      (`DecodeStats.nonfinite`; a broken checkpoint, a bfloat16 overflow):
-      "raise" (default) a `FloatingPointError` naming the rows, "warn", or
-      "ignore". Checking waits for the result; inside an outer `jit`
-      nothing can be raised and the counts are only in the stats.
+    prefilled: a `Prefill` of these prompts (`specjax.prefill`, donated): decoding starts from
+      it (`cache` must be None), with the tokens `generate` would give with the same key.
+    nonfinite: when the target's logits held a NaN or +inf (`DecodeStats.nonfinite`): "raise"
+      (default) a `FloatingPointError` naming the rows, "warn", or "ignore". Checking waits for
+      the result; inside an outer `jit` nothing can be raised (read the stats).
 
   Returns:
     `GenerationOutput` (tokens `[B, N]`, lengths `[B]`, stats, final cache).
 
   Raises:
-    ValueError / TypeError naming the argument for bad input: token ids
-    outside [0, vocab) within the prompt lengths (row, position and id
-    named), params that are not the model's tree (`protocol.check_params`),
-    lengths, sizes, keys or caches out of range.
+    ValueError / TypeError naming the argument for bad input: token ids outside [0, vocab)
+    within the prompt lengths (row, position and id named), params that are not the model's tree
+    (`protocol.check_params`), lengths, sizes, keys or caches out of range.
   """
   check_model(model, "model")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
@@ -273,14 +263,12 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
             cache_len: Optional[int] = None) -> Prefill:
   """Prefills `model` with the prompts once, to decode from it several times.
 
-  `generate(..., prefilled=p)` and `speculative_generate(..., prefilled=p)`
-  then skip their prefill and give the tokens they would give on their own
-  with the same `key` and `sampling` (the first token is drawn here). A
-  decoder donates the `Prefill` it is given: decode from a copy
-  (`jax.tree.map(jnp.copy, p)`) to use it again. The cache is sized for
-  `max_new_tokens` and `gamma` (the largest γ, or the drafter's call length
-  − 1, it will serve; default: autoregressive), or `cache_len` slots. For
-  long prompts set the model's `prefill_chunk` (`DecoderConfig`).
+  `generate(..., prefilled=p)` and `speculative_generate(..., prefilled=p)` then skip their
+  prefill and give the tokens they would give on their own with the same `key` and `sampling`
+  (the first token is drawn here). A decoder donates the `Prefill`: decode from a copy
+  (`jax.tree.map(jnp.copy, p)`) to use it again. The cache is sized for `max_new_tokens` and
+  `gamma` (the largest γ, or the drafter's call length − 1, it will serve; default:
+  autoregressive), or `cache_len` slots. For long prompts set `DecoderConfig.prefill_chunk`.
 
   Returns:
     `Prefill` (first token `[B]`, last prompt token `[B]`, the cache).
@@ -300,11 +288,11 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
 
 
 def resolve_drafter(target, target_params, draft, draft_params, gamma):
-  """`(drafter, draft_params, gamma)` for a draft model or a drafter: a model
-  is wrapped in `ModelDrafter`; a drafter that fixes its own γ (lookahead)
-  overrides `gamma`; γ is checked (int >= 1) and the drafter checked against
-  the target; self-drafters get the target's params when `draft_params` is
-  None."""
+  """`(drafter, draft_params, gamma)` for a draft model (wrapped in `ModelDrafter`) or a drafter.
+
+  A drafter that fixes its own γ (lookahead) overrides `gamma`; γ (int >= 1) and the drafter are
+  checked against the target; self-drafters get the target's params when `draft_params` is None.
+  """
   if isinstance(draft, Drafter):
     drafter = draft
   else:
@@ -327,13 +315,10 @@ def resolve_drafter(target, target_params, draft, draft_params, gamma):
 def usable_gamma(target, drafter: Drafter, gamma: int, max_new_tokens: int) -> int:
   """γ, or the largest γ whose drafts can all be used, with a warning.
 
-  After the prefill's token N - 1 tokens remain, so at most N - 1 drafts can
-  be committed in one iteration: a chain drafter's γ beyond max(1, N - 1)
-  only drafts tokens that are always cut (and sizes caches for them). Such a
-  γ is lowered to that value (greedy output unchanged; a sampled output
-  keeps its law), with a warning naming both values. A tree deeper than
-  that, or a drafter that fixes its own γ, is kept as it is and warned
-  about."""
+  After the prefill's token N - 1 tokens remain, so a chain drafter's γ beyond max(1, N - 1)
+  only drafts tokens that are always cut: it is lowered to that value (greedy output unchanged,
+  a sampled output keeps its law) with a warning. A deeper tree, or a drafter that fixes its own
+  γ, is kept and warned about."""
   useful = max(1, max_new_tokens - 1)
   lay = drafter.layout(gamma)
   if lay.chain_len <= useful:
@@ -360,33 +345,29 @@ _DEFAULT_ADAPTIVE = AdaptiveGamma()
 
 @dataclasses.dataclass(frozen=True)
 class SpeculativePlan:
-  """What one `speculative_generate` call runs, decided on the host before
-  anything is traced (`plan_speculative` returns it without running it).
+  """What one `speculative_generate` call runs, decided on the host before anything is traced.
 
-  `speculative_generate` is validate → plan → decode: the arguments are
-  checked once, the plan fixes every choice that follows from them, and the
-  decoder (`decoder()`) runs it. Two calls with equal plans run the same
-  compiled program.
+  `speculative_generate` is validate → plan → decode: the plan fixes every choice that follows
+  from the checked arguments and `decoder()` runs it; equal plans run the same compiled program.
 
   Attributes:
     target: the target model.
     drafter: where the drafts come from (a draft model is a `ModelDrafter`).
-    gamma: the largest γ an iteration drafts: the fixed γ (lowered to what
-      `max_new_tokens` can use, `usable_gamma`), or max Γ with `adaptive`.
-    adaptive: the `AdaptiveGamma` rule, its Γ capped at the drafter's
-      `gamma_limit` and at max(1, max_new_tokens - 1); None for a fixed γ.
+    gamma: the largest γ an iteration drafts: the fixed γ (after `usable_gamma`), or max Γ.
+    adaptive: the `AdaptiveGamma` rule, its Γ capped at the drafter's `gamma_limit` and at
+      max(1, max_new_tokens - 1); None for a fixed γ.
     call_len: tokens in one target call (`drafter.layout(gamma).length`).
     batch_size, prompt_len, max_new_tokens: the call's sizes (B, P, N).
     cache_len: slots of the target's cache.
-    draft_cache_len: slots of a draft model's cache (`drafter.owns_model`),
-      else None (the drafter sizes its state by the target's cache).
-    gamma_costs: with `adaptive`: the cost of one iteration at each γ of Γ
-      (given, stored or measured: `specjax.calibration`); else None.
-    plain: run plain decoding's program (`generate`'s very tokens): with
-      `adaptive`, where no γ > 0 can pay and no probe falls due.
+    draft_cache_len: slots of a draft model's cache (`drafter.owns_model`), else None (the
+      drafter sizes its state by the target's cache).
+    gamma_costs: with `adaptive`: the cost of one iteration at each γ of Γ (given, stored or
+      measured: `specjax.calibration`); else None.
+    plain: run plain decoding's program (`generate`'s very tokens): with `adaptive`, where no
+      γ > 0 can pay and no probe falls due.
     sampling, eos_id, pad_id, verify_fn, nonfinite: the checked arguments.
-    mesh: the `jax.sharding.Mesh` the target's weights lie on (decoding
-      traces under it and places every cache on it), or None: one device.
+    mesh: the `jax.sharding.Mesh` the target's weights lie on (decoding traces under it and
+      places every cache on it), or None: one device.
   """
 
   target: Any
@@ -419,9 +400,8 @@ class SpeculativePlan:
 
 
 def _gamma_rule(draft, gamma, gamma_costs, acceptance):
-  """`(adaptive, given, gamma)` from the `gamma` argument: the AdaptiveGamma
-  it asks for (capped at a drafter's `gamma_limit`) and the one given, with
-  γ = its max Γ; or None, None and the fixed γ."""
+  """`(adaptive, given, gamma)`: the AdaptiveGamma asked for (capped at a drafter's
+  `gamma_limit`), the one given and γ = max Γ; or None, None and the fixed γ."""
   if isinstance(gamma, str):
     if gamma != "auto":
       raise ValueError(f"gamma must be an int >= 1, 'auto' or a specjax.AdaptiveGamma, "
@@ -443,9 +423,8 @@ def _validate_and_plan(target, target_params, draft, draft_params, prompts, prom
                        max_new_tokens, gamma, sampling, key, eos_id, pad_id, target_cache,
                        draft_cache, cache_len, verify_fn, prefilled, nonfinite, gamma_costs,
                        acceptance):
-  """The checked arguments and the plan of a `speculative_generate` call:
-  `(plan, (draft_params, prompts, prompt_lengths, keys, target_cache,
-  draft_cache, acceptance))`."""
+  """The plan and the checked arguments of a `speculative_generate` call: `(plan, (draft_params,
+  prompts, prompt_lengths, keys, target_cache, draft_cache, acceptance))`."""
   check_model(target, "target")
   check_params(target, target_params, "target_params")
   adaptive, given, gamma = _gamma_rule(draft, gamma, gamma_costs, acceptance)
@@ -501,9 +480,8 @@ def _validate_and_plan(target, target_params, draft, draft_params, prompts, prom
         target, target_params, drafter, draft_params, adaptive, batch_size=b, prompt_len=p,
         cache_len=slots, sampling=sampling, gamma_costs=gamma_costs).seconds,
                              np.float32).tolist())
-    # Where no γ > 0 pays even at the prior's (or the carried) acceptance,
-    # plain steps observe nothing and no probe falls due, the rule would run
-    # plain steps to the end.
+    # No γ > 0 pays at the prior's (or carried) acceptance, plain steps observe nothing and no
+    # probe falls due: the rule would run plain steps to the end.
     if acceptance is None:
       plain = not drafter.offers_room and not _prior_may_draft(adaptive, costs)
     else:
@@ -560,11 +538,11 @@ def plan_speculative(target, target_params, draft, draft_params, prompts, prompt
                      prefilled: Optional[Prefill] = None, nonfinite: str = "raise",
                      gamma_costs: Optional[Sequence[float]] = None,
                      acceptance: Optional[Acceptance] = None) -> SpeculativePlan:
-  """The `SpeculativePlan` that `speculative_generate` with these arguments
-  runs, without running it: the drafter, γ or Γ, cache sizes, the cost
-  table, plain or speculative, the mesh. Checks the arguments as
-  `speculative_generate` does (and, with gamma="auto", measures a missing
-  cost table as it would)."""
+  """The `SpeculativePlan` `speculative_generate` would run with these arguments, unrun.
+
+  The arguments are checked as `speculative_generate` checks them (with gamma="auto" a missing
+  cost table is measured as it would be).
+  """
   return _validate_and_plan(
       target, target_params, draft, draft_params, prompts, prompt_lengths,
       max_new_tokens=max_new_tokens, gamma=gamma, sampling=sampling, key=key, eos_id=eos_id,
@@ -586,62 +564,43 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
                          acceptance: Optional[Acceptance] = None) -> GenerationOutput:
   """Exact speculative decoding (draft, verify once per iteration), one jitted while_loop.
 
-  The output has exactly the distribution of `generate(target, ...)` with the
-  same `sampling` (greedy: the very same tokens). Every row accepts its own
-  number of drafts per iteration and rolls back its own caches.
+  The output has exactly the distribution of `generate(target, ...)` with the same `sampling`
+  (greedy: the very same tokens). Every row accepts its own number of drafts per iteration and
+  rolls back its own caches.
 
   Args:
     target, target_params: the model whose distribution is sampled.
-    draft, draft_params: where the drafts come from — a draft model
-      (a `LanguageModel` with the target's vocabulary, and its params) or a
-      drafter (`specjax.drafters`: `PromptLookup`, `LayerSkip`, `WindowedKV`,
-      `Lookahead`, `ModelDrafter`, ...; `draft_params` None for drafters
-      that need none or run on the target's weights).
-    prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id:
-      as in `generate`.
-    gamma: γ ≥ 1 drafted tokens per iteration (static: one compilation per
-      value); lookahead decoding fixes its own (`Lookahead.chain_len`). A γ
-      above max(1, max_new_tokens - 1), whose extra drafts could never be
-      committed, is lowered to it with a warning (`usable_gamma`).
-      `"auto"` (or a `specjax.AdaptiveGamma` with its own set Γ): each
-      iteration chooses γ from Γ = {0, 1, 2, 4, 8} (0: a plain target
-      step) in-graph, from each row's running acceptance and the measured
-      cost of each γ (`specjax.adaptive`; exact, greedy output unchanged;
-      a row that stopped drafting retries within `retry_budget`);
-      the costs are measured once per model pair, batch and cache-length
-      bucket on this machine and stored (`specjax.calibration`). Draft
-      models, `LayerSkip`, `WindowedKV`, `PromptLookup`, `ParallelDraft`,
-      `Medusa` and `Eagle` over a static tree support it (Γ capped at what the
-      drafter can draft: `Drafter.gamma_limit`, e.g. the tree's depth).
-      Where no γ > 0 pays even at the rule's prior acceptance (a pair
-      whose verify calls cost too much here) and plain steps observe
-      nothing (all but `PromptLookup`), the rule would never draft:
-      the call runs `generate`'s program (its very tokens for the same
-      key), reports γ 0 at every iteration and allocates no draft cache
-      (`draft_cache` comes back as given).
-    target_cache, draft_cache: caches to reuse (donated; `draft_cache` only
-      for a draft model), or `cache_len` for both (default: the minimum).
-    verify_fn: the accept/reject rule for drafts with distributions
-      (`specjax.verify`); the default is exact.
-    prefilled: a `Prefill` of the target on these prompts (`specjax.prefill`
-      with `gamma`, donated): decoding starts from it (`target_cache` must be
-      None); a draft model still prefills its own cache.
+    draft, draft_params: a draft model (a `LanguageModel` with the target's vocabulary) and its
+      params, or a drafter (`specjax.drafters`: `PromptLookup`, `LayerSkip`, `Lookahead`, ...;
+      `draft_params` None for drafters that need none or run on the target's weights).
+    prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as in `generate`.
+    gamma: γ ≥ 1 drafted tokens per iteration (static: one compilation per value; lookahead
+      fixes its own). A γ above max(1, max_new_tokens - 1) is lowered to it with a warning
+      (`usable_gamma`). `"auto"` (or a `specjax.AdaptiveGamma`): each iteration chooses γ in-graph
+      from Γ = {0, 1, 2, 4, 8} (0: a plain target step) by each row's running acceptance and the
+      measured cost of each γ (`specjax.adaptive`, `specjax.calibration`; exact, greedy output
+      unchanged), Γ capped at `Drafter.gamma_limit`. Where no γ > 0 can pay and plain steps
+      observe nothing, the call runs `generate`'s program (its very tokens), reports γ 0 and
+      allocates no draft cache (`draft_cache` comes back as given). See docs/adaptive.md.
+    target_cache, draft_cache: caches to reuse (donated; `draft_cache` only for a draft model),
+      or `cache_len` for both (default: the minimum).
+    verify_fn: the accept/reject rule for drafts with distributions (`specjax.verify`); the
+      default is exact.
+    prefilled: a `Prefill` of the target on these prompts (`specjax.prefill` with `gamma`,
+      donated): decoding starts from it (`target_cache` must be None); a draft model still
+      prefills its own cache.
     nonfinite: as in `generate` (the target's logits of every call).
-    gamma_costs: with gamma="auto": the cost of one iteration at each γ of
-      Γ (any unit), instead of the stored or measured table.
-    acceptance: with gamma="auto": start from what earlier calls learned
-      (`out.stats.acceptance` of the previous call of a series;
-      `specjax.Acceptance.fresh()` for its first) instead of the prior.
-      Each call then returns the estimate to pass on, and rows with no
-      evidence probe (draft in their next `explore_steps` iterations)
-      even where the prior says drafting does not pay (`specjax.adaptive`:
-      exact, as the choice reads only earlier calls' tokens). Where the
-      carried estimate says no γ > 0 pays and no probe falls due, the call
-      runs `generate`'s program.
+    gamma_costs: with gamma="auto": the cost of one iteration at each γ of Γ (any unit), instead
+      of the stored or measured table.
+    acceptance: with gamma="auto": the estimate earlier calls learned (`out.stats.acceptance` of
+      the previous call; `specjax.Acceptance.fresh()` for the first) instead of the prior. Rows
+      with no evidence then probe even where the prior says drafting does not pay (exact: the
+      choice reads only earlier calls' tokens); where no γ > 0 pays and no probe falls due, the
+      call runs `generate`'s program.
 
   Returns:
-    `GenerationOutput` with acceptance statistics; its `draft_cache` is the
-    drafter's final state (a draft model's cache).
+    `GenerationOutput` with acceptance statistics; its `draft_cache` is the drafter's final
+    state (a draft model's cache).
 
   Raises:
     As `generate`; `draft_params` are checked against a draft model's tree.
