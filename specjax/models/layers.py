@@ -27,21 +27,15 @@ class KVCache:
   """Static-shape self-attention cache with a length per row.
 
   Attributes:
-    k: a tuple of L key buffers `[B, K, D, S]` (slots last; rotary already
-      applied for the decoder LM).
+    k: a tuple of L key buffers `[B, K, D, S]` (slots last; rotary already applied for the
+      decoder LM).
     v: a tuple of L value buffers `[B, K, S, D]` (slots first).
-    lengths: int32 `[B]`, valid positions of each row. Slots at or past a
-      row's length are masked by attention and overwritten later; rolling a
-      row back is lowering its length.
+    lengths: int32 `[B]`, valid positions of each row. Slots at or past a row's length are
+      masked by attention and overwritten later; rolling a row back is lowering its length.
 
-  One buffer per layer, heads before slots, keys transposed: each buffer is
-  then, whole, the right-hand operand of its attention product in the layout
-  a matrix product reads without repacking — scores = queries `[T·G, D]` @
-  keys `[D, S]`, output = weights `[T·G, S]` @ values `[S, D]` — so a call
-  on T tokens reads each buffer once however large T is (`attend_cached`).
-  (XLA copies a slice of a stacked `[L, ...]` buffer, or a transposed one,
-  on every step.) The batch axis (0) and the kv-head axis (1) of every
-  buffer are the axes to shard over a mesh (`specjax.parallel.sharding`).
+  One buffer per layer, keys transposed: each is, whole, the right-hand operand of its attention
+  product, read once per call however large T is (why: docs/architecture.md, "Shape
+  convention"). Axes 0 (batch) and 1 (kv heads) are sharded over a mesh.
   """
 
   k: Tuple[jax.Array, ...]
@@ -66,11 +60,8 @@ class KVCache:
 
 
 def zero_arrays(*specs: Tuple[Sequence[int], Any]) -> Tuple[jax.Array, ...]:
-  """Fresh zero arrays, one per `(shape, dtype)` spec, made by one jitted call.
-
-  Made one `jnp.zeros` at a time, each array costs a dispatch of its own,
-  which a cache of many buffers pays on every request that allocates one;
-  inside a trace the result is the same zeros."""
+  """Fresh zero arrays, one per `(shape, dtype)` spec, made by one jitted call (one dispatch for
+  a cache of many buffers, not one per buffer); inside a trace, the same zeros."""
   key = tuple((tuple(int(n) for n in shape), jnp.dtype(dtype)) for shape, dtype in specs)
   return _zeros_fn(key)()
 
@@ -82,8 +73,7 @@ def _zeros_fn(specs):
 
 def kv_specs(num_layers: int, batch_size: int, slots: int, heads: int, head_dim: int,
              dtype) -> List[Tuple[Tuple[int, ...], Any]]:
-  """`(shape, dtype)` of the L key buffers `[B, K, D, S]`, then the L value
-  buffers `[B, K, S, D]` (for `zero_arrays`)."""
+  """`(shape, dtype)` of the L key `[B, K, D, S]`, then the L value `[B, K, S, D]` buffers."""
   return ([((batch_size, heads, head_dim, slots), dtype)] * num_layers
           + [((batch_size, heads, slots, head_dim), dtype)] * num_layers)
 
@@ -116,14 +106,12 @@ class RMSNorm(nn.Module):
 
 def contract(x: jax.Array, kernel: jax.Array, kernel_in_axes: Sequence[int],
              max_matvec_rows: int = 0, dtype=None) -> jax.Array:
-  """`x [..., *in]` times `kernel` over its `kernel_in_axes` (matched, in
-  order, to x's trailing axes) → `[..., *out]`, out = the kernel's other axes.
+  """`x [..., *in]` times `kernel` over its `kernel_in_axes` (matched, in order, to x's trailing
+  axes) → `[..., *out]`, out = the kernel's other axes.
 
-  With N = the product of x's leading axes, 1 < N <= `max_matvec_rows`
-  computes N matrix-vector products issued back to back on the kernel (it
-  streams from memory once; the later products read it from cache), else
-  one matrix-matrix product. Same values either way, up to float rounding.
-  `dtype`: the compute dtype both operands are cast to (None: unchanged).
+  With N = the product of x's leading axes, 1 < N <= `max_matvec_rows` issues N matrix-vector
+  products back to back (the kernel streams from memory once), else one matrix-matrix product;
+  same values up to float rounding. `dtype`: the compute dtype of both operands (None: as is).
   """
   k = len(kernel_in_axes)
   lead, inner = x.shape[: x.ndim - k], x.shape[x.ndim - k:]
@@ -144,23 +132,17 @@ def contract(x: jax.Array, kernel: jax.Array, kernel_in_axes: Sequence[int],
 
 
 def block_boundary(x_BTE: jax.Array) -> jax.Array:
-  """The residual stream `[B, T, E]` between two blocks, materialised when a
-  call has T > 1 positions (`jax.lax.optimization_barrier`; the identity on
-  values). Without it XLA's TPU compiler rewrites the stream as the embedding
-  plus the sum of every block's outputs, fused into the final norm, and keeps
-  all 2L all-reduced block outputs `[B·T, E]` live until the call ends —
-  most of a long prefill's memory per chip. Decode steps (T = 1) are left to
-  the compiler."""
+  """The residual stream `[B, T, E]` between two blocks, materialised when T > 1 (an
+  `optimization_barrier`; the identity on values). Without it XLA's TPU compiler fuses the
+  stream into the final norm and keeps all 2L all-reduced block outputs `[B·T, E]` live until the
+  call ends — most of a long prefill's memory per chip."""
   return jax.lax.optimization_barrier(x_BTE) if x_BTE.shape[1] > 1 else x_BTE
 
 
 def accumulate_f32_dot(lhs, rhs, dimension_numbers, precision=None, out_dtype=None, **kw):
-  """`lax.dot_general` that accumulates in float32 and rounds once to the
-  operands' dtype. For bf16 / f16 operands this is what keeps a product whose
-  contraction is split over a mesh (`o`, `down`: heads / hidden units over
-  `model`) equal to the unsplit one: the partial sums and their all-reduce
-  stay in float32 instead of being rounded to bf16 per device. float32
-  operands: unchanged."""
+  """`lax.dot_general` that accumulates in float32 and rounds once to the operands' dtype: a
+  bf16 / f16 product whose contraction is split over `model` (`o`, `down`) then equals the
+  unsplit one, its partial sums and all-reduce staying in float32. float32 operands: unchanged."""
   out_dtype = jnp.result_type(lhs, rhs) if out_dtype is None else out_dtype
   if out_dtype == jnp.float32:
     return jax.lax.dot_general(lhs, rhs, dimension_numbers, precision=precision, **kw)
@@ -174,9 +156,8 @@ def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float,
                scaling=None) -> jax.Array:
   """Rotary position embedding, "rotate half" layout (as Llama/transformers).
 
-  `scaling`: a context-extension rule (`specjax.models.rope`: linear, llama3,
-  yarn; None: plain rotary positions). Its frequencies are constants of the
-  trace, computed once on the host."""
+  `scaling`: a context-extension rule (`specjax.models.rope`: linear, llama3, yarn; None: plain);
+  its frequencies are trace constants computed on the host."""
   d = x_BTHD.shape[-1]
   inv_freq, attention_factor = rope_frequencies(d, theta, scaling)
   angles_BTd = positions_BT.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
@@ -190,9 +171,8 @@ def apply_rope(x_BTHD: jax.Array, positions_BT: jax.Array, theta: float,
   return (x32 * cos + rotated * sin).astype(x_BTHD.dtype)
 
 
-# Up to this many rows, `write_kv` writes each row with its own
-# dynamic-update-slice (in place, a few hundred ns each); above it, one
-# scatter (XLA:CPU's scatter of T > 1 positions costs ~10 µs per buffer).
+# Up to this many rows, `write_kv` writes each row with its own dynamic-update-slice (in place,
+# cheap); above it, one scatter (XLA:CPU's scatter of T > 1 positions is much slower per buffer).
 _ROW_WRITES_MAX_ROWS = 64
 
 
@@ -200,9 +180,8 @@ def write_kv(k_BKDS: jax.Array, v_BKSD: jax.Array, new_k_BTKD: jax.Array,
              new_v_BTKD: jax.Array, start_B: jax.Array) -> Tuple[jax.Array, jax.Array]:
   """Writes T new keys / values of row b at slots `start_B[b] .. + T - 1`.
 
-  In place on the (loop-carried) buffers: one dynamic-update-slice per row
-  (a scatter above 64 rows). Callers guarantee start + T <= S (the
-  generation API checks capacity)."""
+  In place on the (loop-carried) buffers: one dynamic-update-slice per row (a scatter above 64
+  rows). Callers guarantee start + T <= S (the generation API checks capacity)."""
   return _write_slots(k_BKDS, v_BKSD, new_k_BTKD.astype(k_BKDS.dtype).transpose(0, 2, 3, 1),
                       new_v_BTKD.astype(v_BKSD.dtype).transpose(0, 2, 1, 3), start_B)
 
@@ -230,9 +209,8 @@ def _write_slots(k_BKDS, v_BKSD, k_BKDT, v_BKTD, start_B):
 
 def copy_slots(k_BKDS: jax.Array, v_BKSD: jax.Array, src_BN: jax.Array,
                dst_B: jax.Array) -> Tuple[jax.Array, jax.Array]:
-  """Copies row b's slots `src_BN[b, i]` to slots `dst_B[b] + i` (i < N), in
-  both buffers: the N entries are gathered first, so the ranges may
-  overlap. Reads and writes N slots per row, nothing else."""
+  """Copies row b's slots `src_BN[b, i]` to slots `dst_B[b] + i` (i < N), in both buffers; the
+  entries are gathered first, so the ranges may overlap. Touches N slots per row, nothing else."""
   # Clipped, never NaN-filled: a finished row's call may point past the buffer.
   k_BKDN = jnp.take_along_axis(k_BKDS, src_BN[:, None, None, :], axis=3, mode="clip")
   v_BKND = jnp.take_along_axis(v_BKSD, src_BN[:, None, :, None], axis=2, mode="clip")
@@ -253,13 +231,12 @@ def _bias_BKTGX(bias_BHTX: jax.Array, kv: int) -> jax.Array:
 
 def attend(q_BTHD: jax.Array, k_BKDS: jax.Array, v_BKSD: jax.Array, mask_BTS: jax.Array,
            bias_BHTS: Optional[jax.Array] = None, scale: float = 1.0) -> jax.Array:
-  """Multi-head / grouped-query attention over keys `[B, K, D, S]` and values
-  `[B, K, S, D]` (the cache layout; `to_cache_layout` converts projections).
+  """Multi-head / grouped-query attention over keys `[B, K, D, S]` and values `[B, K, S, D]`
+  (the cache layout; `to_cache_layout` converts projections).
 
-  Query head h uses kv head h // (H // K). Softmax in float32. A query whose
-  mask is all false would average uniformly rather than produce NaN. The
-  queries are the left operand of both products (`[T·G, D] @ [D, S]`, then
-  `[T·G, S] @ [S, D]`), so each buffer is read once for all T queries.
+  Query head h uses kv head h // (H // K); softmax in float32; an all-false mask row averages
+  uniformly rather than produce NaN. The queries are the left operand of both products, so each
+  buffer is read once for all T queries.
   """
   b, t, h, d = q_BTHD.shape
   kv, s = k_BKDS.shape[1], k_BKDS.shape[3]
@@ -275,9 +252,8 @@ def attend(q_BTHD: jax.Array, k_BKDS: jax.Array, v_BKSD: jax.Array, mask_BTS: ja
 
 
 def _with_new_block(cached_BKTGD, e_new_BKTGU, new_v_BUKD, total_BKTG1, dtype):
-  """The attention output `[B, K, T, G, D]`: the cached part's unnormalised
-  float32 output plus the new block's weighted values, divided once by the
-  total weight of both (against the same max)."""
+  """The attention output `[B, K, T, G, D]`: the cached part's unnormalised float32 output plus
+  the new block's weighted values, divided once by both parts' total weight (same max)."""
   new_BKTGD = jnp.einsum("bktgu,bukd->bktgd", e_new_BKTGU.astype(dtype), new_v_BUKD,
                          preferred_element_type=jnp.float32)
   return ((cached_BKTGD + new_BKTGD) / total_BKTG1).astype(dtype)
@@ -291,47 +267,33 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
                   write_slots_BT: Optional[jax.Array] = None,
                   positions_BT: Optional[jax.Array] = None, window: Optional[int] = None,
                   kernel: str = "xla") -> Tuple[jax.Array, jax.Array, jax.Array]:
-  """Attention of T new tokens (row b's at slots `lengths_B[b] + 0..T-1`)
-  over the row's cached slots `< lengths_B[b]` and over each other —
-  causally, or as `mask_TT` says (bool `[T, T]` or `[B, T, T]`: new token t
-  attends to new token u; token trees and lookahead branches) — then writes
-  the new keys / values into the buffers (`write_kv`).
+  """Attention of T new tokens (row b's at slots `lengths_B[b] + 0..T-1`) over the row's cached
+  slots `< lengths_B[b]` and over each other — causally, or as `mask_TT` says (bool `[T, T]` or
+  `[B, T, T]`: new token t attends to new token u; trees, lookahead) — then writes the new keys /
+  values into the buffers (`write_kv`).
 
   Returns the attention output `[B, T, H, D]` and the updated buffers.
 
-  The cached part is two products per kv head with the T·G queries on the
-  left — scores `[T·G, D] @ [D, S]` over the key buffer, output
-  `[T·G, S] @ [S, D]` over the value buffer — the orientation XLA:CPU's
-  matrix products handle without repacking a buffer, so a T-token call
-  reads each buffer once (with the queries on the right, or values stored
-  slots-last, it repacks them, and a verify's attention costs several
-  one-token steps'). The new tokens' part is a
-  `[T, T]` block beside it; one softmax spans both.
+  The cached part is two products per kv head with the T·G queries on the left (`[T·G, D] @
+  [D, S]`, `[T·G, S] @ [S, D]`), the orientation XLA:CPU handles without repacking a buffer, so a
+  T-token call reads each buffer once; the new tokens' `[T, T]` block lies beside it and one
+  softmax spans both. The buffers are read before they are written: the written values depend on
+  the attention output (+ 0 times one of its elements, NaN-safe), so XLA orders every read
+  before the in-place write instead of copying each loop-carried buffer.
 
-  The buffers are read (whole, by the contractions) before they are written.
-  The written values are made to depend on the attention output (+ 0 times
-  one of its elements, NaN-safe), so that XLA orders every
-  read before the in-place write; without that dependency it copies each
-  loop-carried buffer, twice per step. `bias_BHTS` is added to the cached
-  part, `bias_new_BHTT` to the new part (T5's relative positions).
-  `empty=True` (static) promises that every row's length is 0 (a prefill or
-  a full forward): the cached part is skipped, and XLA does not
-  constant-fold a fully masked block over S. A cache that is not a prefix
-  of slots (a ring buffer: `specjax.drafters.windowed`) passes which slots
-  are valid (`valid_BS`, bool `[B, S]`) and where the new tokens go
-  (`write_slots_BT`, int32 `[B, T]`).
+  `bias_BHTS` / `bias_new_BHTT` are added to the cached / new part (T5's relative positions).
+  `empty=True` (static) promises every row's length is 0 (a prefill or full forward): the cached
+  part is skipped. A cache that is not a prefix of slots (a ring buffer:
+  `specjax.drafters.windowed`) passes its valid slots (`valid_BS`, bool `[B, S]`) and where the
+  new tokens go (`write_slots_BT`, int32 `[B, T]`).
 
-  `window` (Mistral's sliding window): a token at position p attends only
-  to positions > p - window. The new tokens' positions are `positions_BT`
-  (default: their slots); a cached slot's position is its index (the
-  committed prefix). Ignored for a ring buffer (`write_slots_BT`), which is
-  a draft's approximation anyway.
+  `window` (Mistral's sliding window): a token at position p attends only to positions > p -
+  window; new tokens are at `positions_BT` (default: their slots), a cached slot at its index.
+  Ignored for a ring buffer.
 
-  `kernel="pallas"` (TPU; "pallas_interpret": any backend, tests;
-  `DecoderConfig.attention_kernel`) computes the cached part in one fused
-  kernel that keeps its scores on chip (`specjax.models.attention_kernel`)
-  for a plain prefix cache (no bias, window or ring buffer) whose shape
-  `attention_kernel.fits`; otherwise the XLA path.
+  `kernel="pallas"` (TPU; "pallas_interpret": any backend) computes the cached part in one fused
+  kernel keeping its scores on chip (`specjax.models.attention_kernel`) for a plain prefix cache
+  (no bias, window or ring buffer) that `attention_kernel.fits`; otherwise the XLA path.
   """
   b, t, h, d = q_BTHD.shape
   kv, s = k_BKDS.shape[1], k_BKDS.shape[3]
@@ -383,9 +345,8 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
       old = jnp.where(valid_BTS[:, None, :, None, :], old, neg)
     else:
       old = jnp.where(valid_BS[:, None, None, None, :], old, neg)
-    # One softmax over both parts without joining them: unnormalised weights of each
-    # part against their common max, the outputs summed, then one division of the
-    # [T, D] output (not of the [T, S + T] weights).
+    # One softmax over both parts without joining them: unnormalised weights against their
+    # common max, outputs summed, one division of the [T, D] output (not the [T, S + T] weights).
     top = jnp.maximum(old.max(axis=-1, keepdims=True), new.max(axis=-1, keepdims=True))
     e_old, e_new = jnp.exp(old - top), jnp.exp(new - top)
     total = e_old.sum(axis=-1, keepdims=True) + e_new.sum(axis=-1, keepdims=True)
@@ -394,12 +355,10 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
     out_BKTGD = _with_new_block(cached.reshape(b, kv, t, g, d), e_new, new_v_BTKD, total,
                                 v_BKSD.dtype)
   out_BTHD = out_BKTGD.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d)
-  # Zero, but computed from the output, so the cache is written after it is
-  # read (in place). One element per row and kv head `[B, 1, K, 1]`: local to
-  # the device holding that head (one element for all would be broadcast
-  # from device 0 by an all-reduce at every layer of a model-split target),
-  # and a NaN or inf in one row must not reach the others' keys: hence
-  # nan_to_num, which XLA cannot fold away.
+  # Zero, but computed from the output, so the cache is written after it is read (in place).
+  # One element per row and kv head `[B, 1, K, 1]`: local to the device holding that head (one
+  # for all would be all-reduced from device 0 at every layer of a model-split target), and a
+  # NaN or inf in one row must not reach the others' keys: hence nan_to_num, never folded away.
   after = jnp.nan_to_num(jnp.swapaxes(out_BKTGD[:, :, :1, 0, :1], 1, 2) * 0, nan=0.0,
                          posinf=0.0, neginf=0.0).astype(new_k_BTKD.dtype)
   if write_slots_BT is None:

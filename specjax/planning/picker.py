@@ -1,10 +1,8 @@
 """Strategy picker: which drafter family and γ / tree size to use, or none.
 
-From measurements (α and / or τ per drafter family, the draft's cost ratio c,
-the measured cost of a target call on T tokens, the memory a family needs) it
-predicts the walltime speedup of each family at the batch size, output length
-and memory budget at hand, recommends the best, and says "don't speculate"
-when nothing pays. Everything is a prediction from measured numbers; the
+From measured α and / or τ per family, the draft's cost ratio c, the measured cost of a target
+call on T tokens and each family's memory, it predicts each family's walltime speedup at the batch
+size, output length and memory budget at hand, and recommends the best or "don't speculate"; the
 numbers used come back with the answer.
 
 The cost model (one iteration = one target call), in target-step units:
@@ -19,37 +17,23 @@ The cost model (one iteration = one target call), in target-step units:
          tree) relative to a one-token target step (`VerifyCost`).
 
 With V ≡ 1 (verification free) and a chain this is Leviathan et al.'s
-`theory.walltime_improvement`; with the measured V it is
-`theory.walltime_improvement_from_tokens`. For a chain with α known the
-picker searches γ (each γ with its own V(γ + 1)); families measured only by
-τ (trees, prompt lookup, lookahead, Medusa) keep their measured call shape.
-
-Read from a results JSON (`measurements_from_json`), a row without a measured
-`cost_ratio` gets its draft cost from its measured speedup, per iteration, so
-by default every family is predicted at its measured setting and the picker
-reproduces the measured speedups; `derived_cost_per="token"` (CLI
-`--search_gamma`) spreads that cost over the drafted tokens and searches γ.
+`theory.walltime_improvement`; with the measured V, `theory.walltime_improvement_from_tokens`.
+A chain with α known has its γ searched (each γ with its own V(γ + 1)); families measured only by
+τ (trees, prompt lookup, lookahead, Medusa) keep their measured call shape. A results-JSON row
+without a measured `cost_ratio` gets its draft cost per iteration from its measured speedup
+(`picker_io.measurements_from_json`; `derived_cost_per="token"` searches γ instead).
 
 "Don't speculate" comes with one of these reasons, checked in this order:
 
-  * outputs shorter than `min_new_tokens` (default 50): the extra compilation,
-    the draft's prefill and the first iterations cost more than the few
-    tokens can win back;
+  * outputs shorter than `min_new_tokens` (default 50): compilation, the draft's prefill and the
+    first iterations cost more than the few tokens can win back;
   * no family fits the memory budget;
-  * verification is not free at this batch: some family would pay were a call
-    on T tokens as cheap as a one-token step, none does at the measured V(T);
+  * verification is not free at this batch: some family would pay were a call on T tokens as
+    cheap as a one-token step, none does at the measured V(T);
   * no family reaches `min_speedup` (the best one and its speedup named).
 
-Usage (the JSON readers are `specjax.planning.picker_io`):
-
-  ms = measurements_from_json("benchmarks/results/drafters.json", "code", 1, 0.0)
-  vc = verify_cost_from_json("benchmarks/results/drafters.json", "code", 1, 0.0)
-  rec = pick(ms, vc, batch_size=1, memory_budget_bytes=None, context_tokens=128,
-             max_new_tokens=64)
-  print(rec.format())
-
-or `python -m specjax.cli.pick --results=benchmarks/results/drafters.json
---task=code --batch=1 --temperature=0 --context=128 --max_new=64`.
+Usage: `pick(measurements_from_json(...), verify_cost_from_json(...), batch_size=1, ...).format()`
+(readers in `specjax.planning.picker_io`), or `python -m specjax.cli.pick`.
 """
 
 from __future__ import annotations
@@ -77,42 +61,33 @@ __all__ = [
 BASELINE = "autoregressive"
 COST_PER = ("token", "iteration")
 
-# -----------------------------------------------------------------------------
-# Inputs.
-# -----------------------------------------------------------------------------
+# --- Inputs ---
 
 
 @dataclasses.dataclass(frozen=True)
 class FamilyMeasurement:
   """What was measured for one drafter family (one row of a results JSON).
 
-  Exactly one of `gamma` (a chain: γ drafts, a verify call on γ + 1 tokens)
-  and `tree_nodes` (any other fixed call shape: a tree, or a measured-only
-  family's call of that many tokens) is set.
+  Exactly one of `gamma` (a chain: γ drafts, a verify call on γ + 1 tokens) and `tree_nodes` (any
+  other fixed call shape: a tree, or a measured-only family's call of that many tokens) is set.
 
   Attributes:
     family: the family's name, e.g. "classic draft".
-    cost_ratio: c, the draft's cost in target decode steps (at this batch):
-      per drafted token when `cost_per` is "token" (a draft model run γ times
-      per iteration), per iteration when "iteration" (heads, trees, lookup:
-      one draft pass however many tokens it proposes). >= 0.
-    alpha: the expected acceptance rate α in [0, 1], or None (deterministic
-      drafts have no proposal distribution; their τ is used).
-    tau: measured tokens per target call, or None (then a chain's τ comes from
-      α by `theory.expected_tokens_per_call`; a tree needs it).
+    cost_ratio: c >= 0, the draft's cost in target decode steps (at this batch): per drafted
+      token when `cost_per` is "token" (a draft model run γ times), per iteration when
+      "iteration" (heads, trees, lookup: one draft pass).
+    alpha: the expected acceptance rate α in [0, 1], or None (deterministic drafts: τ is used).
+    tau: measured tokens per target call, or None (then a chain's τ comes from α by
+      `theory.expected_tokens_per_call`; a tree needs it).
     gamma: the chain's draft length γ >= 1 at which τ was measured.
     tree_nodes: tokens in the verify call of a tree / fixed-shape family.
-    cost_per: "token" or "iteration" (see `cost_ratio`); trees are per
-      iteration. Only a chain with α and c per token has its γ searched.
-    draft_params_bytes: the draft's own parameters in bytes (0 for a
-      self-draft sharing the target's weights), or None when unknown.
-    draft_cache_bytes_per_token: the draft's cache bytes per position per
-      sequence, or None when unknown.
-    call_cost: the measured cost of this family's verify call relative to a
-      one-token step, used at its measured call size instead of the
-      `VerifyCost` curve; None to use the curve.
-    measured_speedup: the speedup measured for this configuration, if any
-      (reported next to the prediction).
+    cost_per: "token" or "iteration" (see `cost_ratio`); trees are per iteration. Only a chain
+      with α and c per token has its γ searched.
+    draft_params_bytes: the draft's own parameter bytes (0 for a self-draft), or None: unknown.
+    draft_cache_bytes_per_token: cache bytes per position per sequence, or None: unknown.
+    call_cost: the measured cost of this family's verify call relative to a one-token step, used
+      at its measured call size instead of the `VerifyCost` curve; None: the curve.
+    measured_speedup: the speedup measured for this configuration, if any (reported beside).
     batch: the batch size it was measured at, if known (checked by `pick`).
     temperature: the sampling temperature it was measured at, if known.
   """
@@ -181,23 +156,18 @@ class FamilyMeasurement:
 class VerifyCost:
   """The cost of a target call on T tokens relative to a one-token step.
 
-  Built from measured points {T: ratio} (at one batch size and cache length)
-  and read by piecewise-linear interpolation between them. V(1) = 1 by
-  definition: the point is added when missing and must be 1 when given.
+  Built from measured points {T: ratio} (at one batch size and cache length), read by
+  piecewise-linear interpolation. V(1) = 1 by definition: added when missing, must be 1 when given.
 
-  Measured ratios are noisy (drafters.json has V(4) > V(5) at batch 1 and
-  V(4) < 1 at batch 8). With `monotone` True (the default) the curve read is
-  the least-squares non-decreasing fit of the points (pool-adjacent-violators,
-  after lifting ratios below 1 to 1): a call on more tokens does at least the
-  work of a call on fewer. `points` keeps the measured values; `curve` is
-  what is read.
+  Measured ratios are noisy; with `monotone` (the default) the curve read is the least-squares
+  non-decreasing fit of the points (pool-adjacent-violators, after lifting ratios below 1 to 1):
+  a call on more tokens does at least the work of a call on fewer. `points` keeps the measured
+  values; `curve` is what is read.
 
-  Outside the measured range (T above the largest measured T): with
-  `extrapolate` False (the default) `__call__` raises ValueError and `covers`
-  is False, so `predict_speedup` searches only the γ whose call was measured;
-  with `extrapolate` True the line through the last two points is continued
-  (never below the last measured ratio, so a noisy falling last segment cannot
-  predict calls that get cheaper), and a single point extrapolates flat.
+  Above the largest measured T: with `extrapolate` False (the default) `__call__` raises
+  ValueError and `covers` is False, so `predict_speedup` searches only measured calls; with
+  `extrapolate` True the line through the last two points is continued (never below the last
+  ratio, so calls never get cheaper), and a single point extrapolates flat.
 
   Attributes:
     points: {T: ratio}, T an integer >= 1, ratio a finite number > 0.
@@ -278,9 +248,7 @@ def _non_decreasing(values: Sequence[float]) -> List[float]:
   return [m for m, n in blocks for _ in range(int(n))]
 
 
-# -----------------------------------------------------------------------------
-# Outputs.
-# -----------------------------------------------------------------------------
+# --- Outputs ---
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,21 +256,15 @@ class Prediction:
   """One family's predicted speedup at its best setting (a table row).
 
   Attributes:
-    family: the family's name.
-    speedup: predicted walltime speedup over plain decoding.
-    gamma: the chosen γ (chains), else None.
-    tree_nodes: the tree / fixed call size, else None.
+    family, speedup: the family's name; predicted walltime speedup over plain decoding.
+    gamma / tree_nodes: the chosen γ (chains) or the tree / fixed call size; the other None.
     call_tokens: tokens in the verify call (γ + 1 or tree_nodes).
     tau: tokens per target call used (measured or from α).
-    draft_cost: draft cost per iteration, in target steps.
-    verify_cost: V(call_tokens) used.
-    alpha_used: the α behind τ for a searched chain (see `predict_speedup`),
-      else None.
-    searched: whether γ was searched.
-    per_gamma: {γ: predicted speedup} for a searched chain (empty otherwise).
+    draft_cost: draft cost per iteration, in target steps; verify_cost: V(call_tokens) used.
+    alpha_used: the α behind τ for a searched chain (see `predict_speedup`), else None.
+    searched: whether γ was searched; per_gamma: {γ: predicted speedup} when it was.
     measured_speedup: the measured speedup of the measured configuration.
-    memory_bytes: the draft's memory at the pick's batch and length (None
-      when unknown or not computed).
+    memory_bytes: the draft's memory at the pick's batch and length (None: unknown / not computed).
     fits: whether it fits the memory budget (None when memory is unknown).
   """
 
@@ -333,13 +295,10 @@ class Recommendation:
 
   Attributes:
     family: the recommended family, or None for "don't speculate".
-    gamma: its γ (a chain), else None.
-    tree_nodes: its tree / call size, else None.
+    gamma / tree_nodes: its γ (a chain) or its tree / call size; the other None.
     speedup: the predicted speedup (1.0 when not speculating).
-    reason: why, in a sentence.
-    numbers: the inputs and intermediate numbers the answer rests on.
-    table: every family's `Prediction`, best first; families that do not fit
-      the memory budget come last.
+    reason: why, in a sentence; numbers: the inputs and intermediate numbers it rests on.
+    table: every family's `Prediction`, best first; those over the memory budget last.
   """
 
   family: Optional[str]
@@ -382,33 +341,24 @@ def _bytes(n: int) -> str:
   return f"{n} B"
 
 
-# -----------------------------------------------------------------------------
-# Prediction.
-# -----------------------------------------------------------------------------
+# --- Prediction ---
 
 
 def predict_speedup(m: FamilyMeasurement, verify_cost: VerifyCost, *, max_gamma: int = 32,
                     calibrate_alpha: bool = True) -> Prediction:
   """A family's predicted speedup: τ / (draft cost per iteration + V(T)).
 
-  A chain with α known and c per drafted token (`m.searchable`) is evaluated
-  at every γ in 1..max_gamma whose call V(γ + 1) is covered by `verify_cost`
-  (plus its measured γ when `m.call_cost` gives that call's cost), with
-  τ(γ) = `theory.expected_tokens_per_call(α, γ)`, draft cost γ·c, and the
-  speedup from `theory.walltime_improvement_from_tokens`; the best γ wins
-  (the smallest on ties, as `theory.optimal_gamma`). With V ≡ 1 the chosen γ
-  is `theory.optimal_gamma(α, c, max_gamma)`.
+  A `m.searchable` chain is evaluated at every γ in 1..max_gamma whose V(γ + 1) `verify_cost`
+  covers (plus its measured γ when `m.call_cost` prices that call), with τ(γ) =
+  `theory.expected_tokens_per_call(α, γ)` and draft cost γ·c; the best γ wins (the smallest on
+  ties; with V ≡ 1 it is `theory.optimal_gamma(α, c, max_gamma)`).
 
-  Which α: when τ was measured too and `calibrate_alpha` is True, the α used
-  is `theory.alpha_for_tokens(τ, γ_measured)`, the i.i.d. α that reproduces
-  the measured τ at the measured γ (acceptances are correlated, so the raw α
-  mispredicts τ; theory's docstring), and at the measured γ the measured τ is
-  used as is. Otherwise the given α.
+  With τ measured too and `calibrate_alpha`, α is `theory.alpha_for_tokens(τ, γ_measured)`, the
+  i.i.d. α reproducing the measured τ (acceptances are correlated, so the raw α mispredicts τ),
+  and the measured τ is used as is at the measured γ.
 
-  Any other family (a tree, a chain measured only by τ such as prompt lookup,
-  or one whose c is per iteration) keeps its measured call: τ measured (or from
-  α at the measured γ), draft cost c per iteration (γ·c when per token),
-  V(call) = `m.call_cost` or the curve.
+  Any other family keeps its measured call: τ measured (or from α at the measured γ), draft cost
+  c per iteration (γ·c when per token), V(call) = `m.call_cost` or the curve.
 
   Args:
     m: the family's measurement.
@@ -497,30 +447,24 @@ def pick(measurements: Sequence[FamilyMeasurement], verify_cost: VerifyCost, *,
          calibrate_alpha: bool = True, require_known_memory: bool = False) -> Recommendation:
   """Recommends a drafter family and γ / tree size, or "don't speculate".
 
-  Each family is predicted by `predict_speedup`; those whose draft memory
-  (`draft_memory_bytes` at `batch_size` and context + max_new positions)
-  exceeds the budget are excluded; the fastest of the rest is recommended if
-  it reaches `min_speedup`. See the module docstring for the reasons not to
-  speculate and their order.
+  Each family is predicted by `predict_speedup`; those whose `draft_memory_bytes` (at
+  `batch_size`, context + max_new positions) exceed the budget are excluded; the fastest of the
+  rest is recommended if it reaches `min_speedup` (the reasons not to: the module doc).
 
   Args:
-    measurements: one `FamilyMeasurement` per family (distinct names), measured
-      at this batch size and temperature (checked where they say).
+    measurements: one `FamilyMeasurement` per family (distinct names), measured at this batch
+      size and temperature (checked where they say).
     verify_cost: V(T) measured at this batch size.
     batch_size: sequences decoded together, >= 1.
-    memory_budget_bytes: bytes available for the draft (params + cache), or
-      None for no limit.
+    memory_budget_bytes: bytes available for the draft (params + cache), or None: no limit.
     context_tokens: prompt positions per sequence, >= 0.
     max_new_tokens: tokens to generate per sequence, >= 1.
-    temperature: the sampling temperature (checked against the measurements';
-      α and τ already reflect it), or None.
+    temperature: the sampling temperature (checked against the measurements'), or None.
     min_speedup: the least predicted speedup worth speculating for, > 0.
-    min_new_tokens: outputs shorter than this are not worth speculating (the
-      compile / draft prefill overhead dominates), >= 0.
+    min_new_tokens: shorter outputs are not worth speculating (compile / prefill dominate), >= 0.
     max_gamma: the largest γ searched for chains.
     calibrate_alpha: see `predict_speedup`.
-    require_known_memory: exclude families whose memory is unknown (default:
-      keep them, marked "?").
+    require_known_memory: exclude families whose memory is unknown (default: keep, marked "?").
 
   Returns:
     The `Recommendation`.

@@ -1,33 +1,23 @@
-"""Hugging Face ``tokenizer.json`` tokenizers, a loader for either kind, and a
-draft/target compatibility check.
+"""Hugging Face ``tokenizer.json`` tokenizers, a loader for either kind, and a draft/target
+compatibility check.
 
-Llama 3 and Qwen ship no SentencePiece model, only a ``tokenizer.json`` for
-the `tokenizers` library. `HFTokenizer` reads one (never downloading anything)
-and offers the batch interface of `specjax.tokenizers.sentencepiece.SentencePieceTokenizer`:
-right-padded ``np.int32`` batches ``tokens [B, P]`` with ``lengths [B]``, EOS
-appended by default, rows longer than ``max_len`` an error unless
+`HFTokenizer` reads a ``tokenizer.json`` (Llama 3, Qwen; never downloading anything) and offers
+`SentencePieceTokenizer`'s batch interface: right-padded ``np.int32`` ``tokens [B, P]`` with
+``lengths [B]``, EOS appended by default, rows longer than ``max_len`` an error unless
 ``truncate=True``.
 
-Special tokens (BOS / EOS / PAD) come from the files next to
-``tokenizer.json``, first match wins: ``tokenizer_config.json``
-(``"eos_token": "<|eot_id|>"`` or ``{"content": ...}``), then
-``special_tokens_map.json`` (same keys), then ``config.json``
-(``"eos_token_id": 128001`` or a list, whose first entry is used). A key that
-is present with ``null`` means "no such token" (Qwen2: ``"bos_token": null``).
-When there is no side file at all (a bare ``tokenizer.json``), a few
-well-known names are looked up among the tokenizer's special tokens
-(``<|begin_of_text|>``, ``<s>``, ``<bos>`` for BOS; ``<|end_of_text|>``,
-``<|endoftext|>``, ``</s>``, ``<eos>`` for EOS; ``<pad>``, ``<|pad|>`` for
-PAD). Keyword arguments of `HFTokenizer` override all of it.
+Special tokens (BOS / EOS / PAD) come from the files next to ``tokenizer.json``, first match wins:
+``tokenizer_config.json`` (``"eos_token": "<|eot_id|>"`` or ``{"content": ...}``), then
+``special_tokens_map.json`` (same keys), then ``config.json`` (``"eos_token_id"``: an id or a
+list, first entry used). A key present with ``null`` means "no such token". With no side file at
+all, the well-known names of ``_WELL_KNOWN`` are looked up among the special tokens. Keyword
+arguments of `HFTokenizer` override all of it.
 
-Padding: when the tokenizer has no pad token (Llama 3, many others), batches
-are padded with the EOS id, or with 0 when there is no EOS either; padding is
+Padding: without a pad token, batches are padded with the EOS id (or 0 without EOS); padding is
 never a real token, so read ``lengths`` to know where each row ends.
 
   tok = load_tokenizer("/models/Llama-3.2-1B")  # the folder or tokenizer.json
-  tokens_bp, lengths_b = tok.encode_batch(["Hello world."], max_len=16,
-                                          add_eos=False)
-  tok.decode_batch(tokens_bp, lengths_b)  # ["Hello world."]
+  tokens_bp, lengths_b = tok.encode_batch(["Hello world."], max_len=16, add_eos=False)
   check_tokenizers_compatible("/models/Llama-3.2-1B", "/models/Llama-3.1-8B")
 """
 
@@ -83,8 +73,7 @@ def _read_json_object(path: str) -> dict[str, Any] | None:
 
 
 def _token_content(value: Any, where: str) -> str | None:
-  """A token entry of tokenizer_config.json: a string, {"content": ...} or
-  null."""
+  """A token entry of tokenizer_config.json: a string, {"content": ...} or null."""
   if value is None or isinstance(value, str):
     return value
   if isinstance(value, dict) and isinstance(value.get("content"), str):
@@ -96,25 +85,22 @@ def _token_content(value: Any, where: str) -> str | None:
 class HFTokenizer:
   """Encodes and decodes text with a Hugging Face ``tokenizer.json``.
 
-  Ids come from the file unchanged (no T5 conventions). ``encode`` does not
-  run the file's post-processor: BOS is added when `add_bos` is true (by
-  default when the tokenizer files ask for it, see `add_bos_by_default`) and
-  EOS when `add_eos` is true (by default, as in `SentencePieceTokenizer`;
-  pass ``add_eos=False`` for language-model prompts).
+  Ids come from the file unchanged (no T5 conventions). ``encode`` does not run the file's
+  post-processor: BOS is added when `add_bos` is true (default: `add_bos_by_default`), EOS when
+  `add_eos` is true (default True, as in `SentencePieceTokenizer`; pass ``add_eos=False`` for
+  language-model prompts).
 
   Attributes:
     path: the ``tokenizer.json`` file it was loaded from.
-    bos_token, eos_token, pad_token: the special tokens as strings, or None
-      when the tokenizer has none (`pad_id` is still an int then).
+    bos_token, eos_token, pad_token: the special tokens as strings, or None when the tokenizer
+      has none (`pad_id` is still an int then).
     add_bos_by_default: whether ``encode`` adds BOS when `add_bos` is None:
-      ``tokenizer_config.json``'s ``add_bos_token`` when present, otherwise
-      whether the file's post-processor prepends BOS.
-    eos_ids: every id that ends generation (`specjax.tokenizers.chat`:
-      ``generation_config.json``'s ``eos_token_id`` list, else
-      ``config.json``'s, else the EOS id): pass it as `eos_id` to
-      `specjax.generate` for an instruct checkpoint.
-    chat_template: the checkpoint's Jinja chat template, or None
-      (`apply_chat_template` renders it).
+      ``tokenizer_config.json``'s ``add_bos_token`` when present, else whether the file's
+      post-processor prepends BOS.
+    eos_ids: every id that ends generation (``generation_config.json``'s ``eos_token_id`` list,
+      else ``config.json``'s, else the EOS id): pass it as `eos_id` to `specjax.generate` for an
+      instruct checkpoint.
+    chat_template: the checkpoint's Jinja chat template, or None (`apply_chat_template`).
   """
 
   def __init__(self, path: str | os.PathLike, *, bos_token: str | None = None,
@@ -122,16 +108,15 @@ class HFTokenizer:
     """Loads a ``tokenizer.json`` file, or the one in directory `path`.
 
     Args:
-      path: a ``tokenizer.json`` file, or a directory that holds one. The
-        side files (``tokenizer_config.json``, ``special_tokens_map.json``,
-        ``config.json``) are read from the same directory when present.
-      bos_token, eos_token, pad_token: override the special tokens found in
-        the side files (each must be a token of the vocabulary).
+      path: a ``tokenizer.json`` file, or a directory that holds one; the side files are read
+        from the same directory when present.
+      bos_token, eos_token, pad_token: override the special tokens found in the side files (each
+        must be a token of the vocabulary).
 
     Raises:
       FileNotFoundError: no ``tokenizer.json`` at `path`.
-      ValueError: a file is not valid JSON / not a tokenizer, or a special
-        token it names is not in the vocabulary. Messages name the file.
+      ValueError: a file is not valid JSON / not a tokenizer, or a special token it names is not
+        in the vocabulary. Messages name the file.
       ImportError: the `tokenizers` package is not installed.
     """
     try:
@@ -160,9 +145,7 @@ class HFTokenizer:
     self.eos_ids = read_eos_ids(directory, self._vocab_size, self.eos_id)
     self.chat_template = read_chat_template(directory)
 
-  # ---------------------------------------------------------------------------
-  # Loading.
-  # ---------------------------------------------------------------------------
+  # --- Loading ---
 
   def _resolve_special_tokens(self, overrides: dict[str, str | None]) -> None:
     """Sets bos/eos/pad tokens and `add_bos_by_default` from the side files."""
@@ -193,8 +176,7 @@ class HFTokenizer:
                     configs: list[tuple[str, dict[str, Any] | None]],
                     model_path: str, model_config: dict[str, Any] | None
                     ) -> str | None:
-    """The `name` ("bos", "eos" or "pad") token, or None; see the module
-    docstring for the order of the sources."""
+    """The `name` ("bos", "eos" or "pad") token, or None; sources in the module doc's order."""
     if override is not None:
       if not isinstance(override, str):
         raise TypeError(f"{name}_token must be a str, got "
@@ -243,9 +225,7 @@ class HFTokenizer:
             f"bos={self.bos_token!r}, eos={self.eos_token!r}, "
             f"pad={self.pad_token!r})")
 
-  # ---------------------------------------------------------------------------
-  # Properties.
-  # ---------------------------------------------------------------------------
+  # --- Properties ---
 
   @property
   def backend(self) -> "tokenizers.Tokenizer":
@@ -254,8 +234,7 @@ class HFTokenizer:
 
   @property
   def vocab_size(self) -> int:
-    """One more than the largest id (added tokens included); valid ids are
-    ``0 .. vocab_size - 1``. A model's embedding table may be larger."""
+    """One more than the largest id (added tokens included); a model's embeddings may be larger."""
     return self._vocab_size
 
   @property
@@ -272,9 +251,8 @@ class HFTokenizer:
 
   @property
   def pad_id(self) -> int:
-    """The id batches are padded with: the pad token's, else the EOS id,
-    else 0. Only a real pad token (`pad_token` not None) is dropped by
-    ``decode``; otherwise rely on ``lengths``."""
+    """The id batches are padded with: the pad token's, else the EOS id, else 0. Only a real pad
+    token (`pad_token` not None) is dropped by ``decode``; otherwise rely on ``lengths``."""
     if self.pad_token is not None:
       return self._tok.token_to_id(self.pad_token)
     eos = self.eos_id
@@ -282,8 +260,7 @@ class HFTokenizer:
 
   @property
   def unk_id(self) -> int | None:
-    """The unknown-token id of the model, or None (byte-level BPE has
-    none)."""
+    """The unknown-token id of the model, or None (byte-level BPE has none)."""
     unk = getattr(self._tok.model, "unk_token", None)
     return None if unk is None else self._tok.token_to_id(unk)
 
@@ -296,29 +273,24 @@ class HFTokenizer:
     return self._tok.token_to_id(token)
 
   def tokens(self) -> list[str | None]:
-    """All token strings by id (``vocab_size`` entries, None for unused
-    ids)."""
+    """All token strings by id (``vocab_size`` entries, None for unused ids)."""
     out: list[str | None] = [None] * self._vocab_size
     for token, i in self._tok.get_vocab(with_added_tokens=True).items():
       out[i] = token
     return out
 
-  # ---------------------------------------------------------------------------
-  # Single sequences.
-  # ---------------------------------------------------------------------------
+  # --- Single sequences ---
 
   def apply_chat_template(self, messages: Sequence[dict[str, Any]], *,
                           add_generation_prompt: bool = True, tokenize: bool = True,
                           **variables: Any) -> list[int] | str:
-    """A conversation as the model's prompt: `messages` (``[{"role": "user",
-    "content": "..."}, ...]``) rendered by `chat_template` as transformers'
-    ``apply_chat_template`` renders it, then (`tokenize`) encoded without
-    adding BOS / EOS (the template writes its own). `variables` reach the
-    template (``tools``, ``date_string``, ...).
+    """A conversation as the model's prompt: `messages` (``[{"role": "user", "content": "..."},
+    ...]``) rendered by `chat_template` as transformers' ``apply_chat_template`` does, then
+    (`tokenize`) encoded without adding BOS / EOS (the template writes its own). `variables`
+    reach the template (``tools``, ``date_string``, ...).
 
     Raises:
-      ValueError: the tokenizer has no chat template, or the template
-        refused the conversation.
+      ValueError: no chat template, or the template refused the conversation.
     """
     if self.chat_template is None:
       raise ValueError(f"{self.path} has no chat template (no chat_template in "
@@ -357,8 +329,7 @@ class HFTokenizer:
     """Token ids of `text`.
 
     Args:
-      text: the string to encode. Special tokens written in it (e.g.
-        ``<|eot_id|>``) become their ids, as with ``transformers``.
+      text: the string; special tokens written in it (``<|eot_id|>``) become their ids.
       add_eos: append EOS.
       add_bos: prepend BOS; None: `add_bos_by_default`.
 
@@ -385,8 +356,7 @@ class HFTokenizer:
 
     Args:
       ids: token ids (any integer iterable or array).
-      skip_special_tokens: leave special tokens (BOS, chat markers...) out of
-        the text.
+      skip_special_tokens: leave special tokens (BOS, chat markers...) out of the text.
 
     Raises:
       ValueError: an id before the first EOS is outside the vocabulary.
@@ -403,9 +373,7 @@ class HFTokenizer:
     self._check_ids(kept)
     return self._tok.decode(kept, skip_special_tokens=skip_special_tokens)
 
-  # ---------------------------------------------------------------------------
-  # Batches.
-  # ---------------------------------------------------------------------------
+  # --- Batches ---
 
   def encode_batch(self, texts: Sequence[str], max_len: int, *,
                    add_eos: bool = True, add_bos: bool | None = None,
@@ -417,19 +385,17 @@ class HFTokenizer:
       max_len: P, the padded length.
       add_eos: append EOS to every row.
       add_bos: prepend BOS to every row; None: `add_bos_by_default`.
-      truncate: cut rows longer than `max_len` to `max_len` tokens (BOS
-        kept); with `add_eos` the last kept token is replaced by EOS, so every
-        row still ends with EOS.
+      truncate: cut longer rows to `max_len` tokens (BOS kept); with `add_eos` the last kept token
+        is replaced by EOS, so every row still ends with EOS.
 
     Returns:
-      ``tokens [B, P]`` (np.int32, `pad_id` after the last token) and
-      ``lengths [B]`` (np.int32, real tokens per row, BOS / EOS included).
+      ``tokens [B, P]`` (np.int32, `pad_id` after the last token) and ``lengths [B]`` (np.int32,
+      real tokens per row, BOS / EOS included).
 
     Raises:
-      TypeError: `texts` is one string or holds a non-string, or `max_len` is
-        not an int.
-      ValueError: `max_len` < 1, or a row is longer than `max_len` and
-        `truncate` is False (the message names the row and its length).
+      TypeError: `texts` is one string or holds a non-string, or `max_len` is not an int.
+      ValueError: `max_len` < 1, or a row is longer than `max_len` and `truncate` is False (the
+        message names the row and its length).
     """
     if isinstance(texts, str):
       raise TypeError("texts must be a sequence of strings, not one string")
@@ -466,8 +432,8 @@ class HFTokenizer:
 
     Args:
       tokens_bn: ``[B, N]`` token ids (any integer array-like).
-      lengths_b: ``[B]`` tokens to read per row (default: the whole row);
-        decoding of a row also stops at its first EOS.
+      lengths_b: ``[B]`` tokens to read per row (default: the whole row); a row also stops at
+        its first EOS.
       skip_special_tokens: as in `decode`.
 
     Returns:
@@ -479,9 +445,7 @@ class HFTokenizer:
             for b in range(tokens_bn.shape[0])]
 
 
-# -----------------------------------------------------------------------------
-# Loading either kind.
-# -----------------------------------------------------------------------------
+# --- Loading either kind ---
 
 
 def load_tokenizer(path: str | os.PathLike, *, require_t5_ids: bool = True
@@ -489,15 +453,13 @@ def load_tokenizer(path: str | os.PathLike, *, require_t5_ids: bool = True
   """The tokenizer stored at `path`, SentencePiece or Hugging Face.
 
   Args:
-    path: a ``tokenizer.json`` (any ``*.json`` file) → `HFTokenizer`; a
-      ``*.model`` SentencePiece file → `SentencePieceTokenizer`; or a
-      directory holding ``tokenizer.json`` (preferred when both kinds are
-      there), ``spiece.model`` or ``tokenizer.model``.
+    path: a ``*.json`` file → `HFTokenizer`; a ``*.model`` SentencePiece file →
+      `SentencePieceTokenizer`; or a directory holding ``tokenizer.json`` (preferred when both
+      kinds are there), ``spiece.model`` or ``tokenizer.model``.
     require_t5_ids: passed to `SentencePieceTokenizer` (pad 0 / EOS 1).
 
   Raises:
-    FileNotFoundError: `path` does not exist, or the directory holds none of
-      the files above (the message lists them).
+    FileNotFoundError: `path` does not exist, or the directory holds none of the files above.
     ValueError: `path` is a file of another kind, or a broken tokenizer file.
   """
   path = os.fspath(path)
@@ -524,9 +486,7 @@ def load_tokenizer(path: str | os.PathLike, *, require_t5_ids: bool = True
       f"directory holding {TOKENIZER_JSON}, {' or '.join(SENTENCEPIECE_NAMES)}")
 
 
-# -----------------------------------------------------------------------------
-# Draft / target compatibility.
-# -----------------------------------------------------------------------------
+# --- Draft / target compatibility ---
 
 
 def _as_tokenizer(value: Any, name: str) -> AnyTokenizer:
@@ -560,25 +520,21 @@ def check_tokenizers_compatible(draft: AnyTokenizer | str | os.PathLike,
                                 ) -> None:
   """Checks that `draft` and `target` map ids to the same tokens.
 
-  Speculative decoding feeds the target the draft's token ids, so both must
-  agree on every id: the vocabularies are compared id by id (token strings,
-  added tokens included), then their sizes, then the BOS / EOS / pad ids.
-  Tokenizers are compared, not models: a model's embedding table may be
-  padded past the tokenizer's vocabulary (Qwen2.5-0.5B and -32B share one
-  tokenizer but not one embedding size). Normalizers and merges are not
-  compared.
+  Speculative decoding feeds the target the draft's token ids, so both must agree on every id:
+  the vocabularies are compared id by id (token strings, added tokens included), then their
+  sizes, then the BOS / EOS / pad ids. Tokenizers are compared, not models (an embedding table
+  may be padded past the vocabulary); normalizers and merges are not compared.
 
   Args:
-    draft, target: `HFTokenizer` / `SentencePieceTokenizer` objects, or paths
-      that `load_tokenizer` accepts (SentencePiece files load without the T5
-      id requirement).
+    draft, target: `HFTokenizer` / `SentencePieceTokenizer` objects, or paths `load_tokenizer`
+      accepts (SentencePiece files load without the T5 id requirement).
 
   Returns:
     None when they are compatible.
 
   Raises:
-    ValueError: the first id whose tokens differ (naming both tokens), ids
-      that exist in one vocabulary only, or a special id that differs.
+    ValueError: the first id whose tokens differ (naming both), ids in one vocabulary only, or a
+      special id that differs.
     TypeError: an argument is neither a tokenizer nor a path.
   """
   draft = _as_tokenizer(draft, "draft")
