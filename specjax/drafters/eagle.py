@@ -1,51 +1,29 @@
 """EAGLE heads (Li et al. 2024: EAGLE-1, EAGLE-2; 2025: EAGLE-3) as tree drafters.
 
-An EAGLE head is one decoder layer that runs beside the target, one
-position behind it, on *features* instead of tokens. The head's input at
-position t is the pair (f_t, x_{t+1}) — the target's feature at t and the
-embedding of the token after it (the target's frozen embedding), fused by
-a linear layer `fc: [2E] → E` — and its output is a prediction of the next
-feature f̂_{t+1}; the target's frozen LM head turns it into the draft
-distribution of x_{t+2}. Drafting further, the head feeds on its own
-outputs: (f̂_{t+1}, d_{t+2}) → f̂_{t+2}, ...
+An EAGLE head is one decoder layer that runs beside the target, one position behind it, on
+*features*: its input at position t is the pair (f_t, x_{t+1}) (the target's feature at t and the
+target's frozen embedding of the next token, fused by `fc: [2E] → E`) and its output predicts
+f̂_{t+1}, which the target's frozen LM head turns into the draft distribution of x_{t+2}. Drafting
+further, the head feeds on its own outputs: (f̂_{t+1}, d_{t+2}) → f̂_{t+2}, ...
 
-  EAGLE-1  f_t = the target's final-normed state; logits = LM head(f̂);
-           trained with a feature regression (smooth L1) plus cross-entropy
-           against the target's own distribution, with feature noise.
-  EAGLE-3  f_t = `fuse` of the outputs of a low, a middle and a high target
-           block (`EagleConfig.feature_layers`); logits = LM head(norm(f̂));
-           no feature loss; "training-time test": the head is unrolled on
-           its own outputs for several steps during training.
+  EAGLE-1  f_t = the target's final-normed state; logits = LM head(f̂).
+  EAGLE-3  f_t = `fuse` of a low, a middle and a high target block's outputs
+           (`EagleConfig.feature_layers`); logits = LM head(norm(f̂)).
 
-The head keeps its own KV cache (one layer, `[B, S, H, D]`) over the
-committed pairs (slot t holds the pair (f_t, x_{t+1})); the prompt's pairs
-are written from the target's prefill hidden states chunk by chunk (`absorb`),
-the accepted ones after each verification from the hidden states the target
-call returns (`needs_hidden`) — only keys and values: with one layer they
-depend on the pair alone.
+The head keeps its own one-layer KV cache (`[B, S, H, D]`, slot t: the pair (f_t, x_{t+1})): the
+prompt's pairs are written from the target's prefill hidden states (`absorb`), the accepted ones
+after each verification from the target call's hidden states (`needs_hidden`); only keys and
+values, since with one layer they depend on the pair alone.
 
-Drafting: level by level over a token tree, every node of a level in one
-head call that attends to the head's cache and to the node's ancestors
-(kept in a side buffer, never in the cache). Children are the parent's
-top-ranked tokens (deterministic, verified as one-hot proposals: exact
-for any sampling). Two tree rules:
+Drafting runs level by level over a token tree, every node of a level in one head call that
+attends to the head's cache and to the node's ancestors (in a side buffer, never in the cache):
+a static `TokenTree` (EAGLE-1) or `DynamicTree` (EAGLE-2: each row grows its own tree in-graph by
+cumulative draft confidence; scores fall along a path, so a kept node's ancestors are kept).
 
-  * a static `TokenTree` (EAGLE-1: a chain `TokenTree.chain(γ)` or any
-    tree; node = the parent's i-th ranked token);
-  * `DynamicTree(k, depth, nodes)` (EAGLE-2): expand the k nodes of best
-    cumulative draft confidence (product of the head's probabilities along
-    the path) at each level, top-k children each, then keep the `nodes`
-    best of all candidates (scores fall along a path, so a kept node's
-    ancestors are kept) — each row its own tree, in-graph.
-
-A block head (`EagleConfig.block` = K; DFlash, arXiv 2602.06036) drafts
-a static tree of depth ≤ K in ONE head call: the root pair and K-1 mask
-slots give the draft distribution of every depth at once (each depth's
-distribution shared by all of its nodes, which ignore their parents'
-tokens); children are drawn from their depth's distribution as above — a
-chain of the slots' top-1 (or samples), or a tree of their top-k. Exact:
-a node's proposal distribution is the one its token was drawn from,
-whatever it conditions on.
+A block head (`EagleConfig.block` = K; DFlash, arXiv 2602.06036) drafts a static tree of depth
+≤ K in ONE head call: the root pair and K-1 mask slots give every depth's draft distribution at
+once, shared by that depth's nodes. Exact: a node's proposal distribution is the one its token was
+drawn from, whatever it conditions on.
 
 Shapes: B batch, S head-cache slots, H heads, D head dim, E target width,
 X the target's feature width (E, or len(feature_layers) * E), N tree nodes.
@@ -78,11 +56,10 @@ __all__ = ["Eagle", "EagleState", "DynamicTree", "load_eagle"]
 
 @dataclasses.dataclass(frozen=True)
 class DynamicTree:
-  """EAGLE-2's dynamic tree: expand the `top_k` best nodes per level (top-k
-  children each) to `depth` levels, then keep the best `nodes` candidates
-  (the root not counted). Static shape: a call of `nodes + 1` tokens.
-  `expand`: the sampled tree's nodes expanded per level (a divisor of
-  top_k; 0: all top_k of them, one child each — `sampled_expansion`)."""
+  """EAGLE-2's dynamic tree: expand the `top_k` best nodes per level (top-k children each) to
+  `depth` levels, then keep the best `nodes` candidates (root not counted): a call of `nodes + 1`
+  tokens. `expand`: the sampled tree's nodes expanded per level (a divisor of top_k; 0: all top_k
+  of them, one child each — `sampled_expansion`)."""
 
   top_k: int
   depth: int
@@ -109,25 +86,20 @@ class DynamicTree:
 
   @property
   def sampled_expansion(self) -> Tuple[int, int]:
-    """(m, c) of the sampled tree (children drawn at T > 0): each level
-    after the root's expands its m best nodes with c children each, m * c
-    = top_k; m = `expand`, by default top_k (c = 1: the root's top_k
-    sampled children each grow a sampled chain), the default because a
-    second sampled sibling comes from what the first left, rarely what the
-    target samples (docs/drafters.md)."""
+    """(m, c) of the sampled tree (children drawn at T > 0): each level after the root's expands
+    its m best nodes with c children each, m * c = top_k; m = `expand`, by default top_k (c = 1:
+    a second sampled sibling rarely is what the target samples; docs/drafters.md)."""
     m = self.expand or self.top_k
     return m, self.top_k // m
 
 
 @struct.dataclass
 class EagleState:
-  """k_BSHD, v_BSHD: the head's cache (slot t: the pair (f_t, x_{t+1})), in
-  the target's compute dtype;
-  lengths_B: committed pairs (the pending token's position − 1);
-  feat_BE: the head-space feature at the last committed position (the
-  root pair's feature); root_B: the pending token the last proposal was
-  rooted at; xk_LBSHD, xv_LBSHD: a block head's later layers' projections
-  of the same pairs (`[num_layers - 1, B, S, H, D]`, empty for one layer)."""
+  """k_BSHD, v_BSHD: the head's cache (slot t: the pair (f_t, x_{t+1})), in the target's dtype;
+  lengths_B: committed pairs (the pending token's position − 1); feat_BE: the head-space feature
+  at the last committed position (the root pair's); root_B: the pending token the last proposal
+  was rooted at; xk_LBSHD, xv_LBSHD: a block head's later layers' projections of the same pairs
+  (`[num_layers - 1, B, S, H, D]`, empty for one layer)."""
 
   k_BSHD: jax.Array
   v_BSHD: jax.Array
@@ -159,11 +131,9 @@ def _write_pairs(config: EagleConfig, hp, state: "EagleState", x_BTE, pos_BT, st
 
 
 def _pinned(config: EagleConfig, state: "EagleState") -> "EagleState":
-  """The state in the layout it has in the decode loop (`rules.on_mesh`; no-op
-  off a mesh): the cache by head for a split head, else rows only; the feature
-  whole. Written from the target's (split) prefill, XLA would otherwise carry the
-  state into the loop in a layout of the prefill's choosing: an all-reduce per
-  head call for a replicated head."""
+  """The state in its decode-loop layout (`rules.on_mesh`; no-op off a mesh): the cache by head
+  for a split head, else by rows; the feature whole. Otherwise XLA carries the state out of the
+  (split) prefill in a layout of its choosing: an all-reduce per head call for a replicated head."""
   cache = "BSHD" if config.split else "B___"
   return state.replace(k_BSHD=on_mesh(state.k_BSHD, cache), v_BSHD=on_mesh(state.v_BSHD, cache),
                        xk_LBSHD=on_mesh(state.xk_LBSHD, "L" + cache),
@@ -178,44 +148,29 @@ def _eagle_shapes(config: EagleConfig):
 
 @dataclasses.dataclass(frozen=True)
 class Eagle(Drafter):
-  """The EAGLE drafter: `config`, the `tree` (a static `TokenTree`, or a
-  `DynamicTree` for EAGLE-2) and the `target` (a `DecoderLM`: its
-  embedding and LM head are shared). Params: {"head": head params,
-  "target": the target's params}.
+  """The EAGLE drafter: `config`, the `tree` (a static `TokenTree`, or a `DynamicTree` for
+  EAGLE-2) and the `target` (a `DecoderLM`: its embedding and LM head are shared). Params:
+  {"head": head params, "target": the target's params}.
 
-  `children`: "top_k" — each node's children are the head's most likely
-  tokens (deterministic, verified as one-hot proposals: at T > 0 a child
-  is accepted with the target's probability of it); "iid" / "without"
-  (static trees) — drawn from the head's distribution after the target's
-  temperature / top-k / top-p, with or without replacement among siblings,
-  and verified against those distributions (`specjax.tree.draw_children`):
-  what keeps acceptance up at T > 0 (docs/drafters.md). At T = 0
-  every mode makes the same decisions. On EAGLE-2's dynamic tree, "top_k"
-  keeps the best `nodes` of all candidates by path probability; at T > 0
-  the sampled modes grow a tree whose shape is fixed before each level's
-  children are drawn (a selection that depends on the drawn tokens
-  themselves would bias them): the root draws top_k children, each later
-  level expands its best nodes by path probability
-  (`DynamicTree.sampled_expansion`; by default all of them, one child
-  each), every drawn child kept — so nodes <= top_k * depth; at T = 0 it
-  is the top-k tree. Default (None): "without". Exact in every mode.
+  `children`: "top_k" (the head's most likely tokens, verified as one-hot proposals) or "iid" /
+  "without" (drawn from the head's distribution after the target's temperature / top-k / top-p,
+  with or without replacement among siblings, verified against those distributions:
+  `specjax.tree.draw_children`); default (None): "without". On the dynamic tree the sampled modes
+  fix each level's shape before its children are drawn (`DynamicTree.sampled_expansion`; a
+  selection depending on the drawn tokens would bias them), so nodes <= top_k * depth. Exact in
+  every mode; at T = 0 every mode makes the same decisions (docs/drafters.md).
 
-  A block head (`config.block` = K) drafts a static tree of depth ≤ K in one
-  head call per iteration (module doc); it has no dynamic tree.
+  A block head (`config.block` = K) drafts a static tree of depth ≤ K in one head call.
 
-  `stop_below` (a confidence stop, as HF's assisted generation's): a node's
-  children are drafted only where the head's most likely token at the node
-  has at least this probability (before temperature; 0: never stop). A row
-  that stops proposes fewer tokens (its later nodes are invalid) and, once
-  no row continues, the remaining head levels are skipped. Exact: whether
-  a node is drafted depends only on the tokens on its path, which are the
+  `stop_below` (a confidence stop, as HF's assisted generation's): a node's children are drafted
+  only where the head's most likely token there has at least this probability (before
+  temperature; 0: never stop); once no row continues, the remaining head levels are skipped.
+  Exact: whether a node is drafted depends only on the tokens on its path, which are the
   committed ones wherever the verifier reaches it.
 
-  With a static tree, `gamma="auto"` chooses each iteration's depth from Γ
-  (γ ≤ the tree's depth; `gamma=γ` keeps the nodes at most γ deep, a chain
-  `TokenTree.chain(D)` gives chains of every γ ≤ D): plain target steps
-  (γ = 0) return the target's hidden state, from which the head writes
-  its pair (`update`), so it drafts again whenever the rule asks."""
+  With a static tree, `gamma="auto"` chooses each iteration's depth (γ ≤ the tree's depth; a
+  chain `TokenTree.chain(D)` gives chains of every γ ≤ D); plain target steps (γ = 0) return the
+  target's hidden state, from which `update` writes the pair, so the head can draft again."""
 
   config: EagleConfig
   tree: Any
@@ -326,8 +281,8 @@ class Eagle(Drafter):
     c = self.config
     shape = (batch_size, cache_len, c.num_heads, c.head_dim)
     extra = (c.num_layers - 1,) + shape
-    # The head's keys and values are stored as the target stores its own (a bf16
-    # target: bf16, half the bytes each head call reads); computed in float32.
+    # Keys and values stored in the target's dtype (bf16: half the bytes per head call read);
+    # computed in float32.
     kv = jnp.dtype(self.target.config.dtype)
     return EagleState(k_BSHD=jnp.zeros(shape, kv), v_BSHD=jnp.zeros(shape, kv),
                       lengths_B=jnp.zeros((batch_size,), jnp.int32),
@@ -337,11 +292,9 @@ class Eagle(Drafter):
 
   def absorb(self, params, state: EagleState, prompts_BP, lengths_B, start,
              hidden_BCX) -> EagleState:
-    """Writes the pairs (f_t, x_{t+1}) of prompt positions t = start .. start
-    + C - 1 at slots t (the last prompt position's pair takes a stand-in
-    token: it lies at or past each row's `lengths - 1` and is overwritten
-    before it is read), and keeps the feature at each row's last prompt
-    position."""
+    """Writes the pairs (f_t, x_{t+1}) of prompt positions t = start .. start + C - 1 at slots t
+    and keeps the feature at each row's last prompt position. (The last position's pair takes a
+    stand-in token: it lies at or past `lengths - 1` and is overwritten before it is read.)"""
     c, hp = self.config, params["head"]
     emb, _ = shared_weights(self.target, params["target"])
     feats_BCE = fuse_features(c, hp, hidden_BCX)
@@ -366,11 +319,9 @@ class Eagle(Drafter):
 
   def _level(self, params, state, feats_BTE, tokens_BT, side_k, side_v, *, depth, slots,
              anc_BTM):
-    """One tree level: T nodes at depth `depth` (positions lengths + depth)
-    are written at side-buffer `slots` and run through the head, attending
-    to the head's cache and to the side slots `anc_BTM` marks (their
-    ancestors and themselves). → (outputs `[B, T, E]`, log-probs
-    `[B, T, V]`, side_k, side_v)."""
+    """One tree level: T nodes at depth `depth` (positions lengths + depth), written at side
+    `slots`, through the head, attending to its cache and to the side slots `anc_BTM` marks
+    (ancestors and self). → (outputs `[B, T, E]`, log-probs `[B, T, V]`, side_k, side_v)."""
     c, hp = self.config, params["head"]
     emb, lm = shared_weights(self.target, params["target"])
     x = pair_inputs(c, hp, emb, feats_BTE, tokens_BT)
@@ -384,9 +335,8 @@ class Eagle(Drafter):
     return out, logp, side_k, side_v
 
   def _block(self, params, state, pending_B, depth: int) -> jax.Array:
-    """A block head's one call: the root pair and `depth - 1` mask slots at
-    positions lengths + j, causal within the block → log-probs `[B, depth,
-    V]` (slot j: the draft distribution of the tree's depth j + 1)."""
+    """A block head's one call: the root pair and `depth - 1` mask slots at positions lengths + j,
+    causal within the block → log-probs `[B, depth, V]` (slot j: the tree's depth j + 1)."""
     c, hp = self.config, params["head"]
     emb, lm = shared_weights(self.target, params["target"])
     b = pending_B.shape[0]
@@ -475,8 +425,7 @@ class Eagle(Drafter):
                     node_probs_BTV=node_probs)
 
   def _root_level(self, params, state: EagleState, inp: DraftInput, slots: int):
-    """A dynamic tree's level 0: the root through the head, at side slot 0
-    of `slots` → (outputs, log-probs, side_k, side_v) as `_level`."""
+    """A dynamic tree's level 0: the root through the head at side slot 0 of `slots` (`_level`)."""
     b = inp.pending_B.shape[0]
     side_k, side_v = self._side(b, slots)
     first = np.eye(slots, dtype=bool)[:1]
@@ -494,8 +443,7 @@ class Eagle(Drafter):
     top_lp, top_tok = jax.lax.top_k(logp[:, 0], k)               # [B, k]
     pool_tok, pool_score = [top_tok], [top_lp]
     pool_parent = [jnp.full((b, k), -1, jnp.int32)]               # pool index, -1: root
-    # The current level's candidates: pool indices, their parent's output
-    # and side ancestors.
+    # The current level's candidates: pool indices, their parent's output and side ancestors.
     lvl_base = 0                                                 # pool index of the level's first
     lvl_feat = jnp.broadcast_to(out[:, :1], (b, k, out.shape[-1]))
     lvl_anc = jnp.broadcast_to(eye[0][None, None], (b, k, m))   # their parents' ancestors
@@ -507,9 +455,8 @@ class Eagle(Drafter):
       take = lambda a: jnp.take_along_axis(a, pick.reshape(b, k, *([1] * (a.ndim - 2))),
                                            axis=1)
       feats, toks, anc = take(lvl_feat), take(lvl_tok), take(lvl_anc)
-      # The picked candidates' pool indices (the level's are consecutive from `lvl_base`):
-      # arithmetic, not a gather from a broadcast iota (which the TPU compiler's gather
-      # simplification mis-shapes: an hlo_verifier RET_CHECK in libtpu 0.0.42).
+      # The picked candidates' pool indices (consecutive from `lvl_base`): arithmetic, not a
+      # gather from a broadcast iota, which libtpu's gather simplification mis-shapes.
       pidx = lvl_base + pick.astype(jnp.int32)
       slots = 1 + (d - 1) * k + np.arange(k)
       anc = anc | np.eye(m, dtype=bool)[slots][None]   # host-side rows: no gather
@@ -545,15 +492,11 @@ class Eagle(Drafter):
 
   def _propose_dynamic_sampled(self, params, state: EagleState, inp: DraftInput, u_BT,
                                sampling) -> Proposal:
-    """EAGLE-2's tree with sampled children (T > 0): the root draws top_k
-    children; each later level expands its m best nodes by path
-    probability (the head's log-probs of the drawn tokens, summed along the
-    path; all of them by default) with c children each
-    (`DynamicTree.sampled_expansion`); every drawn child is kept, the nodes
-    past `nodes` dropped (children of the last level's worst expansions).
-    A node's number of
-    children is fixed before they are drawn (it depends only on the tokens
-    of its level and above), so recursive rejection sampling stays exact."""
+    """EAGLE-2's tree with sampled children (T > 0): the root draws top_k children; each later
+    level expands its m best nodes by path log-probability with c children each
+    (`DynamicTree.sampled_expansion`); every drawn child is kept, those past `nodes` dropped. A
+    node's number of children is fixed before they are drawn (it depends only on the tokens of
+    its level and above), so recursive rejection sampling stays exact."""
     dt = self.tree
     k, depth = dt.top_k, dt.depth
     m, c = dt.sampled_expansion
@@ -612,8 +555,7 @@ class Eagle(Drafter):
     pos = state.lengths_B[:, None] + jnp.arange(x.shape[1], dtype=jnp.int32)[None]
     moved = feedback.count_B > 0
     last = jnp.take_along_axis(f_BCE, feedback.accepted_B[:, None, None], axis=1)[:, 0]
-    # The next call's root is the new pending token (also after a plain
-    # target step of an adaptive loop, where nothing is proposed).
+    # The next root is the new pending token (also after an adaptive loop's plain step).
     return _write_pairs(c, hp, state, x, pos, state.lengths_B).replace(
         lengths_B=jnp.where(moved, feedback.seq_len_B - 1, state.lengths_B),
         feat_BE=jnp.where(moved[:, None], last, state.feat_BE),
