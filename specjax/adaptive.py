@@ -1,32 +1,23 @@
 """Adaptive γ inside the jitted loop: each iteration picks its draft length.
 
-`speculative_generate(..., gamma="auto")` decodes with an `AdaptiveGamma`:
-a small static set Γ of draft lengths (default {0, 1, 2, 4, 8}; 0 is a
-plain target step), one branch compiled per γ, selected per iteration by
-`lax.switch` inside the same `lax.while_loop` and over the same cache
-buffers (sized for max Γ). Why: no fixed γ is right for every pair, prompt
-and machine, and where no γ pays the loop should decode plainly. Each
-iteration maximises expected tokens per unit of time:
+`speculative_generate(..., gamma="auto")` decodes with an `AdaptiveGamma`: a small static set Γ
+of draft lengths (default {0, 1, 2, 4, 8}; 0 is a plain target step), one branch compiled per γ,
+selected per iteration by `lax.switch` in the same `lax.while_loop` over the same cache buffers
+(sized for max Γ): no fixed γ is right for every pair, prompt and machine. Each iteration
+maximises expected tokens per unit of time:
 
     score(γ) = 1 / (c(γ) · max_b n_b / E_b(γ))   (objective "finish"), or
     score(γ) = Σ_b E_b(γ) / c(γ)                  (objective "throughput"),
     E_b(γ) = 1 + a_b (1 − r_b^k) / (1 − r_b),   k = min(γ, room_b)
 
-c(γ) the measured time of one iteration at γ (`specjax.calibration`),
-n_b the tokens row b has left, room_b the drafts it can offer, and a_b /
-r_b its running estimates that its first draft, and a draft after an
-accepted one, are accepted (maximum likelihood with forgetting and a
-prior; with a_b = r_b = α, Leviathan et al.'s model). Rows that stopped
-drafting drift back to their long-run rate and retry with exponential
-backoff; an `Acceptance` carries the estimate across calls, and a series
-probes where it has no evidence.
+c(γ) the measured time of one iteration at γ (`specjax.calibration`), n_b the tokens row b has
+left, room_b the drafts it can offer, a_b / r_b its running estimates that its first draft, and
+a draft after an accepted one, are accepted (with a_b = r_b = α, Leviathan et al.'s model).
 
-Exactness: the γ of iteration i (and each row's valid drafts) is a function
-of the state before it, never of its random numbers, so every iteration is
-an ordinary exact speculative iteration and the output has the target's
-law; greedy output equals plain greedy decoding's. The rule, the estimate,
-retries, the batch objectives and the exactness argument in full:
-docs/adaptive.md.
+Exactness: the γ of iteration i (and each row's valid drafts) is a function of the state before
+it, never of its random numbers, so every iteration is an ordinary exact speculative iteration
+and the output has the target's law; greedy output equals plain greedy decoding's. The rule,
+the estimate, retries, probes and batch objectives: docs/adaptive.md.
 """
 
 from __future__ import annotations
@@ -55,52 +46,33 @@ class AdaptiveGamma:
   """How `gamma="auto"` chooses γ (static: a jit argument).
 
   Attributes:
-    gammas: Γ, the draft lengths to choose from (distinct ints >= 0, at least
-      one > 0; 0 = a plain target step). One branch is compiled per value;
-      caches are sized for the largest.
-    decay: forgetting of the acceptance estimate per drafting iteration, in
-      [0, 1): about the last 1 / (1 - decay) such iterations count.
-    idle_decay: the forgetting per iteration in which the row drafted
-      nothing (its exploration: how soon it tries drafting again).
-    slow_decay, slow_idle_decay: the forgetting of the row's long-run
-      first-draft rate (the prior its estimate drifts back to) per drafting
-      iteration, and per iteration in which it drafted nothing (so it
-      drifts back to `prior_alpha` over a few hundred plain steps: a pair
-      that stopped paying is tried again). Carried across calls
-      (`Acceptance.long_run_2`).
-    prior_alpha, prior_weight: the estimate before any evidence (and what a
-      row that stopped drafting drifts back to): prior_alpha in (0, 1)
-      weighted as prior_weight >= 0 pseudo-trials; the same weight pulls the
-      row's short-term estimate toward its long-run rate. The default rides
-      out a short run of rejected first drafts in a pair that accepts well
-      and still stops a row whose drafts keep failing within a few
-      iterations (docs/adaptive.md).
-    per_row: each row drafts its own γ (the call is as long as the
-      longest), so a row's tokens do not depend on the other rows; False:
-      one γ for the batch, maximising the batch's expected tokens per second.
-    plain_block: while γ = 0 the loop revisits its choice after this many
-      plain steps (nothing is observed meanwhile; the estimate's idle decay
-      is applied for the whole block).
-    switch_margin: batch mode keeps the current γ unless another scores
-      this much better (relative): a change of γ starts a new segment of
-      the loop, which copies the caches once (0: always the best score).
-      Plain steps are taken as soon as they score better.
-    explore_below, explore_steps: with a carried estimate
-      (`acceptance=`), a row whose decayed count of first-draft
-      observations is below `explore_below` probes: it drafts (at least
-      one token) in its next `explore_steps` iterations, enough evidence
-      to overturn the prior where the pair accepts. With the default
-      `idle_decay` a probe's evidence idles below 1e-4 after ~300-350
-      plain steps: a series where drafting does not pay spends one probe
-      per ~300 tokens.
-    retry_budget: a row that stopped drafting (a drafter without previews)
-      retries one draft after (c(γ₁) − c(0)) / (retry_budget · c(0)) plain
-      steps, the wait doubling after each rejected retry (docs/adaptive.md): at
-      most this share of a plain step's time goes to retries. 0: no
-      retries (the idle drift alone).
-    batch_objective: how batch mode scores a γ: "finish" (the time the
-      call would need to end, set by its slowest row) or "throughput" (the
-      rows' expected tokens summed); docs/adaptive.md.
+    gammas: Γ, the draft lengths to choose from (distinct ints >= 0, at least one > 0; 0 = a
+      plain target step). One branch is compiled per value; caches are sized for the largest.
+    decay: forgetting of the acceptance estimate per drafting iteration, in [0, 1): about the
+      last 1 / (1 - decay) such iterations count.
+    idle_decay: the forgetting per iteration in which the row drafted nothing (how soon it
+      tries drafting again).
+    slow_decay, slow_idle_decay: the forgetting of the row's long-run first-draft rate (the
+      prior its estimate drifts back to) per drafting and per non-drafting iteration. Carried
+      across calls (`Acceptance.long_run_2`).
+    prior_alpha, prior_weight: the estimate before any evidence: prior_alpha in (0, 1)
+      weighted as prior_weight >= 0 pseudo-trials; the same weight pulls the row's short-term
+      estimate toward its long-run rate.
+    per_row: each row drafts its own γ (the call is as long as the longest), so a row's tokens
+      do not depend on the other rows; False: one γ for the batch.
+    plain_block: while γ = 0 the loop revisits its choice after this many plain steps (the
+      idle decay applied for the whole block).
+    switch_margin: batch mode keeps the current γ unless another scores this much better
+      (relative; a change of γ copies the caches once; 0: always the best). Plain steps are
+      taken as soon as they score better.
+    explore_below, explore_steps: with a carried estimate (`acceptance=`), a row whose decayed
+      count of first-draft observations is below `explore_below` probes: it drafts (at least
+      one token) in its next `explore_steps` iterations.
+    retry_budget: a row that stopped drafting (a drafter without previews) retries one draft
+      after (c(γ₁) − c(0)) / (retry_budget · c(0)) plain steps, the wait doubling after each
+      rejected retry: at most this share of a plain step's time goes to retries. 0: no retries.
+    batch_objective: how batch mode scores a γ: "finish" (the time the call needs to end, set
+      by its slowest row) or "throughput" (the rows' expected tokens summed).
   """
 
   gammas: Tuple[int, ...] = DEFAULT_GAMMAS
@@ -154,8 +126,8 @@ class AdaptiveGamma:
 
   @functools.lru_cache(maxsize=256)
   def limited_to(self, useful: int) -> "AdaptiveGamma":
-    """Γ without the values above `useful` (the drafts an output of
-    `max_new_tokens` can use), keeping at least one γ > 0."""
+    """Γ without the values above `useful` (the drafts `max_new_tokens` can use), keeping at
+    least one γ > 0."""
     kept = tuple(g for g in self.gammas if g <= useful)
     if max(kept, default=0) == 0:
       kept = tuple(g for g in self.gammas if g == 0) + (max(1, useful),)
@@ -163,14 +135,13 @@ class AdaptiveGamma:
 
   @functools.lru_cache(maxsize=256)
   def capped_at(self, limit: int) -> "AdaptiveGamma":
-    """Γ with every value above `limit` (>= 1: the most a drafter drafts,
-    e.g. a tree's depth) replaced by `limit`."""
+    """Γ with every value above `limit` (>= 1: the most a drafter drafts) replaced by it."""
     limit = check_int("limit", limit, 1)
     return dataclasses.replace(self, gammas=tuple(sorted({min(g, limit) for g in self.gammas})))
 
   def costs_of(self, kept: "AdaptiveGamma", costs) -> Tuple[float, ...]:
-    """This Γ's `costs` for `kept`'s Γ (`limited_to`, `capped_at`); a γ not
-    in this Γ gets the cost of this Γ's next larger γ (or of its largest)."""
+    """This Γ's `costs` for `kept`'s Γ (`limited_to`, `capped_at`); a γ not in this Γ gets the
+    cost of the next larger γ (or of the largest)."""
     c = check_costs(self, costs)
     def cost(g):
       above = [i for i, h in enumerate(self.gammas) if h >= g]
@@ -182,25 +153,17 @@ class AdaptiveGamma:
 class AdaptState:
   """The loop's running estimate, its next choice and its record.
 
-  accepted_B2, rejected_B2: float32 `[B, 2]` decayed counts of accepted
-  and rejected drafts, first drafts in column 0, later ones in 1;
-  branch: int32 `[]` the index into Γ of the next iteration;
-  limit_B: int32 `[B]` each row's valid drafts in the next iteration;
-  trace_I: int32 `[I]` the call's γ at each iteration (-1 past the last);
-  synced_B: int32 `[B]` stream positions a drafter that `catches_up`
-  holds (it reads the rest before it drafts again);
-  peek_B: int32 `[B]` for a drafter that `offers_room`: the draft right
-  after the row's valid ones in the next iteration, as previewed (-1: none),
-  which `observe` compares with the token the target commits in its place;
-  probe_B: int32 `[B]` drafting iterations left in the row's probe (a
-  carried estimate only, `explore`);
-  slow_B2: float32 `[B, 2]` the long-run first-draft counts (accepted,
-  rejected), slowly forgotten (None: none, the prior alone);
-  idle_B: int32 `[B]` iterations since the row last drafted (-1: it has
-  not drafted in this call);
-  backoff_B: int32 `[B]` drafting iterations after a pause whose first
-  draft was rejected, since the row's last accepted first draft (its wait
-  before the next retry doubles with each).
+  accepted_B2, rejected_B2: float32 `[B, 2]` decayed counts of accepted and rejected drafts,
+  first drafts in column 0, later ones in 1; branch: int32 `[]` the index into Γ of the next
+  iteration; limit_B: int32 `[B]` each row's valid drafts in the next iteration; trace_I: int32
+  `[I]` the γ of each iteration (-1 past the last); synced_B: int32 `[B]` stream positions a
+  drafter that `catches_up` holds; peek_B: int32 `[B]` for a drafter that `offers_room`, the
+  previewed draft right after the row's valid ones (-1: none), which `observe` compares with
+  the target's token; probe_B: int32 `[B]` drafting iterations left in the row's probe;
+  slow_B2: float32 `[B, 2]` the long-run first-draft counts (accepted, rejected; None: the
+  prior alone); idle_B: int32 `[B]` iterations since the row last drafted (-1: not in this
+  call); backoff_B: int32 `[B]` retries rejected since the row's last accepted first draft
+  (each doubles its wait).
   """
 
   accepted_B2: jax.Array
@@ -216,15 +179,13 @@ class AdaptState:
   backoff_B: Optional[jax.Array] = None
   # Static: the estimate is carried across calls (rows without evidence probe).
   explore: bool = struct.field(pytree_node=False, default=False)
-  # Static: rows that stopped drafting retry (`AdaptiveGamma.retry_budget`;
-  # set by the decoder for drafters without previews).
+  # Static: rows that stopped drafting retry (set for drafters without previews).
   retries: bool = struct.field(pytree_node=False, default=False)
 
   @classmethod
   def zeros(cls, batch: int, iterations: int, start: Optional["Acceptance"] = None,
             retries: bool = False) -> "AdaptState":
-    """No evidence (the prior), or every row at a carried `start`
-    (`explore` then set); `retries`: rows that stopped drafting retry."""
+    """No evidence (the prior), or every row at a carried `start` (`explore` then set)."""
     z = jnp.zeros((batch, 2), jnp.float32)
     acc, rej = z, z
     if start is not None:
@@ -240,8 +201,7 @@ class AdaptState:
                explore=start is not None, retries=retries)
 
   def pooled(self) -> "Acceptance":
-    """What this call learned, for the next (`Acceptance`): the rows' counts
-    averaged."""
+    """What this call learned, for the next (`Acceptance`): the rows' counts averaged."""
     return Acceptance(jnp.mean(self.accepted_B2, axis=0), jnp.mean(self.rejected_B2, axis=0),
                       None if self.slow_B2 is None else jnp.mean(self.slow_B2, axis=0))
 
@@ -249,16 +209,12 @@ class AdaptState:
 @struct.dataclass
 class Acceptance:
   """A pair's acceptance estimate carried from call to call
-  (`speculative_generate(gamma="auto", acceptance=...)`, returned as
-  `out.stats.acceptance`).
+  (`speculative_generate(gamma="auto", acceptance=...)`, returned as `out.stats.acceptance`).
 
-  accepted_2, rejected_2: float32 `[2]` decayed counts of accepted and
-  rejected drafts (first drafts, later drafts: `AdaptState`'s columns),
-  averaged over the rows of the call that produced it; long_run_2:
-  float32 `[2]` the rows' long-run first-draft counts (accepted,
-  rejected: `AdaptState.slow_B2`), averaged (None: taken from the first
-  drafts' counts). `Acceptance.fresh()` starts a series: no evidence, so
-  the first call probes.
+  accepted_2, rejected_2: float32 `[2]` decayed counts of accepted and rejected drafts (first,
+  later: `AdaptState`'s columns), averaged over the call's rows; long_run_2: float32 `[2]` the
+  rows' long-run first-draft counts (`AdaptState.slow_B2`), averaged (None: the first drafts'
+  counts). `Acceptance.fresh()` starts a series: no evidence, so the first call probes.
   """
 
   accepted_2: jax.Array
@@ -291,14 +247,13 @@ def check_acceptance(acceptance) -> Acceptance:
 
 
 def probe_due(cfg: AdaptiveGamma, acceptance: Acceptance, steps: int) -> bool:
-  """Whether a carried estimate's rows probe within `steps` plain steps
-  (their first-draft evidence idles below `explore_below`) (host)."""
+  """Whether a carried estimate's rows probe within `steps` plain steps (host)."""
   return acceptance.evidence() * cfg.idle_decay ** steps < cfg.explore_below
 
 
 def after_idle(cfg: AdaptiveGamma, acceptance: Acceptance, steps_B: jax.Array) -> Acceptance:
-  """The carried estimate after each row ran `steps_B` plain steps
-  (nothing observed: the idle decay), averaged over the rows."""
+  """The carried estimate after each row ran `steps_B` plain steps (the idle decay), averaged
+  over the rows."""
   long = acceptance.long_run_2
   if long is None:
     long = jnp.stack([jnp.asarray(acceptance.accepted_2)[0], jnp.asarray(acceptance.rejected_2)[0]])
@@ -310,8 +265,8 @@ def after_idle(cfg: AdaptiveGamma, acceptance: Acceptance, steps_B: jax.Array) -
 
 
 def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
-  """`[B, 2]` the per-row acceptance estimates: of the first draft (a_b) and
-  of a draft after an accepted one (r_b) (docs/adaptive.md)."""
+  """`[B, 2]` per-row acceptance estimates: of the first draft (a_b) and of a draft after an
+  accepted one (r_b) (docs/adaptive.md)."""
   xp = _xp(st.accepted_B2)
   m = cfg.prior_weight
   acc, rej = st.accepted_B2, st.rejected_B2
@@ -322,8 +277,7 @@ def estimated_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
 
 
 def long_run_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
-  """`[B, 1]` each row's long-run first-draft rate (the prior of its
-  estimate; `prior_alpha` without slow counts)."""
+  """`[B, 1]` each row's long-run first-draft rate (`prior_alpha` without slow counts)."""
   xp = _xp(st.accepted_B2)
   if st.slow_B2 is None:
     return xp.full((st.accepted_B2.shape[0], 1), cfg.prior_alpha, xp.float32)
@@ -333,16 +287,14 @@ def long_run_alpha(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
 
 
 def _xp(x):
-  """numpy for host arrays (the API's one-row decisions: no dispatch), else
-  jax.numpy: the rule's functions below run on either."""
+  """numpy for host arrays (the API's one-row decisions: no dispatch), else jax.numpy."""
   return np if isinstance(x, np.ndarray) else jnp
 
 
 def expected_tokens(alpha_B2: jax.Array, k_BG: jax.Array) -> jax.Array:
-  """E[tokens committed] of an iteration proposing k drafts: 1 + a (1 −
-  r^k) / (1 − r), with a = alpha_B2[:, 0] (the first draft's acceptance)
-  and r = alpha_B2[:, 1] (a later draft's, given the one before it); a = r
-  = α gives (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023, eq. 1)."""
+  """E[tokens committed] of an iteration proposing k drafts: 1 + a (1 − r^k) / (1 − r), with
+  a = alpha_B2[:, 0] (the first draft's acceptance) and r = alpha_B2[:, 1] (a later draft's,
+  given the one before); a = r = α gives (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023, eq. 1)."""
   a, r = alpha_B2[:, :1], alpha_B2[:, 1:]
   return 1.0 + a * (1.0 - r ** k_BG.astype(np.float32)) / (1.0 - r)
 
@@ -350,13 +302,12 @@ def expected_tokens(alpha_B2: jax.Array, k_BG: jax.Array) -> jax.Array:
 def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array,
            room_B: Optional[jax.Array] = None,
            left_B: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
-  """(branch, limit_B): the index into Γ of this iteration's call and each
-  row's number of valid drafts (0: the row proposes nothing).
+  """(branch, limit_B): the index into Γ of this iteration's call and each row's number of
+  valid drafts (0: the row proposes nothing).
 
-  `costs_G`: seconds (or any unit) per iteration at each γ of Γ;
-  `room_B`: drafts each row can offer (None: max Γ); `left_B`: tokens each
-  row may still generate (None: as many for every row) — batch mode's
-  "finish" objective (docs/adaptive.md)."""
+  `costs_G`: seconds (or any unit) per iteration at each γ of Γ; `room_B`: drafts each row can
+  offer (None: max Γ); `left_B`: tokens each row may still generate, for the "finish"
+  objective (None: as many for every row)."""
   gam_G = jnp.asarray(cfg.gammas, jnp.int32)
   b = active_B.shape[0]
   room_B = jnp.full((b,), cfg.max_gamma, jnp.int32) if room_B is None else room_B
@@ -380,8 +331,7 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
     # The shortest call that holds every row's own drafts.
     branch = jnp.argmax(jnp.all(want_G, axis=0))
     return branch.astype(jnp.int32), limit_B.astype(jnp.int32)
-  # A drafting call verifies every row's drafts anyway: each active row
-  # sends its own (E_b(γ) >= 1 tokens), whether or not γ pays for it alone.
+  # A drafting call verifies every row's drafts anyway: each active row sends its own.
   if cfg.batch_objective == "throughput":
     score_G = jnp.sum(e_BG * active_B[:, None], axis=0) / costs_G
   else:   # 1 / (the time to finish at γ): c(γ) · max over active rows of n_b / E_b(γ)
@@ -390,9 +340,8 @@ def choose(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax
     iters_G = jnp.max(jnp.where(active_B[:, None], n_B[:, None] / e_BG, 0.0), axis=0)
     score_G = 1.0 / jnp.maximum(costs_G * iters_G, 1e-30)
   branch = jnp.argmax(score_G).astype(jnp.int32)
-  # Hysteresis: leaving the current γ costs a copy of the caches (a new
-  # segment) — except for plain steps, taken as soon as they score better
-  # (a margin there would keep a batch drafting at a loss).
+  # Hysteresis: leaving the current γ copies the caches; plain steps are taken as soon as they
+  # score better (a margin there would keep a batch drafting at a loss).
   stay = ((score_G[branch] <= score_G[st.branch] * (1.0 + cfg.switch_margin))
           & ~((gam_G[branch] == 0) & (score_G[branch] > score_G[st.branch])))
   branch = jnp.where(stay, st.branch, branch)
@@ -407,9 +356,8 @@ _NEVER = 2 ** 30     # steps_to_retry where no retry falls due
 
 
 def retry_wait(cfg: AdaptiveGamma, costs_G: jax.Array) -> jax.Array:
-  """float32 `[]`: the plain steps a row that stopped drafting waits before
-  its first retry, (c(γ₁) − c(0)) / (retry_budget · c(0)), at least 1
-  (infinite without a γ = 0 in Γ or without a budget)."""
+  """float32 `[]`: the plain steps before a stopped row's first retry, (c(γ₁) − c(0)) /
+  (retry_budget · c(0)), at least 1 (infinite without a γ = 0 in Γ or without a budget)."""
   if 0 not in cfg.gammas or cfg.retry_budget == 0:
     return jnp.float32(np.inf)
   i0, i1 = cfg.gammas.index(0), cfg.first_drafting
@@ -418,8 +366,7 @@ def retry_wait(cfg: AdaptiveGamma, costs_G: jax.Array) -> jax.Array:
 
 
 def _retry_wait_B(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array) -> jax.Array:
-  """float32 `[B]`: each row's wait in whole steps (float32 rounding of the
-  costs does not add a step)."""
+  """float32 `[B]`: each row's wait in whole steps (cost rounding does not add a step)."""
   wait_B = retry_wait(cfg, costs_G) * jnp.exp2(st.backoff_B.astype(jnp.float32))
   return jnp.ceil(wait_B - 1e-3)
 
@@ -430,20 +377,15 @@ def _retry_due(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array) -> jax.Ar
 
 
 def _retry_together(cfg: AdaptiveGamma) -> bool:
-  """Batch mode with the "finish" objective: a retry costs the whole batch
-  a drafting call and can change its choice only once the rows that keep
-  it plain have retried, so the batch retries when every active row that
-  drafted in the call is due (their waits doubling as before); otherwise
-  a row's retry is its own."""
+  """Batch mode with the "finish" objective: a retry costs the whole batch a drafting call, so
+  the batch retries once every active row that drafted is due; otherwise each row retries alone."""
   return not cfg.per_row and cfg.batch_objective == "finish"
 
 
 def steps_to_retry(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array,
                    active_B: jax.Array) -> jax.Array:
-  """int32 `[]`: plain steps until the next retry falls due — the first
-  active row's, or in batch mode with the "finish" objective the last one's
-  (`choose`) — 0: one is due now; a large number: none will (no retries, or
-  no row has drafted)."""
+  """int32 `[]`: plain steps until the next retry falls due (the first active row's; batch
+  "finish": the last one's); 0: one is due now; a large number: none will."""
   if not st.retries:
     return jnp.int32(_NEVER)
   left_B = jnp.ceil(_retry_wait_B(cfg, st, costs_G) - st.idle_B.astype(jnp.float32))
@@ -457,24 +399,14 @@ def steps_to_retry(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array,
 
 def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: jax.Array,
               remaining: Optional[jax.Array] = None) -> jax.Array:
-  """bool `[]`: whether, from this state, plain steps alone (nothing
-  observed, the idle decay: a drafter without previews) can ever lead
-  `choose` to a γ > 0.
+  """bool `[]`: whether, from this state, plain steps alone (the idle decay, nothing observed:
+  a drafter without previews) can ever lead `choose` to a γ > 0.
 
-  Idle decay moves the long-run rate monotonically to `prior_alpha`, and
-  the first draft's rate is a weighted mean of its observed rate and the
-  long-run one, the observed weight shrinking (the bound below); the
-  later drafts' rate is a weighted mean of their observed rate and the
-  first's, so it never exceeds the largest of those; E(γ) grows with both
-  rates. If no γ > 0 pays for any active row at those ceilings (and with
-  all the room it could get), no later choice does either: a plain
-  segment can then run to the end without asking again (batch mode: not
-  by the switch margin, for the batch's best case). With the cheapest
-  γ = 0, that is the case exactly when the prior itself says drafting does
-  not pay here (and the current estimate is no better). With a carried
-  estimate (`st.explore`) a row may also probe: where its evidence idles
-  below `explore_below` within the `remaining` iterations (None: assume
-  it may), or it is probing."""
+  The rates' ceilings under idle decay bound every later choice (docs/adaptive.md, "Across
+  calls"): if no γ > 0 pays for any active row at them, a plain segment can run to the end
+  without asking again. With a carried estimate (`st.explore`) a row may also probe: where its
+  evidence idles below `explore_below` within `remaining` iterations (None: assume it may), or
+  it is probing."""
   xp = _xp(st.accepted_B2)   # numpy: the host's decision for a call, no dispatch
   probe_soon = xp.zeros((), bool)
   if st.explore:
@@ -501,8 +433,8 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
   cheapest_plain = gam_G[xp.argmin(costs_G)] == 0
   if cfg.per_row:
     return probe_soon | ~cheapest_plain | xp.any(active_B & (best_B > 0))
-  # Batch mode leaves γ = 0 only for a score better by the switch margin;
-  # Σ_b max(E_b, 1) bounds the tokens any set of drafting rows expects.
+  # Batch mode leaves γ = 0 only by the switch margin; Σ_b max(E_b, 1) bounds the tokens any
+  # set of drafting rows expects.
   tokens_G = xp.sum(xp.maximum(e_BG, 1.0) * active_B[:, None], axis=0)
   score_G = tokens_G / costs_G
   plain = xp.argmax(gam_G == 0)
@@ -511,12 +443,9 @@ def may_draft(cfg: AdaptiveGamma, st: AdaptState, costs_G: jax.Array, active_B: 
 
 
 def prior_may_draft(cfg: AdaptiveGamma, costs, start: Optional[Acceptance] = None) -> bool:
-  """`may_draft` at the start of a run (every row at the prior, or at a
-  carried `start` — not counting its probes: `probe_due`; one row stands
-  for all), evaluated on the host (numpy: the same function, no
-  dispatch). False: the rule would run plain steps to the end, so
-  `speculative_generate` runs plain decoding's program instead (the same
-  decisions, none of the drafter's work)."""
+  """`may_draft` at the start of a run (every row at the prior or a carried `start`, probes
+  not counted: `probe_due`), on the host. False: the rule would run plain steps to the end, so
+  `speculative_generate` runs plain decoding's program instead (the same decisions)."""
   start = check_acceptance(Acceptance.fresh() if start is None else start)
   zi = np.zeros((1,), np.int32)
   acc, rej = np.asarray(start.accepted_2)[None], np.asarray(start.rejected_2)[None]
@@ -528,17 +457,14 @@ def prior_may_draft(cfg: AdaptiveGamma, costs, start: Optional[Acceptance] = Non
 def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: jax.Array,
             active_B: jax.Array, step: jax.Array, next_B: Optional[jax.Array] = None
             ) -> AdaptState:
-  """The estimate after iteration `step` (run at `st.branch`), in which row
-  b had `valid_B[b]` valid drafts and accepted `accepted_B[b]` of them (a
-  rejection when fewer).
+  """The estimate after iteration `step` (run at `st.branch`), in which row b had `valid_B[b]`
+  valid drafts and accepted `accepted_B[b]` of them (a rejection when fewer).
 
-  `next_B`: the token the target committed after the accepted drafts (-1:
-  unknown). Where the row accepted all its valid drafts and a draft after
-  them was previewed (`peek_B`), that draft was accepted exactly if it
-  equals `next_B` — an observation of the first draft's rate (no valid
-  drafts) or of the later drafts' rate, with the probability the verifier
-  would have accepted it (greedy: equality with the target's argmax; a
-  deterministic draft d when sampling: q(d), the chance `next_B` is d)."""
+  `next_B`: the target's token after the accepted drafts (-1: unknown). Where the row accepted
+  all its valid drafts and a draft after them was previewed (`peek_B`), that draft counts as
+  accepted exactly if it equals `next_B`: an observation of the first (no valid drafts) or
+  later drafts' rate with the verifier's acceptance probability (greedy: the target's argmax;
+  a deterministic draft d when sampling: q(d))."""
   a = active_B.astype(jnp.float32)
   n, v = accepted_B, valid_B
   acc_B2 = jnp.stack([(n >= 1) & (v >= 1), jnp.zeros_like(v, bool)], axis=1).astype(jnp.float32)
@@ -592,8 +518,9 @@ def check_costs(cfg: AdaptiveGamma, costs) -> np.ndarray:
 
 def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Array
                ) -> AdaptState:
-  """The estimate after plain iterations start .. end - 1 (nothing observed:
-  the idle decay for each), recorded as γ = 0 in the trace."""
+  """The estimate after plain iterations start .. end - 1 (the idle decay for each), recorded
+  as γ = 0 in the trace."""
+
   d = jnp.power(jnp.float32(cfg.idle_decay), (end - start).astype(jnp.float32))
   i_I = jnp.arange(st.trace_I.shape[0])
   trace = jnp.where((i_I >= start) & (i_I < end), 0, st.trace_I)

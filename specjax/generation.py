@@ -1,49 +1,37 @@
 """Autoregressive and speculative generation: one jit, one `lax.while_loop`.
 
-Both decoders are frozen (hashable) dataclasses holding the static choices;
-their `init_state` / `step` / `finalize` are pure functions of explicit
-state, and `run` (jitted, caches donated) is init + while_loop + finalize.
-`specjax.generate` / `specjax.speculative_generate` validate the inputs and
-call `run`.
-
-Decoding state, per row b (see `protocol` for the decoder stream):
+Both decoders are frozen (hashable) dataclasses of static choices; `init_state` / `step` /
+`finalize` are pure functions of explicit state, and `run` (jitted, caches donated) is
+init + while_loop + finalize. Decoding state per row b (see `protocol` for the stream):
 
   * `seq_len[b]`: committed decoder positions held in the caches;
   * `pending[b]`: the last committed token, not yet fed to the target;
   * `prev[b]`: the token at position seq_len - 1 (the draft re-feeds it);
   * `out_len[b]`: generated tokens so far; `done[b]`: EOS or max reached.
 
-The first token comes from the target's prefill logits. A speculative
-iteration then, for all rows at once:
+The first token comes from the target's prefill logits. A speculative iteration, all rows at once:
 
-  1. the drafter proposes (`specjax.drafters`): a draft model (a
-     `ModelDrafter`) sets its length to seq_len - 1 and feeds [prev,
-     pending] (one T=2 call: it sees the corrected / bonus token of the last
-     iteration), then G - 1 single-token calls in a `lax.scan`; other
-     drafters copy n-grams, run the target's own weights, or build a token
-     tree. The proposal is the target call's tokens plus, for drafts with
-     distributions, those distributions;
-  2. target: sets its length to seq_len and runs the call once (the drafter's
-     `CallLayout`: [pending, d_1..d_G] causally, or a tree / lookahead block
-     with positions and a mask among the new tokens);
-  3. the drafts are verified (`verify_fn` for a chain with distributions,
-     `candidates_verify` for deterministic chains and candidate sets,
-     `tree_verify` for trees): n accepted tokens and the next one;
-  4. commits n + 1 tokens per row (fewer at EOS / max_new_tokens) and rolls
-     the caches back per row by lengths alone; accepted tokens that did not
-     sit right after the pending token (candidates, tree branches) have
-     their keys and values moved there (`copy_slots`, ≤ N slots per layer);
-  5. the drafter's `update` sees the commit (and, if it asks, the target's
-     hidden state at the last accepted token).
+  1. the drafter proposes (`specjax.drafters`): a draft model (`ModelDrafter`) sets its length
+     to seq_len - 1 and feeds [prev, pending] (one T=2 call: it sees the last iteration's
+     corrected / bonus token), then G - 1 single-token calls in a `lax.scan`; other drafters
+     copy n-grams, run the target's own weights, or build a token tree. The proposal is the
+     target call's tokens plus, for drafts with distributions, those distributions;
+  2. the target sets its length to seq_len and runs the call once (the drafter's `CallLayout`:
+     [pending, d_1..d_G] causally, or a tree / lookahead block with positions and a mask);
+  3. verification (`verify_fn` for a chain with distributions, `candidates_verify` for
+     deterministic chains and candidate sets, `tree_verify` for trees): n accepted + the next;
+  4. commit n + 1 tokens per row (fewer at EOS / max_new_tokens) and roll the caches back per
+     row by lengths alone; accepted tokens not right after the pending token (candidates, tree
+     branches) have their keys and values moved there (`copy_slots`, ≤ N slots per layer);
+  5. the drafter's `update` sees the commit (and, if asked, the target's hidden state at the
+     last accepted token).
 
-Randomness: row b draws everything from its own key: the prefill token from
-fold_in(key_b, 0), iteration i from fold_in(key_b, i + 1) (split in two: the
-draft's G uniforms in one PRNG call, the verifier's in another). With one key
-per row, a row's output therefore does not depend on the rest of the batch.
-Greedy decoding uses no random numbers: tokens are argmaxes, and with the
-default verifier `greedy_verify` makes the same decisions as the rejection
-rule on one-hot distributions. Each PRNG call is a rolled loop on XLA:CPU,
-so the number of calls per iteration is kept constant (not growing with G).
+Randomness: row b draws from its own key: the prefill token from fold_in(key_b, 0), iteration
+i from fold_in(key_b, i + 1) (split in two: the draft's G uniforms in one PRNG call, the
+verifier's in another), so a row's output does not depend on the rest of the batch. Greedy
+decoding draws nothing: with the default verifier `greedy_verify` makes the rejection rule's
+decisions on one-hot distributions. PRNG calls per iteration stay constant in G (each is a
+rolled loop on XLA:CPU).
 """
 
 from __future__ import annotations
@@ -78,8 +66,7 @@ EosIds = Optional[Union[int, Tuple[int, ...]]]
 
 
 def is_eos(tokens: jax.Array, eos_id: EosIds) -> jax.Array:
-  """bool, `tokens`' shape: where a token is one of the EOS ids (`eos_id`
-  not None)."""
+  """bool, `tokens`' shape: where a token is one of the EOS ids (`eos_id` not None)."""
   ids = (eos_id,) if isinstance(eos_id, int) else tuple(eos_id)
   hit = tokens == ids[0]
   for e in ids[1:]:
@@ -96,20 +83,15 @@ class DecodeStats:
     draft_calls: `[B]` draft forward passes after prefill (G per iteration).
     drafted: `[B]` draft tokens proposed.
     accepted: `[B]` draft tokens accepted.
-    accepted_hist: `[B, G + 1]` iterations that accepted exactly k drafts —
-      the acceptance per draft position: P(position i accepted) =
-      sum(hist[k] for k >= i) / sum(hist).
-    nonfinite: `[B]` target calls (the prefill included) whose logits held a
-      NaN or +inf, or no finite value, at some position of the call (a
-      broken checkpoint, a bfloat16 overflow): the tokens drawn from them
-      mean nothing. `specjax.generate` / `speculative_generate` raise on it
-      by default (`nonfinite=`).
-    gamma_trace: for `gamma="auto"` (`specjax.adaptive`): int32
-      `[max_new_tokens]`, the γ of the call at each iteration (-1 past the
-      last); None otherwise.
-    acceptance: for `gamma="auto"`: the acceptance estimate at the end of
-      the call (`specjax.Acceptance`), to start the next call of a series
-      from (`acceptance=`); None otherwise.
+    accepted_hist: `[B, G + 1]` iterations that accepted exactly k drafts:
+      P(position i accepted) = sum(hist[k] for k >= i) / sum(hist).
+    nonfinite: `[B]` target calls (prefill included) whose logits held a NaN or +inf, or no
+      finite value, at some position (a broken checkpoint, a bfloat16 overflow): their tokens
+      mean nothing. `generate` / `speculative_generate` raise on it by default (`nonfinite=`).
+    gamma_trace: for `gamma="auto"` (`specjax.adaptive`): int32 `[max_new_tokens]`, the γ of
+      each iteration (-1 past the last); None otherwise.
+    acceptance: for `gamma="auto"`: the final acceptance estimate (`specjax.Acceptance`), to
+      start the next call of a series from (`acceptance=`); None otherwise.
   """
 
   target_calls: jax.Array
@@ -128,10 +110,9 @@ class DecodeStats:
 
   @classmethod
   def from_histogram(cls, accepted_hist: Any, drafted: Any = 0) -> "DecodeStats":
-    """Stats of one row holding totals: an accepted-length histogram
-    `[..., G + 1]` of any rows and calls (summed over its leading axes) and
-    the drafted tokens (summed) — how a program's stored records are read
-    back into τ / α by the arithmetic of a run's stats. Call counters are 0."""
+    """Stats of one row holding totals: an accepted-length histogram `[..., G + 1]` (summed
+    over its leading axes) and the drafted tokens (summed), so stored records read back into
+    τ / α by a run's arithmetic. Call counters are 0."""
     hist = np.asarray(accepted_hist)
     if hist.ndim < 1 or hist.shape[-1] < 1 or hist.dtype.kind not in "iuf":
       raise ValueError(f"accepted_hist must be a histogram [..., G + 1] of counts, got "
@@ -148,19 +129,17 @@ class DecodeStats:
 
   @property
   def tokens_per_iteration(self) -> float:
-    """τ: mean tokens per speculative iteration (accepted drafts + 1) over
-    every row's iterations, before EOS / max_new_tokens cuts; NaN without
-    one. The measured counterpart of `theory.expected_tokens_per_call`."""
+    """τ: mean tokens per speculative iteration (accepted drafts + 1) over every row's
+    iterations, before EOS / max_new_tokens cuts; NaN without one
+    (measured `theory.expected_tokens_per_call`)."""
     hist = _host_sum(self.accepted_hist, last=True)
     n = hist.sum()
     return float((hist * np.arange(1, hist.size + 1)).sum() / n) if n else float("nan")
 
   def alpha(self, gamma: Optional[int] = None) -> float:
-    """α: accepted / drafted tokens, all rows together; with a fixed
-    `gamma`, accepted / (γ · iterations) — every iteration counted as γ
-    drafts (a drafter that proposed fewer, e.g. no prompt-lookup match,
-    counts the missing ones as rejected), Leviathan et al.'s α at that γ.
-    NaN when nothing was drafted."""
+    """α: accepted / drafted tokens, all rows together; with a fixed `gamma`, accepted /
+    (γ · iterations), missing drafts (e.g. no prompt-lookup match) counted as rejected:
+    Leviathan et al.'s α at that γ. NaN when nothing was drafted."""
     if gamma is not None and (isinstance(gamma, bool) or not isinstance(gamma, int)
                               or gamma < 1):
       raise ValueError(f"gamma must be None or an integer >= 1, got {gamma!r}")
@@ -169,17 +148,16 @@ class DecodeStats:
 
   @property
   def acceptance_by_position(self) -> np.ndarray:
-    """float64 `[G]`: P(draft position i accepted), i = 1..G, = Σ_{k ≥ i}
-    hist[k] / Σ hist over every row's iterations (NaN without one)."""
+    """float64 `[G]`: P(draft position i accepted), i = 1..G, = Σ_{k ≥ i} hist[k] / Σ hist
+    over every row's iterations (NaN without one)."""
     hist = _host_sum(self.accepted_hist, last=True)
     n = hist.sum()
     return np.cumsum(hist[::-1])[::-1][1:] / n if n else np.full(hist.size - 1, np.nan)
 
 
 def _host_sum(x: Any, last: bool = False) -> np.ndarray:
-  """float64 on the host: `x` summed over every axis (`last`: all but the
-  last, `[..., K]` → `[K]`), on the device for a jax.Array (rows split
-  over hosts)."""
+  """float64 on the host: `x` summed over every axis (`last`: all but the last, `[..., K]` →
+  `[K]`), on the device for a jax.Array (rows split over hosts)."""
   axes = tuple(range(np.ndim(x) - 1)) if last else None
   x = jnp.sum(x, axis=axes) if isinstance(x, jax.Array) else np.sum(x, axis=axes)
   return np.asarray(x, np.float64)
@@ -193,9 +171,8 @@ class GenerationOutput:
     tokens: int32 `[B, max_new_tokens]`; slots past `lengths` hold pad_id.
     lengths: int32 `[B]` generated tokens per row (EOS included).
     stats: `DecodeStats`.
-    target_cache / draft_cache: the final caches (donated inputs come back
-      here and can be passed to the next call); draft_cache is None for
-      autoregressive decoding.
+    target_cache / draft_cache: the final caches (donated inputs come back here, for the next
+      call); draft_cache is None for autoregressive decoding.
   """
 
   tokens: jax.Array
@@ -211,8 +188,7 @@ class GenerationOutput:
 
   @property
   def mean_tokens_per_iteration(self) -> float:
-    """`DecodeStats.tokens_per_iteration`: the mean of (accepted + 1) over
-    speculative iterations."""
+    """`DecodeStats.tokens_per_iteration`: mean (accepted + 1) per iteration."""
     return self.stats.tokens_per_iteration
 
   @property
@@ -225,9 +201,8 @@ class GenerationOutput:
 class DecodeState:
   """Loop state shared by both decoders (shapes per `protocol`).
 
-  tokens `[B, N + C]` output buffer (C = tokens one step can commit),
-  out_len / seq_len / pending / prev `[B]` int32, done `[B]` bool,
-  keys `[B]` typed PRNG keys, step `[]` int32, caches, stats.
+  tokens `[B, N + C]` output buffer (C = tokens one step can commit), out_len / seq_len /
+  pending / prev `[B]` int32, done `[B]` bool, keys `[B]` typed PRNG keys, step `[]` int32.
   """
 
   step: jax.Array
@@ -245,9 +220,9 @@ class DecodeState:
 
 
 def nonfinite_rows(logits_BV: jax.Array) -> jax.Array:
-  """int32 `[B]`: 1 where row b's logits (`[B, V]` or `[B, T, V]`) hold a
-  NaN or +inf, or no finite value, at some position; -inf alone (a token
-  ruled out) is fine. One max over V per position (NaN propagates)."""
+  """int32 `[B]`: 1 where row b's logits (`[B, V]` or `[B, T, V]`) hold a NaN or +inf, or no
+  finite value, at some position; -inf alone (a token ruled out) is fine. One max over V per
+  position (NaN propagates)."""
   top = jnp.max(logits_BV, axis=-1).reshape(logits_BV.shape[0], -1)
   return jnp.any(~jnp.isfinite(top), axis=1).astype(jnp.int32)
 
@@ -262,9 +237,8 @@ def _fold_keys(keys_B: jax.Array, data) -> jax.Array:
 
 def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: int,
             eos_id: EosIds) -> Tuple[DecodeState, jax.Array]:
-  """Appends the first count_B[b] of new_BC[b] to each active row's output,
-  cut at EOS and at max_new. Returns the state (caches untouched) and the
-  committed counts (0 for done rows)."""
+  """Appends the first count_B[b] of new_BC[b] to each active row's output, cut at EOS and
+  max_new. Returns the state (caches untouched) and the committed counts (0 for done rows)."""
   c = new_BC.shape[1]
   j_C = jnp.arange(c)
   if eos_id is not None:
@@ -293,11 +267,9 @@ def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: 
 class Prefill:
   """A target's prefill, done once and decoded from by any decoder.
 
-  first `[B]` int32: the first generated token (drawn from the prefill
-  logits with the rows' keys, as a decoder's own prefill draws it); last
-  `[B]` int32: each prompt's last token; cache: the target's cache holding
-  the prompts (lengths = the prompt lengths); nonfinite `[B]` int32: 1 where
-  the prefill logits were not finite (`DecodeStats.nonfinite`)."""
+  first `[B]` int32: the first generated token (drawn with the rows' keys, as a decoder's own
+  prefill draws it); last `[B]` int32: each prompt's last token; cache: the target's cache
+  holding the prompts; nonfinite `[B]` int32: 1 where the prefill logits were not finite."""
 
   first: jax.Array
   last: jax.Array
@@ -360,9 +332,8 @@ def _loop(step_fn, state: DecodeState, max_iters: int) -> DecodeState:
 class AutoregressiveDecoder:
   """Plain decoding: one target call per token. Static configuration.
 
-  `count_nonfinite`: count each call's non-finite logits in
-  `DecodeStats.nonfinite` (False: only the prefill's; for measuring what
-  the count costs).
+  `count_nonfinite`: count each call's non-finite logits in `DecodeStats.nonfinite` (False:
+  only the prefill's; for measuring what the count costs).
   """
 
   model: Any
@@ -371,10 +342,9 @@ class AutoregressiveDecoder:
   eos_id: EosIds = None
   pad_id: int = 0
   count_nonfinite: bool = True
-  # Stats as an adaptive loop with this Γ that never drafted reports them
-  # (`speculative_generate(gamma="auto")` where drafting cannot pay runs
-  # this program): accepted_hist `[B, max Γ + 1]`, a gamma_trace of zeros,
-  # the acceptance estimate after the steps' idle decay.
+  # Report stats as an adaptive loop with this Γ that never drafted (gamma="auto" where drafting
+  # cannot pay runs this program): accepted_hist `[B, max Γ + 1]`, a zero gamma_trace, the
+  # acceptance estimate after the idle decay.
   report_adaptive: Optional[AdaptiveGamma] = None
 
   def init_state(self, params, prompts_BP, lengths_B, keys_B, cache,
@@ -401,8 +371,8 @@ class AutoregressiveDecoder:
   def run(self, params, prompts_BP, lengths_B, keys_B, cache,
           prefilled: Optional[Prefill] = None,
           acceptance: Optional[adapt_lib.Acceptance] = None) -> GenerationOutput:
-    """`prefilled` (donated): decode from it; `cache` is then None.
-    `acceptance`: with `report_adaptive`, the carried estimate to idle."""
+    """`prefilled` (donated): decode from it (`cache` None). `acceptance`: with
+    `report_adaptive`, the carried estimate to idle."""
     if acceptance is not None and self.report_adaptive is None:
       raise ValueError("acceptance is reported by a decoder with report_adaptive set")
     with decode_mesh(params):
@@ -414,16 +384,9 @@ class AutoregressiveDecoder:
 class SpeculativeDecoder:
   """Draft-then-verify decoding. Static configuration.
 
-  `drafter` is a `specjax.drafting.Drafter` (`specjax.drafters`: a draft
-  model wrapped in `ModelDrafter`, prompt lookup, self-speculative,
-  lookahead, Medusa, EAGLE, ...). One iteration: the drafter proposes; the
-  target runs once on the call the drafter's `layout` describes; the drafts
-  are verified exactly (`specjax.verify`: the rejection rule for drafts with
-  distributions, the one-hot rule for deterministic drafts and candidate
-  sets); the accepted tokens and the next are committed; if the accepted
-  tokens did not sit right after the pending token in the call, their keys
-  and values are moved there (`copy_slots`); the drafter sees the result
-  (`update`).
+  `drafter` is a `specjax.drafting.Drafter` (`specjax.drafters`: a draft model in
+  `ModelDrafter`, prompt lookup, self-speculative, lookahead, Medusa, EAGLE, ...). One
+  iteration is the module docstring's five steps; verification is exact (`specjax.verify`).
   """
 
   target: Any
@@ -486,9 +449,9 @@ class SpeculativeDecoder:
     state = _initial_state(first_B, last_B, target_cache, draft_state, keys_B,
                            self.max_new_tokens, n + 1, n, self.pad_id, self.eos_id, bad_B)
     if self.adaptive is not None:
-      # The drafter's prefill holds the prompt: positions < seq_len.
-      # Rows that stopped drafting retry, unless plain steps observe the
-      # drafts anyway (a drafter that previews them).
+      # The drafter's prefill holds positions < seq_len. Rows that stopped drafting retry,
+      # unless plain steps observe the drafts anyway (a drafter that previews them).
+
       adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens, acceptance,
                                          retries=not drafter.offers_room)
       state = state.replace(adapt=adapt.replace(synced_B=state.seq_len))
@@ -502,10 +465,9 @@ class SpeculativeDecoder:
     return self.verify_fn
 
   def _verify_call(self, key_B, proposal: Proposal, q_BTV, children_BTC=None):
-    """(slots_BN, accepted_B, next_B, chain_B): the call positions of the
-    accepted tokens (the first accepted_B of each row), the token after them
-    and the chain they came from (0 for trees). `children_BTC`: a dynamic
-    tree's per-row children."""
+    """(slots_BN, accepted_B, next_B, chain_B): the accepted tokens' call positions (the first
+    accepted_B per row), the token after them and their chain (0 for trees).
+    `children_BTC`: a dynamic tree's per-row children."""
     lay = self.layout
     chains = jnp.asarray(np.asarray(lay.chains_KN), jnp.int32)
     if lay.is_tree:
@@ -545,8 +507,8 @@ class SpeculativeDecoder:
 
   def step(self, target_params, draft_params, state: DecodeState,
            gamma_costs: Optional[jax.Array] = None) -> DecodeState:
-    """One iteration; `gamma_costs` (`[len(Γ)]`) for an adaptive decoder
-    (which runs the branch its state chose, then chooses the next)."""
+    """One iteration; `gamma_costs` (`[len(Γ)]`) for an adaptive decoder (which runs the
+    branch its state chose, then chooses the next)."""
     if self.adaptive is None:
       return self._iterate(target_params, draft_params, state)[0]
     if gamma_costs is None:
@@ -561,10 +523,9 @@ class SpeculativeDecoder:
         functools.partial(one, i) for i in range(len(self.adaptive.gammas))], state)
 
   def catch_up(self, draft_params, state: DecodeState) -> DecodeState:
-    """A drafter that `catches_up` reads the committed tokens it missed
-    during plain steps, in calls of max Γ + 1 tokens (so the writes stay
-    within the room the caches keep for one iteration's drafts); others are
-    returned as they are."""
+    """A drafter that `catches_up` reads the committed tokens it missed during plain steps, in
+    calls of max Γ + 1 tokens (the writes stay within the room the caches keep for one
+    iteration's drafts); others are returned as they are."""
     drafter = self.drafter
     if not drafter.catches_up:
       return state
@@ -589,17 +550,16 @@ class SpeculativeDecoder:
     return jax.lax.while_loop(lambda st: jnp.any(lagging(st)), feed, state)
 
   def choose(self, draft_params, state: DecodeState, gamma_costs: jax.Array) -> DecodeState:
-    """The state with the next iteration's γ (`state.adapt.branch`) and each
-    row's valid drafts (`limit_B`) chosen from the state alone."""
+    """The state with the next γ (`state.adapt.branch`) and each row's valid drafts
+    (`limit_B`), chosen from the state alone."""
     ad = self.adaptive
     left_B = self.max_new_tokens - state.out_len   # the batch's "finish" objective
     if not self.drafter.offers_room:
       branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done,
                                          left_B=left_B)
       return state.replace(adapt=state.adapt.replace(branch=branch, limit_B=limit_B))
-    # The drafts each row would send, one past max Γ: the call is sized by
-    # how many there are, and the one after the row's valid drafts is kept
-    # to compare with the target's token (`adaptive.observe`).
+    # The drafts each row would send, one past max Γ: they size the call, and the one after the
+    # row's valid drafts is kept to compare with the target's token (`adaptive.observe`).
     room_B, drafts_BW = self.drafter.preview(draft_params, state.draft_cache,
                                              _draft_input(state), ad.max_gamma + 1)
     branch, limit_B = adapt_lib.choose(ad, state.adapt, gamma_costs, ~state.done,
@@ -622,8 +582,7 @@ class SpeculativeDecoder:
       dec = dataclasses.replace(self, gamma=g, adaptive=None)
       new, n_B, valid_B = dec._iterate(target_params, draft_params, state, state.adapt.limit_B)
       synced_B = new.seq_len - 1   # a proposal leaves the drafter holding all but the last
-    # The target's token after the accepted drafts (unknown where the row
-    # finished: its commit may stop short).
+    # The target's token after the accepted drafts (unknown where the row finished).
     next_B = jnp.where(new.done, -1, new.pending) if self.drafter.offers_room else None
     adapt = adapt_lib.observe(ad, state.adapt, n_B, valid_B, active_B, state.step, next_B)
     new = new.replace(adapt=adapt.replace(synced_B=synced_B))
@@ -631,25 +590,17 @@ class SpeculativeDecoder:
 
   def adaptive_loop(self, target_params, draft_params, state: DecodeState,
                     gamma_costs: jax.Array) -> DecodeState:
-    """The adaptive decoder's loop, in segments: an outer `while_loop`
-    dispatches (`lax.switch`) to an inner `while_loop` at one γ, which runs
-    while the choice stays there. Inside a segment the caches are updated in
-    place, as in a fixed-γ loop; XLA copies the loop-carried buffers when a
-    conditional's branch writes them, so only a change of γ pays a copy of
-    the caches (writing them inside a per-iteration switch cost a copy of
-    every cache per iteration).
+    """The adaptive decoder's loop, in segments: an outer `while_loop` dispatches
+    (`lax.switch`) to an inner `while_loop` at one γ, which runs while the choice stays there.
+    Inside a segment the caches are updated in place; XLA copies loop-carried buffers that a
+    conditional's branch writes, so only a change of γ pays a copy of the caches.
 
-    At γ = 0 nothing is observed, so the choice can change only through the
-    estimate's idle decay (and rows finishing): the segment runs blocks of
-    up to `plain_block` lean plain steps and revisits the choice after each
-    block, with the decay of the whole block — the per-iteration choice
-    costs as much as a small model's step on XLA:CPU (a few dozen tiny ops).
-    A drafter that `offers_room` (prompt lookup: a match can appear at any
-    token) is asked at every step, and each plain step observes whether its
-    first draft would have been accepted. Otherwise, where drafting cannot
-    pay even at the estimate's ceiling (`adaptive.may_draft`: e.g. the
-    prior's acceptance does not pay for this pair's costs), the block runs
-    to the end — or to the next retry of a row that stopped drafting
+    At γ = 0 nothing is observed, so the choice changes only through the idle decay (and rows
+    finishing): the segment runs blocks of up to `plain_block` plain steps and revisits the
+    choice after each, with the whole block's decay. A drafter that `offers_room` (prompt
+    lookup) is asked at every step, each plain step observing whether its first draft would
+    have been accepted. Where drafting cannot pay even at the estimate's ceiling
+    (`adaptive.may_draft`), the block runs to the end or to the next retry
     (`adaptive.steps_to_retry`)."""
     max_iters = self.max_new_tokens
     ad = self.adaptive
@@ -662,13 +613,11 @@ class SpeculativeDecoder:
 
     def plain_block(st):
       if self.drafter.offers_room:
-        # Its drafts change token by token, and a plain step observes whether
-        # the first would have been accepted: one observed step at a time.
+        # Its drafts change token by token: one observed step at a time.
         return self._adaptive_iteration(ad.gammas.index(0), target_params, draft_params, st,
                                         gamma_costs)
       start = st.step
-      # Where no γ > 0 can pay even at the estimate's ceiling, the rest is
-      # plain decoding: no more choices, no room asked (`may_draft`).
+      # No γ > 0 can pay even at the estimate's ceiling: plain decoding to the end.
       end = jnp.where(adapt_lib.may_draft(ad, st.adapt, gamma_costs, ~st.done,
                                           max_iters - st.step),
                       start + block, max_iters)
@@ -695,21 +644,20 @@ class SpeculativeDecoder:
 
     state = self.choose(draft_params, state, gamma_costs)
     if ad.gammas[0] == 0:
-      # A first plain segment outside the dispatch: where drafting never
-      # pays, the run never enters a conditional (nor copies its caches).
+      # A first plain segment outside the dispatch: where drafting never pays, the run never
+      # enters a conditional (nor copies its caches).
       state = segment(0)(state)
     return jax.lax.while_loop(
         running, lambda s: jax.lax.switch(s.adapt.branch, [segment(i) for i in range(n)], s),
         state)
 
   def _plain_iterate(self, target_params, draft_params, state: DecodeState):
-    """γ = 0 of an adaptive loop: one target step; the drafter sees the
-    commit (`update`), unless it `catches_up` (it reads these tokens before
-    it drafts again). Returns (state, accepted_B, valid_B) as `_iterate`."""
+    """γ = 0 of an adaptive loop: one target step; the drafter sees the commit (`update`)
+    unless it `catches_up` later. Returns (state, accepted_B, valid_B) as `_iterate`."""
     drafter = self.drafter
     active_B = ~state.done
     keys_B2 = _iteration_keys(state)
-    draft_state = state.draft_cache   # a drafter that catches_up reads these tokens later
+    draft_state = state.draft_cache
     target_cache = state.target_cache.replace(lengths=state.seq_len)
     hidden_B1X = None
     if drafter.needs_hidden:   # the drafter's update reads the target's state at the token
@@ -719,8 +667,8 @@ class SpeculativeDecoder:
     else:
       logits_B1V, target_cache = self.target.extend(target_params, state.pending[:, None],
                                                     target_cache)
-    # The verifier's first uniform: what a row with no valid drafts draws in
-    # any branch (prefix-consistent uniforms).
+    # The verifier's first uniform: what a row with no valid drafts draws in any branch
+    # (prefix-consistent uniforms).
     u_B = row_uniforms(keys_B2[:, 1], 1)[:, 0]
     next_B = draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
     state, count_B = _commit(state, next_B[:, None], jnp.ones_like(next_B),
@@ -746,8 +694,8 @@ class SpeculativeDecoder:
 
   def _iterate(self, target_params, draft_params, state: DecodeState,
                limit_B: Optional[jax.Array] = None):
-    """One iteration at `self.gamma`; row b proposes at most `limit_B[b]`
-    drafts (None: all). Returns (state, accepted_B, valid_B)."""
+    """One iteration at `self.gamma`; row b proposes at most `limit_B[b]` drafts (None: all).
+    Returns (state, accepted_B, valid_B)."""
     lay, drafter = self.layout, self.drafter
     n = lay.chain_len
     active_B = ~state.done
@@ -794,9 +742,8 @@ class SpeculativeDecoder:
     seq_before_B = state.seq_len
     state, count_B = _commit(state, new_BN1, n_B + 1, self.max_new_tokens, self.eos_id)
     if not lay.is_plain_chain:
-      # The accepted tokens' keys and values sit at their chain's call slots:
-      # move them right after the pending token (rows with nothing to move copy
-      # slots onto themselves or past their length: harmless).
+      # Move the accepted tokens' keys and values from their call slots to right after the
+      # pending token (rows with nothing to move copy onto themselves or past their length).
       target_cache = self.target.copy_slots(target_cache, seq_before_B[:, None] + slots_BN,
                                             seq_before_B + 1)
     last_hidden = path_hidden = None
@@ -833,10 +780,9 @@ class SpeculativeDecoder:
           draft_cache, prefilled: Optional[Prefill] = None,
           gamma_costs: Optional[jax.Array] = None,
           acceptance: Optional[adapt_lib.Acceptance] = None) -> GenerationOutput:
-    """`prefilled` (donated): decode from it; `target_cache` is then None.
-    `gamma_costs`: an adaptive decoder's cost per iteration at each γ of Γ
-    (data, not static: new costs reuse the compiled program); `acceptance`:
-    its carried estimate (`specjax.adaptive`; None: the prior)."""
+    """`prefilled` (donated): decode from it (`target_cache` None). `gamma_costs`: an adaptive
+    decoder's cost per iteration at each γ of Γ (data: new costs reuse the compiled program);
+    `acceptance`: its carried estimate (`specjax.adaptive`; None: the prior)."""
     if self.adaptive is not None:
       if gamma_costs is None:
         raise ValueError(f"an adaptive decoder needs gamma_costs: one cost per γ of "
@@ -851,8 +797,8 @@ class SpeculativeDecoder:
 
 
 def check_adaptive(drafter: Drafter, ad: AdaptiveGamma) -> None:
-  """Raises naming the drafter when it cannot change γ per iteration
-  (checked once per drafter and Γ: both are static and hashable)."""
+  """Raises naming the drafter when it cannot change γ per iteration (cached per drafter and
+  Γ: both static and hashable)."""
   if not isinstance(ad, AdaptiveGamma):
     raise TypeError(f"adaptive must be a specjax.adaptive.AdaptiveGamma, got {ad!r}")
   _check_adaptive_drafter(drafter, ad)
@@ -889,9 +835,8 @@ def _iteration_keys(state: DecodeState) -> jax.Array:
 @jax.jit(static_argnums=0, donate_argnames=("cache", "prefilled"))
 def autoregressive_loop(dec: AutoregressiveDecoder, params, prompts_BP, lengths_B, keys_B,
                         cache, prefilled=None, acceptance=None) -> GenerationOutput:
-  """The jitted program of `AutoregressiveDecoder.run` (prefill, loop, finalize);
-  `acceptance`: with `report_adaptive`, the carried estimate to report
-  after the idle decay (None: the prior, no evidence)."""
+  """The jitted program of `AutoregressiveDecoder.run` (prefill, loop, finalize); `acceptance`:
+  with `report_adaptive`, the carried estimate to report after the idle decay (None: prior)."""
   state = dec.init_state(params, prompts_BP, lengths_B, keys_B, cache, prefilled)
   state = _loop(lambda s: dec.step(params, s), state, dec.max_new_tokens)
   out = _finalize(state, dec.max_new_tokens, dec.pad_id)
@@ -903,9 +848,10 @@ def autoregressive_loop(dec: AutoregressiveDecoder, params, prompts_BP, lengths_
 
 def _as_plain_adaptive(stats: DecodeStats, ad: AdaptiveGamma, iterations: int,
                        acceptance: Optional[adapt_lib.Acceptance]) -> DecodeStats:
-  """Plain decoding's stats as an adaptive loop that stayed at γ = 0 reports
-  them: every iteration a plain step (0 of 0 drafts accepted), γ 0 in the
-  trace (`[iterations]`, -1 past the last), the estimate idled."""
+  """Plain decoding's stats as an adaptive loop that stayed at γ = 0 reports them: 0 of 0
+  drafts accepted per iteration, γ 0 in the trace (`[iterations]`, -1 past the last), the
+  estimate idled."""
+
   it_B = stats.target_calls - 1    # the prefill is a target call
   hist = jnp.zeros((it_B.shape[0], ad.max_gamma + 1), jnp.int32).at[:, 0].set(it_B)
   trace = jnp.where(jnp.arange(iterations) < jnp.max(it_B), 0, -1).astype(jnp.int32)

@@ -1,11 +1,9 @@
 """Logits → processed probabilities, and sampling from them.
 
-The speculative accept/reject rule is exact only when the draft's and the
-target's distributions are processed the *same* way (temperature, top-k,
-top-p) before they are compared: processing only one side changes the
-distribution sampled (vLLM PR 10198, transformers issue 47932 are that bug).
-`process_logits` is therefore the single place where that processing
-happens; both models go through it.
+The speculative accept/reject rule is exact only when the draft's and the target's
+distributions are processed the *same* way (temperature, top-k, top-p) before they are
+compared (vLLM PR 10198, transformers issue 47932 are that bug), so `process_logits` is the
+single place where that happens; both models go through it.
 
 Shapes: any leading dims `[...]`, vocabulary last (`V`).
 """
@@ -32,15 +30,13 @@ class SamplingConfig:
   """How logits become a distribution to sample from.
 
   Attributes:
-    temperature: softmax temperature; 0 means greedy (the distribution is a
-      one-hot on the argmax, so speculative greedy equals plain greedy).
-    top_k: keep only the k most likely tokens (ties at the k-th value are
-      kept); 0 disables.
-    top_p: nucleus sampling, keep the smallest set of most likely tokens whose
-      mass reaches top_p; 1.0 disables. Must lie in (0, 1].
+    temperature: softmax temperature; 0 means greedy (a one-hot on the argmax, so speculative
+      greedy equals plain greedy).
+    top_k: keep only the k most likely tokens (ties at the k-th value kept); 0 disables.
+    top_p: nucleus sampling, keep the smallest set of most likely tokens whose mass reaches
+      top_p; 1.0 disables. Must lie in (0, 1].
 
-  Processing order (as in transformers): temperature, then top-k, then top-p,
-  renormalising after each filter.
+  Order (as in transformers): temperature, top-k, top-p, renormalising after each filter.
   """
 
   temperature: float = 1.0
@@ -70,14 +66,11 @@ def greedy() -> SamplingConfig:
 
 
 def argmax_first(x: jax.Array, axis: int = -1) -> jax.Array:
-  """int32 index of the maximum along `axis`, the first one on ties: exactly
-  `jnp.argmax` (a NaN counts as the maximum, the first NaN wins).
+  """int32 index of the maximum along `axis`, the first one on ties: exactly `jnp.argmax` (a
+  NaN counts as the maximum, the first NaN wins).
 
-  Two plain reductions (a max, then a min over the indices that reach it)
-  instead of `jnp.argmax`'s (value, index) pair reduction, which XLA:CPU
-  runs as a scalar loop several times slower (benchmarks/README.md), and a
-  greedy decoding iteration takes several (the draft's tokens, the target's
-  call, the verification).
+  Two plain reductions (a max, then a min over the indices that reach it) instead of
+  `jnp.argmax`'s (value, index) pair reduction, which XLA:CPU runs as a slow scalar loop.
   """
   if not -x.ndim <= axis < x.ndim:
     raise ValueError(f"axis must be in [{-x.ndim}, {x.ndim}) for an array of shape "
@@ -90,17 +83,13 @@ def argmax_first(x: jax.Array, axis: int = -1) -> jax.Array:
 
 
 def vocab_shards(vocab: int) -> int:
-  """The pieces a vocabulary of `vocab` tokens is split into when traced under a
-  mesh (`jax.set_mesh`: what `specjax.generate` / `speculative_generate` and
-  `specjax.aot` trace decoding under when the params are split): the size of
-  its `model` axis where it divides `vocab`, else 1 (also outside a mesh).
+  """The pieces a vocabulary of `vocab` tokens is split into when traced under a mesh
+  (`jax.set_mesh`, as decoding is when the params are split): the size of its `model` axis
+  where it divides `vocab`, else 1 (also outside a mesh). Static: the mesh's shape only.
 
-  The sampler's passes over the vocabulary (`sample_from_uniform`,
-  `top_k_over_vocab`, `gather_over_vocab`) take a shape that follows these
-  pieces, so that over logits left split by the vocab-parallel LM head
-  (`specjax.parallel.rules.whole_vocab`) each device works on its own slice and
-  only per-row scalars cross devices. A static choice: it depends on the mesh's
-  shape, never on a value."""
+  The sampler's passes over the vocabulary follow these pieces, so over logits split by the
+  vocab-parallel LM head each device works on its own slice and only per-row scalars cross
+  devices."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or "model" not in mesh.axis_names:
     return 1
@@ -109,13 +98,11 @@ def vocab_shards(vocab: int) -> int:
 
 
 def top_k_over_vocab(x: jax.Array, k: int, shards: Optional[int] = None):
-  """`jax.lax.top_k(x, k)` over the last (vocabulary) axis, as (values, int32
-  indices), computed per vocabulary piece (`vocab_shards`) and merged: each of
-  the `shards` contiguous pieces keeps its own top k, and the top k of those
-  `shards * k` candidates is taken. The same values and indices as one
-  `top_k`, ties included (a lower index first: within a piece by `top_k`'s own
-  rule, across pieces because candidates are ordered by piece); a split
-  vocabulary then never has to be gathered. `shards`: default `vocab_shards`."""
+  """`jax.lax.top_k(x, k)` over the last (vocabulary) axis, as (values, int32 indices), per
+  vocabulary piece (`shards`, default `vocab_shards`) and merged: each piece keeps its top k,
+  then the top k of those `shards * k` candidates. The same values and indices as one `top_k`,
+  ties included (lower index first: candidates are ordered by piece); a split vocabulary is
+  never gathered."""
   v = x.shape[-1]
   m = vocab_shards(v) if shards is None else shards
   if m == 1 or v % m or k > v // m:
@@ -135,10 +122,8 @@ def gather_over_vocab(probs_XV: jax.Array, tokens_X: jax.Array,
                       shards: Optional[int] = None) -> jax.Array:
   """`probs_XV[..., tokens_X]` → `[...]`: each row's value at its token.
 
-  On one vocabulary piece (`vocab_shards` = 1) a gather; over a split
-  vocabulary a masked sum instead (one pass over each device's own slice and
-  a per-row all-reduce, where a gather over the split axis would have XLA move
-  the rows). The same values: the sum adds one entry to zeros."""
+  On one vocabulary piece a gather; over a split vocabulary a masked sum (a pass over each
+  device's slice and a per-row all-reduce, not a gather moving the rows). The same values."""
   m = vocab_shards(probs_XV.shape[-1]) if shards is None else shards
   if m == 1:
     return jnp.take_along_axis(probs_XV, tokens_X[..., None], axis=-1)[..., 0]
@@ -149,19 +134,17 @@ def gather_over_vocab(probs_XV: jax.Array, tokens_X: jax.Array,
 
 
 def _rows_whole(ndim: int) -> str:
-  """The `on_mesh` suffix of a per-row array whose every axis but the rows is
-  whole on each device: what the sampler pins its per-row results to over a
-  split vocabulary (XLA's propagation would otherwise spread the rows of such
-  small arrays over the `model` axis and gather them again at each use)."""
+  """The `on_mesh` suffix of a per-row array whole on each device but for the rows: the
+  sampler's per-row results over a split vocabulary (else XLA spreads such small arrays over
+  `model` and gathers them again at each use)."""
   return "B" + "_" * (ndim - 1)
 
 
 def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   """Turns logits `[..., V]` into the processed float32 distribution `[..., V]`.
 
-  Greedy configs give a one-hot on the argmax (first index on ties), so the
-  generic rejection rule reduces to "accept iff the draft token is the
-  target's argmax" and the residual to the target's argmax.
+  Greedy configs give a one-hot on the argmax (first index on ties), so the rejection rule
+  reduces to "accept iff the draft is the target's argmax", the residual to that argmax.
   """
   if not isinstance(config, SamplingConfig):
     raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
@@ -185,13 +168,11 @@ _UNROLL_MIN_VOCAB = 1024
 def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
   """Keeps the smallest set of most likely tokens whose mass reaches top_p.
 
-  The kept set is {p >= t*}, with t* the largest probability value v whose
-  upper mass M(v) = sum(p[p >= v]) still reaches top_p (ties at t* are kept;
-  the same set as sorting and cutting at the first cumulative sum >= top_p).
-  t* is found by bisection over the int32 bit patterns of the float32
-  probabilities (ordered like the floats for p >= 0): 31 O(V) passes instead
-  of an O(V log V) sort, which on XLA:CPU costs milliseconds per row at
-  V = 32k. Exact: the result is a probability value, not an approximation.
+  The kept set is {p >= t*}, t* the largest probability v whose upper mass
+  M(v) = sum(p[p >= v]) still reaches top_p (ties at t* kept; the set that sorting and cutting
+  at the first cumulative sum >= top_p gives). t* is found by bisection over the int32 bit
+  patterns of the float32 probabilities (ordered like the floats for p >= 0): 31 O(V) passes
+  instead of an O(V log V) sort. Exact: t* is a probability value, not an approximation.
   """
   bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
   lo = jnp.zeros(probs.shape[:-1], jnp.int32)       # M(0) = 1 >= top_p
@@ -203,12 +184,9 @@ def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
     ok = jnp.sum(jnp.where(bits >= mid[..., None], probs, 0.0), axis=-1) >= top_p
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-  # Unrolled for real vocabularies: a rolled loop costs ~1 us of loop overhead
-  # per pass and, for large [rows, V], a copy of the probabilities per pass on
-  # XLA:CPU (V = 32k, 20 rows: 5.4 ms unrolled, 8.0 ms rolled). Rolled below
-  # _UNROLL_MIN_VOCAB: there the 31 unrolled passes, repeated at every place a
-  # program filters (each draft step, the verify), double the compile time of
-  # a speculative loop (tiny decoder, V = 8: 15.6 s -> 7.1 s) for microseconds.
+  # Unrolled for real vocabularies: a rolled loop pays loop overhead and, on XLA:CPU, a copy of
+  # the probabilities per pass. Rolled below _UNROLL_MIN_VOCAB, where 31 unrolled passes at
+  # every filtering site would mostly add compile time.
   unroll = 31 if probs.shape[-1] >= _UNROLL_MIN_VOCAB else 1
   lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi), unroll=unroll)
   kept = jnp.where(bits >= lo[..., None], probs, 0.0)
@@ -219,22 +197,19 @@ _BLOCK = 128
 
 
 def row_uniforms(keys_B: jax.Array, n: int) -> jax.Array:
-  """`[B, n]` float32 uniforms in [0, 1), row b from `keys_B[b]` in one PRNG
-  call (each PRNG call is a loop of its own on XLA:CPU, so a decoding step
-  draws all it needs at once)."""
+  """`[B, n]` float32 uniforms in [0, 1), row b from `keys_B[b]`, in one PRNG call (each call
+  is a loop of its own on XLA:CPU, so a step draws all it needs at once)."""
   return on_mesh(jax.vmap(lambda k: jax.random.uniform(k, (n,), jnp.float32))(keys_B), "B_")
 
 
 def sample_tokens(keys_B: jax.Array, probs_BV: jax.Array) -> jax.Array:
   """Draws one token per row, row b with its own key `keys_B[b]`.
 
-  One float32 uniform per row (`jax.random.uniform(keys_B[b])`), then
-  `sample_from_uniform`.
+  One float32 uniform per row, then `sample_from_uniform`.
 
   Args:
     keys_B: typed PRNG keys `[B]`.
-    probs_BV: probabilities `[B, V]` (zeros allowed; rows must have mass;
-      need not sum exactly to 1).
+    probs_BV: probabilities `[B, V]` (zeros allowed; rows must have mass; need not sum to 1).
 
   Returns:
     int32 tokens `[B]`.
@@ -246,23 +221,14 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array,
                         shards: Optional[int] = None) -> jax.Array:
   """Inverse-CDF draw of one token per row from a uniform `u_B[b]` in [0, 1).
 
-  The method of `torch.multinomial`, done in two levels — blocks of 128
-  tokens, then within the chosen block — so it costs O(V) and one random
-  number instead of V Gumbel draws (on XLA:CPU `jax.random.categorical`
-  costs more than a small draft's forward pass at real vocabularies:
-  `benchmarks/sampling_bench.py`). Callers that need several draws per step take all their
-  uniforms from one PRNG call (each PRNG call is a loop of its own on CPU).
-  Tokens with zero probability are never drawn; probabilities are resolved to
-  the uniform's 2^-23 grid. A row with no mass at all gives V − 1 (an id the
-  models can embed; callers mark such draws invalid).
+  The method of `torch.multinomial` in two levels (blocks of 128 tokens, then within the chosen
+  block): O(V) and one random number instead of V Gumbel draws (`jax.random.categorical`).
+  Zero-probability tokens are never drawn; probabilities are resolved to the uniform's 2^-23
+  grid. A row with no mass gives V − 1 (an id the models can embed; callers mark it invalid).
 
-  Over a vocabulary split into `shards` pieces (default `vocab_shards`: the
-  mesh's `model` axis when traced under one) a level is added in front: the
-  piece, from the pieces' masses, then the two levels inside each piece, so a
-  device only passes over its own slice; the law is the same (each token's
-  probability is its piece's mass times its share of it), the token for a
-  given uniform may differ where float rounding of the partial sums moves a
-  boundary past it.
+  Over a vocabulary split into `shards` pieces a level is added in front (the piece, from the
+  pieces' masses), so a device passes only over its own slice; the law is the same, though the
+  token for a given uniform may differ where float rounding moves a boundary past it.
 
   Args:
     u_B: float32 uniforms `[B]` in [0, 1).
@@ -295,8 +261,8 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array,
 
 
 def _draw_over_pieces(u_B: jax.Array, probs_BV: jax.Array, m: int) -> jax.Array:
-  """The draw over m vocabulary pieces held together (off a mesh): the
-  per-device draw `_draw_own_piece`, mapped over the pieces as the `model` axis."""
+  """The draw over m vocabulary pieces held together (off a mesh): `_draw_own_piece` mapped
+  over the pieces as the `model` axis."""
   b, v = probs_BV.shape
   per_piece = jax.vmap(_draw_own_piece, in_axes=(None, 1),
                        axis_name="model")(u_B, probs_BV.reshape(b, m, v // m))
@@ -304,11 +270,10 @@ def _draw_over_pieces(u_B: jax.Array, probs_BV: jax.Array, m: int) -> jax.Array:
 
 
 def _draw_own_piece(u_B: jax.Array, probs_BW: jax.Array) -> jax.Array:
-  """The draw over vocabulary pieces on one device of the `model` axis, holding
-  piece `axis_index("model")` of the vocabulary (`[B, W]`): the pieces' masses
-  gathered, the piece chosen from them, every piece drawing with what the target
-  leaves after the pieces before it (the partial sums `_choose` compared, so the
-  chosen piece's share is >= 0), and the chosen piece's token summed over the axis."""
+  """The draw on one device of the `model` axis, holding piece `axis_index("model")` (`[B, W]`):
+  the pieces' masses gathered, the piece chosen, every piece drawing with the target left
+  after the pieces before it (the partial sums `_choose` compared, so the chosen piece's share
+  is >= 0), and the chosen piece's token summed over the axis."""
   me = jax.lax.axis_index("model")
   mass_BM = jax.lax.all_gather(jnp.sum(probs_BW, axis=-1), "model", axis=1)   # [B, M]
   target_B = u_B * jnp.cumsum(mass_BM, axis=-1)[:, -1]
@@ -319,25 +284,23 @@ def _draw_own_piece(u_B: jax.Array, probs_BW: jax.Array) -> jax.Array:
 
 
 def _choose(mass_XN: jax.Array, target_X: jax.Array):
-  """The first of N consecutive bins whose cumulative mass exceeds `target_X`
-  (a bin with mass: the clamp only guards float rounding of the target up to
-  the total), the mass before it, and the mass before every bin: `(bin_X,
-  before_X, excl_XN)`."""
+  """`(bin_X, before_X, excl_XN)`: the first of N bins whose cumulative mass exceeds
+  `target_X` (a bin with mass: the clamp guards float rounding of the target up to the total),
+  the mass before it, and the mass before every bin."""
   n = mass_XN.shape[-1]
   cdf_XN = jnp.cumsum(mass_XN, axis=-1)
   last_X = n - 1 - jnp.argmax((mass_XN > 0)[..., ::-1], axis=-1)
   bin_X = jnp.minimum(jnp.sum(cdf_XN <= target_X[..., None], axis=-1), last_X)
-  # Mass before the bin, as the previous cumulative sum itself (<= target by
-  # the choice of bin), so zero-probability tokens are never picked.
+  # Mass before the bin as the previous cumulative sum itself (<= target by the choice of
+  # bin), so zero-probability tokens are never picked.
   excl_XN = jnp.concatenate([jnp.zeros_like(cdf_XN[..., :1]), cdf_XN[..., :-1]], axis=-1)
   before_X = jnp.take_along_axis(excl_XN, bin_X[..., None], axis=-1)[..., 0]
   return bin_X, before_X, excl_XN
 
 
 def _inverse_cdf(probs_XV: jax.Array, u_X=None, target_X=None) -> jax.Array:
-  """The two-level draw of `sample_from_uniform` over the last axis, for any
-  leading axes: from a uniform `u_X` (the target is u times the row's mass) or
-  from a `target_X` mass directly. Returns int32 indices `[...]`."""
+  """The two-level draw of `sample_from_uniform` over the last axis: from a uniform `u_X` (the
+  target is u times the row's mass) or a `target_X` mass. Returns int32 indices `[...]`."""
   lead, v = probs_XV.shape[:-1], probs_XV.shape[-1]
   n_blocks = -(-v // _BLOCK)
   pad = [(0, 0)] * len(lead) + [(0, n_blocks * _BLOCK - v)]
@@ -350,16 +313,16 @@ def _inverse_cdf(probs_XV: jax.Array, u_X=None, target_X=None) -> jax.Array:
   within_XK = before_X[..., None] + jnp.cumsum(row_XK, axis=-1)
   last_in_X = _BLOCK - 1 - jnp.argmax((row_XK > 0)[..., ::-1], axis=-1)
   j_X = jnp.minimum(jnp.sum(within_XK <= target_X[..., None], axis=-1), last_in_X)
-  # A row with no mass names no token; keep its index inside the vocabulary (V − 1),
-  # where the block padding would otherwise put it: a drafter's empty child (top-p
-  # leaving fewer tokens than children) is still fed to the target, and an id past the
-  # embedding table turns the whole call, and the cache, into NaN.
+  # A row with no mass: keep its index inside the vocabulary (V − 1), not in the block padding:
+  # a drafter's empty child is still fed to the target, and an id past the embedding table
+  # turns the call, and the cache, into NaN.
   return jnp.minimum(blk_X * _BLOCK + j_X, v - 1).astype(jnp.int32)
 
 
 def draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
-  """One token per row: the argmax for greedy (the one-hot's only token; no
-  random numbers are then computed at all), else an inverse-CDF draw."""
+  """One token per row: the argmax for greedy (no random numbers used), else an inverse-CDF
+  draw."""
+
   if sampling.is_greedy:
     return argmax_first(probs_BV)
   return sample_from_uniform(u_B, probs_BV)

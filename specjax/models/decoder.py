@@ -1,8 +1,7 @@
 """Chinchilla-style decoder-only language model with a static KV cache.
 
-Pre-norm transformer: RMSNorm, rotary positions, SwiGLU MLP, multi-head or
-grouped-query attention, tied or untied embeddings, no biases. `DecoderLM`
-follows `specjax.protocol.LanguageModel`.
+Pre-norm transformer: RMSNorm, rotary positions, SwiGLU MLP, multi-head or grouped-query
+attention, tied or untied embeddings, no biases. `DecoderLM` follows `protocol.LanguageModel`.
 
 Parameter tree (all kernels `[in..., out...]`):
 
@@ -16,10 +15,10 @@ Parameter tree (all kernels `[in..., out...]`):
   final_norm/scale [E]
   lm_head/kernel [E, V]        (absent when embeddings are tied)
 
-That is the standard layout. `DecoderLM.pack_params` gives the packed decode
-layout of the same weights (`qkv`, `gate_up`, `down_t` in place of the six
-projection kernels; `specjax.models.decoder_layout`), faster at decode time
-on CPU; every method takes either.
+That is the standard layout (training, checkpoints, transformers export). `DecoderLM.pack_params`
+gives the packed decode layout of the same weights (`qkv`, `gate_up`, `down_t` in place of the
+six projection kernels; `models.decoder_layout`), faster to decode on CPU; every method takes
+either.
 """
 
 from __future__ import annotations
@@ -58,51 +57,35 @@ class DecoderConfig:
     d_model: E.
     num_layers: L.
     num_heads: H query heads.
-    num_kv_heads: K key/value heads (K == H: multi-head; K < H: grouped-query;
-      must divide H).
+    num_kv_heads: K key/value heads (K == H: multi-head; K < H: grouped-query; divides H).
     head_dim: D.
     mlp_dim: F, the SwiGLU hidden width.
     tie_embeddings: output projection = embedding transposed.
     rope_theta: rotary base.
-    rope_scaling: a context-extension rule of the rotary frequencies
-      (`specjax.models.rope`: linear, llama3, yarn), as a dict or the
-      canonical (key, value) pairs it is stored as; None: plain rotary.
+    rope_scaling: a context-extension rule of the rotary frequencies (`models.rope`: linear,
+      llama3, yarn), as a dict or its canonical (key, value) pairs; None: plain rotary.
     qkv_bias: q, k and v projections carry biases (Qwen2 / Qwen2.5).
-    qk_norm: RMSNorm over the head dimension of every query and key head
-      before the rotary embedding (Qwen3), one scale `[D]` each for q and k.
-    sliding_window: a token attends only to the last `sliding_window`
-      positions, itself included (Mistral); None: the whole context.
+    qk_norm: RMSNorm over the head dimension of every query and key head before the rotary
+      embedding (Qwen3), one scale `[D]` each for q and k.
+    sliding_window: a token attends only to the last `sliding_window` positions, itself
+      included (Mistral); None: the whole context.
     norm_eps: RMSNorm epsilon.
     dtype: compute dtype name; param_dtype: parameter dtype name.
-    matvec_max_rows: how a call on N = B * T tokens computes each projection
-      (compute only: checkpoints restore across values). 1 < N <= this: one
-      matrix-vector product per token, issued back to back on the same
-      kernel, so the kernel streams from memory once and the other products
-      read it from cache; otherwise one matrix-matrix product. Which is faster
-      depends on the CPU (its caches, its neighbours' load), so
-      `specjax.tune_matvec_rows` measures both paths on this machine, picks
-      the value and stores it for this machine and model shape. None
-      (default): on the CPU backend the stored choice if there is one, else 0
-      (one matrix-matrix product per call, which never loses badly, where
-      per-token products can lose several-fold); 0 on other backends; 0 turns
-      it off.
-    prefill_chunk: a prefill of P > prefill_chunk positions runs as
-      ceil(P / prefill_chunk) calls of that many positions, each attending to
-      the cache the earlier ones wrote (compute only; the same values up to
-      float rounding). Attention scores then take `B·H·chunk·P` floats
-      instead of `B·H·P²`: a batch of 32 prompts of 4096 positions needs
-      12.9 GB per layer at once, 0.8 GB in chunks of 256. None: one call.
-    attention_kernel: "xla" (default, any backend) or "pallas": on a TPU,
-      attention over the cache in one fused kernel that keeps its scores on
-      chip (`specjax.models.attention_kernel`; compute only, the same values
-      up to float rounding; where `attention_kernel.fits` the cache and no
-      sliding window applies, else XLA's); "pallas_interpret": that kernel
+    matvec_max_rows: how a call on N = B * T tokens computes each projection (compute only:
+      checkpoints restore across values). 1 < N <= this: one matrix-vector product per token,
+      back to back on the same kernel (streamed from memory once, then read from cache);
+      otherwise one matrix-matrix product. Which is faster depends on the CPU, so
+      `specjax.tune_matvec_rows` measures both and stores the choice per machine and model
+      shape. None (default): on CPU the stored choice, else 0; 0 on other backends; 0: off.
+    prefill_chunk: a prefill of P > prefill_chunk positions runs as ceil(P / prefill_chunk)
+      calls, each attending to the cache the earlier ones wrote (compute only; the same values
+      up to float rounding): attention scores take `B·H·chunk·P` floats instead of `B·H·P²`.
+      None: one call.
+    attention_kernel: "xla" (default, any backend) or "pallas": on a TPU, attention over the
+      cache in one fused kernel that keeps its scores on chip (`models.attention_kernel`;
+      compute only, the same values up to float rounding; used where `attention_kernel.fits`
+      the cache and no sliding window applies, else XLA's); "pallas_interpret": that kernel
       through Pallas's interpreter, on any backend (tests).
-
-  The parameter tree has two layouts of the same weights: the standard one
-  above (training, checkpoints, transformers export) and a packed decode
-  layout (`DecoderLM.pack_params`) with fewer, wider kernels. Every method
-  takes either.
   """
 
   vocab_size: int
@@ -175,13 +158,9 @@ def _cfg(**kw) -> DecoderConfig:
   return DecoderConfig(**kw)
 
 
-# Named shapes. Chinchilla-70B: 80 layers, d_model 8192, 64 heads of 128,
-# vocab 32k (Hoffmann et al. 2022). Chinchilla's MLP was 4x wide with two
-# matrices; with SwiGLU's three matrices we use F = 22016 (~2/3 * 4 * E, a
-# multiple of 256), which keeps the per-layer FLOPs and gives ~65B params.
-# The 4B draft follows Chen et al. 2023's latency-first design: few, wide
-# layers (8 layers of width 6144), since a draft's sampling latency is set by
-# its depth (sequential layer steps), not its width.
+# Named shapes. Chinchilla-70B (Hoffmann et al. 2022) with SwiGLU: F = 22016 (~2/3 * 4 * E, a
+# multiple of 256) keeps the per-layer FLOPs of its 4x two-matrix MLP. The 4B draft follows
+# Chen et al. 2023: few, wide layers, since a draft's latency is set by its depth.
 DECODER_CONFIGS: Dict[str, DecoderConfig] = {
     "chinchilla-70b": _cfg(vocab_size=32000, d_model=8192, num_layers=80, num_heads=64,
                            num_kv_heads=64, head_dim=128, mlp_dim=22016),
@@ -226,10 +205,8 @@ def _dense(features, name, config, axis=-1, use_bias=False):
 
 
 def matvec_rows(config: DecoderConfig, packed: bool = False) -> int:
-  """`config.matvec_max_rows` resolved. None: on the CPU backend, the choice
-  `specjax.tune_matvec_rows` stored for this machine, model shape and
-  parameter layout (`specjax.models.matvec_cache`), else 0 (one
-  matrix-matrix product per call); 0 on other backends."""
+  """`config.matvec_max_rows` resolved. None: on CPU, the choice `specjax.tune_matvec_rows`
+  stored for this machine, shape and layout (`models.matvec_cache`), else 0; 0 elsewhere."""
   if config.matvec_max_rows is not None:
     return config.matvec_max_rows
   if jax.default_backend() != "cpu":
@@ -321,14 +298,11 @@ class DecoderModule(nn.Module):
   def __call__(self, tokens_BT: jax.Array, cache: KVCache, empty: bool = False,
                positions_BT=None, mask_TT=None, valid_BS=None,
                write_slots_BT=None, taps: Tuple[int, ...] = ()):
-    """`empty=True` (static): every row's length is 0 (prefill, full forward).
-    `positions_BT` (rotary positions; default lengths + 0..T-1) and `mask_TT`
-    (attention among the new tokens; default causal): see `DecoderLM.extend`.
-    `valid_BS` / `write_slots_BT`: a ring-buffer cache (`layers.attend_cached`).
-    Returns (final-normed states `[B, T, E]`, cache); with `taps` (static
-    block indices) also the residual streams after those blocks,
-    concatenated `[B, T, len(taps) * E]` (EAGLE-3's low / middle / high
-    features)."""
+    """`empty=True` (static): every row's length is 0 (prefill, full forward). `positions_BT` /
+    `mask_TT`: see `DecoderLM.extend`. `valid_BS` / `write_slots_BT`: a ring-buffer cache
+    (`layers.attend_cached`). Returns (final-normed states `[B, T, E]`, cache); with `taps`
+    (static block indices) also the residual streams after those blocks, concatenated
+    `[B, T, len(taps) * E]` (EAGLE-3's low / middle / high features)."""
     t = tokens_BT.shape[1]
     if positions_BT is None:
       positions_BT = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
@@ -351,8 +325,7 @@ class DecoderModule(nn.Module):
     return self.project(h_BTE)
 
   def project(self, h_xE: jax.Array) -> jax.Array:
-    """Hidden states `[..., E]` → float32 logits `[..., V]` (whole over the
-    vocabulary on every device: `rules.whole_vocab`)."""
+    """Hidden states `[..., E]` → float32 logits `[..., V]` (whole vocabulary on every device)."""
     c = self.config
     if self.is_initializing():
       logits = self.embed.attend(h_xE) if c.tie_embeddings else self.lm_head(h_xE)
@@ -402,16 +375,14 @@ class DecoderLM:
     return variables["params"]
 
   def expected_params(self, params=None) -> Dict[str, Any]:
-    """The parameter tree as `jax.ShapeDtypeStruct`s, in the layout of
-    `params` (standard, or packed by `pack_params`): what
-    `specjax.protocol.check_params` compares a call's params to."""
+    """The parameter tree as `jax.ShapeDtypeStruct`s in `params`' layout (standard or packed):
+    what `protocol.check_params` compares a call's params to."""
     return _expected_params(self, params is not None and decoder_layout.is_packed(params))
 
   def pack_params(self, params) -> Dict[str, Any]:
-    """The same weights in the packed decode layout (fewer, wider kernels:
-    see `specjax.models.decoder_layout`); faster decode steps on CPU. Pack
-    once, after restoring and before sharding; checkpoints and the
-    transformers export take the standard tree (`unpack_params`)."""
+    """The same weights in the packed decode layout (`models.decoder_layout`). Pack once, after
+    restoring and before sharding; checkpoints and the transformers export take the standard
+    tree (`unpack_params`)."""
     return decoder_layout.pack_params(params, self.config)
 
   def unpack_params(self, params) -> Dict[str, Any]:
@@ -421,13 +392,10 @@ class DecoderLM:
   def repeat_kv_heads(self, params, repeats: int) -> Tuple["DecoderLM", Dict[str, Any]]:
     """The same model with every key/value head stored `repeats` times.
 
-    Returns (a `DecoderLM` with `num_kv_heads * repeats` kv heads, its params):
-    kv head j of the result is a copy of head `j // repeats`, and query head
-    h reads kv head `h // (H / (K * repeats))` = a copy of `h // (H / K)`, so
-    the outputs are exactly the original's. Used to split the KV cache over a
-    model axis larger than K (`specjax.parallel.sharding.fit_to_mesh`): each
-    device then holds one copy of one head instead of the whole cache.
-    Takes either layout (a packed tree is unpacked, repeated, repacked)."""
+    Returns (a `DecoderLM` with `num_kv_heads * repeats` kv heads, its params): kv head j is a
+    copy of head `j // repeats`, and query head h reads kv head `h // (H / (K * repeats))` = a
+    copy of `h // (H / K)`, so the outputs are exactly the original's. Splits the KV cache over
+    a model axis larger than K (`parallel.sharding.fit_to_mesh`). Takes either layout."""
     check_int("repeats", repeats, 1)
     c = self.config
     if c.num_heads % (c.num_kv_heads * repeats):
@@ -462,8 +430,8 @@ class DecoderLM:
     return prompt_len
 
   def check_layers(self, layers: Optional[Sequence[int]]) -> Tuple[int, ...]:
-    """`layers` (block indices whose outputs a caller reads) checked: a
-    tuple of distinct ints in [0, num_layers); None / () → ()."""
+    """`layers` (block indices whose outputs a caller reads) as a tuple of distinct ints in
+    [0, num_layers); None / () → ()."""
     if layers is None:
       return ()
     n = self.config.num_layers
@@ -476,8 +444,7 @@ class DecoderLM:
     return tuple(int(i) for i in out)
 
   def _hidden(self, params, tokens_BT, cache, empty, positions_BT, mask_TT, layers):
-    """(final-normed states, states to return, cache): the returned states
-    are the final-normed ones (layers None) or the chosen blocks' outputs."""
+    """(final-normed states, states to return: those or the chosen blocks' outputs, cache)."""
     taps = self.check_layers(layers)
     out = self.module.apply({"params": params}, tokens_BT, cache, empty, positions_BT, mask_TT,
                             taps=taps)
@@ -490,9 +457,8 @@ class DecoderLM:
                          mask_TT: Optional[jax.Array] = None,
                          layers: Optional[Sequence[int]] = None
                          ) -> Tuple[jax.Array, jax.Array, KVCache]:
-    """Like `extend`, also returning hidden states: the final-normed ones
-    `[B, T, E]`, or (`layers`: block indices) the residual streams after
-    those blocks concatenated, `[B, T, len(layers) * E]`."""
+    """Like `extend`, also returning hidden states: final-normed `[B, T, E]`, or (`layers`:
+    block indices) the residual streams after those blocks, `[B, T, len(layers) * E]`."""
     h_BTE, hidden, cache = self._hidden(params, tokens_BT, cache, False, positions_BT, mask_TT,
                                         layers)
     logits = self.module.apply({"params": params}, h_BTE, method=DecoderModule.project)
@@ -501,28 +467,25 @@ class DecoderLM:
   def extend(self, params, tokens_BT: jax.Array, cache: KVCache,
              positions_BT: Optional[jax.Array] = None,
              mask_TT: Optional[jax.Array] = None) -> Tuple[jax.Array, KVCache]:
-    """Writes `tokens_BT` at slots lengths + 0..T-1 of each row; returns
-    logits `[B, T, V]` and the cache (lengths + T).
+    """Writes `tokens_BT` at slots lengths + 0..T-1 of each row; returns logits `[B, T, V]` and
+    the cache (lengths + T).
 
-    `positions_BT` (int32): the tokens' positions in their sequence, for the
-    rotary embedding (default: their slots, lengths + 0..T-1). `mask_TT`
-    (bool `[T, T]` or `[B, T, T]`): which of the T new tokens each attends
-    to (default: causal); every token attends to the row's cached slots
-    `< lengths`. Token trees and lookahead branches use both."""
+    `positions_BT` (int32): rotary positions (default: the slots, lengths + 0..T-1). `mask_TT`
+    (bool `[T, T]` or `[B, T, T]`): which of the T new tokens each attends to (default:
+    causal); every token attends to the row's cached slots `< lengths`. Token trees and
+    lookahead branches use both."""
     logits, _, cache = self.extend_with_hidden(params, tokens_BT, cache, positions_BT, mask_TT)
     return logits, cache
 
   def copy_slots(self, cache: KVCache, src_BN: jax.Array, dst_B: jax.Array) -> KVCache:
-    """The cache with row b's slots `src_BN[b, i]` copied to `dst_B[b] + i`
-    in every layer (committing accepted tokens whose keys and values were
-    written elsewhere in the call); lengths unchanged."""
+    """The cache with row b's slots `src_BN[b, i]` copied to `dst_B[b] + i` in every layer
+    (committing accepted tokens written elsewhere in the call); lengths unchanged."""
     ks, vs = zip(*(copy_slots(k, v, src_BN, dst_B) for k, v in zip(cache.k, cache.v)))
     return cache.replace(k=tuple(ks), v=tuple(vs))
 
   def prefill(self, params, prompts_BP: jax.Array, prompt_lengths_B: jax.Array,
               cache: KVCache) -> Tuple[jax.Array, jax.Array, KVCache]:
-    """Fills the cache with right-padded prompts; next-token logits `[B, V]`
-    (the states are folded into nothing: none is kept)."""
+    """Fills the cache with right-padded prompts; next-token logits `[B, V]` (no states kept)."""
     return self.prefill_with_hidden(params, prompts_BP, prompt_lengths_B, cache,
                                     fold=(lambda acc, start, x_BCX: acc, ()))[:3]
 
@@ -533,11 +496,9 @@ class DecoderLM:
     """`prefill`, also returning the prompts' hidden states `[B, P, X]` (as
     `extend_with_hidden` gives them: final-normed, or the `layers`' outputs).
 
-    `fold` = (fn, init): instead of the states, return what `fn(acc, start,
-    x_BCX)` makes of them chunk by chunk (`config.prefill_chunk`; `start`
-    the chunk's first position, an int or a traced int32), starting from
-    `init` — the `[B, P, X]` states are then never whole in memory (an
-    EAGLE-3 head's fused features of a 32k prompt at 32 rows: 25 GB)."""
+    `fold` = (fn, init): instead of the states, return what `fn(acc, start, x_BCX)` makes of
+    them chunk by chunk (`config.prefill_chunk`; `start` the chunk's first position, an int or
+    a traced int32), starting from `init`: the `[B, P, X]` states are never whole in memory."""
     p = prompts_BP.shape[1]
     if p > cache.max_len:
       raise ValueError(f"prompts length {p} exceeds the cache's {cache.max_len} slots")
@@ -545,9 +506,8 @@ class DecoderLM:
     last_B = prompt_lengths_B.astype(jnp.int32) - 1
 
     def piece(start, cache, h_last_BE, tokens_BC):
-      """One chunk at positions start..: the cache, the final-normed state at each
-      row's last prompt position if it lies in the chunk (only that one is kept:
-      `[B, E]`, not `[B, P, E]`), the states to return."""
+      """One chunk at positions start..: the cache, the final-normed state `[B, E]` at each
+      row's last prompt position if it lies in the chunk, the states to return."""
       cache = cache.replace(lengths=jnp.full_like(cache.lengths, start))
       h_BCE, x_BCX, cache = self._hidden(params, tokens_BC, cache,
                                          isinstance(start, int) and start == 0, None, None,
@@ -558,9 +518,8 @@ class DecoderLM:
                                  axis=1)[:, 0]
       h_last_BE = h_BE if h_last_BE is None else jnp.where(inside_B[:, None], h_BE, h_last_BE)
       return cache, h_last_BE, x_BCX
-    # One call unless config.prefill_chunk < P. Chunks after the first run in one
-    # `lax.scan` (one compiled chunk however long the prompt: 64 unrolled chunks of a 32k
-    # prompt exhausted the TPU compiler's memory), the remainder after it.
+    # Chunks after the first run in one `lax.scan` (one compiled chunk however long the prompt:
+    # unrolled chunks can exhaust the TPU compiler's memory), the remainder after it.
     full = p // chunk
     cache, h_BE, x_BCX = piece(0, cache, None, prompts_BP[:, :chunk])
     if fold is None:  # the states themselves: each chunk written into a [B, P, X] buffer
@@ -586,9 +545,8 @@ class DecoderLM:
 
   def forward(self, params, tokens_BT: jax.Array, positions_BT: Optional[jax.Array] = None,
               mask_TT: Optional[jax.Array] = None) -> jax.Array:
-    """Full forward without a persistent cache: logits `[B, T, V]` (causal;
-    `positions_BT` / `mask_TT` as in `extend`: e.g. PARD's mask slots,
-    `specjax.training.parallel`)."""
+    """Full forward without a persistent cache: logits `[B, T, V]` (causal; `positions_BT` /
+    `mask_TT` as in `extend`, e.g. PARD's mask slots)."""
     return self.forward_with_hidden(params, tokens_BT, positions_BT=positions_BT,
                                     mask_TT=mask_TT)[0]
 
@@ -597,10 +555,10 @@ class DecoderLM:
                           positions_BT: Optional[jax.Array] = None,
                           mask_TT: Optional[jax.Array] = None
                           ) -> Tuple[jax.Array, jax.Array]:
-    """Full forward (causal, or as `positions_BT` / `mask_TT` say): logits
-    `[B, T, V]` and the final-normed hidden states `[B, T, E]` (what draft
-    heads read), or with `layers` the chosen blocks' outputs concatenated
+    """Full forward (causal, or as `positions_BT` / `mask_TT` say): logits `[B, T, V]` and the
+    final-normed hidden states `[B, T, E]`, or with `layers` the chosen blocks' outputs
     `[B, T, len(layers) * E]`."""
+
     b, t = tokens_BT.shape
     h_BTE, hidden, _ = self._hidden(params, tokens_BT, self.init_cache(b, t), True,
                                     positions_BT, mask_TT, layers)
