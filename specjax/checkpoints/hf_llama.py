@@ -1,8 +1,8 @@
 """transformers Llama-family checkpoints ↔ specjax `DecoderLM` params.
 
-Reads (and writes) the decoder families that share Llama's block — pre-norm
-RMSNorm, rotary positions in the "rotate half" layout, SwiGLU MLP, MHA or
-GQA where query head h reads kv head h // (H // K), scaling head_dim ** -0.5:
+Reads (and writes) the decoder families that share Llama's block (pre-norm RMSNorm, "rotate
+half" rotary positions, SwiGLU MLP, MHA or GQA with query head h reading kv head h // (H // K),
+scaling head_dim ** -0.5):
 
   model_type   what differs                                      DecoderConfig
   llama        Llama 2 / 3.x; rope_type "llama3" (3.1+), tied   rope_scaling,
@@ -12,19 +12,15 @@ GQA where query head h reads kv head h // (H // K), scaling head_dim ** -0.5:
   qwen3        RMSNorm of every q / k head (q_norm, k_norm),     qk_norm, head_dim
                head_dim independent of hidden / heads
 
-Rotary scaling: "default", "linear", "llama3" and "yarn" are supported
-(`specjax.models.rope`); "dynamic" and "longrope" change with the sequence
-length and are refused by name. Per-layer sliding windows (Qwen's
-`max_window_layers` with a mix of layer types), output-projection or MLP
-biases and activations other than SiLU are refused naming the config key.
-The q/k projections need NO permutation (that exists only between Meta's
-original interleaved-rotary weights and the transformers layout);
-tests/test_llama_hf.py and tests/test_hf_families.py check logit parity.
+Rotary scaling "default", "linear", "llama3" and "yarn" is supported (`specjax.models.rope`);
+"dynamic" and "longrope" change with the sequence length and are refused by name, as are
+per-layer sliding windows, output-projection or MLP biases and activations other than SiLU
+(naming the config key). The q/k projections need NO permutation (that exists only between
+Meta's original interleaved-rotary weights and the transformers layout).
 
-Tensor mapping (torch `nn.Linear` weights are `[out, in]`; flax kernels are
-`[in..., out...]`); every conversion is a reshape / transpose view, so a
-memory-mapped tensor is read only where a device's slice needs it
-(`specjax.checkpoints.streaming`):
+Tensor mapping (torch `nn.Linear` weights are `[out, in]`, flax kernels `[in..., out...]`); every
+conversion is a reshape / transpose view, so a memory-mapped tensor is read only where a device's
+slice needs it (`specjax.checkpoints.streaming`):
 
   model.embed_tokens.weight [V, E]                  → embed/embedding [V, E]
   model.layers.{i}.input_layernorm.weight [E]       → layer_{i}/attn_norm/scale
@@ -40,15 +36,10 @@ memory-mapped tensor is read only where a device's slice needs it
   model.layers.{i}.mlp.down_proj.weight [E, F]      → layer_{i}/down/kernel [F, E]
   model.norm.weight [E]                             → final_norm/scale
   lm_head.weight [V, E]                             → lm_head/kernel [E, V]
-      (untied only; with tied embeddings it is optional and, when present,
-      must equal the embedding)
+      (untied only; tied, it is optional and must equal the embedding)
 
-Known non-parameter buffers that some checkpoints carry (`IGNORED_BUFFERS`,
-e.g. rotary `inv_freq`) are dropped; any other unknown tensor is an error.
-
-Public API: `decoder_config_from_hf`, `hf_config_from_decoder`,
-`import_hf_decoder`, `export_hf_decoder` (deprecated names `import_hf_llama`,
-`export_hf_llama`), `hf_llama_shapes`, `IGNORED_BUFFERS`, `HF_DECODER_TYPES`.
+Known non-parameter buffers (`IGNORED_BUFFERS`, e.g. rotary `inv_freq`) are dropped; any other
+unknown tensor is an error.
 """
 
 from __future__ import annotations
@@ -78,9 +69,8 @@ HF_DECODER_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                   "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
-# Non-parameter buffers found in some transformers Llama state dicts (older
-# versions saved the rotary inverse frequencies, per layer or once). They are
-# recomputed from the config, so they are dropped on import. Full-match regexes.
+# Non-parameter buffers of some transformers state dicts (rotary inverse frequencies, per layer
+# or once), recomputed from the config and dropped on import. Full-match regexes.
 IGNORED_BUFFERS: Tuple[str, ...] = (
     r"model\.rotary_emb\.(inv_freq|original_inv_freq)",
     r"model\.layers\.\d+\.self_attn\.rotary_emb\.(inv_freq|original_inv_freq)",
@@ -94,9 +84,8 @@ _SUPPORTED_ACTS = ("silu", "swish")  # transformers maps both to SiLU.
 
 
 def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Any]:
-  """(rope_theta, canonical scaling rule) from a config dict of any
-  transformers version (`rope_parameters` in 5.x, `rope_scaling` +
-  `rope_theta` before); unsupported rules raise naming the key."""
+  """(rope_theta, canonical scaling rule) from a config dict of any transformers version
+  (`rope_parameters` in 5.x, `rope_scaling` + `rope_theta` before); unsupported rules raise."""
   theta = hf.get("rope_theta")
   scaling = None
   for key in ("rope_parameters", "rope_scaling"):
@@ -150,13 +139,11 @@ def _sliding_window_from_hf(hf: Mapping[str, Any], model_type: str) -> Optional[
 
 
 def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> DecoderConfig:
-  """A `DecoderConfig` from a transformers config dict (its config.json) of a
-  Llama, Mistral, Qwen2 / Qwen2.5 or Qwen3 model.
+  """A `DecoderConfig` from the config.json dict of a Llama, Mistral, Qwen2 / 2.5 or Qwen3 model.
 
-  `overrides` replace fields of the result (e.g. `dtype="bfloat16"`).
-  Features that specjax does not implement (output or MLP biases,
-  activations other than SiLU, sequence-dependent rotary scaling, per-layer
-  sliding windows) raise a ValueError naming the config key.
+  `overrides` replace fields of the result (e.g. `dtype="bfloat16"`). Features specjax does not
+  implement (output or MLP biases, activations other than SiLU, sequence-dependent rotary
+  scaling, per-layer sliding windows) raise a ValueError naming the config key.
   """
   if not isinstance(hf_config, Mapping):
     raise TypeError(f"hf_config must be a dict (a config.json), got {type(hf_config).__name__}")
@@ -165,8 +152,7 @@ def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Decoder
   if model_type not in HF_DECODER_TYPES:
     raise ValueError(f"config model_type is {model_type!r}; the decoder importer reads "
                      f"{', '.join(repr(t) for t in HF_DECODER_TYPES)} checkpoints")
-  # Llama's and Qwen3's attention_bias also puts a bias on o_proj; Qwen2 always
-  # has q/k/v biases and never an o_proj one.
+  # Llama's and Qwen3's attention_bias also biases o_proj; Qwen2 always has q/k/v biases only.
   for key in ("attention_bias", "mlp_bias"):
     if hf.get(key):
       raise ValueError(f"unsupported config {key}=true: the specjax decoder has biases only "
@@ -230,12 +216,10 @@ def hf_config_from_decoder(config: DecoderConfig, *, max_position_embeddings: in
                            model_type: Optional[str] = None) -> Dict[str, Any]:
   """A transformers config dict (config.json) describing `config`.
 
-  `model_type` (default: the family the config's features need — qwen3 for
-  q/k norms, qwen2 for q/k/v biases, mistral for a sliding window, else
-  llama) picks the transformers class. The weights are exported in float32.
-  specjax has no maximum length and no tokenizer, so
-  `max_position_embeddings` and the special token ids are arguments (the ids
-  default to null: generation stops only at max length).
+  `model_type` (default: the family the config's features need: qwen3 for q/k norms, qwen2 for
+  q/k/v biases, mistral for a sliding window, else llama) picks the transformers class; weights
+  are float32. specjax has no maximum length and no tokenizer, so `max_position_embeddings` and
+  the special token ids are arguments (ids default to null: generation stops at max length).
   """
   if not isinstance(config, DecoderConfig):
     raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
@@ -294,10 +278,9 @@ def hf_config_from_decoder(config: DecoderConfig, *, max_position_embeddings: in
 
 
 def _entries(c: DecoderConfig) -> List[Tuple[streaming.Entry, Tuple[int, ...], Any]]:
-  """(entry, transformers shape, to_hf) of every stored tensor, lm_head
-  included only when untied. Each entry's view maps the `[out, in]` tensor to
-  the params layout by reshapes and transposes only; `to_hf` is its inverse
-  (params layout → `[out, in]`, for the export)."""
+  """(entry, transformers shape, to_hf) of every stored tensor (lm_head only when untied). Each
+  entry's view maps `[out, in]` to the params layout by reshapes and transposes only; `to_hf` is
+  its inverse (for the export)."""
   e, f, v = c.d_model, c.mlp_dim, c.vocab_size
   h, k, d = c.num_heads, c.num_kv_heads, c.head_dim
   ident = (lambda x: x, lambda x: x)
@@ -339,8 +322,8 @@ def _entries(c: DecoderConfig) -> List[Tuple[streaming.Entry, Tuple[int, ...], A
 
 
 def hf_llama_shapes(config: DecoderConfig) -> Dict[str, Tuple[int, ...]]:
-  """The transformers tensor names and shapes of a model with this config
-  (lm_head.weight included even when tied; it is then optional)."""
+  """The transformers tensor names and shapes of a model with this config (lm_head.weight
+  included even when tied; it is then optional)."""
   shapes = {entry.name: shape for entry, shape, _ in _entries(config)}
   shapes["lm_head.weight"] = (config.vocab_size, config.d_model)
   return shapes
@@ -383,35 +366,29 @@ def _config_path_for(path: str) -> str:
 def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] = None, *,
                       mesh: Optional[jax.sharding.Mesh] = None,
                       dtype: Optional[str] = None) -> Tuple[Dict[str, Any], DecoderConfig]:
-  """transformers Llama / Mistral / Qwen2 / Qwen3 weights → `(params, config)`
-  for `DecoderLM`.
+  """transformers Llama / Mistral / Qwen2 / Qwen3 weights → `(params, config)` for `DecoderLM`.
 
-  Tensors are read one at a time from memory-mapped files and converted to
-  the parameter dtype slice by slice (`specjax.checkpoints.streaming`):
-  loading never holds a float32 copy of the whole model on the host.
+  Tensors are read one at a time from memory maps and converted to the parameter dtype slice by
+  slice (`specjax.checkpoints.streaming`): the host never holds a float32 copy of the model.
 
   Args:
-    path_or_state_dict: a checkpoint directory, a `.safetensors` file, a
-      sharded `model.safetensors.index.json`, a PyTorch `.bin`/`.pt` state
-      dict (read with `torch.load(weights_only=True, mmap=True)`), or an
-      in-memory mapping name → tensor (torch tensors or arrays).
-    config: the `DecoderConfig`; None reads the `config.json` beside the
-      weights (required for an in-memory state dict).
-    mesh: place every parameter directly into its `NamedSharding` on this
-      mesh (`specjax.parallel.sharding.param_spec`: heads / hidden units over
-      `model`); each device's slice is read and converted on its own, and
-      with several processes each reads only its addressable slices. None:
-      arrays on the default device.
-    dtype: the parameter dtype ("float32", "bfloat16", "float16"); None
-      keeps `config.param_dtype`. Given, it replaces `param_dtype` in the
-      returned config (the compute dtype is `config.dtype`).
+    path_or_state_dict: a checkpoint directory, a `.safetensors` file, a sharded
+      `model.safetensors.index.json`, a PyTorch `.bin`/`.pt` state dict (read with
+      `torch.load(weights_only=True, mmap=True)`), or an in-memory mapping name → tensor.
+    config: the `DecoderConfig`; None reads the `config.json` beside the weights (required for
+      an in-memory state dict).
+    mesh: place every parameter directly into its `NamedSharding` on this mesh
+      (`specjax.parallel.sharding.param_spec`); each device's slice is read on its own, and each
+      process reads only its addressable slices. None: the default device.
+    dtype: the parameter dtype ("float32", "bfloat16", "float16"); given, it replaces
+      `param_dtype` in the returned config (the compute dtype is `config.dtype`).
 
   Returns:
     params in the parameter dtype, and the config.
 
   Raises:
-    ValueError naming every missing, unexpected or mis-shaped tensor, or the
-    unsupported config feature.
+    ValueError naming every missing, unexpected or mis-shaped tensor, or the unsupported config
+    feature.
   """
   if isinstance(path_or_state_dict, Mapping):
     tensors = streaming.lazy_from_mapping(path_or_state_dict)
@@ -448,13 +425,12 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
 
 def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, directory: str,
                       **hf_config_kwargs) -> None:
-  """Writes `directory/model.safetensors` (float32) and `directory/config.json`
-  so that transformers' `AutoModelForCausalLM.from_pretrained(directory)`
-  loads the model offline (Llama, Mistral, Qwen2 or Qwen3, as the config's
-  features need). `hf_config_kwargs` go to `hf_config_from_decoder`
-  (max_position_embeddings, bos/eos/pad_token_id, model_type). With tied
-  embeddings lm_head.weight is not written (transformers ties it on load).
-  `params` may be in either layout (standard or packed, `DecoderLM.pack_params`)."""
+  """Writes `directory/model.safetensors` (float32) and `directory/config.json` that
+  transformers' `AutoModelForCausalLM.from_pretrained(directory)` loads offline.
+
+  `hf_config_kwargs` go to `hf_config_from_decoder` (max_position_embeddings, bos/eos/pad_token_id,
+  model_type). Tied embeddings write no lm_head.weight (transformers ties it on load). `params`
+  may be in either layout (standard or packed, `DecoderLM.pack_params`)."""
   hf_config = hf_config_from_decoder(config, **hf_config_kwargs)
   tensors = _params_to_hf(params, config)
   optional = ("lm_head.weight",) if config.tie_embeddings else ()
