@@ -1,31 +1,23 @@
 """The speculative accept/reject rules (Leviathan et al. 2023, Chen et al. 2023).
 
-Drafts sampled from a proposal distribution p (a draft model) are verified
-by the rejection rule (`rejection_verify`). Deterministic drafts (prompt
-lookup, n-gram candidates: no distribution, or a one-hot one) stay exact by
-treating the proposal as one-hot on the draft: accept d with probability
-q(d); on rejection draw from q with d removed, renormalised — the same rule
-with p = one-hot (`candidates_verify`, which also handles several candidate
-chains sharing a root: at each depth it tries the still-consistent
-candidates' tokens in order, each a one-hot proposal from the residual left
-by the ones before it, as recursive rejection sampling does; a repeated
-token has zero residual mass and is rejected without effect). With a
-greedy target every rule reduces to "keep drafts while they equal the
-target's argmax" (`greedy_verify`, `greedy_candidates_verify`).
+Drafts sampled from a proposal distribution p (a draft model) are verified by the rejection rule
+(`rejection_verify`). Deterministic drafts (prompt lookup, n-gram candidates) stay exact as the
+same rule with p one-hot on the draft: accept d with probability q(d), on rejection draw from q
+with d removed, renormalised (`candidates_verify`, also for several candidate chains sharing a
+root; `tree_verify` for token trees). With a greedy target every rule reduces to "keep drafts
+while they equal the target's argmax" (`greedy_verify`, `greedy_candidates_verify`).
 
 A verifier is a pure function
 
   verify_fn(keys_B, drafts_BG, draft_probs_BGV, target_probs_BG1V)
       -> (num_accepted_B, next_token_B)
 
-where draft_probs_BGV[b, i] is the draft distribution p_{i+1} that
-drafts_BG[b, i] was sampled from and target_probs_BG1V[b, i] the target
-distribution q_{i+1} at the same position (one more at the end, after all G
-drafts). Both are *processed* distributions (`specjax.sampling`). The
-verifier returns how many leading drafts row b keeps (0..G) and the token
-that follows them: the residual sample after a rejection, or the bonus
-token when all G are kept. `speculative_generate` accepts any such function
-(`verify_fn=`), which is how tests plant a broken sampler.
+where draft_probs_BGV[b, i] is the draft distribution p_{i+1} that drafts_BG[b, i] was sampled
+from and target_probs_BG1V[b, i] the target distribution q_{i+1} at the same position (one more
+at the end, after all G drafts), both *processed* (`specjax.sampling`). It returns how many
+leading drafts row b keeps (0..G) and the token that follows them: the residual sample after a
+rejection, or the bonus token when all G are kept. `speculative_generate(verify_fn=)` accepts
+any such function (tests plant a broken sampler this way).
 """
 
 from __future__ import annotations
@@ -42,8 +34,7 @@ __all__ = ["rejection_verify", "greedy_verify", "gather_probs", "candidates_veri
 
 
 def gather_probs(probs_BXV: jax.Array, tokens_BX: jax.Array) -> jax.Array:
-  """probs_BXV[b, x, tokens_BX[b, x]] → `[B, X]` (`sampling.gather_over_vocab`:
-  a masked sum over a split vocabulary)."""
+  """probs_BXV[b, x, tokens_BX[b, x]] → `[B, X]` (a masked sum over a split vocabulary)."""
   return gather_over_vocab(probs_BXV, tokens_BX)
 
 
@@ -52,14 +43,11 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
                      num_valid_B: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
   """Exact speculative sampling.
 
-  Draft i is accepted with probability min(1, q_i(d_i) / p_i(d_i)), left to
-  right; at the first rejection j the next token is drawn from
-  norm(max(0, q_j − p_j)); if all G are accepted, from q_{G+1}. The output
-  then has exactly the target's distribution. With one-hot (greedy)
-  distributions this is "keep drafts while they equal the target's argmax,
-  then emit the target's argmax". `num_valid_B` (default: all G): row b
-  proposes only its first num_valid_B[b] drafts; the others count as
-  rejected with p = 0 there (0 valid: a plain sample from q_1).
+  Draft i is accepted with probability min(1, q_i(d_i) / p_i(d_i)), left to right; at the first
+  rejection j the next token is drawn from norm(max(0, q_j − p_j)); if all G are accepted, from
+  q_{G+1}. The output then has exactly the target's distribution. `num_valid_B` (default: all G):
+  row b proposes only its first num_valid_B[b] drafts; the others count as rejected with p = 0
+  there (0 valid: a plain sample from q_1).
   """
   b, g = drafts_BG.shape
   # One PRNG call per row: G acceptance uniforms and the residual draw's.
@@ -75,8 +63,8 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
 
   idx = num_accepted_B[:, None, None]
   q_BV = jnp.take_along_axis(target_probs_BG1V, idx, axis=1)[:, 0]
-  # p at the first rejection: 0 after all G drafts and at an invalid draft (gathered
-  # from the row's own position, not from a copy of p extended by zeros).
+  # p at the first rejection: 0 after all G drafts and at an invalid draft (gathered from the
+  # row's own position, not from a copy of p extended by zeros).
   p_BV = jnp.take_along_axis(draft_probs_BGV, jnp.minimum(idx, g - 1), axis=1)[:, 0]
   rejected_valid_B = jnp.take_along_axis(jnp.pad(valid_BG, ((0, 0), (0, 1))),
                                          num_accepted_B[:, None], axis=1)[:, 0]
@@ -84,8 +72,8 @@ def rejection_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: j
   residual_BV = jnp.maximum(q_BV - p_BV, 0.0)
   mass_B1 = jnp.sum(residual_BV, axis=-1, keepdims=True)
   dist_BV = jnp.where(mass_B1 > 0, residual_BV / jnp.where(mass_B1 > 0, mass_B1, 1.0), q_BV)
-  # The uniform after the row's own valid drafts: a row's draws do not depend
-  # on how many drafts the call holds beyond its own (`specjax.adaptive`).
+  # The uniform after the row's own valid drafts: a row's draws do not depend on how many drafts
+  # the call holds beyond its own (`specjax.adaptive`).
   next_B = sample_from_uniform(_after_valid(u_BG1, num_valid_B, g), dist_BV)
   return num_accepted_B.astype(jnp.int32), next_B
 
@@ -109,10 +97,9 @@ def greedy_verify(keys_B: jax.Array, drafts_BG: jax.Array, draft_probs_BGV: jax.
                   num_valid_B: Optional[jax.Array] = None) -> Tuple[jax.Array, jax.Array]:
   """`rejection_verify` specialised to greedy (one-hot) distributions.
 
-  Keeps drafts while they equal the target's argmax, then emits the target's
-  argmax: exactly what the rejection rule does with one-hot p and q, without
-  random numbers (keys_B and draft_probs_BGV are unused). The speculative
-  decoder uses it automatically for temperature 0 with the default verifier.
+  Keeps drafts while they equal the target's argmax, then emits the target's argmax: exactly the
+  rejection rule with one-hot p and q, without random numbers (keys_B and draft_probs_BGV are
+  unused). The decoder uses it at temperature 0 with the default verifier.
   """
   del keys_B, draft_probs_BGV
   b, g = drafts_BG.shape
@@ -130,22 +117,21 @@ def candidates_verify(keys_B: jax.Array, cands_BKN: jax.Array, valid_BKN: jax.Ar
 
   Args:
     keys_B: one PRNG key per row.
-    cands_BKN: int32 candidate tokens; chain k's token j follows its tokens
-      0..j-1 and the root (the pending token).
+    cands_BKN: int32 candidate tokens; chain k's token j follows its tokens 0..j-1 and the root
+      (the pending token).
     valid_BKN: bool, which candidate tokens exist (a prefix of each chain).
     q_root_BV: the target's processed distribution after the root.
     q_BKNV: the target's processed distribution after chain k's tokens 0..j.
 
-  Recursive rejection sampling with one-hot proposals: at depth j the
-  residual r starts as the target's distribution after the accepted prefix;
-  the candidates still consistent with that prefix are tried in order:
-  token x is accepted with probability r(x), else r ← r with x removed,
-  renormalised. A rejected depth ends with a draw from r; a fully accepted
-  chain ends with a draw from the target's distribution after it. The
-  emitted tokens have exactly the target's distribution.
+  Recursive rejection sampling with one-hot proposals: at depth j the residual r starts as the
+  target's distribution after the accepted prefix; the candidates still consistent with that
+  prefix are tried in order: token x is accepted with probability r(x), else r ← r with x
+  removed, renormalised (a repeated token has no mass left and is rejected without effect). A
+  rejected depth ends with a draw from r, a fully accepted chain with a draw from the target's
+  distribution after it: the emitted tokens have exactly the target's distribution.
 
-  Returns `(chain_B, accepted_B, next_B)`: the chain holding the accepted
-  tokens (its first `accepted_B` tokens), and the token that follows them.
+  Returns `(chain_B, accepted_B, next_B)`: the chain holding the accepted tokens (its first
+  `accepted_B`), and the token that follows them.
   """
   b, k, n = cands_BKN.shape
   u_BX = row_uniforms(keys_B, k * n + 1)
@@ -188,10 +174,9 @@ def candidates_verify(keys_B: jax.Array, cands_BKN: jax.Array, valid_BKN: jax.Ar
 def greedy_candidates_verify(cands_BKN: jax.Array, valid_BKN: jax.Array,
                              best_root_B: jax.Array, best_BKN: jax.Array
                              ) -> Tuple[jax.Array, jax.Array, jax.Array]:
-  """`candidates_verify` for a greedy target, from argmaxes alone: the
-  candidate with the longest prefix equal to the target's argmax path (the
-  first such), and the argmax after it. `best_root_B`: the argmax after the
-  root; `best_BKN`: after chain k's tokens 0..j."""
+  """`candidates_verify` for a greedy target, from argmaxes alone: the (first) candidate with the
+  longest prefix equal to the target's argmax path, and the argmax after it. `best_root_B`: the
+  argmax after the root; `best_BKN`: after chain k's tokens 0..j."""
   b, k, n = cands_BKN.shape
   parent_BKN = jnp.concatenate(
       [jnp.broadcast_to(best_root_B[:, None, None], (b, k, 1)), best_BKN[:, :, :-1]], axis=2)
@@ -215,33 +200,28 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
   Args:
     keys_B: one PRNG key per row (unused when `greedy`).
     tokens_BN: int32 node tokens; node 0 is the root (the pending token).
-    valid_BN: bool, which nodes a row proposes (an invalid node's subtree
-      is never reached).
+    valid_BN: bool, which nodes a row proposes (an invalid node's subtree is never reached).
     q_BNV: the target's processed distribution after each node's path.
-    children_NC: int32 static table: node n's children in the order they
-      are tried, padded with -1 (`TokenTree.children`); or `[B, N, C]`,
-      each row's own tree (dynamic trees: `specjax.tree.dynamic_tree_arrays`).
+    children_NC: int32 static table: node n's children in the order they are tried, padded with
+      -1 (`TokenTree.children`); or `[B, N, C]`, each row's own tree (dynamic trees:
+      `specjax.tree.dynamic_tree_arrays`).
     depth: the tree's depth D (edges on the longest root path).
-    p_BNV: the distribution each node's token was drawn from *given the
-      siblings tried before it* (i.i.d. children: the draft's distribution
-      at the parent; children drawn without replacement: that distribution
-      renormalised over the not-yet-drawn tokens); None: deterministic
-      children (top-k, n-gram), a one-hot proposal each.
-    greedy: the target's distributions are one-hot (temperature 0): the
-      same decisions without random numbers.
+    p_BNV: the distribution each node's token was drawn from *given the siblings tried before
+      it* (i.i.d. children: the draft's distribution at the parent; without replacement: that
+      distribution renormalised over the not-yet-drawn tokens); None: deterministic children
+      (top-k, n-gram), a one-hot proposal each.
+    greedy: the target's distributions are one-hot (temperature 0): the same decisions without
+      random numbers.
 
-  At the current node with residual r (first: q at the node), the children
-  are tried in order: child x is accepted with probability
-  min(1, r(x) / p_x(x)); on rejection r ← norm(max(r − p_x, 0)) (one-hot
-  p: r with x removed, renormalised). An accepted child becomes the current
-  node (r ← q there); when every child is rejected the next token is drawn
-  from r, and after an accepted leaf from q at it. Each step is the
-  single-draft lemma applied to the residual, so every emitted token has
-  the target's distribution.
+  At the current node with residual r (first: q at the node), the children are tried in order:
+  child x is accepted with probability min(1, r(x) / p_x(x)); on rejection r ←
+  norm(max(r − p_x, 0)) (one-hot p: r with x removed, renormalised). An accepted child becomes
+  the current node (r ← q there); when every child is rejected the next token is drawn from r,
+  after an accepted leaf from q at it. Each step is the single-draft lemma applied to the
+  residual, so every emitted token has the target's distribution.
 
-  Returns `(path_BD, accepted_B, next_B)`: the accepted nodes in root-to-leaf
-  order (`path_BD[b, :accepted_B[b]]`; 0 past them), how many, and the
-  token that follows.
+  Returns `(path_BD, accepted_B, next_B)`: the accepted nodes in root-to-leaf order
+  (`path_BD[b, :accepted_B[b]]`; 0 past them), how many, and the token that follows.
   """
   if greedy:
     return _greedy_tree_walk(tokens_BN, valid_BN, argmax_first(q_BNV), children_NC, depth)
@@ -291,25 +271,20 @@ def tree_verify(keys_B: jax.Array, tokens_BN: jax.Array, valid_BN: jax.Array,
 
 
 def _children_of(children_NC: jax.Array, cur_B: jax.Array) -> jax.Array:
-  """The current nodes' children `[B, C]` from a static `[N, C]` table (a per-row
-  gather) or each row's own `[B, N, C]` (a static column below: no gather whose
-  indices mix an iota and constants, which libtpu 0.0.42's gather simplification
-  mis-shapes)."""
+  """The current nodes' children `[B, C]` from a static `[N, C]` table or each row's own
+  `[B, N, C]` (no gather whose indices mix an iota and constants: libtpu mis-shapes it)."""
   if children_NC.ndim == 2:
     return children_NC[cur_B]
   return jnp.take_along_axis(children_NC, cur_B[:, None, None], axis=1)[:, 0]
 
 
 def _greedy_tree_walk(tokens_BN, valid_BN, best_BN, children_NC, depth: int):
-  """`tree_verify` for one-hot target distributions, from their argmaxes
-  `best_BN` alone (no pass over the vocabulary per child).
+  """`tree_verify` for one-hot target distributions, from their argmaxes `best_BN` alone.
 
-  With q one-hot on best[cur] at the current node, the residual stays that
-  one-hot through every rejection (a child x != best has no mass to remove;
-  renormalising leaves it), and a child is accepted iff it is tried and its
-  token is best[cur] (u · p(x) < q(x) = 1 for any p(x) <= 1, and q(x) = 0
-  otherwise): the first such child in order. The token after the path is
-  best at its last node."""
+  With q one-hot on best[cur], the residual stays that one-hot through every rejection (a child
+  x != best has no mass to remove), and a child is accepted iff it is tried and its token is
+  best[cur] (u · p(x) < q(x) = 1 for any p(x) <= 1, and q(x) = 0 otherwise): the first such
+  child in order. The token after the path is best at its last node."""
   b = tokens_BN.shape[0]
   cur_B = jnp.zeros((b,), jnp.int32)
   accepted_B = jnp.zeros((b,), jnp.int32)
