@@ -1,40 +1,25 @@
 """T5 encoder-decoder (v1.0 and v1.1) with static self- and cross-attention caches.
 
-Architecture (Raffel et al. 2020, as transformers' `T5ForConditionalGeneration`):
-a shared input embedding for both stacks, no absolute positions, pre-norm
-blocks with scale-only layer norm (`layers.RMSNorm`), a learned relative
-position bias per stack (bidirectional buckets in the encoder, causal ones in
-the decoder) computed from the stack's table and added to the attention
-scores of every layer of that stack, no 1/sqrt(D) score scaling (T5 folds it
-into the initialisation), self-attention + cross-attention + feed-forward in
-each decoder block, a final layer norm per stack, no dropout (inference).
-v1.0: relu feed-forward, logits = (h * d_model**-0.5) @ shared.T; v1.1:
-gated-gelu (tanh approximation) feed-forward, separate lm_head, no scaling.
+Architecture (Raffel et al. 2020, as transformers' `T5ForConditionalGeneration`): a shared
+input embedding, no absolute positions, pre-norm blocks with scale-only layer norm
+(`layers.RMSNorm`), a learned relative position bias per stack (bidirectional buckets in the
+encoder, causal in the decoder) added to the scores of every layer of that stack, no 1/sqrt(D)
+score scaling (folded into the initialisation), self-attention + cross-attention + feed-forward
+in each decoder block, a final layer norm per stack, no dropout. v1.0: relu feed-forward, logits
+= (h * d_model**-0.5) @ shared.T; v1.1: gated-gelu (tanh) feed-forward, separate lm_head.
 
-`T5` follows `specjax.protocol.LanguageModel`: the prompt goes to the encoder
-(once, in `prefill`), the decoder stream starts with `decoder_start_id` at
-position 0, so `prefill_positions(P) == 1`.
+`T5` follows `specjax.protocol.LanguageModel`: the prompt goes to the encoder (once, in
+`prefill`) and the decoder stream starts with `decoder_start_id` at position 0, so
+`prefill_positions(P) == 1`.
 
-Parameter tree (kernels `[in..., out...]`; transformers' names after "<-"):
+Parameter tree (kernels `[in..., out...]`; `specjax.checkpoints.hf_t5` maps transformers' names):
 
-  shared/embedding [V, E]                    <- shared.weight
-  encoder/relpos_bias [NB, H]                <- encoder.block.0.layer.0.SelfAttention
-                                                .relative_attention_bias.weight (used by all layers)
-  encoder/layers_{i}/attn_norm/scale [E]     <- encoder.block.{i}.layer.0.layer_norm.weight
-  encoder/layers_{i}/attn/{q,k,v}/kernel [E, H, D]  <- ...layer.0.SelfAttention.{q,k,v}.weight
-  encoder/layers_{i}/attn/o/kernel [H, D, E] <- ...layer.0.SelfAttention.o.weight
-  encoder/layers_{i}/mlp_norm/scale [E]      <- ...layer.1.layer_norm.weight
-  encoder/layers_{i}/mlp/{wi | wi_0, wi_1}/kernel [E, F], mlp/wo/kernel [F, E]
-                                             <- ...layer.1.DenseReluDense.{wi | wi_0, wi_1, wo}.weight
-  encoder/final_norm/scale [E]               <- encoder.final_layer_norm.weight
-  decoder/relpos_bias [NB, H]                <- decoder.block.0.layer.0.SelfAttention.relative_attention_bias
-  decoder/layers_{i}/self_norm, self_attn/{q,k,v,o}    <- decoder.block.{i}.layer.0 (SelfAttention)
-  decoder/layers_{i}/cross_norm, cross_attn/{q,k,v,o}  <- decoder.block.{i}.layer.1 (EncDecAttention)
-  decoder/layers_{i}/mlp_norm, mlp/...                 <- decoder.block.{i}.layer.2 (DenseReluDense)
-  decoder/final_norm/scale [E]               <- decoder.final_layer_norm.weight
-  lm_head/kernel [E, V]  (v1.1 only)         <- lm_head.weight
-
-`specjax.checkpoints.hf_t5` converts to and from transformers' format.
+  shared/embedding [V, E]; {encoder,decoder}/relpos_bias [NB, H] (used by all layers)
+  encoder/layers_{i}/attn_norm/scale [E], attn/{q,k,v}/kernel [E, H, D], attn/o/kernel [H, D, E]
+  encoder/layers_{i}/mlp_norm/scale [E], mlp/{wi | wi_0, wi_1}/kernel [E, F], mlp/wo/kernel [F, E]
+  decoder/layers_{i}/self_norm, self_attn/{q,k,v,o}, cross_norm, cross_attn/{q,k,v,o},
+    mlp_norm, mlp/...
+  {encoder,decoder}/final_norm/scale [E]; lm_head/kernel [E, V] (v1.1 only)
 """
 
 from __future__ import annotations
@@ -67,18 +52,16 @@ class T5Cache:
   """Static-shape decoder cache of a T5 model, with a length per row.
 
   Attributes:
-    k, v: decoder self-attention keys and values, tuples of L buffers
-      `[B, H, D, S]` and `[B, H, S, D]` (the layout of `layers.KVCache`).
-    cross_k, cross_v: cross-attention keys and values, tuples of L buffers
-      `[B, H, D, P]` and `[B, H, P, D]`, projected from the encoder output
-      once, at prefill.
-    encoder_lengths: int32 `[B]`, valid encoder positions of each row
-      (cross-attention hides the padding past them).
-    lengths: int32 `[B]`, valid decoder positions of each row; slots at or
-      past it are masked and overwritten later (rollback = lowering it).
+    k, v: decoder self-attention keys and values, tuples of L buffers `[B, H, D, S]` and
+      `[B, H, S, D]` (the layout of `layers.KVCache`).
+    cross_k, cross_v: cross-attention keys and values, tuples of L buffers `[B, H, D, P]` and
+      `[B, H, P, D]`, projected from the encoder output once, at prefill.
+    encoder_lengths: int32 `[B]`, valid encoder positions of each row (cross-attention hides
+      the padding past them).
+    lengths: int32 `[B]`, valid decoder positions of each row; slots at or past it are masked
+      and overwritten later (rollback = lowering it).
 
-  Batch (axis 0) and heads (axis 1) of every buffer are the axes to shard
-  over a mesh.
+  Batch (axis 0) and heads (axis 1) of every buffer are the axes to shard over a mesh.
   """
 
   k: Tuple[jax.Array, ...]
@@ -118,11 +101,10 @@ def relative_position_bucket(relative_position: jax.Array, bidirectional: bool,
                              num_buckets: int, max_distance: int) -> jax.Array:
   """T5's bucket of `key_position - query_position` (int array, any shape).
 
-  Half of the buckets (per direction when bidirectional) hold exact small
-  distances, the rest logarithmically wider bins up to `max_distance`; all
-  farther distances share the last bucket. Causal (not bidirectional):
-  future keys (positive relative positions) fall into bucket 0. The float32
-  arithmetic follows transformers' order of operations so bin edges agree.
+  Half of the buckets (per direction when bidirectional) hold exact small distances, the rest
+  logarithmically wider bins up to `max_distance`; farther distances share the last bucket.
+  Causal: future keys fall into bucket 0. The float32 arithmetic follows transformers' order of
+  operations so bin edges agree.
   """
   rel = relative_position.astype(jnp.int32)
   buckets = jnp.zeros_like(rel)
@@ -302,8 +284,8 @@ class _Decoder(nn.Module):
     bucket = functools.partial(relative_position_bucket, bidirectional=False,
                                num_buckets=c.relative_attention_num_buckets,
                                max_distance=c.relative_attention_max_distance)
-    # Bias from each row's absolute positions: key slot - query position
-    # (cached slots), and key - query within the T new tokens.
+    # Bias from each row's absolute positions: key slot - query position (cached slots), and
+    # key - query within the T new tokens.
     bias_BHTS = None
     if not empty:
       buckets_BTS = bucket(jnp.arange(s, dtype=jnp.int32)[None, None, :] - pos_BT[:, :, None])
@@ -407,8 +389,7 @@ class T5:
     return _init(self, key)
 
   def expected_params(self, params=None) -> Dict[str, Any]:
-    """The parameter tree as `jax.ShapeDtypeStruct`s: what
-    `specjax.protocol.check_params` compares a call's params to."""
+    """The parameter tree as `jax.ShapeDtypeStruct`s (what `protocol.check_params` compares)."""
     return _expected_params(self)
 
   def init_cache(self, batch_size: int, max_len: int, prompt_len: int) -> T5Cache:
@@ -440,9 +421,8 @@ class T5:
 
   def prefill(self, params, prompts_BP: jax.Array, prompt_lengths_B: jax.Array,
               cache: T5Cache) -> Tuple[jax.Array, jax.Array, T5Cache]:
-    """Encodes the prompts (once), fills the cross K/V, runs the decoder start
-    token at position 0. Returns next-token logits `[B, V]`, the start token
-    per row and the cache with lengths 1."""
+    """Encodes the prompts (once), fills the cross K/V, runs the decoder start token at position
+    0. Returns next-token logits `[B, V]`, the start token per row and the cache (lengths 1)."""
     prompts_BP = self._fit_inputs(prompts_BP, cache)
     lengths_B = prompt_lengths_B.astype(jnp.int32)
     logits_BV, cache = self.module.apply({"params": params}, prompts_BP, lengths_B, cache,
@@ -454,8 +434,8 @@ class T5:
                          positions_BT: Optional[jax.Array] = None,
                          mask_TT: Optional[jax.Array] = None
                          ) -> Tuple[jax.Array, jax.Array, T5Cache]:
-    """Like `extend`, also returning the final-normed decoder states `[B, T, E]`
-    (before v1.0's output scaling)."""
+    """`extend`, also returning the final-normed decoder states `[B, T, E]` (before v1.0's
+    output scaling)."""
     module = self.module
     h_BTE, cache = module.apply({"params": params}, tokens_BT.astype(jnp.int32), cache, False,
                                 positions_BT, mask_TT, method=T5Module.decode)
@@ -465,26 +445,23 @@ class T5:
   def extend(self, params, tokens_BT: jax.Array, cache: T5Cache,
              positions_BT: Optional[jax.Array] = None,
              mask_TT: Optional[jax.Array] = None) -> Tuple[jax.Array, T5Cache]:
-    """Writes decoder tokens at slots lengths + 0..T-1 of each row; returns
-    logits `[B, T, V]` and the cache (lengths + T).
-
-    `positions_BT`: the tokens' decoder positions, for the relative position
-    bias (default: their slots); `mask_TT` (bool `[T, T]` or `[B, T, T]`):
-    which new tokens each attends to (default: causal). As `DecoderLM.extend`."""
+    """Writes decoder tokens at slots lengths + 0..T-1 of each row; returns logits `[B, T, V]`
+    and the cache (lengths + T). As `DecoderLM.extend`: `positions_BT` the tokens' positions
+    for the relative bias (default: their slots); `mask_TT` (bool `[T, T]` or `[B, T, T]`)
+    which new tokens each attends to (default: causal)."""
     logits, _, cache = self.extend_with_hidden(params, tokens_BT, cache, positions_BT, mask_TT)
     return logits, cache
 
   def copy_slots(self, cache: T5Cache, src_BN: jax.Array, dst_B: jax.Array) -> T5Cache:
-    """The cache with row b's self-attention slots `src_BN[b, i]` copied to
-    `dst_B[b] + i` in every decoder layer (cross-attention is unchanged)."""
+    """The cache with row b's self-attention slots `src_BN[b, i]` copied to `dst_B[b] + i` in
+    every decoder layer (cross-attention unchanged)."""
     ks, vs = zip(*(copy_slots(k, v, src_BN, dst_B) for k, v in zip(cache.k, cache.v)))
     return cache.replace(k=tuple(ks), v=tuple(vs))
 
   def forward(self, params, inputs_BP: jax.Array, input_lengths_B: jax.Array,
               decoder_inputs_BT: jax.Array) -> jax.Array:
-    """Full forward without a persistent cache (teacher forcing), jitted: the
-    decoder inputs start at position 0 (usually with `decoder_start_id`).
-    Logits `[B, T, V]`."""
+    """Teacher-forced forward without a persistent cache, jitted: the decoder inputs start at
+    position 0 (usually with `decoder_start_id`). Logits `[B, T, V]`."""
     return _forward(self, params, jnp.asarray(inputs_BP, jnp.int32),
                     jnp.asarray(input_lengths_B, jnp.int32),
                     jnp.asarray(decoder_inputs_BT, jnp.int32))
