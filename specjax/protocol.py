@@ -1,29 +1,23 @@
 """The small protocol a model follows to be decoded by specjax.
 
-`specjax.generate` and `specjax.speculative_generate` never look inside a
-model: they call four pure functions on a hashable model object (it is a jit
-static argument) and read/write one field of its cache. Any model that
-follows this protocol can be a target or a draft: the decoder-only LM, T5, an
-n-gram table, or a rigged model in a test.
+`specjax.generate` and `specjax.speculative_generate` never look inside a model: they call four
+pure functions on a hashable model object (a jit static argument) and read / write one field of
+its cache. Any model following it can be a target or a draft: the decoder-only LM, T5, an n-gram
+table, a rigged model in a test.
 
-Shape convention used throughout specjax (also as name suffixes, e.g.
-`tokens_BT`):
+Shapes (also as name suffixes, `tokens_BT`): B batch rows, P padded prompt length, T tokens fed
+in one call, S cache slots, V vocabulary, L layers, H query heads, K key/value heads, D head dim,
+E model width, G = gamma.
 
-  B batch rows, P padded prompt length, T tokens fed in one call,
-  S cache slots (static buffer length), V vocabulary, L layers,
-  H query heads, K key/value heads, D head dim, E model width, G = gamma.
-
-The decoder stream of a row is the sequence of tokens its cache holds at
-positions 0, 1, ...: for a decoder-only model the prompt and then the
-generated tokens; for an encoder-decoder model the decoder start token and
-then the generated tokens (the prompt goes to the encoder).
+A row's decoder stream is the tokens its cache holds at positions 0, 1, ...: the prompt then the
+generated tokens (decoder-only), or the decoder start token then the generated tokens
+(encoder-decoder; the prompt goes to the encoder).
 
 A cache is a pytree (a `flax.struct.dataclass`) with
 
-  * `lengths`: int32 `[B]`, the number of valid positions of each row;
-    every slot at or past it is masked and may hold stale values, which are
-    overwritten later. Rolling a row back is setting its length — nothing is
-    copied;
+  * `lengths`: int32 `[B]`, the valid positions of each row; every slot at or past it is masked
+    and may hold stale values, overwritten later. Rolling a row back is setting its length —
+    nothing is copied;
   * `max_len`: a Python int property, the static number of slots S;
   * `replace(**fields)` (flax.struct gives it).
 
@@ -31,42 +25,34 @@ Protocol (all functions pure and jit-traceable):
 
   vocab_size: int
   init_cache(batch_size, max_len, prompt_len) -> cache
-      An empty cache (lengths 0) with S = max_len decoder slots. prompt_len
-      is the padded prompt length P (an encoder-decoder model sizes its
-      cross-attention buffer with it; others ignore it).
+      An empty cache (lengths 0) with S = max_len decoder slots; prompt_len is the padded P (an
+      encoder-decoder model sizes its cross-attention buffer with it).
   prefill_positions(prompt_len) -> int
       How many decoder slots a prompt of this length occupies after prefill.
   prefill(params, prompts_BP, prompt_lengths_B, cache) -> (logits_BV, last_token_B, cache)
-      Processes right-padded prompts (row b's tokens are prompts_BP[b, :len_b]),
-      returns the next-token logits of every row, the token at the last
-      filled decoder position of every row (the draft re-feeds it), and the
-      cache with lengths = filled positions.
+      Processes right-padded prompts (row b's tokens are prompts_BP[b, :len_b]); returns each
+      row's next-token logits, the token at its last filled decoder position (the draft re-feeds
+      it), and the cache with lengths = filled positions.
   extend(params, tokens_BT, cache) -> (logits_BTV, cache)
-      Writes T tokens for every row at that row's own length (row b's token t
-      goes to slot lengths[b] + t), attending to every valid slot and
-      causally among the T new ones; returns the logits of the T positions and
-      the cache with lengths + T.
+      Writes row b's token t at slot lengths[b] + t, attending to every valid slot and causally
+      among the T new ones; returns the T positions' logits and the cache with lengths + T.
 
-Optional, for drafters whose target call is not a plain chain (token trees,
-lookahead decoding; `DecoderLM` and `T5` implement them):
+Optional, for drafters whose target call is not a plain chain (trees, lookahead; `DecoderLM` and
+`T5` implement them):
 
   extend(params, tokens_BT, cache, positions_BT=None, mask_TT=None)
-      `positions_BT`: the tokens' positions in their sequences (rotary / relative
-      position encodings; default: their slots); `mask_TT` (bool `[T, T]` or
-      `[B, T, T]`): which new tokens each new token attends to (default causal).
+      `positions_BT`: the tokens' positions in their sequences (default: their slots); `mask_TT`
+      (bool `[T, T]` or `[B, T, T]`): which new tokens each new token attends to (default causal).
   copy_slots(cache, src_BN, dst_B) -> cache
-      Row b's slots src_BN[b, i] copied to dst_B[b] + i (the accepted path of a
-      tree moved into contiguous slots).
+      Row b's slots src_BN[b, i] copied to dst_B[b] + i (a tree's accepted path made contiguous).
   extend_with_hidden(params, tokens_BT, cache, ...) -> (logits_BTV, hidden_BTE, cache)
-      Also the final hidden states (draft heads such as Medusa read them).
+      Also the final hidden states (draft heads read them).
 
 Optional, declared by `DecoderLM`, `T5` and the table models (`DeclaresParams`):
 
   expected_params(params) -> a pytree of `jax.ShapeDtypeStruct`
-      The parameter tree the model takes, in the layout `params` is in
-      (e.g. `DecoderLM`'s packed decode layout): `generate` and
-      `speculative_generate` check the params they are given against it
-      (`check_params`) before anything is traced.
+      The parameter tree the model takes, in `params`' layout (e.g. `DecoderLM`'s packed one):
+      the params given are checked against it (`check_params`) before anything is traced.
 """
 
 from __future__ import annotations
@@ -126,8 +112,8 @@ def check_model(model: Any, name: str) -> None:
 
 
 def required_cache_len(model: Any, prompt_len: int, max_new_tokens: int, gamma: int = 0) -> int:
-  """Slots a cache needs for `max_new_tokens` after a prompt of padded length
-  `prompt_len`, with `gamma` drafts per iteration (0 for autoregressive)."""
+  """Slots a cache needs for `max_new_tokens` after a prompt of padded length `prompt_len`, with
+  `gamma` drafts per iteration (0 for autoregressive)."""
   return model.prefill_positions(prompt_len) + max_new_tokens + gamma - 1
 
 
@@ -146,9 +132,8 @@ def _leaf_spec(x: Any):
 
 
 def check_params(model: Any, params: Any, name: str) -> None:
-  """Raises naming `name` when `params` is not the parameter tree `model`
-  declares (`DeclaresParams.expected_params`): see `check_tree`. Models that
-  declare nothing are not checked."""
+  """Raises naming `name` when `params` is not the tree `model` declares
+  (`DeclaresParams.expected_params`; see `check_tree`). Models declaring nothing pass."""
   if not isinstance(model, DeclaresParams):
     return
   if params is None:
@@ -164,11 +149,10 @@ def check_params(model: Any, params: Any, name: str) -> None:
 
 def check_tree(expected: Any, params: Any, name: str, owner: str) -> None:
   """Raises naming `name` when `params` differs from the tree `expected` (of
-  `jax.ShapeDtypeStruct`s or arrays): a leaf missing or extra, or a leaf of
-  another shape, or of another kind of dtype (any floating dtype may stand
-  for another: layers cast their weights, `specjax.models.cast_params`).
-  The message names `owner` (e.g. "the model (DecoderLM"), the first
-  differing path with both shapes and how many leaves differ."""
+  `jax.ShapeDtypeStruct`s or arrays): a leaf missing or extra, of another shape, or of another
+  kind of dtype (any floating dtype may stand for another: layers cast their weights). The
+  message names `owner` (e.g. "the model (DecoderLM"), the first differing path with both shapes
+  and how many leaves differ."""
   if _same_tree(expected, params):  # the common case, without building path names
     return
   keystr = jax.tree_util.keystr
@@ -196,9 +180,8 @@ def check_tree(expected: Any, params: Any, name: str, owner: str) -> None:
 
 
 def _same_tree(expected: Any, params: Any) -> bool:
-  """Whether `params` has `expected`'s structure and, leaf by leaf, its
-  shape and kind of dtype (False also for anything unusual: `check_tree`
-  then names the difference)."""
+  """Whether `params` has `expected`'s structure and, leaf by leaf, its shape and kind of dtype
+  (False also for anything unusual: `check_tree` then names the difference)."""
   want, want_def = jax.tree_util.tree_flatten(expected)
   try:
     got, got_def = jax.tree_util.tree_flatten(params)

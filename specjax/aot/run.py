@@ -1,23 +1,15 @@
 """Compile-only runs: every program an experiment would execute, for a TPU topology.
 
-`AotRun` names a run's shapes (target, drafts, γ values, batch, lengths) and
-the slice; `run_aot` lowers every program of it with abstract sharded
-arguments (`specjax.aot.programs`), compiles each for the slice's devices
-(`specjax.aot.chips.topology_devices`: no TPU needed, no memory allocated),
-and reports per program (`specjax.aot.report`): memory against the chip's
-HBM, per-iteration bytes against the slices each call must read,
-collectives, host transfers, cache-sized copies, the predicted iteration
-time — plus the memory plan's (`specjax.planning.memory`) agreement with the
-compiler and, where acceptance rates are given, the speedup the theory
-predicts from the compiled programs' predicted times.
+`AotRun` names a run's shapes (target, drafts, γ values, batch, lengths) and the slice; `run_aot`
+lowers every program of it with abstract sharded arguments (`specjax.aot.programs`), compiles each
+for the slice's devices (no TPU needed, no memory allocated) and reports per program
+(`specjax.aot.report`): memory against the chip's HBM, per-iteration bytes, collectives, host
+transfers, cache-sized copies, the predicted iteration time, the memory plan's agreement with the
+compiler and, given acceptance rates, theory's predicted speedup. See docs/tpu.md.
 
-Example:
-
-  run = AotRun(topology="v5e:2x4", target=DecoderLM(decoder_config("llama-3.1-8b", ...)),
-               drafts=(("1b", DecoderLM(decoder_config("llama-3.2-1b", ...))),),
+  run = AotRun(topology="v5e:2x4", target=DecoderLM(...), drafts=(("1b", DecoderLM(...)),),
                gammas=(4,), batch_size=1, prompt_len=1024, max_new_tokens=128)
-  result = run_aot(run)
-  print(result["markdown"])
+  print(run_aot(run)["markdown"])
 """
 
 from __future__ import annotations
@@ -70,25 +62,21 @@ class AotRun:
     gammas: γ values of the speculative loop.
     batch_size, prompt_len, max_new_tokens: the run's batch and lengths.
     cache_len: cache slots (default prompt_len + max_new_tokens + max γ + 1).
-    mesh: (data, model) axis sizes (default: data 1 x model over every chip —
-      one copy of the weights, the decode-latency layout).
-    programs: which kinds of program to compile (`PROGRAM_KINDS`; the
-      decoder-only drafters apply to decoder targets).
+    mesh: (data, model) axis sizes (default: data 1 x model over every chip — the decode-latency
+      layout).
+    programs: which kinds of program to compile (`PROGRAM_KINDS`; decoder-only drafters apply to
+      decoder targets).
     eagle_features: the target blocks an EAGLE-3 head fuses (() = EAGLE-1).
     eagle_tree: (top_k, depth, nodes) of EAGLE-2's dynamic tree.
     medusa_heads: Medusa heads (a chain of that depth).
-    draft_replicated: draft weights whole on every device (else split like
-      the target).
+    draft_replicated: draft weights whole on every device (else split like the target).
     train_batch, train_seq_len: the draft train step's batch.
     alphas: {draft name: acceptance rate} for the predicted speedup.
-    sampling: how every program samples (default greedy, as the acceptance
-      rates of the predictions are: the papers' T = 0 columns; a sampled
-      program also processes the full vocabulary on every device).
-    param_layouts: "default" (the weights in the devices' default layouts, as
-      `jax.device_put` leaves them) or "auto" (in the layouts the compiler
-      chooses for each program: what a deployment that places its weights in
-      the compiled program's `input_formats` runs; the prefill, AR and
-      speculative programs).
+    sampling: how every program samples (default greedy, matching the predictions' acceptance
+      rates; a sampled program also processes the full vocabulary on every device).
+    param_layouts: "default" (the devices' default layouts, as `jax.device_put` leaves them) or
+      "auto" (the layouts the compiler chooses for the prefill, AR and speculative programs: what
+      a deployment placing its weights in the program's `input_formats` runs).
   """
 
   topology: str
@@ -150,9 +138,8 @@ def _is_decoder(model) -> bool:
 
 
 def _lowerings(run: AotRun, mesh: Mesh):
-  """(name, thunk) of every program of the run, in order. Models are laid out for the
-  mesh as a run lays them out (`sharding.fit_to_mesh`: kv heads repeated where they do
-  not divide the model axis; a split draft too)."""
+  """(name, thunk) of every program of the run, in order; models laid out as a run lays them out
+  (`sharding.fit_to_mesh`: kv heads repeated where they do not divide the model axis)."""
   t = fit_to_mesh(run.target, None, mesh)[0]
   if not run.draft_replicated:
     run = dataclasses.replace(run, drafts=tuple((name, fit_to_mesh(d, None, mesh)[0])
@@ -193,10 +180,8 @@ def _lowerings(run: AotRun, mesh: Mesh):
     head = jax.eval_shape(lambda: init_eagle(ecfg, jax.random.PRNGKey(0)))
     label = "EAGLE-3" if run.eagle_features else "EAGLE-1"
 
-    # The head as deployed next to a bf16 target: in the target's parameter dtype (it is
-    # trained in float32; `specjax.models.cast_params` casts it), whole on every device,
-    # or split over `model` like the target (`draft_replicated=False`: `param_spec`'s
-    # layout of a head, its cache's heads over `model` too).
+    # The head as deployed beside a bf16 target: in the target's parameter dtype (trained in
+    # float32, cast by `cast_params`), whole on every device or split over `model`.
     head_dtype = np.dtype(getattr(c, "param_dtype", "float32"))
 
     def head_spec(path, x):
@@ -268,8 +253,7 @@ def _plan_check(run: AotRun, mesh: Mesh, lowered: Lowered, report: ProgramReport
     held = plan.draft_params + plan.draft_cache
   elif lowered.kind in ("prefill", "ar"):
     held = plan.target_params + plan.target_cache
-  elif draft is None:  # a drafter that is not a model (EAGLE, Medusa, prompt lookup): the
-    # plan has the target; the drafter's own params and state come from their shapes
+  elif draft is None:  # not a model (EAGLE, Medusa, lookup): its params and state by shape
     own = lowered.slices.get("draft_params", 0) + lowered.slices.get("draft_cache", 0)
     held = plan.target_params + plan.target_cache + own
   args = report.argument_bytes - report.shared_argument_bytes   # each buffer once
@@ -297,9 +281,8 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
             devices: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
   """Compiles every program of `run` for its topology and reports them.
 
-  Returns {"topology", "chip", "hosts", "mesh", "programs": [report dicts],
-  "speedups": [...], "markdown": str}. `devices` overrides the topology's
-  devices (e.g. local CPU devices, to check the programs without libtpu)."""
+  Returns {"topology", "chip", "hosts", "mesh", "programs": [report dicts], "speedups": [...],
+  "markdown": str}. `devices` overrides the topology's devices (local CPUs: no libtpu needed)."""
   devices = list(devices) if devices is not None else topology_devices(run.topology)
   chip = (chip_of_device(devices[0]) if devices[0].platform == "tpu"
           else _topology_chip(run))
@@ -364,11 +347,9 @@ def _result(run: AotRun, chip, devices, data: int, model: int, reports, plans
 
 def merge_results(parts: Sequence[Dict[str, Any]], run: AotRun,
                   devices: Optional[Sequence[Any]] = None) -> Dict[str, Any]:
-  """One `run_aot` result of `run` from results of its program kinds compiled apart
-  (each `run_aot(dataclasses.replace(run, programs=(kind,)))`, e.g. each in a
-  process of its own: the TPU compiler returns the host memory of an 80-layer
-  program only at exit). Programs in the order of `parts`; the speedups, `fits`
-  and the table recomputed over all of them."""
+  """One `run_aot` result from results of `run`'s program kinds compiled apart (each
+  `run_aot(dataclasses.replace(run, programs=(kind,)))`, e.g. one process each: the TPU compiler
+  frees a large program's host memory only at exit). Speedups, `fits` and the table recomputed."""
   if not parts:
     raise ValueError("parts must hold at least one run_aot result, got none")
   keys = ("topology", "mesh", "batch_size", "prompt_len", "cache_len", "param_layouts")
@@ -385,10 +366,9 @@ def merge_results(parts: Sequence[Dict[str, Any]], run: AotRun,
 
 
 def replan(result: Dict[str, Any], run: AotRun) -> Dict[str, Any]:
-  """`result` (a `run_aot` result, e.g. read back from JSON) with every program's
-  memory-plan comparison recomputed by the current plan code against the
-  compiler figures it holds, and the smallest fitting slice of a run that does not
-  fit — no compilation (how a plan change reaches committed results)."""
+  """`result` (a `run_aot` result, e.g. from JSON) with every program's memory-plan comparison
+  and a non-fitting run's smallest fitting slice recomputed by the current plan code, without
+  compiling (how a plan change reaches committed results)."""
   mesh = types.SimpleNamespace(shape={DATA: result["mesh"][0], MODEL: result["mesh"][1]})
   drafts = dict(run.drafts)
   for p in result["programs"]:
@@ -422,9 +402,8 @@ def _prefill_tokens(run: AotRun) -> int:
 
 
 def smallest_fitting_slice(run: AotRun, chip, max_chips: int = 256) -> Optional[Dict[str, Any]]:
-  """The fewest chips of this generation (powers of two) whose best mesh fits the
-  run by the memory plan (`specjax.planning.mesh.choose_mesh`: the fewest model-axis
-  devices that fit, rows over data), or None within `max_chips`."""
+  """The fewest chips of this generation (powers of two) whose best mesh
+  (`planning.mesh.choose_mesh`) fits the run by the memory plan, or None within `max_chips`."""
   draft = run.drafts[0][1].config if run.drafts else None
   n = 1
   while n <= max_chips:
@@ -441,8 +420,8 @@ def smallest_fitting_slice(run: AotRun, chip, max_chips: int = 256) -> Optional[
 
 
 def _cache_buffer_bytes(run: AotRun, mesh: Mesh) -> int:
-  """The size from which a per-iteration copy counts as cache-sized: half the
-  per-device bytes of one of the target's cache buffers (one layer's keys)."""
+  """The size from which a per-iteration copy counts as cache-sized: half the per-device bytes of
+  one of the target's cache buffers (one layer's keys)."""
   cache = jax.eval_shape(lambda: run.target.init_cache(run.batch_size, run.slots,
                                                        run.prompt_len))
   leaves = [x for x in jax.tree_util.tree_leaves(cache) if x.ndim == 4]
@@ -453,9 +432,8 @@ def _cache_buffer_bytes(run: AotRun, mesh: Mesh) -> int:
 
 
 def predicted_speedups(reports, alphas: Dict[str, float]):
-  """Theory's speedup from each speculative program's predicted iteration time
-  against the AR step's: E[tokens per iteration](α, γ) × t_AR / t_iteration
-  (`theory.walltime_improvement_from_times`)."""
+  """Theory's speedup from each speculative program's predicted iteration time against the AR
+  step's: E[tokens per iteration](α, γ) × t_AR / t_iteration (`walltime_improvement_from_times`)."""
   ar = next((r for r in reports if r.kind == "ar" and not r.error and r.predicted_s), None)
   rows = []
   if ar is None:

@@ -1,37 +1,25 @@
 """The rollout gate for a drafter: measure first, then turn speculation on.
 
-A rollout plan for a drafter (the practice of vLLM / SGLang deployments of
-EAGLE-3): deploy the target plainly
-and measure its baseline at the production batch (TTFT, ITL P50 / P99,
-tokens/s); enable the drafter and measure α and the same latencies; gate:
-α >= 0.55 (below it speculation loses at high concurrency) and P99 ITL no
-worse than the baseline's by more than a margin (rejected drafts make a
-two-pass tail: mean ITL falls while P99 can rise). This module does each
-step:
+The practice of vLLM / SGLang EAGLE-3 deployments: measure the plain target's baseline at the
+production batch (TTFT, ITL P50 / P99, tokens/s); enable the drafter and measure α and the same
+latencies; gate on α >= 0.55 (below it speculation loses at high concurrency) and a P99 ITL no
+worse than the baseline's by more than a margin (rejected drafts make a two-pass tail: mean ITL
+falls while P99 can rise):
 
   m = measure(target, tp, draft, dp, prompts, batch_size=8, ...)
   verdict = gate(m.baseline, m.candidate, m.alpha, min_alpha=0.55, p99_margin=0.10)
   write_plan(verdict, out_dir)                     # rollout.md + rollout.json
 
-and `python -m specjax.cli.rollout` runs them on a built-in tiny
-random pair. Latencies are `specjax.measure.latency.LatencyStats`.
+`python -m specjax.cli.rollout` runs them on a built-in tiny random pair.
 
-How `measure` times (no serving stack: static batches on this process). The
-prompts run in batches of `batch_size` rows (a partial last batch is padded
-with copies of its rows, which are not counted); every request of a batch
-arrives when the batch starts. Each decoder (`AutoregressiveDecoder`,
-`SpeculativeDecoder`) is driven from the host one jitted step at a time
-(`specjax.streaming.stream`), the step's output lengths fetched after each
-step and stamped with `now()` (the clock of `specjax.measure.timing`;
-`use_clock` injects a fake one in tests).
-The per-step fetch adds one host sync to every step of both arms — it is
-what a streaming server pays too. The baseline and the candidate alternate
-batch by batch (machine noise hits both alike) and each arm's batches are
-laid end to end on its own timeline. Compilation is excluded (the first
-batch runs once untimed). α is accepted / drafted summed over every
-speculative iteration of every request (vLLM's accepted tokens per request
-over the draft length, the seeds' definition); the mean tokens per target
-call comes with it.
+How `measure` times (static batches on this process, no serving stack): prompts run in batches
+of `batch_size` rows (a partial last batch padded with uncounted copies), every request arriving
+when its batch starts. Each decoder is driven one jitted step at a time (`specjax.streaming`),
+its output lengths fetched and stamped with `measure.timing.now()` after each step — one host
+sync per step in both arms, as a streaming server pays. The arms alternate batch by batch
+(machine noise hits both alike), each laid end to end on its own timeline; compilation is
+excluded. α is accepted / drafted summed over every speculative iteration of every request
+(vLLM's definition).
 """
 
 from __future__ import annotations
@@ -65,9 +53,7 @@ HOLD_THROUGHPUT = "hold: no throughput gain"
 VERDICTS = (ROLL_OUT, HOLD_ALPHA, HOLD_P99, HOLD_THROUGHPUT)
 
 
-# -----------------------------------------------------------------------------
-# Measuring both arms.
-# -----------------------------------------------------------------------------
+# --- Measuring both arms ---
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,15 +62,13 @@ class Measurement:
 
   Attributes:
     baseline, candidate: `LatencyStats` of plain decoding and of the drafter.
-    alpha: accepted / drafted over every speculative iteration (NaN if
-      nothing was drafted).
+    alpha: accepted / drafted over every speculative iteration (NaN if nothing was drafted).
     tokens_per_call: mean tokens per speculative iteration (accepted + 1).
-    outputs_identical: greedy runs: whether both arms emitted the same
-      tokens (exact speculative decoding must); None when sampling.
-    context: the settings (batch, prompts, max_new_tokens, gamma, drafter,
-      temperature).
-    traces: per arm ("baseline", "candidate"): (arrivals, token_times) on
-      the arm's timeline, the input of `latency_stats`.
+    outputs_identical: greedy runs: whether both arms emitted the same tokens (exact
+      speculative decoding must); None when sampling.
+    context: the settings (batch, prompts, max_new_tokens, gamma, drafter, temperature).
+    traces: per arm ("baseline", "candidate"): (arrivals, token_times) on the arm's timeline,
+      the input of `latency_stats`.
     outputs: per arm, each prompt's generated tokens (a list per prompt).
   """
 
@@ -113,16 +97,12 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
             pad_id: int = 0) -> Measurement:
   """Baseline and candidate latencies, and α, of a drafter at one batch size.
 
-  Runs every prompt through plain decoding (the baseline: the target alone)
-  and through speculative decoding with `draft` (the candidate), batch by
-  batch and alternating the two (method in the module doc).
+  Runs every prompt through plain decoding (the baseline) and through speculative decoding with
+  `draft` (the candidate), alternating batch by batch (method in the module doc).
 
   Args:
     target, target_params: the model served.
-    draft, draft_params: a draft model (a `LanguageModel` with the target's
-      vocabulary) or a drafter (`specjax.drafters`), as for
-      `specjax.speculative_generate` (draft_params None for drafters that
-      need none or run on the target's weights).
+    draft, draft_params: a draft model or a drafter, as for `specjax.speculative_generate`.
     prompts: int `[num_prompts, P]` right-padded prompts.
     prompt_lengths: int `[num_prompts]` in [1, P]; default all P.
     batch_size: requests decoded together, 1..num_prompts.
@@ -220,9 +200,7 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
                      outputs={arm: [o[i] for i in range(n)] for arm, o in outputs.items()})
 
 
-# -----------------------------------------------------------------------------
-# The gate.
-# -----------------------------------------------------------------------------
+# --- The gate ---
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,8 +219,7 @@ class Verdict:
   """The gate's decision and everything it was based on.
 
   Attributes:
-    verdict: one of `VERDICTS`: "roll out", or the first failing check in
-      the order α, P99 ITL, throughput.
+    verdict: one of `VERDICTS`: "roll out", or the first failing check (α, P99 ITL, throughput).
     roll_out: whether every check passed.
     reasons: one sentence per failing check (empty when rolling out).
     checks: every `Check`, in order.
@@ -282,16 +259,12 @@ def gate(baseline: LatencyStats, candidate: LatencyStats, alpha: float, *,
          context: Optional[Dict[str, Any]] = None) -> Verdict:
   """Applies the rollout gate to a baseline and a candidate measurement.
 
-  Checks, in order (the verdict names the first that fails; `reasons`
-  lists all):
+  Checks, in order (the verdict names the first that fails; `reasons` lists all):
 
-    1. α >= min_alpha (else HOLD_ALPHA): below ~0.55 speculation loses time
-       at production concurrency; a NaN α (nothing drafted) fails;
-    2. candidate P99 ITL <= baseline P99 ITL · (1 + p99_margin) (else
-       HOLD_P99): the tail that rejected drafts make;
-    3. candidate tokens/s > baseline tokens/s · (1 + min_throughput_gain)
-       (else HOLD_THROUGHPUT): a drafter that gains nothing is not worth
-       its memory and complexity.
+    1. α >= min_alpha (else HOLD_ALPHA); a NaN α (nothing drafted) fails;
+    2. candidate P99 ITL <= baseline P99 ITL · (1 + p99_margin) (else HOLD_P99);
+    3. candidate tokens/s > baseline tokens/s · (1 + min_throughput_gain) (else HOLD_THROUGHPUT):
+       a drafter that gains nothing is not worth its memory and complexity.
 
   All pass: ROLL_OUT.
 
@@ -300,8 +273,7 @@ def gate(baseline: LatencyStats, candidate: LatencyStats, alpha: float, *,
     alpha: the measured acceptance rate, in [0, 1] or NaN.
     min_alpha: the α gate, in [0, 1].
     p99_margin: the allowed relative P99 ITL regression, >= 0.
-    min_throughput_gain: the relative tokens/s gain required, >= 0 (0: any
-      gain).
+    min_throughput_gain: the relative tokens/s gain required, >= 0 (0: any gain).
     context: free-form settings recorded in the verdict (JSON-ready).
 
   Returns:
@@ -346,9 +318,7 @@ def gate(baseline: LatencyStats, candidate: LatencyStats, alpha: float, *,
                  context=dict(context or {}))
 
 
-# -----------------------------------------------------------------------------
-# The plan.
-# -----------------------------------------------------------------------------
+# --- The plan ---
 
 
 _REMEDIES = {
@@ -421,8 +391,8 @@ def _plan_markdown(v: Verdict) -> str:
 
 
 def write_plan(verdict: Verdict, out_dir: str) -> Tuple[str, str]:
-  """Writes `rollout.md` (the staged plan) and `rollout.json` (the verdict,
-  `Verdict.to_dict`) into `out_dir` atomically; returns their paths."""
+  """Writes `rollout.md` (the staged plan) and `rollout.json` (`Verdict.to_dict`) into `out_dir`
+  atomically; returns their paths."""
   if not isinstance(verdict, Verdict):
     raise TypeError(f"verdict must be a Verdict (from gate), got {type(verdict).__name__}")
   if not isinstance(out_dir, (str, os.PathLike)):

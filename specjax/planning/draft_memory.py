@@ -1,12 +1,9 @@
 """The memory a draft needs, in closed form: a classic draft model and an EAGLE-3 head.
 
-`classic_draft_memory` counts a whole Llama-style decoder (the classic draft
-of Leviathan et al. / Chen et al., e.g. Llama-3.2-1B beside Llama-3.3-70B);
-`eagle3_head_memory` one EAGLE-3 head layer on the target (Li et al. 2025),
-with the target's embedding and, unless a reduced draft vocabulary is given,
-its output head shared. Both return parameters, weight bytes and KV bytes per
-token with a breakdown by part. The memory plan of a whole run on a mesh is
-`specjax.planning.memory`.
+`classic_draft_memory` counts a whole Llama-style decoder (the classic draft of Leviathan et al.
+/ Chen et al.); `eagle3_head_memory` one EAGLE-3 head layer on the target (Li et al. 2025). Both
+return parameters, weight bytes and KV bytes per token with a breakdown by part; a whole run's
+memory plan on a mesh is `specjax.planning.memory`.
 """
 
 from __future__ import annotations
@@ -33,8 +30,7 @@ def _memory(breakdown: Dict[str, int], kv_layers: int, num_kv_heads: int, head_d
 
 def _attention_mlp(width_in: int, hidden: int, num_heads: int, num_kv_heads: int,
                    head_dim: int, intermediate: int) -> Dict[str, int]:
-  """Parameters of one Llama decoder layer's projections (no biases), its
-  q / k / v projections reading a `width_in`-wide input."""
+  """Parameters of one Llama layer's projections (no biases), q / k / v reading `width_in`."""
   return {
       "q_proj": width_in * num_heads * head_dim,
       "k_proj": width_in * num_kv_heads * head_dim,
@@ -58,30 +54,20 @@ def classic_draft_memory(hidden: int, num_layers: int, num_heads: int, num_kv_he
                          bytes_per_param: float = 2.0) -> Dict[str, Any]:
   """Parameters, weight bytes and KV bytes per token of a Llama-style decoder.
 
-  A classic draft (Leviathan / Chen) is a whole small model of the target's
-  family, e.g. Llama-3.2-1B for Llama-3.3-70B, loaded beside the target with
-  its own KV cache. Counted (Llama 3 architecture, no biases): the token
-  embedding V·E; per layer the q/k/v/o projections (E·H·D, 2·E·K·D, H·D·E),
-  the gated MLP 3·E·I and two RMSNorm scales; the final norm; an output head
-  V·E unless tied to the embedding. Rotary embeddings have no parameters.
-  The KV cache holds a key and a value per layer: 2·L·K·D values per token.
-  (Applied to the Llama-3.3-70B shape it gives the target's 70.55 B.)
+  A classic draft is a whole small model of the target's family with its own KV cache. Counted
+  (Llama 3, no biases): the embedding V·E; per layer the q/k/v/o projections (E·H·D, 2·E·K·D,
+  H·D·E), the gated MLP 3·E·I and two RMSNorm scales; the final norm; an output head V·E unless
+  tied. The KV cache holds 2·L·K·D values per token.
 
   Args:
-    hidden: the width E, an integer >= 1 (same for the other shape sizes).
-    num_layers: L.
-    num_heads: H query heads.
-    num_kv_heads: K key/value heads (H must be a multiple of K).
-    head_dim: D.
-    intermediate: the MLP width I.
-    vocab: the vocabulary size V.
-    tied_embeddings: whether the output head reuses the embedding (as
-      Llama-3.2-1B does).
+    hidden, num_layers, num_heads, num_kv_heads, head_dim, intermediate, vocab: E, L, H, K (H a
+      multiple of K), D, the MLP width I and V, integers >= 1.
+    tied_embeddings: whether the output head reuses the embedding.
     bytes_per_param: bytes per weight and per cached value, > 0 (2 for bf16).
 
   Returns:
-    A dict: "params" (int), "weight_bytes", "kv_bytes_per_token",
-    "kv_layers", "bytes_per_param", "breakdown" {part: params} and "notes".
+    A dict: "params" (int), "weight_bytes", "kv_bytes_per_token", "kv_layers",
+    "bytes_per_param", "breakdown" {part: params} and "notes".
   """
   d = _shape_args(hidden=hidden, num_layers=num_layers, num_heads=num_heads,
                   num_kv_heads=num_kv_heads, head_dim=head_dim, intermediate=intermediate,
@@ -106,40 +92,27 @@ def eagle3_head_memory(hidden: int, num_heads: int, num_kv_heads: int, head_dim:
                        bytes_per_param: float = 2.0) -> Dict[str, Any]:
   """Parameters, weight bytes and KV bytes per token of an EAGLE-3 draft head.
 
-  The head (Li et al. 2025, the released Llama EAGLE-3 heads) is one decoder
-  layer at the target's width E on top of the target:
+  The head (Li et al. 2025) is one decoder layer at the target's width E on top of the target:
 
-    * fc: the hidden states of `fused_layers` target layers (low, mid and
-      high: 3·E features) through one linear map to E (no bias);
-    * one Llama decoder layer whose q / k / v projections read
-      `attention_input_factor`·E inputs — EAGLE-3 concatenates the token's
-      embedding with the fused feature (2·E); 1 for a plain layer — with
-      the target's heads, head dimension and MLP width;
-    * RMSNorm scales: the input, the feature ("hidden_norm"), the
-      post-attention and the final norm (4·E);
-    * the token embedding: the target's, shared (no extra parameters);
-    * the output head: the target's, shared, when `draft_vocab` is None;
-      otherwise its own E·draft_vocab head over a reduced draft vocabulary
-      (EAGLE-3's releases use 32 000 tokens and map them back to the
-      target's with lookup tables, a few hundred KB of integers not counted
-      here). draft_vocab = vocab counts a full-vocabulary head of its own.
+    * fc: the hidden states of `fused_layers` target layers (3·E features) mapped to E (no bias);
+    * one Llama decoder layer whose q / k / v read `attention_input_factor`·E inputs (EAGLE-3
+      concatenates the token's embedding with the fused feature: 2·E), with the target's heads,
+      head dimension and MLP width;
+    * RMSNorm scales: input, feature ("hidden_norm"), post-attention and final (4·E);
+    * the token embedding: the target's, shared;
+    * the output head: the target's, shared, when `draft_vocab` is None; else its own
+      E·draft_vocab head over a reduced draft vocabulary (its id lookup tables not counted).
 
-  The head's KV cache has one layer: 2·K·D values per token. Not counted:
-  the target's hidden states the head reads (fused_layers·E values per token
-  in flight, transient) and the target's own weights and cache.
+  The head's KV cache has one layer: 2·K·D values per token. Not counted: the target's hidden
+  states the head reads (transient) and the target's own weights and cache.
 
   Args:
-    hidden: the target's width E, an integer >= 1 (same for the others).
-    num_heads: H query heads.
-    num_kv_heads: K key/value heads (H must be a multiple of K).
-    head_dim: D.
-    intermediate: the MLP width I.
+    hidden, num_heads, num_kv_heads, head_dim, intermediate: the target's E, H, K (H a multiple
+      of K), D and MLP width I, integers >= 1.
     vocab: the target's vocabulary (only checked against draft_vocab).
-    draft_vocab: None (share the target's head) or the size of the head's
-      own vocabulary, 1..vocab.
+    draft_vocab: None (share the target's head) or the head's own vocabulary size, 1..vocab.
     fused_layers: target layers whose features are fused, an integer >= 1.
-    attention_input_factor: the attention's input width in units of E, an
-      integer >= 1.
+    attention_input_factor: the attention's input width in units of E, an integer >= 1.
     bytes_per_param: bytes per weight and per cached value, > 0 (2 for bf16).
 
   Returns:

@@ -2,55 +2,44 @@
 
 An *example* is a pair of int32 token arrays, `Example(prompt, target)`:
 
-  * seq2seq (T5): prompt = encoder inputs (EOS included), target = the
-    decoder targets (EOS included);
-  * decoder-only "prompt + target": prompt = the conditioning text (no EOS),
-    target = the continuation (EOS included); the loss covers the target only;
-  * decoder-only documents (code, plain text): empty prompt, target = the
-    document (EOS included); the loss covers every predicted token.
+  * seq2seq (T5): prompt = encoder inputs, target = decoder targets (both with EOS);
+  * decoder-only "prompt + target": prompt = the conditioning text (no EOS), target = the
+    continuation (with EOS); the loss covers the target only;
+  * decoder-only documents: empty prompt, target = the document (with EOS); every predicted
+    token is scored.
 
-A *source* turns examples into fixed-shape rows; a `Mixture` of sources with
-weights turns rows into batches. Batch `step` is a pure function of
-`(seed, step, batch_size)`:
+A *source* turns examples into fixed-shape rows; a `Mixture` of weighted sources turns rows into
+batches. Batch `step` is a pure function of `(seed, step, batch_size)`, so a resumed run sees
+exactly the batches an uninterrupted run sees:
 
-  * one source: row r of step s is element n = s * B + r of the source's
-    stream; element n lies in epoch e = n // N at position n % N, and the
-    epoch's order is `np.random.default_rng((seed, 2, k, e)).permutation(N)`
+  * one source: row r of step s is element n = s * B + r of the source's stream, in epoch
+    e = n // N at position n % N of `np.random.default_rng((seed, 2, k, e)).permutation(N)`
     (k: the source's index in the mixture);
-  * a mixture: each row draws its source from the weights (rows of steps
-    [256 j, 256 j + 256) from `default_rng((seed, 1, j))`), and takes the next
-    element of that source's stream, i.e. element "number of earlier rows
-    that drew this source". The per-block counts are cached, so any step is
-    reached in O(step / 256) cheap draws.
-
-A resumed run therefore sees exactly the batches an uninterrupted run sees.
+  * a mixture: each row draws its source from the weights (rows of steps [256 j, 256 j + 256)
+    from `default_rng((seed, 1, j))`) and takes that source's next element ("number of earlier
+    rows that drew this source"); per-block counts are cached, so any step costs O(step / 256).
 
 Batch layouts (numpy, right-padded with the pad id 0):
 
-  seq2seq:  inputs [B, P] int32, input_lengths [B] int32,
-            decoder_inputs [B, T] int32 (0 = decoder start, then targets
-            shifted right), targets [B, T] int32, loss_mask [B, T] float32.
-  decoder:  tokens [B, T] int32 (the model input), targets [B, T] int32
-            (tokens shifted left: the next token), loss_mask [B, T] float32.
+  seq2seq:  inputs [B, P] int32, input_lengths [B] int32, decoder_inputs [B, T] int32 (0 =
+            decoder start, then targets shifted right), targets [B, T] int32, loss_mask [B, T] f32.
+  decoder:  tokens [B, T] int32 (the model input), targets [B, T] int32 (the next token),
+            loss_mask [B, T] float32.
 
 Overlong examples (policy `overlong`, counted in `source.stats`):
 
-  * "truncate" (default). seq2seq: inputs are cut to P tokens and the last
-    kept one is replaced by EOS (as `SentencePieceTokenizer.encode_batch`);
-    targets are cut to T tokens *without* EOS (the true text goes on, so the
-    model is not taught to stop there). decoder, padded: prompt + target must
-    fit T + 1 tokens; the prompt is cut from the left (its end, e.g.
-    "... Summary:", is kept) down to one token, then the target is cut at the
-    end (no EOS). A document keeps its first T + 1 tokens.
+  * "truncate" (default). seq2seq: inputs are cut to P tokens, the last kept one replaced by EOS;
+    targets are cut to T tokens *without* EOS (the true text goes on, so the model is not taught
+    to stop there). decoder, padded: prompt + target must fit T + 1 tokens; the prompt is cut from
+    the left (its end, "... Summary:", is kept) down to one token, then the target at the end (no
+    EOS). A document keeps its first T + 1 tokens.
   * "drop": examples that would be truncated are removed at construction.
 
-Packed decoder sources (`LMSource(packing=True)`) concatenate the epoch's
-shuffled examples into one stream and cut it into windows of T + 1 tokens
-with stride T (every token but the stream's first is predicted exactly once
-per epoch); the windows are then shuffled. Nothing is truncated or dropped.
-There are no segment masks: a token attends to earlier examples in its
-window, as in GPT-2-style packing. The loss mask is carried along, so
-prompts stay unscored; padding is preferable for "prompt + target" data.
+Packed decoder sources (`LMSource(packing=True)`) concatenate the epoch's shuffled examples into
+one stream cut into windows of T + 1 tokens with stride T (every token but the first predicted
+once per epoch), then shuffle the windows; nothing is truncated or dropped. No segment masks (a
+token attends to earlier examples in its window, GPT-2-style); the loss mask is carried along,
+so prompts stay unscored.
 """
 
 from __future__ import annotations
@@ -119,8 +108,7 @@ class SourceStats:
 class Source(abc.ABC):
   """Fixed-shape rows from examples. Subclasses set `num_items`, `row_spec`, `stats`.
 
-  `row_spec` maps each batch key to (per-row shape, dtype); two sources can
-  be mixed when their specs are equal.
+  `row_spec` maps each batch key to (per-row shape, dtype); sources with equal specs can mix.
   """
 
   num_items: int
@@ -191,10 +179,8 @@ class Seq2SeqSource(_PaddedSource):
   """Encoder-decoder rows: inputs [P] + length, decoder inputs / targets / mask [T].
 
   Args:
-    examples: `Example(prompt=encoder inputs, target=targets)` (EOS included
-      in both, as `SentencePieceTokenizer.encode` gives them).
-    input_len: P.
-    target_len: T.
+    examples: `Example(prompt=encoder inputs, target=targets)`, both with EOS.
+    input_len, target_len: P, T.
     overlong: "truncate" or "drop" (module doc).
     decoder_start_id: the first decoder input (T5: the pad id 0).
   """
@@ -380,8 +366,7 @@ class Mixture:
   """Sources mixed with weights (normalised); see the module doc for the order.
 
   Args:
-    sources: `[(source, weight), ...]` or a single `Source`; all sources must
-      have the same `row_spec` (same format and lengths).
+    sources: `[(source, weight), ...]` or a single `Source`, all with the same `row_spec`.
   """
 
   def __init__(self, sources: Sequence[tuple[Source, float]] | Source):
@@ -462,9 +447,8 @@ def as_mixture(dataset: Any) -> Mixture:
 
 
 def eval_batches(source: Source, batch_size: int, num_batches: int) -> list[Batch]:
-  """The first `num_batches * batch_size` items of `source` in their stored
-  (unshuffled) order, as fixed batches; the last one is padded with rows of
-  zero loss mask when the source is shorter."""
+  """The first `num_batches * batch_size` items of `source`, unshuffled, as fixed batches; the
+  last is padded with rows of zero loss mask when the source is shorter."""
   batch_size = check_int("batch_size", batch_size, 1)
   num_batches = check_int("num_batches", num_batches, 0)
   out = []
@@ -480,9 +464,7 @@ def eval_batches(source: Source, batch_size: int, num_batches: int) -> list[Batc
   return out
 
 
-# -----------------------------------------------------------------------------
-# From records (text) to examples.
-# -----------------------------------------------------------------------------
+# --- From records (text) to examples ---
 
 
 def _format_all(template: str, records: Sequence[Mapping[str, Any]], what: str) -> list[str]:
@@ -516,9 +498,8 @@ def lm_examples(records: Sequence[Mapping[str, Any]], tokenizer,
                 target_template: str = "{targets}") -> list[Example]:
   """Decoder-only examples from text records.
 
-  With `prompt_template` (e.g. "{inputs} Summary:"): prompt (no EOS) +
-  target (with EOS), the loss on the target only. Without (None or ""):
-  documents, `target_template` (e.g. "{inputs}" for code) with EOS.
+  With `prompt_template` ("{inputs} Summary:"): prompt (no EOS) + target (with EOS), the loss on
+  the target only. Without (None or ""): documents, `target_template` with EOS.
   """
   records = list(records)
   if not records:
@@ -533,8 +514,8 @@ def lm_examples(records: Sequence[Mapping[str, Any]], tokenizer,
 
 def synthetic_examples(kind: str, num: int, vocab_size: int, min_len: int, max_len: int,
                        seed: int = 0, first_id: int = 2) -> list[Example]:
-  """Toy tasks over ids [first_id, vocab_size): "copy", "reverse" (target =
-  the prompt copied / reversed, + EOS) and "sorted" (target = sorted)."""
+  """Toy tasks over ids [first_id, vocab_size): target = the prompt "copy"-ed, "reverse"-d or
+  "sorted", + EOS."""
   ops = {"copy": lambda x: x, "reverse": lambda x: x[::-1], "sorted": np.sort}
   if kind not in ops:
     raise ValueError(f"kind must be one of {sorted(ops)}, got {kind!r}")
