@@ -1,8 +1,7 @@
-"""The one clock every specjax timing reads (`specjax.measure.timing`,
-`specjax.calibration`, `specjax.streaming`): `time.perf_counter`, or what
-`use_clock` installs — tests rig it, so the logic of a measurement is tested
-exactly and never depends on how busy the machine is. `interleaved_rounds`
-is the one timer of calls compared with each other; `wall` the date a
+"""The one clock every specjax timing reads: `time.perf_counter`, or what `use_clock` installs.
+
+Tests rig it, so a measurement's logic is tested exactly, whatever the machine's load.
+`interleaved_rounds` is the one timer of calls compared with each other; `wall` the date a
 result is stamped with."""
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ _CLOCKS = [time.perf_counter]
 
 
 def now() -> float:
-  """Seconds on the clock every specjax timing reads (`time.perf_counter`,
-  or the clock `use_clock` installed)."""
+  """Seconds on the clock every specjax timing reads."""
   return _CLOCKS[-1]()
 
 
@@ -44,14 +42,13 @@ def use_clock(clock: Callable[[], float]) -> Iterator[None]:
 
 
 def wall() -> float:
-  """Seconds since the epoch (`time.time`): when a stored result was
-  measured, to tell its age (not a duration: durations read `now`)."""
+  """Seconds since the epoch: when a stored result was measured (durations read `now`)."""
   return time.time()
 
 
 class Rounds(NamedTuple):
-  """What `interleaved_rounds` measured: per key, `seconds` of its call in
-  each round (in round order) and `last`, what its last call returned."""
+  """Per key: `seconds` of its call in each round (in round order) and `last`, what its last
+  call returned."""
 
   seconds: Dict[Hashable, List[float]]
   last: Dict[Hashable, Any]
@@ -63,17 +60,13 @@ class Rounds(NamedTuple):
 
 def interleaved_rounds(calls: Mapping[Hashable, Callable[[], Any]], rounds: int, *,
                        reverse: bool = False) -> Rounds:
-  """Times every call of `calls` once per round, `rounds` rounds, on `now()`,
-  each call's output blocked on (`jax.block_until_ready`).
+  """Times every call of `calls` once per round, `rounds` rounds, on `now()`, outputs blocked on.
 
-  Calls compared with each other are timed moments apart, so a slow spell
-  of a noisy machine hits them all, and no call always runs first or right
-  after the same other one (a program or weights still warm): round r runs
-  them in `calls`' order rotated left by r; with `reverse`, in that order
-  on even rounds and reversed on odd ones (neighbours stay neighbours: two
-  calls timed for a paired difference stay adjacent). Compilation is the
-  caller's to exclude (call each once first). Only the last output of a
-  call is kept (outputs may hold caches)."""
+  Calls compared with each other are timed moments apart, so a slow spell hits them all, and no
+  call always runs first or right after the same other one: round r runs them in `calls`' order
+  rotated left by r; with `reverse`, in that order on even rounds and reversed on odd ones (two
+  calls timed for a paired difference stay adjacent). Compilation is the caller's to exclude
+  (call each once first). Only each call's last output is kept (outputs may hold caches)."""
   if not isinstance(calls, Mapping) or not calls:
     raise ValueError(f"calls must be a non-empty mapping {{key: call}}, got {calls!r}")
   if not all(callable(c) for c in calls.values()):

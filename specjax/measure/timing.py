@@ -1,22 +1,13 @@
 """Timing helpers shared by the demo, the experiments and `benchmarks/`.
 
-Speed claims live in benchmarks, measured side by side in one process; these
-helpers only make the measurements consistent:
+* `time_call`: median wall time of a (jitted) call, outputs blocked on, after warm-up
+  (compilation reported separately).
+* `step_times`: the in-graph cost of one model call on T tokens, from a jitted `lax.fori_loop`
+  of the call timed at 0 and at `steps` iterations, so neither prefill nor dispatch counts;
+  `StepTimer` builds those loops once and measures them in rounds, between other timings.
 
-* `time_call`: median wall time of a (jitted) call, outputs blocked on,
-  after warm-up (compilation excluded and reported separately).
-* `step_times`: the in-graph cost of one model call on T tokens: a jitted
-  `lax.fori_loop` of the call timed at 0 and at `steps` iterations (as the
-  decoding loop runs it), so neither the prefill nor dispatch is counted;
-  `StepTimer` builds those loops once and measures them in rounds, between
-  other timings.
-
-Every timing in specjax reads one clock, `now()` (`time.perf_counter`
-unless `use_clock` injects another): tests rig it — a fake clock that the
-timed calls advance by chosen amounts — so the logic of a measurement is
-tested exactly and never depends on how busy the machine is. Calls compared
-with each other are timed by one timer, `interleaved_rounds` (all of them
-live in `specjax._clock`).
+The clock (`now`, `use_clock`) and the timer of calls compared with each other
+(`interleaved_rounds`) live in `specjax._clock` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -56,9 +47,8 @@ _RESOLUTION_S = 1e-7  # 0.1 µs: the smallest per-step time step_times reports
 
 def _step_loop(model, params, batch_size: int, cache_len: int, prompt_len: int, t: int,
                steps: int):
-  """A jitted `run(params, cache, n)`: the prefill, then `n` extend calls on T
-  tokens in a `lax.fori_loop` (see `step_times`); returns `(run, cache)`,
-  compiled and warmed up."""
+  """`(run, cache)`, compiled and warmed up: a jitted `run(params, cache, n)` of the prefill and
+  then `n` extend calls on T tokens in a `lax.fori_loop` (see `step_times`)."""
   tokens_proto = jnp.zeros((batch_size,), jnp.int32)
   prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
   lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
@@ -83,10 +73,9 @@ def _step_loop(model, params, batch_size: int, cache_len: int, prompt_len: int, 
 
 
 def _paired_step_seconds(loops, steps: int, repeats: int, base: int = 0) -> Dict[Any, list]:
-  """Per key of `loops` ({key: (run, cache, params)}, `run(params, cache, n)`):
-  `repeats` paired differences (time at n = base + steps − time at n = base)
-  / steps, the keys interleaved (`interleaved_rounds`, the order reversed
-  every other round, so neither is always the first)."""
+  """Per key of `loops` ({key: (run, cache, params)}): `repeats` paired differences (time at
+  n = base + steps − time at n = base) / steps, the keys interleaved (`interleaved_rounds`,
+  reversed every other round)."""
   ns = (jnp.int32(base), jnp.int32(base + steps))
   calls = {(key, i): functools.partial(fn, params, cache, ns[i])
            for key, (fn, cache, params) in loops.items() for i in (0, 1)}
@@ -95,13 +84,8 @@ def _paired_step_seconds(loops, steps: int, repeats: int, base: int = 0) -> Dict
 
 
 class StepTimer:
-  """Compiled step loops of one model for several token counts, timed on
-  demand: `measure(repeats)` returns, per T, `repeats` seconds per
-  `model.extend` call on T tokens (the method of `step_times`).
-
-  Built once (compilation happens here), it can be measured in rounds
-  interleaved with other timings, so that numbers compared with each other
-  are taken moments apart on a noisy machine."""
+  """Compiled step loops of one model for several token counts (the method of `step_times`),
+  built once and measured on demand, so that rounds can interleave with other timings."""
 
   def __init__(self, model, params, batch_size: int, cache_len: int, prompt_len: int,
                token_counts: Sequence[int], steps: int = 32):
@@ -113,8 +97,7 @@ class StepTimer:
                    + (params,) for t in token_counts}
 
   def measure(self, repeats: int = 1) -> Dict[int, list]:
-    """Per T: `repeats` seconds per call (T values interleaved, their order
-    reversed every other repeat)."""
+    """Per T: `repeats` seconds per `model.extend` call (T values interleaved)."""
     _check_steps(self.steps, repeats)
     return _paired_step_seconds(self._loops, self.steps, repeats)
 
@@ -123,20 +106,13 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
                token_counts: Sequence[int], steps: int = 32, repeats: int = 7) -> Dict[int, float]:
   """Seconds per `model.extend` call on T tokens, for each T in token_counts.
 
-  One jitted function per T runs the prefill and then `n` extend calls in a
-  `lax.fori_loop` whose trip count `n` is an argument. Each repeat times it
-  at n = 0 and right after at n = `steps`; the median of these paired
-  differences, over `steps`, is the cost of one call — the prefill, the
-  dispatch and the output transfer cancel. The token counts are interleaved
-  within each repeat, so a slow phase of a noisy machine hits them all. Every
-  call writes at position `prompt_len` (lengths are reset each time) on a
-  cache of `cache_len` slots, and every logit is consumed (a max over the
-  vocabulary at each position), as a decode/verify step of the loop does.
-
-  (Subtracting a separately timed prefill instead is wrong: a prefill whose
-  result is unused is removed by XLA's dead-code elimination.) Times below
-  the noise floor are reported as 0.1 µs, never as 0. `StepTimer` is the
-  same measurement, built once and measured in rounds.
+  One jitted function per T runs the prefill and then `n` extend calls in a `lax.fori_loop`
+  whose trip count is an argument; each repeat times it at n = 0 and right after at n = `steps`,
+  and the median of these differences over `steps` is one call: prefill, dispatch and output
+  transfer cancel. (Subtracting a separately timed prefill is wrong: XLA removes a prefill whose
+  result is unused.) Every call writes at position `prompt_len` (lengths reset each time) on a
+  cache of `cache_len` slots and every logit is consumed, as a decode/verify step does. Token
+  counts are interleaved within each repeat; times below the noise floor read 0.1 µs, never 0.
   """
   _check_steps(steps, repeats)
   per_step = StepTimer(model, params, batch_size, cache_len, prompt_len, token_counts,
@@ -145,9 +121,8 @@ def step_times(model, params, batch_size: int, cache_len: int, prompt_len: int,
 
 
 def floor_step_seconds(seconds: Sequence[float]) -> float:
-  """The median of per-call seconds, floored at 0.1 µs: a step too cheap to
-  resolve against the noise reads as the floor, not as 0 or < 0 (callers
-  divide by these times)."""
+  """The median of per-call seconds, floored at 0.1 µs: a step too cheap to resolve reads as the
+  floor, not as 0 or < 0 (callers divide by these times)."""
   if len(seconds) == 0:
     raise ValueError(f"seconds must hold at least one measurement, got {seconds!r}")
   return max(statistics.median(seconds), _RESOLUTION_S)
@@ -156,12 +131,10 @@ def floor_step_seconds(seconds: Sequence[float]) -> float:
 def step_times_side_by_side(models: Dict[str, Any], params, batch_size: int, cache_len: int,
                             prompt_len: int, tokens: int, steps: int = 32,
                             repeats: int = 15) -> Dict[str, list]:
-  """`step_times` of several models (e.g. one config with a compute option
-  on and off), interleaved call by call: per name, the `repeats` per-step
-  seconds, in order, so that `a[i] / b[i]` are ratios measured moments apart
-  (their median resists a noisy machine's drift). `params`: one tree for
-  every model, or a dict {name: tree} (e.g. the same weights in two
-  layouts) with the names of `models`."""
+  """`step_times` of several models (e.g. a compute option on and off), interleaved call by
+  call: per name, the `repeats` per-step seconds in order, so that `a[i] / b[i]` are ratios
+  measured moments apart. `params`: one tree for every model, or a dict {name: tree} with the
+  names of `models` (e.g. the same weights in two layouts)."""
   if not isinstance(models, dict) or not models:
     raise ValueError(f"models must be a non-empty dict {{name: model}}, got {models!r}")
   _check_steps(steps, repeats)
@@ -182,9 +155,8 @@ def _check_steps(steps: int, repeats: int) -> None:
 
 
 def prefill_seconds(model, params, batch_size: int, cache_len: int, prompt_len: int) -> float:
-  """Median wall seconds of one jitted prefill of a full prompt bucket
-  (`prompt_len` tokens in every row, a cache of `cache_len` slots): the
-  per-request cost that decode-only speedups subtract."""
+  """Median wall seconds of one jitted prefill of `prompt_len` tokens in every row, on a cache of
+  `cache_len` slots: the per-request cost that decode-only speedups subtract."""
   prompt = jnp.ones((batch_size, prompt_len), jnp.int32)
   lengths = jnp.full((batch_size,), prompt_len, jnp.int32)
   fn = jax.jit(lambda params, cache: model.prefill(params, prompt, lengths, cache)[0])
@@ -203,16 +175,11 @@ def cache_step_times(model, params, batch_size: int, cache_len: int, valid: int,
   """Seconds per `model.extend` call on T tokens over a cache holding `valid`
   positions per row, for each T in `token_counts` — without a prefill.
 
-  Where `step_times` prefills a prompt inside the timed function (and so
-  cannot reach contexts whose prefill costs seconds), this starts from a
-  fresh cache of `cache_len` slots whose lengths are set to `valid` (the
-  contents do not change what a dense step costs). One jitted function per T
-  runs `n` extend calls in a `lax.fori_loop` (lengths reset every call, every
-  logit consumed); it is timed at n = `steps` and n = 2·`steps`, and the
-  difference over `steps` is one call: dispatch, the transfer and the copy
-  of the (undonated) input cache cancel. T values interleaved per repeat;
-  medians, floored at 0.1 µs. Works for any `LanguageModel` whose
-  `init_cache(batch, slots)` returns a cache with `lengths` (including
+  For contexts whose prefill costs seconds: a fresh cache of `cache_len` slots has its lengths
+  set to `valid` (the contents do not change what a dense step costs). The loop (as
+  `step_times`') is timed at n = `steps` and n = 2·`steps`, so dispatch, the transfer and the
+  copy of the undonated input cache cancel; medians, floored at 0.1 µs. Works for any
+  `LanguageModel` whose `init_cache(batch, slots)` returns a cache with `lengths` (including
   `specjax.drafters.windowed.WindowedLM`)."""
   _check_steps(steps, repeats)
   if valid + max(token_counts) > cache_len:
