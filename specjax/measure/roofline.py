@@ -1,29 +1,19 @@
 """Memory roofline of a decode / verify step, and the measurements around it.
 
-A decode step at small batch reads every weight it uses once and the KV
-cache, and does little arithmetic per byte, so its floor is
+A decode step at small batch reads every weight it uses once and the KV cache, with little
+arithmetic per byte, so its floor is bytes read and written per step / memory bandwidth.
+`step_bytes` counts those bytes for `DecoderLM` and `T5` from the config and parameter shapes:
 
-    bytes read and written per step / memory bandwidth.
-
-`step_bytes` counts those bytes for `DecoderLM` and `T5` from the config and
-the parameter shapes alone (no arrays needed):
-
-* weights: every parameter a decoder step touches — for T5 the decoder stack,
-  its relative-position table and the output layer, never the encoder; an
-  untied input embedding contributes only the B·T rows gathered (a tied one
-  is read whole as the output layer);
-* KV read: keys and values of the self-attention cache, 2 · L · B · ctx · K · D
-  elements, for the valid context ctx (the ideal: what any implementation
-  must read) and for the whole static buffer S (what a static-shape cache
-  step reads: every slot, masked); T5 adds its cross-attention K/V over the P
+* weights: every parameter a decoder step touches (`decode_reads`);
+* KV read: the self-attention cache's keys and values, 2 · L · B · ctx · K · D elements, for the
+  valid context ctx (what any implementation must read) and for the whole static buffer S (what
+  a static-shape step reads: every slot, masked); T5 adds its cross-attention K/V over the P
   encoder positions;
 * KV write: the T new positions, 2 · L · B · T · K · D elements.
 
-Activations and the float32 logits (B · T · V · 4 bytes) are left out: at the
-batch sizes where the roofline matters they are a rounding error next to the
-weights. `copy_bandwidth` measures the bandwidth with one large elementwise
-pass on the device (read + write), `random_params` builds random weights of
-a model's shapes directly on the device (no host copy of a 11B model).
+Activations and the float32 logits are left out: at the batch sizes where the roofline matters
+they are a rounding error next to the weights. `copy_bandwidth` measures the bandwidth with one
+large elementwise pass; `random_params` builds random weights on the device (no host copy).
 """
 
 from __future__ import annotations
@@ -58,12 +48,10 @@ def _nbytes(leaf) -> int:
 
 
 def decode_reads(names, tied: bool) -> str:
-  """How one decode step reads the parameter at path `names` (its keys):
-  "whole"; "rows" — an untied input embedding, of which a step gathers its
-  B·T rows (a tied one is also the output layer: read whole); "none" — an
-  encoder's parameters and the decoder's cross-attention key / value kernels,
-  used once by the prefill (whose cross-attention keys and values are cached).
-  The one rule for `step_bytes` and `specjax.aot`'s per-device accounting."""
+  """How one decode step reads the parameter at path `names`: "whole"; "rows" (an untied input
+  embedding: a step gathers B·T rows; a tied one is the output layer, read whole); "none" (the
+  encoder and the cross-attention key / value kernels, used once by the prefill). The one rule
+  for `step_bytes` and `specjax.aot`'s per-device accounting."""
   names = [str(n) for n in names]
   if names and names[0] == "encoder":
     return "none"
@@ -82,19 +70,14 @@ def step_bytes(model, batch: int, tokens: int, context: int, cache_len: int,
     model: a `DecoderLM` or `T5`.
     batch: B rows.
     tokens: T tokens fed per row.
-    context: valid cache positions before the call (the T new ones are
-      added to it: the step attends to context + T positions).
+    context: valid cache positions before the call (the step attends to context + T).
     cache_len: S, the static buffer's slots.
     encoder_len: P, T5's encoder positions (cross-attention), else ignored.
-    shapes: the parameter tree (arrays or ShapeDtypeStructs); default
-      `param_shapes(model)`.
-
-  The weights are those `decode_reads` says a step reads.
+    shapes: the parameter tree (arrays or ShapeDtypeStructs); default `param_shapes(model)`.
 
   Returns:
-    weights, kv_read (valid context), kv_read_buffer (all S slots, T5's cross
-    K/V included in both), kv_write, total (weights + kv_read + kv_write) and
-    total_buffer (weights + kv_read_buffer + kv_write).
+    weights, kv_read (valid context), kv_read_buffer (all S slots; T5's cross K/V in both),
+    kv_write, total (weights + kv_read + kv_write), total_buffer (with kv_read_buffer).
   """
   flat = _flat(shapes if shapes is not None else param_shapes(model))
   c = model.config
@@ -132,9 +115,7 @@ def roofline_s(nbytes: int, bandwidth: float) -> float:
 
 def copy_bandwidth(nbytes: int = 2 << 30, dtype=jnp.bfloat16,
                    repeats: int = 5) -> Dict[str, float]:
-  """Device memory bandwidth from a large elementwise pass `y = x + 1` on the
-  default device: it reads and writes `nbytes` each, so bandwidth =
-  2 · nbytes / median time."""
+  """Default-device memory bandwidth from `y = x + 1` over `nbytes`: 2 · nbytes / median time."""
   n = nbytes // jnp.dtype(dtype).itemsize
   x = jnp.ones((n,), dtype)
   fn = jax.jit(lambda x: x + jnp.asarray(1, dtype))
@@ -156,9 +137,8 @@ _fill_jit = jax.jit(_fill, static_argnums=(1, 2, 3))
 
 
 def random_params(model, key: jax.Array, shapes: Any = None) -> Any:
-  """Random parameters with the model's shapes and dtypes, generated leaf by
-  leaf on the default device (norm scales 1, embeddings N(0, 1), kernels
-  N(0, 1/fan_in)): values fit for timing, never for quality."""
+  """Random parameters of the model's shapes and dtypes, leaf by leaf on the default device
+  (norm scales 1, embeddings N(0, 1), kernels N(0, 1/fan_in)): for timing, never quality."""
   shapes = shapes if shapes is not None else param_shapes(model)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   out = []
@@ -171,8 +151,8 @@ def random_params(model, key: jax.Array, shapes: Any = None) -> Any:
 
 # --------------------------------------------------------------------------- GPU benchmark
 
-# The real shapes: Leviathan's T5-XXL with T5-small/base/large drafts (v1.1),
-# and a 7B-class decoder with a ~0.5B draft; tiny ones for the CPU smoke run.
+# Leviathan's T5-XXL with T5-small/base/large drafts (v1.1), a 7B-class decoder with a ~0.5B
+# draft; tiny ones for the CPU smoke run.
 FAMILIES = {
     "t5": ("t5-v1_1-xxl", {"small": "t5-v1_1-small", "base": "t5-v1_1-base",
                            "large": "t5-v1_1-large"}),
@@ -185,8 +165,7 @@ SMOKE_FAMILIES = {
 
 
 def build_model(family: str, spec, dtype: str = "bfloat16"):
-  """A model from a config name (or (name, overrides)) in `dtype` for both
-  compute and parameters."""
+  """A model from a config name (or (name, overrides)), `dtype` for compute and parameters."""
   name, overrides = (spec, {}) if isinstance(spec, str) else spec
   kw = dict(overrides, dtype=dtype, param_dtype=dtype)
   if family == "t5":
@@ -197,10 +176,9 @@ def build_model(family: str, spec, dtype: str = "bfloat16"):
 def measure_model(family: str, name: str, role: str, model, *, batch: int, prompt_len: int,
                   cache_len: int, token_counts, bandwidth: float, steps: int, repeats: int,
                   seed: int = 0, packed: bool = True, log=print):
-  """Step latency of `model` at every T in `token_counts` (in-graph,
-  `specjax.measure.timing.step_times`) next to its roofline; random weights made on
-  the device and freed afterwards. `packed`: a decoder's params in the
-  packed decode layout (`DecoderLM.pack_params`; the same bytes)."""
+  """Step latency of `model` at every T in `token_counts` (`timing.step_times`) next to its
+  roofline, on random weights made on the device and freed afterwards. `packed`: a decoder's
+  params in the packed decode layout (`DecoderLM.pack_params`; the same bytes)."""
   shapes = param_shapes(model)
   t0 = now()
   params = jax.block_until_ready(random_params(model, jax.random.PRNGKey(seed), shapes))
@@ -234,12 +212,9 @@ def measure_model(family: str, name: str, role: str, model, *, batch: int, promp
 
 def summarize(rows, gammas, alphas=(0.6, 0.7, 0.75, 0.9), goal: float = 1.3,
               batch_goal=(8, 0.7, 1.5)):
-  """Per family: c of each draft, the target's verify cost per γ, the
-  speedup the components predict at a few α, and the goals: the target step
-  (T = 1) ≤ `goal`× its roofline, and, when the rows are at batch
-  `batch_goal[0]`, the best draft and γ predicting ≥ `batch_goal[2]`× at
-  α = `batch_goal[1]` (the issue's "speculative ≥ 1.5× autoregressive at
-  batch 8 when α ≥ 0.7", from the components)."""
+  """Per family: c of each draft, the target's verify cost per γ, the speedup the components
+  predict at a few α, and the goals: the target step (T = 1) ≤ `goal`× its roofline and, at batch
+  `batch_goal[0]`, the best draft and γ predicting ≥ `batch_goal[2]`× at α = `batch_goal[1]`."""
   goal_batch, goal_alpha, goal_speedup = batch_goal
   alphas = tuple(sorted(set(alphas) | {goal_alpha}))
   out, goals = [], []
