@@ -1,8 +1,7 @@
 """Reading compiled HLO text (what XLA made of a jitted function).
 
-`computations` splits a module's text into its computations;
-`while_bodies` names the bodies of its `while` loops (what runs once per
-decoding step). Used by the in-place cache test and the per-op profile.
+`computations` splits a module's text into its computations; `while_bodies` names the bodies of
+its `while` loops (what runs once per decoding step).
 """
 
 from __future__ import annotations

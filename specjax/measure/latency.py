@@ -1,27 +1,21 @@
 """Latency statistics of streamed tokens: TTFT, inter-token latency, call gaps.
 
-A request arrives at `arrival` and
-its tokens are emitted at `token_times` (one entry per token). Speculative
-decoding emits several tokens per target call, so they share a timestamp:
+A request arrives at `arrival` and its tokens are emitted at `token_times` (one per token).
+Speculative decoding emits several tokens per target call, so they share a timestamp:
 
   * TTFT: first emission − arrival (median and P99 over requests);
-  * ITL (inter-token latency): per token, time since the previous token of
-    the same request — tokens emitted together get ITL 0 and the zeros are
-    counted (a stream client sees them at once). P50 / P99 / mean over all
-    tokens of all requests. With speculation the P50 is often 0 and the P99
-    is the slow tail of whole iterations: exactly what the gate watches;
-  * call gap: time between successive distinct emission times (stream
-    chunks; one per target call) — the stall a reader of the stream sees.
-    For plain decoding it equals the ITL;
+  * ITL (inter-token latency): per token, time since the request's previous token; tokens
+    emitted together get ITL 0 and the zeros count (a stream client sees them at once). P50 /
+    P99 / mean over all tokens; with speculation the P50 is often 0 and the P99 the slow tail
+    of whole iterations, which the gate watches;
+  * call gap: time between successive distinct emission times (one per target call), the stall
+    a reader of the stream sees (plain decoding: the ITL);
   * TPOT: per request (last − first emission) / (tokens − 1), averaged;
-  * tokens/s: all tokens over the span from the first arrival to the last
-    emission.
+  * tokens/s: all tokens over the span from the first arrival to the last emission.
 
-Percentiles are numpy's linear interpolation between order statistics.
-
-`emission_times` turns a stream's events (`specjax.streaming.stream`, or a
-transformers streamer timestamping its puts) into the per-token times
-`latency_stats` takes.
+Percentiles are numpy's linear interpolation. `emission_times` turns a stream's events
+(`specjax.streaming.stream`, or a transformers streamer timestamping its puts) into the
+per-token times `latency_stats` takes.
 """
 
 from __future__ import annotations
@@ -41,12 +35,11 @@ class LatencyStats:
 
   Attributes:
     ttft_ms, ttft_p99_ms: time to first token, median and P99 over requests.
-    itl_p50_ms, itl_p99_ms, itl_mean_ms: per-token inter-token latency over
-      every token after each request's first (tokens emitted together: 0).
-    call_gap_p50_ms, call_gap_p99_ms: time between a request's successive
-      distinct emission times.
-    tpot_ms: mean over requests of (last − first emission) / (tokens − 1)
-      (requests of one token left out).
+    itl_p50_ms, itl_p99_ms, itl_mean_ms: inter-token latency over every token after each
+      request's first (tokens emitted together: 0).
+    call_gap_p50_ms, call_gap_p99_ms: time between a request's successive distinct emissions.
+    tpot_ms: mean over requests of (last − first emission) / (tokens − 1) (one-token requests
+      left out).
     tokens_per_s: all tokens / (last emission − first arrival).
     tokens_per_emission: mean tokens per distinct emission time.
     num_requests, num_tokens: counts.
@@ -103,15 +96,15 @@ def latency_stats(token_times: Sequence[Sequence[float]],
   """`LatencyStats` from per-request token emission times (seconds).
 
   Args:
-    token_times: one sequence per request: the time each of its tokens was
-      emitted, non-decreasing, at least one token; tokens emitted together
-      (one speculative call) repeat the same time.
-    arrivals: each request's arrival time (seconds, <= its first token);
-      default 0.0 for every request.
+    token_times: one sequence per request: the time each of its tokens was emitted,
+      non-decreasing, at least one token; tokens of one speculative call repeat the same time.
+    arrivals: each request's arrival time (seconds, <= its first token); default 0.0.
 
   Returns:
-    The `LatencyStats` (definitions in the module doc). Raises ValueError
-    when no request has two tokens (no inter-token latency exists).
+    The `LatencyStats` (definitions in the module doc).
+
+  Raises:
+    ValueError when no request has two tokens (no inter-token latency exists).
   """
   if isinstance(token_times, (str, bytes)) or not isinstance(token_times, Sequence):
     raise TypeError(f"token_times must be a sequence of per-request sequences of seconds, got "
@@ -166,12 +159,11 @@ def emission_times(events: Sequence[Tuple[float, Any]]) -> List[List[float]]:
   """Per-row token emission times from a stream's events.
 
   Args:
-    events: `(time, cumulative tokens [B] delivered by then)`, in order (a
-      row that stops adds nothing after).
+    events: `(time, cumulative tokens [B] delivered by then)`, in order (a row that stops adds
+      nothing after).
 
   Returns:
-    One list per row: each token's time (every token an event delivers
-    arrives at that event's time).
+    One list per row: each token's time (that of the event delivering it).
   """
   times: List[List[float]] = []
   prev = None

@@ -1,7 +1,7 @@
 """What produced a result: the machine, the library versions, the code's commit, the command.
 
 Every result file (the experiments' `results.json` and markdown header, the benchmarks' JSON
-`meta`) carries `provenance()`, so a number can be traced to the code and stack that made it:
+`meta`) carries `provenance()`:
 
   machine           "x86_64 16 cores" (`platform.machine()`, `os.cpu_count()`)
   jax, jaxlib, flax, orbax_checkpoint, optax, numpy, libtpu
@@ -13,8 +13,8 @@ Every result file (the experiments' `results.json` and markdown header, the benc
   command           the command line, `shlex.join(sys.argv)`
   utc               when, "2025-01-31T12:00:00Z"
 
-It never raises: whatever it cannot find is None. `provenance_line` is the short form for a
-markdown header line, `provenance_sentence` the same as " Provenance: ... ." (or "").
+It never raises: whatever it cannot find is None. `provenance_line` / `provenance_sentence`
+are the short forms for a markdown header.
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def _git(args, cwd: str) -> Optional[str]:
 def git_state(source_dir: Optional[str] = None) -> Tuple[Optional[str], Optional[bool]]:
   """(commit, dirty) of the checkout holding `source_dir` (default: specjax's own directory).
 
-  (None, None) when it is not in a git checkout, its files are not tracked there (an installed
-  copy inside some other repository), or git is missing. dirty counts tracked files only."""
+  (None, None) outside a git checkout, when its files are not tracked there (an installed copy
+  inside another repository), or without git. dirty counts tracked files only."""
   cwd = source_dir or _SOURCE_DIR
   commit = _git(["rev-parse", "--verify", "HEAD"], cwd)
   if not commit or not commit.strip():
