@@ -1,26 +1,16 @@
 """Cost tables for `gamma="auto"`: what one iteration costs at each γ of Γ.
 
-An adaptive loop (`specjax.adaptive`) weighs expected tokens against time,
-so it needs c(γ), the wall time of one iteration at γ — the drafter's calls,
-the target's call on γ + 1 tokens *and* everything around them (sampling,
-verification, the commit), which on a small model is a large part
-(benchmarks/README.md). It is measured in-graph, on the very program the
-adaptive decoder runs: the costs are data of that program, so a run with
-the cost of every γ but one set very high executes only that branch; each γ
-is timed that way for `iterations` iterations, the runs interleaved over
-`repeats` rounds, minus the time of the prefill alone (a separate small
-program), divided by the iterations actually run (the median over rounds).
+The adaptive rule (`specjax.adaptive`) needs c(γ), the wall time of one iteration at γ — the
+drafter's calls, the target's call on γ + 1 tokens *and* sampling, verification and the commit.
+It is measured in-graph, on the very program the adaptive decoder runs: the costs are data of
+that program, so a run with every γ's cost but one set very high executes only that branch; each
+γ is timed so for `iterations` iterations in `repeats` interleaved rounds, minus the prefill
+alone (a separate small program), divided by the iterations run (median over rounds).
 
-Tables are stored per machine like the tuned decode paths
-(`specjax.machine_store`: `$SPECJAX_CACHE_DIR/gamma_costs.json`),
-keyed by the model pair, Γ, the batch and cache-length buckets (powers of
-two) and the kind of sampling (greedy or not): `specjax.speculative_generate(
-..., gamma="auto")` looks the table up and measures only when it is missing,
-so a second run (or process) on this machine measures nothing — for a day:
-a table older than `MAX_AGE_S` (or stored without its time) is measured
-again, since what an iteration costs relative to a plain step drifts with
-the machine's state, and a stale table makes the rule pick the wrong γ
-(docs/adaptive.md).
+Tables are stored per machine (`specjax.machine_store`: `$SPECJAX_CACHE_DIR/gamma_costs.json`),
+keyed by the model pair, Γ, the batch and cache-length buckets (powers of two) and greedy or
+not; `gamma="auto"` measures only when the table is missing or older than `MAX_AGE_S` (the cost
+relative to a plain step drifts with the machine's state; docs/adaptive.md).
 
     costs = specjax.calibrate_gamma_costs(target, tp, drafter, dp, AdaptiveGamma(),
                                           batch_size=1, prompt_len=64, cache_len=512)
@@ -72,8 +62,7 @@ class GammaCosts:
     seconds: per γ, the measured seconds of one iteration.
     key: what the table is stored under (`gamma_costs_key`).
     measured: True when measured by this call; False when read back.
-    calibration_seconds: the wall time the measurement took, compilation
-      included (0 when read back).
+    calibration_seconds: the measurement's wall time, compilation included (0 when read back).
   """
 
   gammas: Tuple[int, ...]
@@ -102,10 +91,9 @@ def _digest(obj: Any) -> str:
 
 def gamma_costs_key(target: Any, drafter: Drafter, adaptive: AdaptiveGamma, batch_size: int,
                     cache_len: int, sampling: SamplingConfig) -> str:
-  """The key a table is stored under (the machine's id is prefixed by the
-  store): the loop's version (`COSTS_VERSION`), the models' configurations
-  (hashed), Γ, the batch and cache-length buckets (the next power of two)
-  and greedy or sampled verification."""
+  """The key a table is stored under (the store prefixes the machine's id): `COSTS_VERSION`, the
+  models' configurations (hashed), Γ, the batch and cache-length buckets (next power of two) and
+  greedy or sampled verification."""
   kind = "greedy" if sampling.is_greedy else "sampled"
   return (f"v{COSTS_VERSION} | target={type(target).__name__}:{_digest(target)} | drafter="
           f"{type(drafter).__name__}:{_digest(drafter)} | gammas={list(adaptive.gammas)} | "
@@ -114,9 +102,8 @@ def gamma_costs_key(target: Any, drafter: Drafter, adaptive: AdaptiveGamma, batc
 
 def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma,
                        max_age_s: float = MAX_AGE_S) -> Optional[GammaCosts]:
-  """The table stored under `key` on this machine, or None (also when the
-  stored entry is malformed, or older than `max_age_s`: it is then
-  measured again)."""
+  """The table stored under `key` on this machine, or None (also when malformed or older than
+  `max_age_s`: it is then measured again)."""
   if isinstance(max_age_s, bool) or not isinstance(max_age_s, (int, float)) \
       or not max_age_s >= 0:
     raise ValueError(f"max_age_s must be a number of seconds >= 0, got {max_age_s!r}")
@@ -143,12 +130,10 @@ def lookup_gamma_costs(key: str, adaptive: AdaptiveGamma,
 
 def measure_branch_seconds(run_branch: Callable[[int], int], run_base: Callable[[], None],
                            num_branches: int, repeats: int) -> Tuple[float, ...]:
-  """Per branch, the median over `repeats` rounds of (wall(run_branch(i)) −
-  wall(run_base())) / iterations, where run_branch(i) runs branch i and
-  returns the iterations it ran (the same program on the same inputs every
-  round: its last run's count). The branches and the base are timed in
-  interleaved rounds (`specjax._clock.interleaved_rounds`), so a slow spell
-  of the machine spreads over all of them."""
+  """Per branch, the median over `repeats` rounds of (wall(run_branch(i)) − wall(run_base())) /
+  iterations, run_branch(i) running branch i and returning its iterations (its last run's count).
+  Branches and base are timed in interleaved rounds (`_clock.interleaved_rounds`), so a slow
+  spell of the machine spreads over all of them."""
   calls = {"base": run_base, **{i: functools.partial(run_branch, i)
                                 for i in range(num_branches)}}
   timed = interleaved_rounds(calls, repeats)
@@ -164,11 +149,9 @@ def calibrate_gamma_costs(target: Any, target_params: Any, drafter: Drafter, dra
                           cache_len: int, sampling: SamplingConfig = SamplingConfig(),
                           iterations: int = 64, repeats: int = 5, store: bool = True,
                           seed: int = 0) -> GammaCosts:
-  """Measures the cost of one iteration at each γ of `adaptive.gammas` (see
-  the module doc) for this pair, batch and cache length, on random prompts
-  of `prompt_len` tokens; stores it for this machine unless `store` is
-  False. `draft_params`: as the decoder takes them (the target's for a
-  self-drafter)."""
+  """Measures the cost of one iteration at each γ of `adaptive.gammas` (see the module doc) for
+  this pair, batch and cache length, on random prompts of `prompt_len` tokens; stores it for
+  this machine unless `store` is False. `draft_params`: as the decoder takes them."""
   check_adaptive(drafter, adaptive)
   batch_size = check_int("batch_size", batch_size, 1)
   prompt_len = check_int("prompt_len", prompt_len, 1)
@@ -219,11 +202,9 @@ def resolve_gamma_costs(target: Any, target_params: Any, drafter: Drafter, draft
                         adaptive: AdaptiveGamma, *, batch_size: int, prompt_len: int,
                         cache_len: int, sampling: SamplingConfig,
                         gamma_costs: Optional[Sequence[float]] = None) -> GammaCosts:
-  """The table to decode with: `gamma_costs` when given (seconds or relative
-  costs, one per γ), else this machine's stored table, else one measured now
-  (`calibrate_gamma_costs`, logged) and stored. A table found or measured
-  is kept for the process (per store, models and shapes): a call between
-  decoding calls then costs a dictionary lookup, not a store lookup."""
+  """The table to decode with: `gamma_costs` when given (seconds or relative costs, one per γ),
+  else this machine's stored table, else one measured now (logged) and stored. A table found or
+  measured is kept for the process (per store, models and shapes): later calls cost a lookup."""
   if gamma_costs is not None:
     return GammaCosts(adaptive.gammas, tuple(float(c) for c in check_costs(adaptive,
                                                                            gamma_costs)))
@@ -258,10 +239,8 @@ _RESOLVED: Dict[tuple, GammaCosts] = {}
 @jax.jit(static_argnums=0)
 def _start(dec: SpeculativeDecoder, target_params, draft_params, prompts_BP, lengths_B, keys_B,
            target_cache, draft_cache):
-  """The prefill and the drafter's start alone (the calibration's base).
-  The caches are not donated: none of them is returned, so XLA could not
-  reuse them (it warned, on every first `gamma="auto"` call, that they
-  were not usable)."""
+  """The prefill and the drafter's start alone (the calibration's base). The caches are not
+  donated: none is returned, so XLA could not reuse them."""
   state = dec.init_state(target_params, draft_params, prompts_BP, lengths_B, keys_B,
                          target_cache, draft_cache)
   return state.tokens, state.seq_len

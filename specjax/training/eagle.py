@@ -3,36 +3,29 @@
   data = distillation_data(target, tp, prompts, lengths, max_new=96)   # heads.py
   res = train_eagle(target, tp, config, data, valid, train_config, workdir)
 
-The target is frozen: its features over the training sequences (the final
-state for EAGLE-1, the chosen blocks' outputs for EAGLE-3) and its final
-states (for the labels) are computed once. The labels are the target's own
-next-token distributions (soft cross-entropy: the head learns what the
-target would say, not the corpus). The head runs as a causal one-layer
-transformer over the pairs (f_t, x_{t+1}) of a whole sequence at once:
+The target is frozen: its features over the training sequences (the final state for EAGLE-1, the
+chosen blocks' outputs for EAGLE-3) and its final states (for the labels) are computed once. The
+labels are the target's own next-token distributions (soft cross-entropy: the head learns what
+the target would say, not the corpus). The head runs as a causal one-layer transformer over the
+pairs (f_t, x_{t+1}) of a whole sequence at once:
 
   step 1  input (f_t, x_{t+1}) → out1_t ≈ f_{t+1}; CE vs p_target(x_{t+2})
   step j  input (out{j-1}_t, x_{t+j}) → outj_t; CE vs p_target(x_{t+j+1})
-          (training-time test, EAGLE-3: query t attends to the step-1 keys
-          of positions ≤ t and to its own steps 2..j — exactly what the
-          drafter sees at depth j-1 of a tree)
+          (training-time test, EAGLE-3: query t attends to the step-1 keys of positions ≤ t
+          and to its own steps 2..j — exactly what the drafter sees at depth j-1 of a tree)
 
-A block head (`EagleConfig.block` = K; DFlash, arXiv 2602.06036) is the
-same forward with step j ≥ 2's input the learned mask instead of
-(out{j-1}_t, x_{t+j}) — slot j-1 of the block anchored at every base t at
-once, the masks attending to the step-1 keys ≤ t and to the block's earlier
-slots, as in drafting. Its objective: CE against the target's distribution
-at every slot, slot j weighted `step_decay`^(j-1) (DFlash's exponentially
-decaying position weights — a slot counts only when every earlier one is
-accepted), K steps, no feature loss or noise (`EagleLoss.for_config`).
+A block head (`EagleConfig.block` = K; DFlash, arXiv 2602.06036) is the same forward with step
+j ≥ 2's input the learned mask — slot j-1 of the block anchored at every base t at once, the
+masks attending to the step-1 keys ≤ t and to the block's earlier slots, as in drafting. Its
+objective: CE at every slot, slot j weighted `step_decay`^(j-1) (a slot counts only when every
+earlier one is accepted), K steps, no feature loss or noise.
 
-EAGLE-1 adds the feature regression smooth-L1(out1_t, f_{t+1}) (weight
-`feature_weight`, CE weight `ce_weight`; the paper's 1.0 / 0.1) and
-uniform noise U(-noise, noise) on the input features; EAGLE-3 uses CE only,
-step j weighted `step_decay`^(j-1), `unroll` steps.
+EAGLE-1 adds the feature regression smooth-L1(out1_t, f_{t+1}) (weight `feature_weight`, CE
+weight `ce_weight`; the paper's 1.0 / 0.1) and uniform noise U(-noise, noise) on the input
+features; EAGLE-3 uses CE only, step j weighted `step_decay`^(j-1), `unroll` steps.
 
-Resumable (`heads.resumable_loop`: orbax checkpoints, meta checked on
-resume, progress with rate / ETA, `metrics.jsonl`); the final head goes to
-`<workdir>/final` with its validation top-1 agreement per step.
+Resumable (`heads.resumable_loop`); the final head goes to `<workdir>/final` with its validation
+top-1 agreement per step.
 """
 
 from __future__ import annotations
@@ -93,10 +86,9 @@ def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, token
                      unroll: int):
   """The head over whole sequences, unrolled `unroll` steps (module doc).
 
-  feats_BLE: head-space features (fused) at positions 0..L-1; tokens_BL.
-  A block head's steps ≥ 2 read the mask input instead (module doc).
-  Returns a list of `unroll` arrays `[B, L-1, E]`: step j's output at base
-  position t (for t + j < L; later entries are padding-fed)."""
+  feats_BLE: head-space features (fused) at positions 0..L-1; tokens_BL. Returns a list of
+  `unroll` arrays `[B, L-1, E]`: step j's output at base position t (for t + j < L; later
+  entries are padding-fed)."""
   b, l = tokens_BL.shape
   tokens_pad = jnp.concatenate([tokens_BL, jnp.zeros((b, unroll), tokens_BL.dtype)], axis=1)
   base = jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32)[None], (b, l - 1))
@@ -122,11 +114,10 @@ def unrolled_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, token
 
 
 def block_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, tokens_BL, slots: int):
-  """A block head over whole sequences: the block anchored at every base t
-  at once (slot 0 the pair (f_t, x_{t+1}), slots 1.. the mask, at positions
-  t + j). Each layer's slot queries attend to that layer's projections of
-  the pairs before t and to the block's slots up to their own (module doc
-  of `specjax.models.eagle_head`). Returns `slots` arrays `[B, L-1, E]`."""
+  """A block head over whole sequences: the block anchored at every base t at once (slot 0 the
+  pair (f_t, x_{t+1}), slots 1.. the mask, at positions t + j), each layer's slot queries
+  attending to that layer's projections of the pairs before t and to the block's slots up to
+  their own (`specjax.models.eagle_head`). Returns `slots` arrays `[B, L-1, E]`."""
   b, l = tokens_BL.shape
   pair = pair_inputs(config, params, embedding_VE, feats_BLE[:, :-1], tokens_BL[:, 1:])
   base = jnp.broadcast_to(jnp.arange(l - 1, dtype=jnp.int32)[None], (b, l - 1))
@@ -145,9 +136,8 @@ def block_outputs(config: EagleConfig, params, embedding_VE, feats_BLE, tokens_B
 
 def eagle_loss(config: EagleConfig, loss: EagleLoss, params, shared, feats_BLX, final_BLE,
                tokens_BL, valid_BL, key):
-  """(loss, metrics): soft CE against the target's next-token distribution
-  per unrolled step (+ the feature loss for EAGLE-1); metrics: each step's
-  top-1 agreement with the target's argmax (`agree{j}`)."""
+  """(loss, metrics): soft CE against the target's next-token distribution per unrolled step (+
+  the feature loss for EAGLE-1); metrics: each step's top-1 agreement (`agree{j}`)."""
   emb, lm = shared
   f = fuse_features(config, params, feats_BLX)
   if loss.noise > 0:
@@ -218,9 +208,8 @@ def _states(target, tp, config: EagleConfig, tokens: np.ndarray) -> Tuple[np.nda
 
 def step_agreement(config: EagleConfig, loss: EagleLoss, params, shared, feats, final,
                    data: DistillData, batch_size: int = 16) -> np.ndarray:
-  """`[unroll]`: how often step j's top-1 draft equals the target's argmax
-  (over valid positions; no feature noise) — the chain's per-depth
-  acceptance under greedy decoding, teacher-forced."""
+  """`[unroll]`: how often step j's top-1 draft equals the target's argmax (valid positions, no
+  noise) — the chain's per-depth greedy acceptance, teacher-forced."""
   fn = jax.jit(lambda p, f, h, t, v: eagle_loss(config, dataclasses.replace(loss, noise=0.0),
                                                 p, shared, f, h, t, v, jax.random.key(0))[1])
   valid = _valid_rows(data)
@@ -242,12 +231,10 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
                 stop_at_step: Optional[int] = None) -> Dict[str, Any]:
   """Trains an EAGLE head (module doc); returns {"params", "agreement", "final"}.
 
-  `train`: steps, batch_size, learning_rate, warmup_steps, checkpoint_every,
-  log_every, seed, keep_checkpoints and optionally mesh_data / mesh_model
-  (default 1; > 1: the step over that device mesh, rows over `data`, the
-  head's params, optimizer state and the shared embedding / LM head split
-  over `model`, as `train_medusa`). A rerun resumes exactly (on any mesh);
-  other settings are a ValueError naming the field."""
+  `train`: steps, batch_size, learning_rate, warmup_steps, checkpoint_every, log_every, seed,
+  keep_checkpoints and optionally mesh_data / mesh_model (> 1: the step over that mesh, as
+  `train_medusa`). A rerun resumes exactly (on any mesh); other settings are a ValueError naming
+  the field."""
   quiet_orbax_info_logs()
   loss = loss or EagleLoss.for_config(config)
   if config.block and loss.unroll > config.block:
@@ -302,8 +289,7 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
     eval_data = valid if valid is not None else data
     ef, eh = (feats, final) if valid is None else _states(target, target_params, config,
                                                          valid.tokens)
-    # Several depths even when trained on one step (EAGLE-1 drafts chains too); a block
-    # head's slots.
+    # Several depths even when trained on one step (EAGLE-1 drafts chains too); a block's slots.
     depths = config.block or max(loss.unroll, 3)
     agreement = step_agreement(config, dataclasses.replace(loss, unroll=depths),
                                state["params"], shared, ef, eh, eval_data)

@@ -3,45 +3,25 @@
   config.mesh_data, config.mesh_model = 2, 4      # 8 devices
   params = train_model(model, None, source, config, workdir)
 
-With a mesh of more than one device (`training_mesh`), `train_model` (and
-`heads.train_medusa`) place
+With a mesh of more than one device (`training_mesh`), `train_model` (and `heads.train_medusa`)
+place
 
-  * the batch's rows (its leading axis) over `data`: data parallelism, each
-    data shard takes `batch_size / mesh_data` rows;
-  * every leaf of the params and of the optimizer state over `model`,
-    fsdp-style (`specjax.parallel.sharding.fsdp_spec`): split along its largest
-    dimension that `mesh_model` divides, replicated when none does; the
-    step counter and the PRNG key are replicated; a distillation teacher's
-    frozen params are split the same way;
+  * the batch's rows over `data` (each data shard takes `batch_size / mesh_data` rows);
+  * every leaf of the params and optimizer state over `model`, fsdp-style
+    (`parallel.sharding.fsdp_spec`: along its largest dimension `mesh_model` divides, else
+    replicated); step counter and PRNG key replicated; a distillation teacher's params split alike;
 
-and jit the step with these layouts as its output shardings, so the state
-stays split from step to step (and is donated in place). XLA (GSPMD) inserts
-the all-gathers of the weights and the reductions of the gradients.
+and jit the step with these layouts as its output shardings, so the state stays split from step
+to step (donated in place); XLA (GSPMD) inserts the all-gathers and gradient reductions. Why fsdp
+rather than `param_spec`'s Megatron rule: docs/training.md.
 
-Why the fsdp rule rather than the Megatron one of `specjax.parallel.sharding.param_spec`
-(heads / hidden units by kernel name): it looks at shapes only, so it covers
-any model (decoder, T5, Medusa heads) and every optimizer-state leaf without a
-table of names — Adam's moments have their parameter's shape and so get its
-layout, Adafactor's factored row / column statistics get one of their own —
-and it also splits the embeddings and norms that `param_spec` leaves whole.
-Memory per device for params + optimizer state is about 1 / mesh_model of
-the whole. How each product is partitioned (gathering a weight, or splitting
-the computation with it) is XLA's choice from these layouts.
+Numerics: the same math in another reduction order (tests/test_sharded_training.py); a run
+resumed on the same mesh continues exactly. The mesh fields are run-only
+(`config.RUN_ONLY_FIELDS`): a run may resume on another mesh, within float rounding.
 
-Numerics: the same math in another reduction order. Per-step losses agree
-with the single-device run to about 1e-6 (tests/test_sharded_training.py);
-a run resumed on the same mesh continues exactly as an uninterrupted one.
-The mesh fields are run-only (`config.RUN_ONLY_FIELDS`): a run may resume on
-another mesh, or on one device, and continues within float rounding.
-
-Checkpoints have the single-device format: the state is gathered to host
-numpy arrays on save (`Checkpointer.save`), and restored straight into the
-mesh layout (orbax reads each device's slice: `Checkpointer.restore` takes
-the shardings of the state it is given).
-
-One process only: `Checkpointer.save`'s host copy needs every shard
-addressable. Multi-host training would need the arrays handed to orbax
-as they are and `jax.distributed` set up; neither is done here.
+Checkpoints have the single-device format: gathered to host numpy on save (`Checkpointer.save`),
+restored straight into the mesh layout (`Checkpointer.restore` takes the given state's
+shardings). One process only: the host copy needs every shard addressable.
 """
 
 from __future__ import annotations
@@ -62,9 +42,8 @@ __all__ = ["training_mesh", "fsdp_shardings", "shard_tree", "state_shardings", "
 
 def training_mesh(mesh_data: int = 1, mesh_model: int = 1,
                   owner: str = "config") -> Optional[Mesh]:
-  """The (`data`, `model`) mesh of a training config's `mesh_data` x
-  `mesh_model`, over the first devices; None for 1 x 1 (the single-device
-  step, unchanged). Errors name the fields as `<owner>.mesh_data`."""
+  """The (`data`, `model`) mesh of a config's `mesh_data` x `mesh_model`, over the first devices;
+  None for 1 x 1 (the single-device step). Errors name the fields as `<owner>.mesh_data`."""
   for name, v in (("mesh_data", mesh_data), ("mesh_model", mesh_model)):
     check_int(f"{owner}.{name}", v, 1)
   if mesh_data * mesh_model == 1:
@@ -88,22 +67,20 @@ def shard_tree(tree: Any, mesh: Mesh) -> Any:
 
 
 def state_shardings(state: TrainState, mesh: Mesh) -> TrainState:
-  """The layout of a train state: params and optimizer state fsdp over
-  `model`, step and PRNG key replicated."""
+  """A train state's layout: params and optimizer state fsdp over `model`, step, key replicated."""
   replicated = NamedSharding(mesh, P())
   return TrainState(step=replicated, params=fsdp_shardings(state.params, mesh),
                     opt_state=fsdp_shardings(state.opt_state, mesh), rng=replicated)
 
 
 def shard_state(state: TrainState, mesh: Mesh) -> TrainState:
-  """`state` placed in its mesh layout (`state_shardings`); leaves already
-  there are not copied."""
+  """`state` placed in its mesh layout (`state_shardings`); leaves already there are not copied."""
   return jax.device_put(state, state_shardings(state, mesh))
 
 
 def shard_rows(batch: Any, mesh: Mesh) -> Any:
-  """Every array of `batch` (a dict of `[B, ...]` rows) with its leading
-  axis over `data`; ValueError when `B` is not divisible by the data axis."""
+  """Every array of `batch` (a dict of `[B, ...]` rows) with its leading axis over `data`;
+  ValueError when `B` is not divisible by the data axis."""
   ways = mesh.shape[DATA]
   sharding = NamedSharding(mesh, P(DATA))
 
@@ -130,11 +107,9 @@ def _cached_jit(factory, key: tuple, out: tuple, donate: tuple):
 
 
 def sharded_jit(factory, key: tuple, out_shardings: Any, donate_argnums: tuple = (0,)):
-  """`jax.jit(factory(*key), out_shardings=..., donate_argnums=...)`, cached
-  per (`factory`, `key`, layout) — `factory` a module-level function, `key`
-  hashable — so runs in one process (a run and its resumption) share one
-  compiled step. The inputs' layouts come from the arrays themselves (placed
-  with `shard_state` / `shard_rows` / `shard_tree`)."""
+  """`jax.jit(factory(*key), out_shardings=..., donate_argnums=...)`, cached per (`factory` a
+  module-level function, hashable `key`, layout), so a run and its resumption share one compiled
+  step. The inputs' layouts come from the arrays (placed with `shard_state` / `shard_rows`)."""
   return _cached_jit(factory, tuple(key), _frozen(out_shardings), tuple(donate_argnums))
 
 
@@ -143,15 +118,13 @@ def _train_fn(spec: StepSpec):
 
 
 def sharded_train_step(spec: StepSpec, mesh: Mesh, state: TrainState):
-  """The train step `(state, batch, teacher_params) -> (state, metrics)`
-  jitted over `mesh`: the state keeps its `state_shardings` layout and is
-  donated, the metrics (scalars) are replicated. Place its inputs with
-  `shard_state`, `shard_rows` and (a teacher's params) `shard_tree`."""
+  """The train step `(state, batch, teacher_params) -> (state, metrics)` jitted over `mesh`: the
+  state keeps its `state_shardings` layout and is donated, the scalar metrics are replicated.
+  Place its inputs with `shard_state`, `shard_rows` and (a teacher's params) `shard_tree`."""
   out = (state_shardings(state, mesh), NamedSharding(mesh, P()))
   return sharded_jit(_train_fn, (spec,), out)
 
 
 def shard_eval_batches(batches: list[Mapping[str, Any]], mesh: Optional[Mesh]) -> list:
-  """Fixed validation batches placed with their rows over `data` (as given
-  without a mesh)."""
+  """Fixed validation batches placed with their rows over `data` (as given without a mesh)."""
   return list(batches) if mesh is None else [shard_rows(b, mesh) for b in batches]
