@@ -1,14 +1,10 @@
 """The programs of a run, lowered with abstract, sharded arguments (nothing allocated).
 
-`abstract_params(model, mesh)` / `abstract_cache(...)` give trees of
-`jax.ShapeDtypeStruct`s carrying the `NamedSharding`s a run would give the
-real arrays (`specjax.parallel.sharding.param_spec` / `cache_spec`; a
-replicated draft: `P()`). The `lower_*` functions lower the very jitted
-functions a run executes — `generation.run_prefill`, the autoregressive
-loop, the speculative loop for a drafter and γ, a draft's sharded train step
-— so `.compile()` on their results compiles for whatever devices the mesh
-holds (a TPU topology from `specjax.aot.chips.topology_devices`, or the
-local devices).
+`abstract_params` / `abstract_cache` give `jax.ShapeDtypeStruct` trees carrying the
+`NamedSharding`s a run gives the real arrays (`parallel.sharding`). The `lower_*` functions
+lower the very jitted functions a run executes (prefill, the autoregressive and speculative
+loops, the sharded train steps), so `.compile()` compiles for whatever devices the mesh holds
+(a TPU topology from `aot.chips.topology_devices`, or the local devices).
 """
 
 from __future__ import annotations
@@ -49,12 +45,9 @@ def _lower(jitted, static: Tuple[int, ...], donate: Tuple[str, ...], params_at: 
            args, param_layouts: str = "default"):
   """`jitted.lower(*args)` (`static`: its static argument positions).
 
-  `param_layouts="auto"`: the same function lowered with the arguments at
-  `params_at` in layouts the compiler chooses (`Layout.AUTO`; their shardings
-  kept) — the program a deployment runs that places its weights in the
-  compiled program's `input_formats`, instead of the device's default layouts,
-  which the compiler may copy into the layouts its loop wants once per call (a
-  buffer beside each copied weight)."""
+  `param_layouts="auto"`: the arguments at `params_at` in layouts the compiler chooses
+  (`Layout.AUTO`, shardings kept): the program of a deployment that places its weights in the
+  compiled `input_formats`, so no call copies a weight into the layout its loop wants."""
   if param_layouts not in PARAM_LAYOUTS:
     raise ValueError(f"param_layouts must be one of {PARAM_LAYOUTS}, got {param_layouts!r}")
   if param_layouts == "default":
@@ -68,8 +61,7 @@ def _lower(jitted, static: Tuple[int, ...], donate: Tuple[str, ...], params_at: 
 
 
 def abstract_params(model, mesh: Mesh, replicated: bool = False):
-  """`jax.eval_shape(model.init)` with the run's shardings (`param_spec`;
-  `replicated`: whole on every device)."""
+  """`jax.eval_shape(model.init)` with the run's shardings (`replicated`: whole everywhere)."""
   shapes = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   if replicated:
     return jax.tree_util.tree_map(lambda x: _struct(x, NamedSharding(mesh, P())), shapes)
@@ -91,8 +83,7 @@ def _rows(mesh: Mesh, shape, dtype) -> jax.ShapeDtypeStruct:
 
 
 def abstract_rows(mesh: Mesh, batch_size: int, prompt_len: int):
-  """(prompts `[B, P]` int32, lengths `[B]` int32, keys `[B, 2]` uint32),
-  their rows over `data` where it divides B."""
+  """(prompts `[B, P]` int32, lengths `[B]` int32, keys `[B, 2]` uint32), rows over `data`."""
   return (_rows(mesh, (batch_size, prompt_len), jnp.int32), _rows(mesh, (batch_size,), jnp.int32),
           _rows(mesh, (batch_size, 2), jnp.uint32))
 
@@ -107,15 +98,13 @@ class Lowered:
     kind: "prefill" | "ar" | "speculative" | "train".
     tokens_per_call: T of the target call of one iteration (1 for AR).
     draft_calls: draft (or head) calls per iteration.
-    draft_model: the model whose weights each draft call reads (None: no
-      weights, e.g. prompt lookup).
+    draft_model: the model whose weights each draft call reads (None: e.g. prompt lookup).
     draft_replicated: whether the draft's weights are whole on every device.
-    shared_args: (i, j, bytes per device) of argument leaves j passed again
-      as leaf i (flat argument order): an EAGLE / Medusa drafter's params
-      hold the target's, one buffer that the compiler counts once per
-      argument it keeps.
-    prompt_hidden_width: X, the target features a drafter absorbs per prompt
-      position during the prefill (`Drafter.needs_prompt_hidden`; else 0).
+    shared_args: (i, j, bytes per device) of flat argument leaves j passed again as leaf i
+      (an EAGLE / Medusa drafter's params hold the target's: one buffer the compiler counts
+      once per argument).
+    prompt_hidden_width: X, the target features a drafter absorbs per prompt position during
+      the prefill (`Drafter.needs_prompt_hidden`; else 0).
   """
 
   name: str
@@ -131,8 +120,7 @@ class Lowered:
 
 
 def shared_leaves(*args) -> Tuple[Tuple[int, int, int], ...]:
-  """(first index, repeated index, bytes per device) of every leaf object that
-  appears more than once among the flattened `args`."""
+  """(first index, repeated index, bytes per device) of every leaf object repeated in `args`."""
   first, out = {}, []
   for i, x in enumerate(jax.tree_util.tree_leaves(args)):
     if id(x) in first:
@@ -143,8 +131,7 @@ def shared_leaves(*args) -> Tuple[Tuple[int, int, int], ...]:
 
 
 def device_bytes(tree) -> int:
-  """Bytes one device holds of a tree of sharded `ShapeDtypeStruct`s (the
-  largest shard of each leaf)."""
+  """Bytes one device holds of a tree of sharded `ShapeDtypeStruct`s (largest shards)."""
   total = 0
   for x in jax.tree_util.tree_leaves(tree):
     shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
@@ -161,8 +148,8 @@ def _prefill(model, params, sampling, prompts_BP, lengths_B, keys_B, cache):
 def lower_prefill(model, mesh: Mesh, *, batch_size: int, prompt_len: int, cache_len: int,
                   sampling: SamplingConfig = SamplingConfig(), name: str = "prefill target",
                   replicated: bool = False, param_layouts: str = "default") -> Lowered:
-  """The prefill of `model` on `[B, P]` prompts into a cache of `cache_len` slots
-  (`param_layouts`: see `_lower`)."""
+  """The prefill of `model` on `[B, P]` prompts into `cache_len` slots (`param_layouts`:
+  `_lower`)."""
   params = abstract_params(model, mesh, replicated)
   cache = abstract_cache(model, mesh, batch_size, cache_len, prompt_len, replicated)
   prompts, lengths, keys = abstract_rows(mesh, batch_size, prompt_len)
@@ -177,8 +164,7 @@ def lower_prefill(model, mesh: Mesh, *, batch_size: int, prompt_len: int, cache_
 def lower_ar_loop(model, mesh: Mesh, *, batch_size: int, prompt_len: int, max_new_tokens: int,
                   cache_len: int, sampling: SamplingConfig = SamplingConfig(),
                   eos_id: Optional[int] = None, param_layouts: str = "default") -> Lowered:
-  """`generation.autoregressive_loop` (prefill, the decode loop, finalize;
-  `param_layouts`: see `_lower`)."""
+  """`generation.autoregressive_loop` (`param_layouts`: `_lower`)."""
   dec = generation.AutoregressiveDecoder(model, sampling, max_new_tokens, eos_id, 0)
   params = abstract_params(model, mesh)
   cache = abstract_cache(model, mesh, batch_size, cache_len, prompt_len)
@@ -202,15 +188,12 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
                            draft_cache_len: Optional[int] = None) -> Lowered:
   """`generation.speculative_loop` for a drafter and γ.
 
-  `drafter`: a `specjax.drafting.Drafter`. Its params: a `ModelDrafter`'s
-  model's (replicated or split per `draft_replicated`); otherwise
-  `draft_params_fn(target_params)` builds the abstract tree (e.g. EAGLE's
-  {"head": ..., "target": target_params}), None for drafters without params;
-  its state is laid out by `sharding.state_spec` (`Drafter.splits_state`).
-  `param_layouts`: see `_lower` (both models' params). `decoder`: the
-  `SpeculativeDecoder` to lower (a plan's, `lower_plan`: its verify rule and
-  adaptive γ) instead of one built from the arguments; `draft_cache_len`: a
-  draft model's cache slots (default `cache_len`).
+  `drafter`: a `specjax.drafting.Drafter`. Its params: a `ModelDrafter`'s model's (replicated
+  or split per `draft_replicated`); otherwise `draft_params_fn(target_params)` builds the
+  abstract tree (e.g. EAGLE's {"head": ..., "target": target_params}; None: no params); its
+  state is laid out by `sharding.state_spec`. `param_layouts`: `_lower` (both models' params).
+  `decoder`: the `SpeculativeDecoder` to lower (a plan's) instead of one built from the
+  arguments; `draft_cache_len`: a draft model's cache slots (default `cache_len`).
   """
   tp = abstract_params(target, mesh)
   call_len = drafter.layout(gamma).length
@@ -223,7 +206,6 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
   else:
     dp = draft_params_fn(tp) if draft_params_fn is not None else None
     shapes = jax.eval_shape(lambda: drafter.alloc(batch_size, prompt_len, cache_len, gamma))
-    # Its rows over `data`; a split drafter's heads over `model` (`state_spec`).
     dcache = jax.tree_util.tree_map_with_path(lambda path, x: _struct(x, NamedSharding(
         mesh, state_spec(path, x.shape, mesh, drafter.splits_state))), shapes)
     draft_model = None
@@ -256,15 +238,11 @@ def lower_speculative_loop(target, drafter, mesh: Mesh, *, gamma: int, batch_siz
 def lower_plan(plan, mesh: Mesh, *, draft_params_fn: Optional[Callable] = None,
                draft_replicated: bool = True, param_layouts: str = "default",
                name: Optional[str] = None) -> Lowered:
-  """The program a `specjax.SpeculativePlan` runs (`specjax.plan_speculative`),
-  lowered for `mesh` (a TPU slice's devices, `chips.topology_devices`, or
-  this machine's): the plan's own decoder (`plan.decoder()`: its γ or Γ,
-  verify rule and sampling) over the plan's batch, prompt, token and cache
-  sizes. So the program checked for a slice is the program the plan runs;
-  with `param_layouts="auto"` its compiled `input_formats` say where the
-  weights go (`place_weights`). `draft_params_fn`, `draft_replicated`: as
-  in `lower_speculative_loop`. A `plain` plan runs `generate`'s program:
-  lower it with `lower_ar_loop`."""
+  """The program a `specjax.SpeculativePlan` runs, lowered for `mesh` (a TPU slice's devices,
+  or this machine's): the plan's own decoder over its batch, prompt, token and cache sizes, so
+  the program checked for a slice is the program the plan runs; with `param_layouts="auto"`
+  its compiled `input_formats` say where the weights go (`place_weights`). `draft_params_fn`,
+  `draft_replicated`: as in `lower_speculative_loop`. A `plain` plan: `lower_ar_loop`."""
   if plan.plain:
     raise ValueError("plan.plain: the plan runs plain decoding's program (lower_ar_loop), "
                      "not a speculative loop")
@@ -277,11 +255,9 @@ def lower_plan(plan, mesh: Mesh, *, draft_params_fn: Optional[Callable] = None,
 
 
 def place_weights(compiled, target_params, draft_params=None):
-  """`(target_params, draft_params)` placed in the formats (layout and
-  sharding) a compiled speculative program takes them in
-  (`compiled.input_formats`; the program of `lower_plan(...,
-  param_layouts="auto")`, compiled): the weights a deployment passes to it,
-  so no call copies them into the layouts its loop wants."""
+  """`(target_params, draft_params)` placed in the formats (layout and sharding) a compiled
+  speculative program takes them in (`compiled.input_formats`, e.g. of `lower_plan(...,
+  param_layouts="auto")`), so no call copies them into the layouts its loop wants."""
   formats = compiled.input_formats[0]
   if len(formats) < 2:
     raise ValueError(f"compiled must be a speculative program (target and draft params "
@@ -292,10 +268,8 @@ def place_weights(compiled, target_params, draft_params=None):
 
 
 def decode_bytes(params) -> int:
-  """Per-device bytes of the params one decode step reads whole
-  (`specjax.measure.roofline.decode_reads`: not an encoder, not cross-attention
-  key / value kernels, and of an untied embedding only the gathered rows,
-  which are left out here)."""
+  """Per-device bytes of the params one decode step reads whole (`roofline.decode_reads`: no
+  encoder, no cross-attention key / value kernels, no untied embedding's gathered rows)."""
   tied = not (isinstance(params, dict) and "lm_head" in params)
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
   return device_bytes([x for path, x in leaves
@@ -309,8 +283,7 @@ def lm_head_bytes(params) -> int:
 
 
 def _own_bytes(draft_params, target_params) -> int:
-  """Per-device bytes of a drafter's params not shared with the target (an
-  EAGLE / Medusa tree holds the target's params as a subtree)."""
+  """Per-device bytes of a drafter's params not shared with the target (EAGLE / Medusa)."""
   if draft_params is None:
     return 0
   if isinstance(draft_params, dict) and "encoder" in draft_params:  # a T5 draft model
@@ -321,10 +294,8 @@ def _own_bytes(draft_params, target_params) -> int:
 
 def lower_train_step(model, mesh: Mesh, *, batch_size: int, seq_len: int,
                      name: str = "train draft") -> Lowered:
-  """The sharded train step of `model` (`specjax.training.mesh.sharded_train_step`:
-  params and optimizer state split over `model` along their largest axis,
-  rows over `data`) on `[B, T]` token batches (T5: T encoder and T decoder
-  positions)."""
+  """The sharded train step of `model` (`training.mesh.sharded_train_step`) on `[B, T]` token
+  batches (T5: T encoder and T decoder positions)."""
   spec = StepSpec(model, OptimizerSpec())
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0))
   state = jax.eval_shape(lambda p: init_state(spec, p, 0), params)
@@ -345,9 +316,9 @@ def lower_train_step(model, mesh: Mesh, *, batch_size: int, seq_len: int,
 
 def lower_eagle_train_step(target, config, mesh: Mesh, *, batch_size: int, seq_len: int,
                            name: str = "train EAGLE head") -> Lowered:
-  """The EAGLE head's sharded train step (`specjax.training.eagle`: the head, its
-  optimizer state and the target's shared embedding / LM head fsdp over `model`,
-  rows over `data`) on `[B, L]` rows of target features."""
+  """The EAGLE head's sharded train step (`training.eagle`: head, optimizer state and the
+  target's shared embedding / LM head fsdp over `model`) on `[B, L]` rows of target features."""
+
   loss = EagleLoss.for_version(config.version)
   spec = OptimizerSpec()
   head = jax.eval_shape(lambda: init_eagle(config, jax.random.key(0)))

@@ -1,44 +1,26 @@
-"""Suffix drafting (SuffixDecoding, Oliaro et al. 2024, arXiv 2411.04975),
-batched and in-graph: a tree of continuations from every earlier occurrence
-of the row's latest tokens.
+"""Suffix drafting (SuffixDecoding, Oliaro et al. 2024, arXiv 2411.04975), batched and
+in-graph: a tree of continuations from every earlier occurrence of the row's latest tokens.
 
-Prompt lookup copies what followed the most recent match of the row's last
-n-gram. Suffix drafting looks wider and proposes more than one guess:
+  1. the haystack: the row's own history (prompt, then committed tokens), the other rows'
+     histories (`share_rows`) and an optional corpus as the drafter's params (`SuffixCorpus`);
+  2. the longest suffix of the row's history (up to `max_match` tokens) that occurred earlier
+     with a token after it; its `occurrences` most recent occurrences (the row's own first);
+  3. their continuations (up to `depth` tokens, `ceil(factor × match length)` for a short
+     match) merged into a trie; a node's score is the fraction of the occurrences through it
+     (SuffixDecoding's path probability), it needs `min_prob`, a node keeps its
+     `max_children` best children, the tree its `nodes` best nodes (a parent scores at least
+     its children, so the kept set is a tree), numbered by depth then score.
 
-  1. the haystack: the row's own history (prompt, then committed tokens),
-     the other rows' histories in the batch (`share_rows`) and an optional
-     corpus given as the drafter's params (`SuffixCorpus`: earlier outputs
-     of the same job, documents the job copies from);
-  2. the longest suffix of the row's history (up to `max_match` tokens)
-     that occurred earlier with a token after it; its `occurrences` most
-     recent occurrences (the row's own first);
-  3. the continuations that followed them (up to `depth` tokens, fewer for
-     a short match: `ceil(factor × match length)`) merged into a trie; each
-     node's score is the fraction of the occurrences that went through it
-     (SuffixDecoding's path probability), a node needs `min_prob` of them,
-     a node keeps its `max_children` best children, and the tree keeps its
-     `nodes` best nodes (a parent scores at least its children, so the kept
-     set is a tree), numbered by depth then score: children are tried in
-     the order of how often they followed.
-
-The tree is per row (a dynamic-tree layout of `nodes + 1` tokens, one
-target call); its tokens are deterministic, verified as one-hot proposals
-by `specjax.verify.tree_verify`, so the output law is exactly the target's
-at any temperature (whatever the haystack holds). A row with no match
-proposes nothing and takes a plain target step in the same call. No host
-work per iteration: static shapes throughout (the haystack is `[C + B·H]`
+The tree is per row (a dynamic-tree layout of `nodes + 1` tokens, one target call); its tokens
+are deterministic, verified as one-hot proposals by `verify.tree_verify`, so the output law is
+exactly the target's at any temperature, whatever the haystack holds. A row with no match takes
+a plain target step in the same call. Static shapes throughout (the haystack is `[C + B·H]`
 with `share_rows`, `[C + H]` per row without it).
 
-Cost per iteration: the match is `B × S × max_match` comparisons over a
-haystack of S tokens — with `share_rows`, S grows with the batch (B²·H);
-turn it off for large batches. With `share_rows` a row's drafts depend on
-the other rows' tokens, so its *sampled* tokens for a given key do too (its
-law does not); greedy output is the target's greedy output either way.
-
-  corpus = SuffixCorpus.build(earlier_outputs, size=4096, vocab_size=V)
-  out = specjax.speculative_generate(target, tp, SuffixDraft(), corpus, prompts, lengths,
-                                     max_new_tokens=64)
-  corpus = corpus.add(outputs_of(out), vocab_size=V)   # the next call sees these
+The match costs `B × S × max_match` comparisons over S haystack tokens; with `share_rows` S
+grows with the batch (B²·H): turn it off for large batches. With `share_rows` a row's
+*sampled* tokens for a given key depend on the other rows (its law does not); greedy output
+is the target's either way. Usage: docs/drafters.md.
 """
 
 from __future__ import annotations
@@ -65,8 +47,8 @@ _SEP = -1  # haystack padding and separators: never equal to a token
 class SuffixCorpus:
   """A fixed-size token corpus shared by every row (the drafter's params).
 
-  tokens_C: int32 `[C]`, documents in order, each followed by -1; the
-  unused front is -1. Fixed C: a growing corpus compiles once.
+  tokens_C: int32 `[C]`, documents in order, each followed by -1; the unused front is -1.
+  Fixed C: a growing corpus compiles once.
   """
 
   tokens_C: jax.Array
@@ -74,8 +56,8 @@ class SuffixCorpus:
   @classmethod
   def build(cls, sequences: Iterable[Sequence[int]], size: int,
             vocab_size: int) -> "SuffixCorpus":
-    """The most recent `sequences` that fit in `size` tokens (with their
-    separators); a sequence longer than the corpus keeps its end."""
+    """The most recent `sequences` that fit in `size` tokens (with separators); a sequence
+    longer than the corpus keeps its end."""
     size = check_int("size", size, 2)
     return cls(tokens_C=jnp.asarray(np.full((size,), _SEP, np.int32))).add(sequences, vocab_size)
 
@@ -98,8 +80,7 @@ class SuffixCorpus:
 
 
 def outputs_of(out) -> list:
-  """Each row's generated tokens (`out.tokens[b, :out.lengths[b]]`) of a
-  generation output, for `SuffixCorpus.add`."""
+  """Each row's generated tokens (`out.tokens[b, :out.lengths[b]]`), for `SuffixCorpus.add`."""
   tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
   return [tokens[b, :int(lengths[b])] for b in range(tokens.shape[0])]
 
@@ -111,13 +92,12 @@ def _cumall(x, axis=-1):
 
 @dataclasses.dataclass(frozen=True)
 class SuffixDraft(Drafter):
-  """A tree of continuations from earlier occurrences of the row's suffix
-  (see the module doc). `draft_params`: a `SuffixCorpus`, or None.
+  """A tree of continuations from earlier occurrences of the row's suffix (module doc).
+  `draft_params`: a `SuffixCorpus`, or None.
 
   Attributes:
     max_match, min_match: the suffix lengths matched (longest found wins).
-    nodes: drafted tokens per call (the root not counted); the target call
-      has `nodes + 1` tokens.
+    nodes: drafted tokens per call (the root not counted); the target call has `nodes + 1`.
     depth: the deepest node (the most tokens one iteration can accept).
     max_children: children per node.
     occurrences: the most recent occurrences of the suffix merged.
@@ -191,8 +171,8 @@ class SuffixDraft(Drafter):
 
   def _haystack(self, corpus: Optional[SuffixCorpus], state: LookupState
                 ) -> Tuple[jax.Array, jax.Array]:
-    """(hay_XS, own_start_B): the searched tokens (X = 1 shared by the rows,
-    or B), -1 where nothing is; where each row's own history starts in it."""
+    """(hay_XS, own_start_B): the searched tokens (X = 1 shared by the rows, or B; -1 where
+    nothing is) and where each row's own history starts in it."""
     hist, length = state.history, state.length
     b, h = hist.shape
     own_BH = jnp.where(jnp.arange(h)[None] < length[:, None], hist, _SEP)
@@ -213,10 +193,9 @@ class SuffixDraft(Drafter):
 
   def match(self, corpus: Optional[SuffixCorpus], state: LookupState
             ) -> Tuple[jax.Array, jax.Array, jax.Array]:
-    """(hay_XS, starts_BM, length_B): the haystack, the positions of the
-    longest suffix's most recent occurrences (-1: none; each one's
-    continuation starts at the next position) and the match length (0:
-    none)."""
+    """(hay_XS, starts_BM, length_B): the haystack, the positions of the longest suffix's most
+    recent occurrences (-1: none; continuations start at the next position) and the match
+    length (0: none)."""
     hist, length = state.history, state.length
     b, h = hist.shape
     L = self.max_match
@@ -248,9 +227,9 @@ class SuffixDraft(Drafter):
 
   def tree(self, hay_XS, starts_BM, match_B
            ) -> Tuple[jax.Array, jax.Array, jax.Array]:
-    """(tokens_BN, parents_BN, valid_BN): the drafted nodes (N = `nodes`,
-    the root not included; parents are node indices in the call, 0 the
-    root) from the occurrences' continuations."""
+    """(tokens_BN, parents_BN, valid_BN): the drafted nodes (N = `nodes`, root excluded;
+    parents are node indices in the call, 0 the root) from the occurrences' continuations."""
+
     b, m = starts_BM.shape
     d_, n = self.depth, self.nodes
     s = hay_XS.shape[1]

@@ -1,25 +1,18 @@
 """Scaling out with JAX's own SPMD: a mesh, partition specs, `device_put`.
 
-Nothing here is a distribution scheme of our own: parameters, caches and
-inputs are placed with `jax.sharding.NamedSharding`s over a 2-D mesh
-(`data`, `model`), and the jitted decoding loop is partitioned by XLA
-(GSPMD) from those input shardings.
+Parameters, caches and inputs are placed with `NamedSharding`s over a 2-D (`data`, `model`)
+mesh, and XLA (GSPMD) partitions the jitted decoding loop from those input shardings.
 
 * batch rows (prompts, lengths, keys, every cache's batch axis) go over `data`;
-* attention heads (q/k/v/o kernels, the cache's kv-head axis), MLP hidden
-  units and the vocabulary — of the output projection and of the embedding
-  table (vocab-parallel: a token's row lives on one device; XLA masks the
-  lookup and sums it over `model`, and the logits come out split over the
-  vocabulary: gathered once per call where they are small, left split where
-  they are large and sampled piece by piece, `rules.whole_vocab`) — go over
-  `model` (Megatron-style). An axis that does not divide evenly is replicated.
-* a model axis larger than the kv heads (8 kv heads, 16 devices) would
-  replicate the whole KV cache on every device; `fit_to_mesh` stores each kv
-  head `model / K` times instead (`DecoderLM.repeat_kv_heads`, exact), so
-  each device holds one head: the cache per device is 1/K of it, not all.
-  A decoder's packed decode layout (`DecoderLM.pack_params`) shards the same
-  way: pack first, then shard (`qkv` over kv heads, `gate_up` and `down_t`
-  over hidden units).
+* attention heads (q/k/v/o kernels, the cache's kv-head axis), MLP hidden units and the
+  vocabulary of the output projection and the embedding table (vocab-parallel; logits are
+  gathered once per call where small, else left split and sampled piece by piece,
+  `rules.whole_vocab`) go over `model` (Megatron-style). An axis that does not divide evenly
+  is replicated.
+* a model axis larger than the kv heads would replicate the whole KV cache; `fit_to_mesh`
+  stores each kv head `model / K` times instead (`DecoderLM.repeat_kv_heads`, exact). The
+  packed decode layout shards the same way: pack first, then shard (`qkv` over kv heads,
+  `gate_up` and `down_t` over hidden units).
 
 Example (8 devices):
 
@@ -31,13 +24,8 @@ Example (8 devices):
   out = speculative_generate(target, tp, draft, dp, prompts, lengths, key=keys,
                              target_cache=tc, draft_cache=dc, ...)
 
-A small draft is often better replicated than split: `replicate(dp, mesh)` and
-`replicate(draft.init_cache(...), mesh)` give every device the whole draft,
-so its steps need no collectives (each device computes them redundantly).
-On a CPU host, one device per core (`XLA_FLAGS=
---xla_force_host_platform_device_count=<cores>`) and a `model` axis over
-them puts every core on the target's matrix-vector products at batch 1
-(`benchmarks/peers_bench.py`'s model-parallel rows).
+A small draft is often better replicated (`replicate(dp, mesh)`): its steps then need no
+collectives. CPU hosts: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -63,15 +51,11 @@ _OUT_KERNELS = {"o"}                       # [H, D, E]: heads on axis 0
 _COLUMN_KERNELS = {"gate", "up", "wi", "wi_0", "wi_1", "lm_head"}  # [E, F]: axis 1
 _EMBEDDINGS = {"embed", "shared"}          # embedding [V, E]: the vocabulary (axis 0)
 _ROW_KERNELS = {"down", "wo"}              # [F, E]: axis 0
-# The packed decode layout (`specjax.models.decoder_layout`): the axis of kv
-# heads / hidden units, by kernel name and rank.
+# The packed decode layout (`models.decoder_layout`): the kv-head / hidden-unit axis by name, rank.
 _PACKED_KERNELS = {("qkv", 4): 1, ("gate_up", 3): 1, ("down_t", 2): 1}
-# An EAGLE head's flat kernels (`specjax.models.eagle_head`; a block head's later
-# layers stacked `[L - 1, ...]` before them): `[..., in, out]`, split over `model`
-# on the output (q / k / v `[E, H·D]`, gate / up `[E, F]`, and the input fusions
-# fc `[2E, E]` / fuse `[X, E]`, gathered after) or on the input (o `[H·D, E]`,
-# down `[F, E]`: one all-reduce each) — Megatron's layout of a layer. The head
-# pins its activations to it under a mesh (`eagle_head._whole`, `on_mesh`).
+# An EAGLE head's flat kernels `[..., in, out]` (`models.eagle_head`; later layers stacked
+# `[L - 1, ...]`), Megatron's layout: split over `model` on the output (q / k / v, gate / up,
+# the fusions fc / fuse) or on the input (o, down: one all-reduce each).
 _FLAT_OUT_KERNELS = {"q", "k", "v", "gate", "up", "fc", "fuse"}
 _FLAT_IN_KERNELS = {"o", "down"}
 
@@ -124,10 +108,9 @@ def param_spec(path: Sequence[str], shape: Sequence[int], mesh: Mesh) -> P:
 def kv_head_repeats(num_heads: int, num_kv_heads: int, model_axis: int) -> int:
   """How many times to store each kv head so the cache splits over `model_axis`.
 
-  1 when K divides the axis (or the axis is 1); `model_axis // K` when K
-  divides the axis and the axis divides the query heads H (each device then
-  holds one copy of one kv head and the query heads that read it); 1
-  otherwise (the cache stays replicated: no exact split exists)."""
+  1 when K divides the axis (or the axis is 1); `model_axis // K` when K divides the axis and
+  the axis divides the query heads H (each device holds one copy of one kv head and the query
+  heads that read it); 1 otherwise (the cache stays replicated: no exact split exists)."""
   if model_axis <= 1 or num_kv_heads % model_axis == 0:
     return 1
   if model_axis % num_kv_heads == 0 and num_heads % model_axis == 0:
@@ -136,11 +119,9 @@ def kv_head_repeats(num_heads: int, num_kv_heads: int, model_axis: int) -> int:
 
 
 def fit_to_mesh(model, params, mesh: Mesh):
-  """(model, params) laid out for `mesh`'s model axis: a decoder whose kv heads
-  do not divide the axis gets them repeated (`kv_head_repeats`,
-  `DecoderLM.repeat_kv_heads`: the same outputs), so `sharded_cache` splits
-  its cache instead of copying it whole to every device. Anything else is
-  returned as is. Call before `shard_params` / `sharded_cache`; `params` may
+  """(model, params) laid out for `mesh`'s model axis: a decoder whose kv heads do not divide
+  the axis gets them repeated (`kv_head_repeats`; the same outputs), so its cache splits;
+  anything else is returned as is. Call before `shard_params` / `sharded_cache`; `params` may
   be None (a shapes-only plan)."""
   config = getattr(model, "config", None)
   if not hasattr(model, "repeat_kv_heads") or config is None:
@@ -154,15 +135,12 @@ def fit_to_mesh(model, params, mesh: Mesh):
 
 
 def fsdp_spec(shape: Sequence[int], mesh: Mesh, axis: str = MODEL) -> P:
-  """PartitionSpec that splits an array over the mesh axis `axis` along its
-  largest dimension that `axis` divides (the first such one on a tie); an
-  array with no such dimension (scalars, odd sizes) or a mesh axis of size 1
-  gives a replicated spec.
+  """PartitionSpec splitting an array over mesh axis `axis` along its largest dimension that
+  `axis` divides (the first on a tie); replicated when none does or the axis has size 1.
 
-  The rule of fully sharded data parallelism (ZeRO-3 style) used by the
-  sharded training step (`specjax.training.mesh`): it looks at shapes only,
-  so it applies to any parameter tree and to every leaf of an optimizer
-  state, where Adam's moments, having their parameter's shape, get its layout.
+  Fully sharded data parallelism (ZeRO-3 style) for `training.mesh`: shapes only, so it
+  applies to any parameter tree and optimizer state (Adam's moments get their parameter's
+  layout).
   """
   if axis not in mesh.shape:
     raise ValueError(f"axis must be one of the mesh axes {tuple(mesh.shape)}, got {axis!r}")
@@ -183,8 +161,8 @@ def shard_params(params, mesh: Mesh):
 
 
 def cache_spec(x, mesh: Mesh) -> P:
-  """Cache buffers (`[B, K, D, S]` keys, `[B, K, S, D]` values, one per
-  layer) → batch over data, kv heads over model; `[B]` vectors → data."""
+  """Cache buffers (`[B, K, D, S]` keys, `[B, K, S, D]` values) → batch over data, kv heads
+  over model; `[B]` vectors → data."""
   if getattr(x, "ndim", 0) == 4:
     spec = [DATA, MODEL, None, None]
   elif getattr(x, "ndim", 0) == 1:
@@ -205,18 +183,14 @@ def sharded_cache(model, mesh: Mesh, batch_size: int, max_len: int, prompt_len: 
 
 
 def rows_spec(shape: Sequence[int], mesh) -> P:
-  """An array of rows `[B, ...]`: its leading axis over `data` where `data`
-  divides B, else replicated (scalars too)."""
+  """Rows `[B, ...]` over `data` where it divides B, else replicated (scalars too)."""
   return P(DATA) if len(shape) >= 1 and shape[0] % mesh.shape[DATA] == 0 else P()
 
 
 def suffix_spec(name: str, shape: Sequence[int], mesh) -> P:
-  """PartitionSpec of a state array from its name's shape suffix (the
-  codebase's convention, e.g. an EAGLE head's cache `k_BSHD`): `B` over
-  `data`, `H` / `K` (attention heads) and `F` (MLP units) over `model`, where each divides
-  (`specjax.parallel.rules.suffix_partition`); a name without a suffix of
-  `len(shape)` capitals: `rows_spec`. The layout of a drafter's state when its
-  weights are split over `model` like the target's."""
+  """PartitionSpec of a drafter's state array from its name's shape suffix (e.g. `k_BSHD`):
+  `B` over `data`, `H` / `K` / `F` over `model`, where each divides (`rules.suffix_partition`);
+  a name without a suffix of `len(shape)` capitals: `rows_spec`."""
   suffix = str(name).rsplit("_", 1)[-1]
   if len(suffix) != len(shape) or not suffix.isalpha() or not suffix.isupper():
     return rows_spec(shape, mesh)
@@ -224,10 +198,8 @@ def suffix_spec(name: str, shape: Sequence[int], mesh) -> P:
 
 
 def state_spec(path, shape: Sequence[int], mesh, split: bool) -> P:
-  """A drafter's state array (`path`: its key path in the state, the last key
-  naming the field) → its rows over `data`, and with `split` (a drafter whose
-  weights are split over `model`: `Drafter.splits_state`) its heads over
-  `model` by the field's shape suffix (`suffix_spec`)."""
+  """A drafter's state array (`path`: its key path, the last key naming the field) → rows over
+  `data`, and with `split` (`Drafter.splits_state`) heads over `model` by `suffix_spec`."""
   if not split or not path:
     return rows_spec(shape, mesh)
   last = path[-1]
@@ -242,8 +214,7 @@ def place_state(state, mesh: Mesh, split: bool):
 
 
 def shard_batch(mesh: Mesh, *arrays):
-  """Places per-row arrays (prompts `[B, P]`, lengths `[B]`, keys `[B]`)
-  with their leading axis over `data`."""
+  """Places per-row arrays (prompts `[B, P]`, lengths `[B]`, keys `[B]`) rows over `data`."""
   return tuple(jax.device_put(x, NamedSharding(mesh, rows_spec(x.shape, mesh))) for x in arrays)
 
 
@@ -256,8 +227,8 @@ def replicate(tree, mesh: Mesh):
 
 
 def params_mesh(params) -> Optional[Mesh]:
-  """The mesh a params tree is placed on (its first leaf with a `NamedSharding`
-  over more than one device), or None (one device, or not placed)."""
+  """The mesh a params tree is placed on (its first leaf with a `NamedSharding` over several
+  devices), or None."""
   for x in jax.tree_util.tree_leaves(params):
     sharding = getattr(x, "sharding", None)
     if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
@@ -266,17 +237,11 @@ def params_mesh(params) -> Optional[Mesh]:
 
 
 def decode_mesh(params):
-  """The context a decoding program over `params` is traced in:
-  `jax.set_mesh(mesh)` when `params` lie on a mesh of several devices, else a
-  null context. Under it the models lay their logits out for the sampler
-  (`specjax.parallel.rules.whole_vocab`: gathered over the vocabulary once per
-  call when small, else left split and sampled over vocabulary pieces,
-  `specjax.sampling.vocab_shards`).
-
-  Decided from the first leaf alone (one flatten of the tree per call, not a
-  look at every leaf's sharding as `params_mesh` takes: a params tree is placed
-  as a whole by `shard_params` / `replicate`). Only the layout of the logits
-  depends on it, never a value."""
+  """The context a decoding program over `params` is traced in: `jax.set_mesh(mesh)` when
+  `params` lie on a mesh of several devices, else a null context. Under it the models lay
+  their logits out for the sampler (`rules.whole_vocab`, `sampling.vocab_shards`); only that
+  layout depends on it, never a value. Decided from the first leaf alone (a params tree is
+  placed as a whole)."""
   leaves = jax.tree_util.tree_leaves(params)
   sharding = getattr(leaves[0], "sharding", None) if leaves else None
   if isinstance(sharding, NamedSharding) and sharding.mesh.size > 1:
@@ -285,12 +250,10 @@ def decode_mesh(params):
 
 
 def place_cache_like(cache, params):
-  """A fresh cache placed the way its model's `params` are: on their mesh, laid
-  out by `cache_spec` (batch over `data`, kv heads over `model`) when the params
-  are split over `model`, only its rows over `data` when the params are whole on
-  every device (a replicated draft); returned as is when the params are on one
-  device. `generate` / `speculative_generate` place the caches they allocate
-  with it, so a run on a mesh never holds a whole cache per device by default."""
+  """A fresh cache placed the way its model's `params` are: by `cache_spec` when they are
+  split over `model`, rows over `data` when whole on every device (a replicated draft), as is
+  on one device. `generate` / `speculative_generate` place the caches they allocate with it."""
+
   mesh = params_mesh(params)
   if mesh is None:
     return cache

@@ -1,16 +1,11 @@
 """The memory plan: the bytes each device of a mesh holds, before anything is loaded.
 
-* `memory_plan` counts, before any weight is loaded, the bytes each device of
-  a (`data`, `model`) mesh holds: the target's params, its KV cache, the
-  draft's (replicated on every device unless split like the target), and an
-  estimate of one call's activations. The parameter and cache layouts are
-  exactly those `specjax.parallel.sharding` gives them (`param_spec`,
-  `cache_spec`): the shapes come from `jax.eval_shape` of the model's `init` /
-  `init_cache`, nothing is allocated.
-* `device_memory_bytes` reads a device's capacity where the backend reports
-  it (`memory_stats()["bytes_limit"]`: GPU, TPU; not the CPU backend);
-  `check_fits` refuses a plan that exceeds it, naming the mesh and the
-  shortfall. `specjax.planning.mesh.choose_mesh` picks a mesh with it.
+* `memory_plan`: the target's params and KV cache, the draft's (replicated unless split like
+  the target), and an estimate of one call's activations per device of a (`data`, `model`)
+  mesh, in exactly the layouts `specjax.parallel.sharding` gives them; shapes come from
+  `jax.eval_shape`, nothing is allocated.
+* `device_memory_bytes` reads a device's capacity where the backend reports it (GPU, TPU);
+  `check_fits` refuses a plan that exceeds it. `planning.mesh.choose_mesh` picks a mesh with it.
 
 Example (before loading a 70B target on 8 accelerators):
 
@@ -106,8 +101,7 @@ def _shard_bytes(shape: Sequence[int], itemsize: int, spec, mesh: AbstractMesh) 
 
 
 def _fitted(config: ModelConfig, mesh: AbstractMesh) -> ModelConfig:
-  """The config as `specjax.parallel.sharding.fit_to_mesh` lays it out: a
-  decoder's kv heads repeated so its cache splits over the model axis."""
+  """The config as `parallel.sharding.fit_to_mesh` lays it out (kv heads repeated)."""
   if not isinstance(config, DecoderConfig):
     return config
   r = kv_head_repeats(config.num_heads, config.num_kv_heads, mesh.shape[MODEL])
@@ -152,8 +146,8 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
   heads = _split(heads, mesh, MODEL)
   if (isinstance(config, DecoderConfig) and config.attention_kernel != "xla"
       and attention_kernel.fits(context, config.head_dim)):
-    # The fused kernel keeps the cached part's scores on chip: only the new
-    # tokens' [T, T] block and the kernel's float32 partial output remain.
+    # The fused kernel keeps the cached part's scores on chip: only the new tokens' [T, T]
+    # block and the kernel's float32 partial output remain.
     scores = rows * heads * (_SCORE_BUFFERS * tokens + config.head_dim) * 4
   else:
     scores = _SCORE_BUFFERS * rows * heads * context * 4
@@ -162,12 +156,10 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
 
 def prompt_feature_bytes(batch_size: int, tokens: int, d_model: int, feature_width: int,
                          itemsize: int, data: int = 1) -> int:
-  """The activation estimate of a head absorbing one prefill chunk of the
-  target's features (`Drafter.absorb`: EAGLE), beside the target's own
-  activations of that chunk: B' rows (B over `data` where it divides, as
-  `memory_plan` splits them) x T positions of the features `[X]` in the
-  target's dtype (itemsize s), and in float32 the head's fused feature (E),
-  its pair input (2 E) and the pair's keys and values (at most E):
+  """The activation estimate of a head absorbing one prefill chunk of the target's features
+  (`Drafter.absorb`: EAGLE), beside the target's own: B' rows (B over `data` where it divides)
+  x T positions of the features `[X]` in the target's dtype (itemsize s), plus in float32 the
+  head's fused feature (E), pair input (2 E) and the pair's keys and values (at most E):
   B' T (X s + 16 E) bytes per device."""
   batch_size, tokens = check_int("batch_size", batch_size, 1), check_int("tokens", tokens, 1)
   d_model = check_int("d_model", d_model, 1)
@@ -192,11 +184,9 @@ class MemoryPlan:
     activation_tokens: T, the tokens of the call the activation estimate is for.
     has_draft: whether a draft is part of the plan.
     draft_sharded: the draft is split like the target (False: replicated).
-    target_params, target_cache, draft_params, draft_cache, activations:
-      bytes on one device (the largest shard; activations: an estimate, see
-      `memory_plan`).
-    unsharded: the same five components on a single device (a 1 x 1 mesh),
-      in that order.
+    target_params, target_cache, draft_params, draft_cache, activations: bytes on one device
+      (the largest shard; activations: an estimate, see `memory_plan`).
+    unsharded: the same five components on a single device (a 1 x 1 mesh), in that order.
   """
 
   mesh_shape: Tuple[int, int]
@@ -237,9 +227,8 @@ class MemoryPlan:
     return rows if self.has_draft else tuple(r for r in rows if not r[0].startswith("draft"))
 
   def describe(self, capacity_bytes: Optional[int] = None) -> str:
-    """A readable table: each component per device and on a single device,
-    the totals, and the device capacity with the headroom or shortfall when
-    `capacity_bytes` is given."""
+    """A readable table: each component per device and on a single device, the totals, and
+    with `capacity_bytes` the headroom or shortfall."""
     draft = ("" if not self.has_draft
              else ", draft split" if self.draft_sharded else ", draft replicated")
     lines = [f"memory plan: mesh {self.mesh_name}, batch {self.batch_size}, "
@@ -278,34 +267,26 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
   """Per-device bytes of params, caches and activations on a (data, model) mesh.
 
   Args:
-    target_config, draft_config: `DecoderConfig`s or `T5Config`s (or the
-      models); no draft: None.
+    target_config, draft_config: `DecoderConfig`s or `T5Config`s (or the models); no draft: None.
     mesh_shape: (data, model) axis sizes (the devices need not be attached).
     batch_size: B rows, split over `data` where it divides.
     cache_len: S, the slots of each cache.
-    draft_sharded: the draft is split like the target (False: replicated,
-      `specjax.parallel.sharding.replicate`).
-    activation_tokens: T, the tokens of the largest call (default: the
-      context, `max(cache_len, prompt_len)`, an upper bound: a prefill of a
-      prompt that fills the cache; a verification call is gamma + 1).
-    prompt_len: encoder positions a T5 cache holds for cross-attention
-      (default: cache_len); unused by decoders.
-    logit_tokens: the positions of that call whose logits are computed
-      (default: all T; a prefill projects only each row's last position: 1).
+    draft_sharded: the draft is split like the target (False: replicated).
+    activation_tokens: T, the tokens of the largest call (default: the context,
+      `max(cache_len, prompt_len)`, an upper bound; a verification call is gamma + 1).
+    prompt_len: encoder positions a T5 cache holds for cross-attention (default: cache_len);
+      unused by decoders.
+    logit_tokens: the positions of that call whose logits are computed (default: all T; a
+      prefill projects only each row's last position: 1).
 
-  Params: every leaf's shape from `jax.eval_shape(model.init)` in
-  `param_dtype`, split as `specjax.parallel.sharding.param_spec` splits it over
-  `model` (q/k/v/o over heads, MLP hidden units, the lm_head and the
-  embedding over the vocabulary; norms, and any axis the model axis does not
-  divide, replicated), after `fit_to_mesh` (a decoder whose kv heads do not
-  divide the model axis stores each `model / K` times: k / v and the cache
-  then split too). Caches: `init_cache`'s buffers in `dtype` laid out by
-  `cache_spec` (batch over `data`, heads over `model`, where they divide;
-  T5: self-attention plus cross-attention keys and values).
+  Params: every leaf's shape in `param_dtype`, split as `parallel.sharding.param_spec` splits
+  it over `model`, after `fit_to_mesh` (kv heads repeated to divide the model axis). Caches:
+  `init_cache`'s buffers in `dtype` laid out by `cache_spec` (batch over `data`, heads over
+  `model`, where they divide; T5: self- plus cross-attention keys and values).
 
-  Activations, an estimate of one call of T tokens on B' = B / data rows
-  (B when data does not divide B), with F' / H' the MLP hidden units / heads
-  over `model` where it divides, s the itemsize of `dtype`:
+  Activations, an estimate of one call of T tokens on B' = B / data rows (B when data does
+  not divide B), F' / H' the MLP hidden units / heads over `model` where it divides, s the
+  itemsize of `dtype`:
 
     logits           B' T_l V * 4          (float32, the vocabulary whole; T_l = logit_tokens;
                                             / model above `rules.GATHER_MAX_BYTES`, where
@@ -319,12 +300,10 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
                                             it takes the cache: B' H' T (2 T + D) * 4,
                                             the new tokens' block and its output)
 
-  Layers run one after another, so one layer's buffers count once (the
-  models materialise their residual stream after every block of a call of
-  T > 1 tokens, so no layer's output outlives the next: `layers.block_boundary`); the
-  target's and the draft's calls alternate, so the larger of their estimates
-  counts. Workspace XLA adds (fusion temporaries, collectives' buffers) is
-  not included: leave headroom.
+  One layer's buffers count once (the models materialise their residual stream after every
+  block, `layers.block_boundary`); the target's and the draft's calls alternate, so the larger
+  estimate counts. XLA's workspace (fusion temporaries, collectives) is not included: leave
+  headroom.
   """
   target = _as_config(target_config, "target_config")
   draft = None if draft_config is None else _as_config(draft_config, "draft_config")
@@ -351,8 +330,8 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
     return tuple(row) + (max(acts),)
 
   mesh = _abstract_mesh(data, model)
-  # A replicated draft's weights are whole on every device (a mesh of `data` x 1); its
-  # cache, like every cache, has its rows over `data` (`sharding.place_cache_like`).
+  # A replicated draft's weights are whole on every device (`data` x 1); its cache, like every
+  # cache, has its rows over `data` (`sharding.place_cache_like`).
   per_device = components(mesh, mesh if draft_sharded else _abstract_mesh(data, 1))
   single = _abstract_mesh(1, 1)
   unsharded = components(single, single)
@@ -365,9 +344,8 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
 
 
 def device_memory_bytes(device: Optional[jax.Device] = None) -> Optional[int]:
-  """The memory of `device` (default: this process's first device) in bytes,
-  `memory_stats()["bytes_limit"]`; None where the backend reports none (the
-  CPU backend returns None or raises)."""
+  """The memory of `device` (default: this process's first) in bytes,
+  `memory_stats()["bytes_limit"]`; None where the backend reports none (CPU)."""
   if device is None:
     device = jax.local_devices()[0]
   try:
@@ -380,9 +358,9 @@ def device_memory_bytes(device: Optional[jax.Device] = None) -> Optional[int]:
 
 
 def check_fits(plan: MemoryPlan, capacity_bytes: Optional[int]) -> Optional[int]:
-  """Raises a ValueError naming the mesh and the shortfall when `plan` needs
-  more than `capacity_bytes` per device; returns the spare bytes (None when
-  the capacity is unknown: nothing to check)."""
+  """Raises a ValueError naming the mesh and the shortfall when `plan` needs more than
+  `capacity_bytes` per device; returns the spare bytes (None: capacity unknown)."""
+
   if not isinstance(plan, MemoryPlan):
     raise TypeError(f"plan must be a MemoryPlan, got {type(plan).__name__}")
   if capacity_bytes is None:

@@ -1,12 +1,9 @@
 """A SentencePiece tokenizer with T5's conventions.
 
-Ids: pad = 0, EOS = 1 (UNK = 2 in vocabularies trained by
-`experiments.data.train_sentencepiece`), no BOS; the decoder of an
-encoder-decoder model starts from the pad id (T5's ``decoder_start_token``).
-
-Batches are right-padded ``np.int32`` arrays of shape ``[B, P]`` together
-with ``lengths [B]``, the number of real tokens per row (EOS included when
-added). Rows longer than ``max_len`` are an error unless ``truncate=True``.
+Ids: pad = 0, EOS = 1 (UNK = 2 in vocabularies trained by `experiments.data.train_sentencepiece`),
+no BOS; an encoder-decoder model's decoder starts from the pad id (T5's ``decoder_start_token``).
+Batches are right-padded ``np.int32`` ``[B, P]`` arrays with ``lengths [B]`` (real tokens per
+row, EOS included when added); rows longer than ``max_len`` are an error unless ``truncate``.
 
   tok = SentencePieceTokenizer("/tmp/data/vocab/spm8000_.../spiece.model")
   tokens_bp, lengths_b = tok.encode_batch(["Hello world."], max_len=16)
@@ -40,9 +37,8 @@ class SentencePieceTokenizer:
 
     Raises:
       FileNotFoundError: `path` does not exist.
-      ValueError: the file is not a SentencePiece model, or (with
-        `require_t5_ids`) its pad / EOS ids are not 0 / 1. Messages name the
-        path.
+      ValueError: the file is not a SentencePiece model, or (with `require_t5_ids`) its pad /
+        EOS ids are not 0 / 1. Messages name the path.
     """
     self.path = os.fspath(path)
     if not os.path.isfile(self.path):
@@ -79,10 +75,6 @@ class SentencePieceTokenizer:
     self._sp = spm.SentencePieceProcessor()
     self._sp.LoadFromSerializedProto(state["proto"])
 
-  # ---------------------------------------------------------------------------
-  # Properties.
-  # ---------------------------------------------------------------------------
-
   @property
   def processor(self) -> spm.SentencePieceProcessor:
     """The underlying ``SentencePieceProcessor``."""
@@ -118,10 +110,6 @@ class SentencePieceTokenizer:
     """The first decoder input of an encoder-decoder model: the pad id."""
     return self.pad_id
 
-  # ---------------------------------------------------------------------------
-  # Single sequences.
-  # ---------------------------------------------------------------------------
-
   def encode(self, text: str, add_eos: bool = True) -> list[int]:
     """Token ids of `text`, with EOS appended when `add_eos`."""
     if not isinstance(text, str):
@@ -154,10 +142,6 @@ class SentencePieceTokenizer:
     self._check_ids(kept)
     return self._sp.decode(kept)
 
-  # ---------------------------------------------------------------------------
-  # Batches.
-  # ---------------------------------------------------------------------------
-
   def encode_batch(self, texts: Sequence[str], max_len: int, *,
                    add_eos: bool = True, truncate: bool = False
                    ) -> tuple[np.ndarray, np.ndarray]:
@@ -167,17 +151,16 @@ class SentencePieceTokenizer:
       texts: B strings.
       max_len: P, the padded length.
       add_eos: append EOS to every row.
-      truncate: cut rows longer than `max_len` to `max_len` tokens; with
-        `add_eos` the last kept token is replaced by EOS, so every row still
-        ends with EOS.
+      truncate: cut rows longer than `max_len`; with `add_eos` the last kept token becomes
+        EOS, so every row still ends with EOS.
 
     Returns:
-      ``tokens [B, P]`` (np.int32, pad id after the last token) and
-      ``lengths [B]`` (np.int32, real tokens per row, EOS included).
+      ``tokens [B, P]`` (np.int32, pad id after the last token) and ``lengths [B]`` (np.int32,
+      real tokens per row, EOS included).
 
     Raises:
-      ValueError: `max_len` < 1, or a row is longer than `max_len` and
-        `truncate` is False (the message names the row and its length).
+      ValueError: `max_len` < 1, or a row is longer than `max_len` and `truncate` is False
+        (the message names the row and its length).
     """
     if isinstance(texts, str):
       raise TypeError("texts must be a sequence of strings, not one string")
@@ -207,8 +190,8 @@ class SentencePieceTokenizer:
 
     Args:
       tokens_bn: ``[B, N]`` token ids (any integer array-like).
-      lengths_b: ``[B]`` tokens to read per row (default: the whole row);
-        decoding of a row also stops at its first EOS and skips pad ids.
+      lengths_b: ``[B]`` tokens to read per row (default: the whole row); decoding also stops
+        at a row's first EOS and skips pad ids.
 
     Returns:
       B strings.
@@ -219,8 +202,8 @@ class SentencePieceTokenizer:
 
 
 def token_rows(tokens_bn, lengths_b=None) -> tuple[np.ndarray, np.ndarray]:
-  """`tokens [B, N]` and `lengths [B]` (default: N per row) as numpy arrays,
-  checked (shapes, 0 <= length <= N) for the tokenizers' `decode_batch`."""
+  """`tokens [B, N]` and `lengths [B]` (default: N per row) as checked numpy arrays."""
+
   tokens_bn = np.asarray(tokens_bn)
   if tokens_bn.ndim != 2:
     raise ValueError(f"tokens must have shape [B, N], got {tokens_bn.shape}")
