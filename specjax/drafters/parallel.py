@@ -1,40 +1,29 @@
 """PARD: a draft model that proposes its whole chain in one forward pass.
 
-PARD (Parallel Draft, arXiv 2504.18583) trains a small LM to also predict
-tokens several places ahead from mask tokens
-(`specjax.training.parallel`). `ParallelDraft(model, mask_id)` drafts γ
-tokens per iteration with **one** call of the draft, where the classic
-drafter (`ModelDrafter`) makes γ:
+PARD (Parallel Draft, arXiv 2504.18583) trains a small LM to also predict tokens several places
+ahead from mask tokens (`specjax.training.parallel`). `ParallelDraft(model, mask_id)` drafts γ
+tokens with **one** draft call, where `ModelDrafter` makes γ:
 
   [committed tokens the draft has not read, pending, mask × (γ - 1)]
 
-— the output at the pending token gives draft 1's distribution, the output
-at mask slot j draft j + 1's; each draft is drawn from its own distribution
-with its own uniform. The draft never reads the target (a target-independent
-drafter: one trained draft serves every target with its vocabulary).
+The output at the pending token gives draft 1's distribution, the output at mask slot j draft
+j + 1's; each draft is drawn from its own distribution with its own uniform. The draft never
+reads the target (one trained draft serves every target with its vocabulary).
 
-The draft's cache holds every committed position before the row's last
-pending token. The drafted tokens are not fed back (the call holds mask
-tokens at their positions), so the next call first re-feeds what was
-committed since: up to γ accepted drafts (the last one is the row's `prev`,
-read from the loop's state), then the new pending token. The
-call therefore has a static 2γ tokens — n ≤ γ committed ones, the pending
-one, γ - 1 masks, then padding that nothing attends to — all contiguous
-from the cache's length, a plain causal block. Afterwards the cache's
-length is set just past the pending token: the masks' and the padding's
-keys and values lie beyond it and are overwritten later (rolling back is
-setting lengths, as for every cache here).
+The draft's cache holds every committed position before the row's pending token. The drafted
+tokens are not fed back, so the next call first re-feeds what was committed since (up to γ
+accepted drafts, the last one the row's `prev`), then the new pending token: a static 2γ tokens
+(n ≤ γ committed, the pending one, γ - 1 masks, padding nothing attends to), contiguous from the
+cache's length, a plain causal block. Afterwards the cache's length is set just past the pending
+token; the masks' and padding's keys and values beyond it are overwritten later.
 
-Adaptive γ (`gamma="auto"`, `specjax.adaptive`): the state is sized for
-the largest γ of Γ, G; a call at γ <= G holds G + γ tokens (up to G
-unread ones). Through plain target steps the draft reads nothing; before
-it drafts again the loop hands it what it missed (`feed`: one call of its
-unread tokens and those), so a PARD draft costs nothing while γ = 0.
+Adaptive γ: the state is sized for G = max Γ; a call at γ <= G holds G + γ tokens. Through plain
+target steps the draft reads nothing; before it drafts again the loop hands it what it missed
+(`feed`), so a PARD draft costs nothing while γ = 0.
 
-Exactness: draft j is drawn from q_j, a function of committed tokens only,
-and q_j is what the verifier is given — the rejection rule is exact for any
-such proposal, whether or not q_j depends on the earlier drafts. The mask
-token itself is never proposed (its logit is removed before processing).
+Exactness: draft j is drawn from q_j, a function of committed tokens only, and q_j is what the
+verifier is given: the rejection rule is exact for any such proposal, whether or not q_j depends
+on the earlier drafts. The mask token is never proposed (its logit is removed first).
 """
 
 from __future__ import annotations
@@ -65,9 +54,8 @@ class ParallelState:
   """`ParallelDraft`'s state.
 
   cache: the draft's KV cache, holding each row's positions < its length;
-  unread_BG: int32 `[B, G]`, committed tokens the cache has not read yet
-  (row b's first `seq_len - cache.lengths[b]` of them, in order; the
-  pending token is not among them).
+  unread_BG: int32 `[B, G]`, committed tokens the cache has not read yet (row b's first
+  `seq_len - cache.lengths[b]`, in order; the pending token is not among them).
   """
 
   cache: Any
@@ -79,13 +67,11 @@ class ParallelDraft(Drafter):
   """A PARD draft (see the module doc).
 
   Attributes:
-    model: the draft, a `LanguageModel` with the target's vocabulary,
-      trained with mask slots (`specjax.training.parallel`, the training
-      config's `parallel_slots` ≥ γ - 1).
+    model: the draft, a `LanguageModel` with the target's vocabulary, trained with mask slots
+      (`specjax.training.parallel`, `parallel_slots` ≥ γ - 1).
     mask_id: the mask token it was trained with.
-    slots: the mask slots it was trained for (γ <= slots + 1; checked when
-      decoding), or None: not checked (slots past those trained draft
-      poorly but exactly).
+    slots: the mask slots it was trained for (γ <= slots + 1, checked), or None: not checked
+      (untrained slots draft poorly but exactly).
   """
 
   model: Any
@@ -125,8 +111,8 @@ class ParallelDraft(Drafter):
     return chain_layout(gamma)
 
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> ParallelState:
-    # A call writes up to 2γ slots from the cache's length (<= the target's): γ more
-    # than the target's call of γ + 1 (a `feed` of γ + 1 tokens stays within them).
+    # A call writes up to 2γ slots from the cache's length (<= the target's): γ more than the
+    # target's call of γ + 1 (a `feed` of γ + 1 tokens stays within them).
     return ParallelState(cache=self.model.init_cache(batch_size, cache_len + gamma, prompt_len),
                          unread_BG=jnp.zeros((batch_size, gamma), jnp.int32))
 
@@ -143,13 +129,12 @@ class ParallelDraft(Drafter):
     t = jnp.arange(room + gamma, dtype=jnp.int32)[None, :]
     n_B1 = jnp.clip(inp.seq_len_B - cache.lengths, 0, room)[:, None]
     unread_BT = jnp.take_along_axis(state.unread_BG, jnp.minimum(t, room - 1), axis=1)
-    # The last unread position holds `prev` (an adaptive loop's plain step may
-    # have committed it since the state was last written).
+    # The last unread position holds `prev` (an adaptive loop's plain step may have committed it
+    # since the state was last written).
     tokens_BT = jnp.where(t < n_B1 - 1, unread_BT,
                           jnp.where(t == n_B1 - 1, inp.prev_B[:, None],
                                     jnp.where(t == n_B1, inp.pending_B[:, None], self.mask_id)))
-    # Rows that are done may have run past their cache's length: start them at the
-    # committed length (their drafts are never used).
+    # Done rows may have run past their cache's length: start them at the committed length.
     cache = cache.replace(lengths=inp.seq_len_B - n_B1[:, 0])
     logits_BTV, cache = self.model.extend(params, tokens_BT, cache)
     at_BG = n_B1 + jnp.arange(gamma, dtype=jnp.int32)[None, :]
@@ -164,9 +149,8 @@ class ParallelDraft(Drafter):
     return proposal, state.replace(cache=cache.replace(lengths=inp.seq_len_B + 1))
 
   def update(self, params, state: ParallelState, feedback: DraftFeedback) -> ParallelState:
-    """The accepted drafts (all committed tokens but the new pending one) are
-    what the next call re-feeds (an adaptive loop's plain steps do not
-    call it: `feed` reads what they committed)."""
+    """Keeps the accepted drafts (all committed tokens but the new pending one) for the next
+    call to re-feed (plain steps do not call it: `feed` reads what they committed)."""
     del params
     g, c = state.unread_BG.shape[1], feedback.committed_BC.shape[1]
     unread_BG = jnp.pad(feedback.committed_BC[:, :g], ((0, 0), (0, max(0, g - c))))
@@ -174,10 +158,10 @@ class ParallelDraft(Drafter):
 
   def feed(self, params, state: ParallelState, tokens_BT: jax.Array,
            start_B: jax.Array) -> ParallelState:
-    """Reads committed tokens `tokens_BT` at stream positions start_B ..: one
-    call of the row's unread tokens before start_B, then those. The last
-    token fed is kept unread (the caller's tokens past its rows' committed
-    ones may be anything: the next call re-feeds it, or overwrites it)."""
+    """Reads committed tokens `tokens_BT` at stream positions start_B ..: one call of the row's
+    unread tokens before start_B, then those. The last token fed is kept unread (the caller's
+    tokens past a row's committed ones may be anything: the next call re-feeds or overwrites
+    it)."""
     cache = state.cache
     g, t = state.unread_BG.shape[1], tokens_BT.shape[1]
     n_B1 = jnp.clip(start_B - cache.lengths, 0, g)[:, None]
@@ -195,10 +179,9 @@ class ParallelDraft(Drafter):
 
 
 def load_parallel_draft(directory: str) -> Tuple[ParallelDraft, Any]:
-  """(drafter, params) of a draft trained with mask slots (`<dir>` or
-  `<dir>/final`, written by `specjax.training.train_model` with
-  `config.parallel_slots` > 0: the mask id and the slot count come from the
-  run's stored training fields: the drafter checks γ <= slots + 1)."""
+  """(drafter, params) of a draft trained with mask slots (`<dir>` or `<dir>/final` of
+  `specjax.training.train_model` with `config.parallel_slots` > 0); the mask id and slot count
+  come from the run's stored training fields."""
   d = final_dir(directory)
   model, params = restore_model(d)
   meta_path = as_path(d) / "train_meta.json"
