@@ -1,31 +1,24 @@
 """Lookahead decoding (Fu et al. 2024): Jacobi iteration plus an n-gram pool, no draft model.
 
-Every iteration makes one target call carrying three parts, kept apart by
-the attention mask among the call's tokens:
+Every iteration makes one target call of three parts, kept apart by the attention mask among
+the call's tokens:
 
   * the pending token (decoded as usual);
-  * the lookahead branch: a 2-D window of N - 1 levels × W columns of
-    guessed tokens. Level j, column i stands at position +1+i+j after the
-    pending token and attends to the pending token, to level 0's columns
-    0..i and to the levels 1..j-1 of its own column — one causal sequence
-    per column. The target's most likely next token after the last level
-    gives each column a new token: the column's N tokens form an n-gram
-    that goes into the row's pool, then the levels shift (level 0 drops, the
-    new tokens become the last level): a Jacobi step along each column's
-    trajectory;
-  * the verification branch: up to G n-grams from the pool whose first
-    token is the pending token; each candidate's N - 1 remaining tokens
-    follow the pending token and attend only to it and to each other.
+  * the lookahead branch: a window of N - 1 levels × W columns of guessed tokens. Level j,
+    column i stands at position +1+i+j after the pending token and attends to the pending token,
+    to level 0's columns 0..i and to levels 1..j-1 of its own column (one causal sequence per
+    column). The target's argmax after the last level gives each column a new token: the
+    column's N tokens go into the row's n-gram pool, then the levels shift (level 0 drops, the
+    new tokens become the last level): a Jacobi step along each column;
+  * the verification branch: up to G pool n-grams whose first token is the pending token, each
+    candidate's N - 1 remaining tokens attending only to the pending token and to each other.
 
 The candidates are verified exactly as deterministic drafts sharing a root
-(`specjax.verify.candidates_verify`: greedy output equals the target's
-greedy; sampling keeps the target's distribution). The accepted tokens'
-keys and values are moved next to the pending token in the cache
-(`copy_slots`). Everything — window, pool, candidate choice — is per row,
-in static buffers, inside the jitted loop.
+(`specjax.verify.candidates_verify`); the accepted tokens' keys and values are moved next to the
+pending token (`copy_slots`). Window, pool and candidate choice are per row, in static buffers,
+inside the jitted loop.
 
-Shapes: W window columns, N n-gram size (chain length N - 1), G
-candidates, P pool entries per row.
+Shapes: W window columns, N n-gram size (chain length N - 1), G candidates, P pool entries.
 """
 
 from __future__ import annotations
@@ -46,9 +39,8 @@ __all__ = ["Lookahead", "LookaheadState"]
 
 @struct.dataclass
 class LookaheadState:
-  """window: int32 `[B, N-1, W]` (levels × columns); pool: int32 `[B, P, N]`
-  n-grams; pool_next `[B]`: the next pool slot to write (a ring); pool_size
-  `[B]`: entries filled."""
+  """window: int32 `[B, N-1, W]` (levels × columns); pool: int32 `[B, P, N]` n-grams;
+  pool_next `[B]`: the next pool slot to write (a ring); pool_size `[B]`: entries filled."""
 
   window: jax.Array
   pool: jax.Array
@@ -62,8 +54,7 @@ class Lookahead(Drafter):
 
   Attributes:
     window: W columns of the lookahead branch (e.g. 7 in the paper).
-    ngram: N, the n-gram size (>= 2): N - 1 levels and candidates of N - 1
-      drafted tokens (e.g. 5).
+    ngram: N, the n-gram size (>= 2): N - 1 levels and candidates of N - 1 tokens (e.g. 5).
     candidates: G, n-grams verified per iteration (e.g. 7).
     pool_size: P, n-grams kept per row (the oldest are overwritten).
   """
@@ -130,8 +121,7 @@ class Lookahead(Drafter):
 
   def start(self, params, state: LookaheadState, prompts_BP, lengths_B, first_B,
             target_cache) -> LookaheadState:
-    """The window starts with prompt tokens spread over the prompt (a fixed
-    pseudo-random pick per slot): guesses from the row's own vocabulary."""
+    """The window starts with a fixed pseudo-random pick of the row's prompt tokens."""
     del params, first_B, target_cache
     b, n, w = state.window.shape
     salt = jnp.arange(n * w, dtype=jnp.int32).reshape(1, n, w) * 7919 + 17
