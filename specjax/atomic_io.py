@@ -4,18 +4,15 @@ A destination is a local path or a URL of another filesystem (`gs://bucket/run/x
 `str`, `os.PathLike` or `etils.epath.Path`; `is_local` tells which).
 
 Local: a file is written to a temporary file in the destination's directory, given the usual
-mode (0666 minus the umask: `tempfile.mkstemp` creates 0600 files, which would leave results
-readable by their owner only), then moved over the destination with `os.replace`. A reader sees
-the old file or the new one, never a partial one; a writer that fails leaves the destination as
-it was and removes its temporary file.
+mode (0666 minus the umask: `mkstemp`'s 0600 would leave results readable by their owner only),
+then moved over the destination with `os.replace`. A reader sees the old file or the new one,
+never a partial one; a failing writer leaves the destination as it was.
 
 Not local (gs://, s3://, ... through `etils.epath`): the content is written as the final object
-in one upload, with no temporary object and no rename. An object store publishes an object only
-when its upload completes (a reader sees the old object or the new one, never a partial one),
-and its "rename" is a copy plus a delete: a temporary object would double the traffic and, were
-the run killed between the two, leave a stray object behind, for no extra safety. `atomic_path`
-gives writers that need a local file name (matplotlib, safetensors) a local temporary file and
-uploads it when the block ends without an error; a failed block uploads nothing.
+in one upload. An object store publishes an object only when its upload completes, and its
+"rename" is a copy plus a delete, so a temporary object would double the traffic (and could be
+left behind) for no extra safety. `atomic_path` gives writers that need a local file name
+(matplotlib, safetensors) a local temporary file, uploaded when the block ends without an error.
 
 Directories: `atomic_dir` publishes a directory whole (local: written beside it, then renamed over
 it; an object store has no rename: written in place), `move_tree` moves one.
@@ -44,8 +41,7 @@ def is_local(path: PathLike) -> bool:
 
 
 def as_path(path: PathLike) -> epath.Path:
-  """`path` as an `etils.epath.Path`: a local one is made absolute (as `os.path.abspath`
-  would), a URL is kept as it is."""
+  """`path` as an `etils.epath.Path`: a local one made absolute, a URL kept as it is."""
   if is_local(path):
     return epath.Path(os.path.abspath(os.fspath(path)))
   return epath.Path(path)
@@ -59,11 +55,9 @@ def _umask() -> int:
 
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[str]:
-  """Yields a temporary local path for a writer to fill; when the block ends
-  without an error it becomes `path` (local: the usual file mode and an
-  `os.replace` next to it; a URL: one upload of its bytes), otherwise it is
-  removed. The temporary name ends with `path`'s name, so writers that
-  choose a format by extension (matplotlib) keep it."""
+  """Yields a temporary local path for a writer to fill; when the block ends without an error it
+  becomes `path` (local: `os.replace`; a URL: one upload), otherwise it is removed. The temporary
+  name ends with `path`'s name, so writers that choose a format by extension keep it."""
   if not is_local(path):
     dest = epath.Path(path)
     with tempfile.TemporaryDirectory(prefix="specjax-upload-") as d:
@@ -107,9 +101,8 @@ def atomic_write_text(path: PathLike, text: str) -> None:
 
 
 def append_text(path: PathLike, text: str) -> None:
-  """Appends UTF-8 `text` to the file `path` (created if missing). An object
-  store (gs://) cannot append: the object is read and written again whole —
-  for logs of hundreds of lines (a run's metrics.jsonl), not for big files."""
+  """Appends UTF-8 `text` to the file `path` (created if missing). An object store cannot append:
+  the object is read and rewritten whole (fine for a run's metrics.jsonl, not for big files)."""
   if is_local(path):
     with open(path, "a", encoding="utf-8") as f:
       f.write(text)
@@ -119,8 +112,7 @@ def append_text(path: PathLike, text: str) -> None:
 
 
 def atomic_write_json(path: PathLike, obj: Any, indent: int = 1, **dumps_kw) -> None:
-  """Writes `obj` as JSON (keys sorted) to `path` atomically; `dumps_kw` go
-  to `json.dumps` (e.g. `default=str`)."""
+  """Writes `obj` as JSON (keys sorted) to `path` atomically; `dumps_kw` go to `json.dumps`."""
   atomic_write_text(path, json.dumps(obj, indent=indent, sort_keys=True, **dumps_kw))
 
 
@@ -129,11 +121,11 @@ def atomic_dir(path: PathLike) -> Iterator[str]:
   """Yields a directory for a writer to fill, which replaces the directory `path` whole when the
   block ends without an error.
 
-  Local: the directory is `<path>.tmp-<pid>` beside it, renamed to `path` (a previous `path` is
-  first renamed to `<path>.old-<pid>`, removed after), so `path` is the old or the new complete
-  directory; a failed block removes it and leaves `path` as it was. Not local (gs://, where a
-  directory rename is a copy): `path` itself, emptied first and written in place — the writer
-  must make an incomplete directory recognisable (write a marker file last)."""
+  Local: `<path>.tmp-<pid>`, renamed to `path` (a previous `path` is first renamed to
+  `<path>.old-<pid>`, removed after), so `path` is the old or the new complete directory; a
+  failed block leaves `path` as it was. Not local (no directory rename): `path` itself, emptied
+  and written in place; the writer must make an incomplete directory recognisable (a marker
+  file written last)."""
   if not is_local(path):
     dest = epath.Path(path)
     dest.rmtree(missing_ok=True)

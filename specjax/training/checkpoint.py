@@ -3,38 +3,27 @@
 Layout of a workdir:
 
   <workdir>/checkpoints/<step>/state/   the full `TrainState` (orbax StandardSave)
-  <workdir>/checkpoints/<step>/meta/    JSON: model / teacher config
-                                        (`orbax_io.config_to_dict`), the training
-                                        fields that fix the trajectory, data stats
-  <workdir>/final/                      `orbax_io.save_params` layout (params +
-                                        config.json + integrity.json), loadable by
-                                        `restore_params`, and train_meta.json (the
-                                        settings it was trained with)
+  <workdir>/checkpoints/<step>/meta/    JSON: model / teacher config, the training fields
+                                        that fix the trajectory, data stats
+  <workdir>/final/                      `orbax_io.save_params` layout (`restore_params`)
+                                        and train_meta.json (the settings it was trained with)
   <workdir>/metrics.jsonl               one JSON line per log / eval event
   <workdir>/summary.json                the last run's summary
 
-Atomicity: orbax writes each checkpoint into a temporary directory and
-renames it to `<step>` when complete (`CheckpointManager` finalisation); a
-run killed mid-save leaves only the temporary directory, which
-`latest_step()` ignores. The final params are written by `save_params` into
-`<workdir>/final.tmp-<pid>` and then renamed to `<workdir>/final` (a previous
-`final` is first renamed aside and removed after: `atomic_io.atomic_dir`), so
-`final/` is either the old or the new, complete artifact. Small JSON files are
-written to a temporary file and `os.replace`d.
+Atomicity: orbax writes each checkpoint into a temporary directory renamed to `<step>` when
+complete, so a run killed mid-save leaves only the temporary directory, which `latest_step()`
+ignores. `final/` is published whole by `atomic_io.atomic_dir`: the old or the new, complete
+artifact.
 
-Recovery: `restore_newest_intact` tries the steps newest first; a step that
-orbax cannot read (a truncated or missing file) is logged, moved aside to
-`<workdir>/checkpoints.corrupt/<step>` and the next older one is tried, so a
-damaged checkpoint costs the steps since the one before it, nothing else.
+Recovery: `restore_newest_intact` tries the steps newest first; a step orbax cannot read is
+logged and moved aside to `<workdir>/checkpoints.corrupt/<step>`, so a damaged checkpoint costs
+the steps since the one before it, nothing else.
 
-Saves are asynchronous by default: the state is first copied (so the donated
-device buffers can be reused at once) and orbax writes it in a background
-thread; `close()` waits for it. On one host the copy is host numpy arrays; a
-state split over several processes (a multi-host mesh) is copied on its
-devices and saved sharded — every process writes its own slices and restores
-read them back into the same layout (`restore` with a sharded `like` state),
-nothing is gathered to one host. Every process of a multi-host run must call
-`save` / `restore` (orbax coordinates them).
+Saves are asynchronous by default: the state is first copied (so the donated device buffers can
+be reused at once) and orbax writes it in a background thread; `close()` waits for it. A state
+split over several processes is copied on its devices and saved sharded: every process writes
+and restores its own slices, nothing is gathered to one host. Every process of a multi-host run
+must call `save` / `restore` (orbax coordinates them).
 """
 
 from __future__ import annotations
@@ -56,10 +45,8 @@ __all__ = ["Checkpointer", "save_final_params", "move_aside",
 
 
 def move_aside(path: str, reason: str) -> str:
-  """Renames a damaged checkpoint directory `path` to a sibling folder
-  `<parent>.corrupt/<name>-<time>` (kept for inspection, out of the way of
-  the run) and logs why; returns the new path. On an object store (gs://)
-  the objects are copied, then deleted (there is no rename)."""
+  """Moves a damaged checkpoint directory `path` to `<parent>.corrupt/<name>-<time>` (kept for
+  inspection, out of the run's way) and logs why; returns the new path."""
   src = atomic_io.as_path(path)
   parent, name = src.parent, src.name
   aside_dir = parent.parent / (parent.name + ".corrupt") if name.isdigit() else parent
@@ -76,12 +63,9 @@ _device_copy = jax.jit(jax.numpy.copy)
 
 
 def _save_copy(tree):
-  """What an asynchronous save writes while training goes on: a copy the next
-  step's donation cannot touch. Arrays whose devices this process holds all of
-  are copied to host numpy; an array split over several processes (a
-  multi-host mesh) is copied on its devices, keeping its sharding, and orbax
-  writes it sharded — each process its own slices, nothing gathered to one
-  host."""
+  """A copy the next step's donation cannot touch, for an asynchronous save: host numpy for
+  arrays this process holds whole; an array split over several processes is copied on its
+  devices, keeping its sharding (orbax writes it sharded)."""
   def copy(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       return _device_copy(x)
@@ -96,8 +80,7 @@ class Checkpointer:
     import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
     self._ocp = ocp
     self.directory = str(atomic_io.as_path(workdir) / "checkpoints")  # orbax takes gs:// too
-    # cleanup_tmp_directories: a save interrupted by a kill leaves a temporary
-    # directory; the next run removes it.
+    # A save interrupted by a kill leaves a temporary directory; the next run removes it.
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=async_save,
                                            cleanup_tmp_directories=True)
@@ -120,8 +103,7 @@ class Checkpointer:
   def restore(self, step: int, like_state_dict: dict) -> dict:
     """The state at `step`, with the tree structure of `like_state_dict`.
 
-    Leaves of `like_state_dict` placed with a `NamedSharding` (a train state
-    on a mesh, `specjax.training.mesh`) come back as jax.Arrays in that
+    Leaves of `like_state_dict` placed with a `NamedSharding` come back as jax.Arrays in that
     layout, each device reading its own slice; the others as numpy arrays."""
     ocp = self._ocp
 
@@ -136,11 +118,10 @@ class Checkpointer:
 
   def restore_newest_intact(self, like_state_dict: dict,
                             check_meta: Callable[[dict, int], None]) -> Optional[Tuple[int, dict]]:
-    """`(step, state)` of the newest step checkpoint that reads back whole,
-    or None when there is none. `check_meta(meta, step)` runs first on each
-    (it raises when the checkpoint belongs to other settings: that is not
-    damage, and nothing is moved). An unreadable step is moved aside
-    (`move_aside`) and the next older one is tried."""
+    """`(step, state)` of the newest step checkpoint that reads back whole, or None.
+
+    `check_meta(meta, step)` runs first on each (it raises for a checkpoint of other settings:
+    not damage, nothing is moved). An unreadable step is moved aside and the next one tried."""
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
         with quiet_asyncio_errors():
@@ -177,13 +158,12 @@ TRAIN_META = "train_meta.json"
 def save_final_params(workdir: str, params, model_config, meta: Optional[dict] = None,
                       extra: Optional[dict] = None) -> str:
   """Atomically (`atomic_io.atomic_dir`) writes `<workdir>/final`; returns its path.
-  `meta` (the run's `training_meta`) goes to `final/train_meta.json`, so a
-  later run can tell whether the artifact matches its settings; `extra`:
-  more JSON files, {file name: object}. On an object store (gs://, where a
-  directory rename is a copy) `final/` is rewritten in place: `save_params`
-  writes its config.json last (a `final/` without one is incomplete, and
-  `orbax_io.restore_params` refuses it), so an interrupted write makes the
-  next run train again rather than read half an artifact."""
+
+  `meta` (the run's `training_meta`) goes to `final/train_meta.json`, so a later run can tell
+  whether the artifact matches its settings; `extra`: more JSON files, {file name: object}. On
+  an object store `final/` is rewritten in place and `save_params` writes its config.json last
+  (`restore_params` refuses a `final/` without one), so an interrupted write makes the next run
+  train again rather than read half an artifact."""
   final = atomic_io.as_path(workdir) / "final"
   with atomic_io.atomic_dir(final) as directory:
     _write_final(directory, params, model_config, meta, extra)
