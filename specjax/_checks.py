@@ -1,11 +1,10 @@
 """Argument checks shared by every entry point of specjax: one rule everywhere.
 
-A value of the wrong type is a `TypeError`, a value of the right type outside
-its range a `ValueError`; both name the argument, the value and what is
-allowed. `bool` is not an integer here (`True` is no batch size), numpy
-integer and floating scalars are accepted. Array-valued arguments (the
-closed forms of `specjax.theory` broadcast them) go through
-`check_real_array` / `check_int_array`, whose messages name the first bad entry.
+A value of the wrong type is a `TypeError`, one of the right type outside its range a
+`ValueError`; both name the argument, the value and what is allowed. `bool` is not an integer
+here (`True` is no batch size); numpy scalars are accepted. Array-valued arguments (theory's
+closed forms broadcast them) go through `check_real_array` / `check_int_array`, whose messages
+name the first bad entry.
 """
 
 from __future__ import annotations
@@ -46,8 +45,8 @@ def _with_range(what: str, *bounds, **open_ends) -> str:
 
 def check_int(name: str, value: Any, minimum: Optional[int] = None,
               maximum: Optional[int] = None, *, note: str = "") -> int:
-  """`value` as an int in [minimum, maximum] (either bound may be None);
-  `note` (e.g. " (0 disables)") follows the allowed range in the messages."""
+  """`value` as an int in [minimum, maximum] (either bound may be None); `note` (e.g. " (0
+  disables)") follows the allowed range in the messages."""
   allowed = _with_range("an int", -math.inf if minimum is None else minimum,
                         math.inf if maximum is None else maximum) + note
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
@@ -66,10 +65,9 @@ def check_optional_int(name: str, value: Any, minimum: Optional[int] = None,
 def check_real(name: str, value: Any, minimum: float = -math.inf, maximum: float = math.inf, *,
                lo_open: bool = False, hi_open: bool = False, allow_nan: bool = False,
                note: str = "", what: str = "a finite number") -> float:
-  """`value` as a finite float in [minimum, maximum] (`lo_open` / `hi_open`:
-  the bound itself excluded; `allow_nan`: NaN passes, meaning "unknown").
-  `note` follows the allowed range in the messages; `what` names the value
-  in the ValueError ("a finite number")."""
+  """`value` as a finite float in [minimum, maximum] (`lo_open` / `hi_open`: the bound excluded;
+  `allow_nan`: NaN passes, meaning "unknown"). `note` follows the allowed range in the messages;
+  `what` names the value in the ValueError ("a finite number")."""
   ends = dict(lo_open=lo_open, hi_open=hi_open)
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
     raise TypeError(f"{name} must be {_with_range('a real number', minimum, maximum, **ends)}"
@@ -93,15 +91,14 @@ def check_optional_real(name: str, value: Any, minimum: float = -math.inf,
 
 def check_probability(name: str, value: Any, *, lo_open: bool = False, hi_open: bool = False,
                       note: str = "") -> float:
-  """`value` as a probability: a float in [0, 1] (`lo_open` / `hi_open`: 0 / 1
-  excluded); `check_real` with "must be a probability in ..." messages."""
+  """`value` as a float in [0, 1] (`lo_open` / `hi_open`: 0 / 1 excluded), with "must be a
+  probability in ..." messages."""
   return check_real(name, value, 0.0, 1.0, lo_open=lo_open, hi_open=hi_open, note=note,
                     what="a probability")
 
 
 def first_bad(arr: np.ndarray, bad: np.ndarray) -> str:
-  """The first entry of `arr` where `bad` is True, for a message: its value,
-  and for an array its index and the count of bad entries."""
+  """For a message: `arr`'s first entry where `bad` holds (value; index and count if an array)."""
   if arr.ndim == 0:
     return repr(arr.item())
   count = int(np.count_nonzero(bad))
@@ -110,8 +107,8 @@ def first_bad(arr: np.ndarray, bad: np.ndarray) -> str:
 
 
 def _array_of(name: str, value: Any, kinds: str, what: str, dtypes: str) -> np.ndarray:
-  """`value` as a numpy array of a dtype kind in `kinds`; named errors for a
-  string, a ragged nesting or another dtype (bool included)."""
+  """`value` as a numpy array of a dtype kind in `kinds`; named errors for a string, a ragged
+  nesting or another dtype (bool included)."""
   if isinstance(value, (str, bytes)):
     raise TypeError(f"{name} must be {what} or an array-like of them, got the string {value!r}")
   try:
@@ -128,9 +125,8 @@ def _array_of(name: str, value: Any, kinds: str, what: str, dtypes: str) -> np.n
 def check_real_array(name: str, value: Any, minimum: float = -math.inf,
                      maximum: float = math.inf, *, lo_open: bool = False,
                      hi_open: bool = False) -> np.ndarray:
-  """`value` (a real number or an array-like of them, int or float dtype) as a
-  float64 array of finite entries in [minimum, maximum] (`lo_open` /
-  `hi_open`: the bound excluded); the ValueError names the first bad entry."""
+  """`value` (a real number or array-like of them) as a float64 array of finite entries in
+  [minimum, maximum] (`lo_open` / `hi_open`: the bound excluded); errors name the first bad one."""
   arr = _array_of(name, value, "iuf", "a real number", "int or float dtype").astype(np.float64)
   bad = ~np.isfinite(arr)
   if bad.any():
@@ -145,9 +141,8 @@ def check_real_array(name: str, value: Any, minimum: float = -math.inf,
 
 
 def check_int_array(name: str, value: Any, minimum: int = 0) -> np.ndarray:
-  """`value` (an integer or an array-like of them, integer dtype; not bool)
-  as an int64 array of entries >= `minimum`; the ValueError names the first
-  bad entry."""
+  """`value` (an integer or array-like of them; not bool) as an int64 array of entries >=
+  `minimum`; the ValueError names the first bad entry."""
   if isinstance(value, (bool, np.bool_)):
     raise TypeError(f"{name} must be an integer >= {minimum}, got the bool {value!r}")
   arr = _array_of(name, value, "iu", f"an integer >= {minimum}", "integer dtype").astype(np.int64)
@@ -165,16 +160,14 @@ def check_bool(name: str, value: Any) -> bool:
 
 
 def is_concrete(x: Any) -> bool:
-  """Whether `x`'s values can be read on this host for a check: not a tracer,
-  and not a global array spanning other processes' devices (multi-host:
-  such checks are skipped; the jitted computation is the same)."""
+  """Whether `x`'s values can be read on this host for a check: not a tracer, nor a global array
+  spanning other processes' devices (multi-host: such checks are skipped)."""
   return (not isinstance(x, jax.core.Tracer)
           and getattr(x, "is_fully_addressable", True))
 
 
 def _as_array(name: str, value: Any) -> np.ndarray:
-  """`value` as a numpy array; a named ValueError for what numpy cannot make
-  one of (ragged nested lists)."""
+  """`value` as a numpy array; a named ValueError for ragged nested lists."""
   try:
     return np.asarray(value)
   except (TypeError, ValueError) as e:
@@ -184,10 +177,9 @@ def _as_array(name: str, value: Any) -> np.ndarray:
 
 def check_prompts(prompts: Any, prompt_lengths: Any = None,
                   vocab_size: Optional[int] = None) -> Tuple[jax.Array, jax.Array]:
-  """Right-padded prompts `[B, P]` of integer ids and their lengths `[B]` in
-  [1, P] (default: all P), as int32 arrays; named errors otherwise. With
-  `vocab_size`, the ids within the lengths must lie in [0, vocab_size)
-  (`check_token_ids`)."""
+  """Right-padded prompts `[B, P]` of integer ids and their lengths `[B]` in [1, P] (default: all
+  P), as int32 arrays; named errors otherwise. With `vocab_size`, the ids within the lengths must
+  lie in [0, vocab_size) (`check_token_ids`)."""
   if not hasattr(prompts, "shape") or not hasattr(prompts, "dtype"):
     prompts = _as_array("prompts", prompts)
   if prompts.ndim != 2:
@@ -221,8 +213,8 @@ def check_prompts(prompts: Any, prompt_lengths: Any = None,
 
 @jax.jit
 def first_invalid_token(tokens_BP, lengths_B, vocab_size):
-  """(row, position, id) of the first id outside [0, vocab_size) within the
-  rows' lengths, row -1 if none: a reduction on the device."""
+  """(row, position, id) of the first id outside [0, vocab_size) within the rows' lengths, row
+  -1 if none: a reduction on the device."""
   b, p = tokens_BP.shape
   bad_BP = (((tokens_BP < 0) | (tokens_BP >= vocab_size))
             & (jnp.arange(p)[None] < lengths_B[:, None]))
@@ -234,8 +226,7 @@ def first_invalid_token(tokens_BP, lengths_B, vocab_size):
 
 
 def _cheap_to_read(tokens, lengths) -> bool:
-  """Small arrays on the host's own CPU: read them (a copy of a few KB)
-  rather than dispatch a reduction and wait for it."""
+  """Small arrays on the host's CPU: read them rather than dispatch a reduction and wait."""
   for a in (tokens, lengths):
     if isinstance(a, jax.Array) and (a.size > 65536 or not a.is_fully_addressable
                                      or len(a.devices()) != 1
@@ -245,15 +236,11 @@ def _cheap_to_read(tokens, lengths) -> bool:
 
 
 def check_token_ids(name: str, tokens: Any, lengths: Any, vocab_size: int) -> None:
-  """ValueError naming the row, the position and the id of the first token
-  of `tokens` `[B, P]` (the first `lengths[b]` of row b; padding is not
-  read) outside the vocabulary [0, vocab_size): an embedding lookup would
-  clamp it silently. Host tokens are checked on the host (an int64 id would
-  wrap to int32 on the device), whatever the lengths are; device tokens by
-  one jitted reduction whose three scalars are read back (small arrays on
-  the CPU are read instead). Tracers (a call
-  inside an outer `jit`) and multi-host global arrays cannot be read and
-  are not checked."""
+  """ValueError naming the row, position and id of the first token of `tokens` `[B, P]` (the
+  first `lengths[b]` of row b; padding is not read) outside [0, vocab_size): an embedding lookup
+  would clamp it silently. Host tokens are checked on the host (an int64 id would wrap to int32
+  on the device); device tokens by one jitted reduction whose three scalars are read back.
+  Tracers (inside an outer `jit`) and multi-host global arrays are not checked."""
   if not (is_concrete(tokens) and is_concrete(lengths)):
     return
   if isinstance(tokens, jax.Array) and not _cheap_to_read(tokens, lengths):

@@ -1,14 +1,10 @@
 """T5 weights in transformers' format: import into `specjax.models.t5.T5`, export back.
 
-* `import_hf_t5(path_or_state_dict, config=None) -> (params, config)`: a
-  `model.safetensors` / sharded index / PyTorch `.bin` file or a checkpoint
-  folder (read by `hf_common.load_state_dict`, `torch.load(weights_only=True)`
-  for `.bin`), or an in-memory state dict (numpy arrays or torch tensors).
-  Without `config`, the `config.json` next to the weights is read
-  (`t5_config_from_hf`).
-* `export_hf_t5(params, config, directory)`: `model.safetensors` and a
-  `config.json` that `transformers.T5ForConditionalGeneration.from_pretrained`
-  loads offline.
+* `import_hf_t5(path_or_state_dict, config=None) -> (params, config)`: a `model.safetensors` /
+  sharded index / PyTorch `.bin` file or folder (`hf_common.load_state_dict`), or an in-memory
+  state dict (numpy arrays or torch tensors); without `config`, the `config.json` beside it.
+* `export_hf_t5(params, config, directory)`: `model.safetensors` and a `config.json` that
+  `transformers.T5ForConditionalGeneration.from_pretrained` loads offline.
 
 Tensor mapping (torch Linear weights are `[out, in]`; ours `[in..., out...]`):
 
@@ -24,10 +20,9 @@ Tensor mapping (torch Linear weights are `[out, in]`; ours `[in..., out...]`):
   {enc,dec}oder.final_layer_norm.weight           {enc,dec}oder/final_norm/scale
   lm_head.weight [V, E]                           lm_head/kernel [E, V] (v1.1)
 
-Accepted but not stored: `encoder.embed_tokens.weight` / `decoder.embed_tokens.weight`
-(copies of shared), v1.0's tied `lm_head.weight` (must equal shared), and the
-unused `decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight`
-of old checkpoints (transformers ignores it too).
+Accepted but not stored: `{en,de}coder.embed_tokens.weight` (copies of shared), v1.0's tied
+`lm_head.weight` (must equal shared), and old checkpoints' unused
+`decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight`.
 """
 
 from __future__ import annotations
@@ -54,9 +49,9 @@ _FF_FROM_HF = {"relu": "relu", "gated-gelu": "gated-gelu"}
 def t5_config_from_hf(hf: Mapping[str, Any], **overrides) -> T5Config:
   """A transformers T5 `config.json` dict → `T5Config`.
 
-  transformers 5 always writes `tie_word_embeddings: true` for T5 and keeps
-  the v1.0 / v1.1 difference in `scale_decoder_outputs`; older versions
-  only have `tie_word_embeddings`. Both are understood.
+  transformers 5 always writes `tie_word_embeddings: true` for T5 and keeps the v1.0 / v1.1
+  difference in `scale_decoder_outputs`; older versions only have `tie_word_embeddings`. Both
+  are understood.
   """
   model_type = hf.get("model_type", "t5")
   if model_type not in ("t5", "mt5"):  # mT5 is T5 v1.1 with a larger vocabulary.
@@ -211,15 +206,13 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
                  dtype: Optional[str] = None) -> Tuple[Any, T5Config]:
   """transformers-format T5 weights → `(params, config)` for `T5(config)`.
 
-  Streamed like `import_hf_decoder`: tensors are memory-mapped and read one
-  at a time, each converted to the parameter dtype (`dtype`, default
-  `config.param_dtype`; given, it replaces `param_dtype` in the returned
-  config) slice by slice; with `mesh`, every leaf is placed directly into
-  its `NamedSharding` (`specjax.parallel.sharding.param_spec`), each device's slice
-  read on its own (`specjax.checkpoints.streaming`).
+  Streamed like `import_hf_decoder`: tensors are memory-mapped, read one at a time and converted
+  slice by slice to `dtype` (default `config.param_dtype`; given, it replaces `param_dtype` in the
+  returned config); with `mesh`, each leaf goes straight into its `NamedSharding` (`param_spec`),
+  each device's slice read on its own (`specjax.checkpoints.streaming`).
 
-  Raises ValueError naming every missing, unexpected or mis-shaped tensor,
-  and when a copy that must equal `shared.weight` differs from it.
+  Raises ValueError naming every missing, unexpected or mis-shaped tensor, and when a copy that
+  must equal `shared.weight` differs from it.
   """
   hf_config = None
   if isinstance(path_or_state_dict, Mapping):
@@ -240,8 +233,8 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
 
   expected = hf_t5_shapes(config)
   optional = _optional_shapes(config)
-  # transformers 5 ties a v1.1 head to shared (config says tie_word_embeddings:
-  # true) and may then save no lm_head.weight: the head is shared's copy.
+  # transformers 5 ties a v1.1 head to shared (tie_word_embeddings: true) and may then save no
+  # lm_head.weight: the head is shared's copy.
   head_from_shared = (not config.tie_word_embeddings and "lm_head.weight" not in tensors
                       and hf_config is not None and hf_config.get("tie_word_embeddings") is True)
   if head_from_shared and "shared.weight" in tensors:
@@ -261,8 +254,8 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
 
 
 def export_hf_t5(params, config: T5Config, directory: str) -> None:
-  """Writes `directory/model.safetensors` and `directory/config.json` in
-  transformers' T5ForConditionalGeneration format (float32 tensors)."""
+  """Writes `directory/model.safetensors` and `directory/config.json` in transformers'
+  T5ForConditionalGeneration format (float32 tensors)."""
   if not isinstance(config, T5Config):
     raise TypeError(f"config must be a T5Config, got {type(config).__name__}")
   directory = os.fspath(directory)

@@ -1,20 +1,18 @@
 """Integrity of saved models: named errors, file manifests, content digests.
 
-A model directory written by `orbax_io.save_params` holds, besides
-`params/` (orbax) and `config.json`, an `integrity.json`:
+A model directory written by `orbax_io.save_params` holds, besides `params/` (orbax) and
+`config.json`, an `integrity.json`:
 
   {"files": {"params/<relative path>": <bytes>, ...},
    "params_sha256": <digest of the parameter values>}
 
-`check_files` compares the directory against it before orbax opens
-anything, so a truncated or missing file is named in one line (orbax's own
-error is a long tensorstore message followed by asyncio tracebacks), and
-`params_digest` of the restored values is compared with the stored digest
-(corrupt bytes of the right length). Directories saved before the manifest
-existed still load: only orbax's own checks apply to them.
+`check_files` compares the directory against it before orbax opens anything, so a truncated or
+missing file is named in one line (not a tensorstore message and asyncio tracebacks), and the
+restored values' `params_digest` is compared with the stored one (corrupt bytes of the right
+length). Directories without a manifest still load, with orbax's own checks only.
 
-Every problem with a checkpoint is a `CheckpointError` (a ValueError) that
-names the directory, says what is wrong and what to do.
+Every problem with a checkpoint is a `CheckpointError` (a ValueError) that names the directory,
+says what is wrong and what to do.
 """
 
 from __future__ import annotations
@@ -46,9 +44,8 @@ class CheckpointError(ValueError):
 
   Attributes:
     directory: the checkpoint directory.
-    kind: one of "missing" (no such checkpoint, or a file of it is absent),
-      "unreadable", "truncated", "corrupt" (values differ from their digest)
-      or "config_mismatch" (a different model or training setup).
+    kind: "missing" (no such checkpoint, or a file of it absent), "unreadable", "truncated",
+      "corrupt" (values differ from their digest) or "config_mismatch" (another model / setup).
     problem: one line saying what is wrong.
     remedy: what to do about it.
   """
@@ -66,16 +63,16 @@ class CheckpointError(ValueError):
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
-  """The first line of an exception's message, clipped to `limit` characters
-  (tensorstore's messages carry a whole JSON spec)."""
+  """An exception message's first line, clipped to `limit` characters (tensorstore's carry a
+  whole JSON spec)."""
   text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
   return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def params_digest(params: Any) -> str:
-  """sha256 of a parameter tree: every leaf's path, dtype, shape and bytes, in
-  key-path order. Equal trees (same values, same layout) give equal digests;
-  it is the identity the experiments key their cached measurements by."""
+  """sha256 of a parameter tree: every leaf's path, dtype, shape and bytes, in key-path order.
+  Equal trees (same values and layout) give equal digests; experiments key cached measurements
+  by it."""
   h = hashlib.sha256()
   leaves = jax.tree_util.tree_flatten_with_path(params)[0]
   for path, leaf in sorted(leaves, key=lambda kv: jax.tree_util.keystr(kv[0])):
@@ -141,8 +138,8 @@ def check_files(directory: str, manifest: dict) -> None:
 
 
 class _DropTaskErrors(py_logging.Filter):
-  """asyncio's "Task exception was never retrieved" lines: orbax gathers one
-  task per array, and when one fails the others' errors are logged later."""
+  """asyncio's "Task exception was never retrieved" lines: orbax gathers one task per array, and
+  when one fails the others' errors are logged later."""
 
   def filter(self, record):
     return "exception was never retrieved" not in record.getMessage()
@@ -152,11 +149,10 @@ _INSTALLED = []
 
 
 def _install_filters() -> None:
-  """Once per process: drop the two kinds of noise a failed orbax read leaves
-  behind, and only those. (1) asyncio's log line for the gather's other
-  failed tasks; (2) tensorstore's completion callbacks that fire after
-  orbax closed its event loop: `RuntimeError('Event loop is closed')`
-  reaches `sys.unraisablehook` once per array, dozens of tracebacks."""
+  """Once per process: drop the two kinds of noise a failed orbax read leaves, and only those:
+  asyncio's log line for the gather's other failed tasks, and tensorstore's callbacks firing
+  after orbax closed its event loop (`RuntimeError('Event loop is closed')` reaching
+  `sys.unraisablehook` once per array)."""
   if _INSTALLED:
     return
   py_logging.getLogger("asyncio").addFilter(_DropTaskErrors())
@@ -173,9 +169,8 @@ def _install_filters() -> None:
 
 @contextlib.contextmanager
 def quiet_asyncio_errors() -> Iterator[None]:
-  """Around an orbax read that may fail: the one error that matters is
-  raised (and re-raised by the caller as a CheckpointError); the asyncio
-  noise it leaves behind is dropped (`_install_filters`)."""
+  """Around an orbax read that may fail: the one error that matters is raised (the caller
+  re-raises it as a CheckpointError); the asyncio noise it leaves is dropped."""
   _install_filters()
   try:
     yield

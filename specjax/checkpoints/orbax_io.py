@@ -2,18 +2,14 @@
 
 Layout of a saved model directory:
 
-  <dir>/params/   orbax StandardCheckpointer tree of the params
-  <dir>/config.json  {"class": "specjax.models.decoder.DecoderConfig", "fields": {...}}
+  <dir>/params/          orbax StandardCheckpointer tree of the params
+  <dir>/config.json      {"class": "specjax.models.decoder.DecoderConfig", "fields": {...}}
+  <dir>/integrity.json   every file's size under params/ and a digest of the values (`integrity`)
 
-  <dir>/integrity.json  the size of every file under params/ and a digest of
-                     the values (`specjax.checkpoints.integrity`)
-
-`restore_params(dir, expected_config)` checks the stored config against the
-one the caller expects, the files against their manifest and the restored
-values against their digest. Every problem is a `CheckpointError` (a
-ValueError) naming the directory, what is wrong (missing, unreadable,
-truncated, corrupt, config mismatch) and what to do — never orbax's
-tensorstore stack. A checkpoint of another size never loads silently.
+`restore_params(dir, expected_config)` checks the stored config against the expected one, the
+files against their manifest and the restored values against their digest; every problem is a
+`CheckpointError` naming the directory, what is wrong and what to do, never orbax's tensorstore
+stack. A checkpoint of another size never loads silently.
 """
 
 from __future__ import annotations
@@ -89,9 +85,8 @@ def _check_same(expected: Any, stored: Any, directory: str) -> None:
 
 
 def read_config(directory: str) -> Any:
-  """The config stored in a model directory (a CheckpointError when its
-  config.json is absent or unreadable; FileNotFoundError when the directory
-  does not exist)."""
+  """The config stored in a model directory (CheckpointError: config.json absent or unreadable;
+  FileNotFoundError: no such directory)."""
   path = as_path(directory)  # local or gs://...
   directory = str(path)
   if not path.is_dir():
@@ -109,9 +104,8 @@ def read_config(directory: str) -> Any:
 
 
 def save_params(directory: str, params: Any, config: Any, *, force: bool = True) -> None:
-  """Saves `params` with orbax and `config` as JSON under `directory`.
-  Checkpoints hold the standard layout: a decoder tree in the packed decode
-  layout (`DecoderLM.pack_params`) is unpacked first."""
+  """Saves `params` with orbax and `config` as JSON under `directory`, in the standard layout (a
+  packed decoder tree, `DecoderLM.pack_params`, is unpacked first)."""
   if isinstance(config, decoder.DecoderConfig) and decoder_layout.is_packed(params):
     params = decoder_layout.unpack_params(params, config)
   import orbax.checkpoint as ocp
@@ -130,12 +124,10 @@ def restore_params(directory: str, expected_config: Optional[Any] = None, *,
                    verify: bool = True) -> Tuple[Any, Any]:
   """Restores `(params, config)`.
 
-  With `expected_config`, a differing stored config is a CheckpointError
-  ("config_mismatch") naming the first differing field. Files missing or of
-  another size than the save wrote, an unreadable config.json, orbax read
-  errors and (with `verify`) values that differ from the stored digest are
-  CheckpointErrors too; a directory that does not exist is a
-  FileNotFoundError."""
+  With `expected_config`, a differing stored config is a CheckpointError ("config_mismatch")
+  naming the first differing field. Files missing or of another size than saved, an unreadable
+  config.json, orbax read errors and (with `verify`) values differing from the stored digest are
+  CheckpointErrors too; a missing directory is a FileNotFoundError."""
   import orbax.checkpoint as ocp
   directory = str(as_path(directory))  # local (absolute) or gs://...
   config = read_config(directory)
@@ -170,10 +162,9 @@ def model_for_config(config: Any) -> Any:
 
 
 def restore_model(directory: str, packed: bool = False) -> Tuple[Any, Any]:
-  """`(model, params)` from a saved model directory: a `DecoderLM` or a `T5`
-  by the stored config, params on the default device; `packed`: a decoder's
-  params in the packed decode layout (`DecoderLM.pack_params`), packed on
-  the host before placement."""
+  """`(model, params)` from a saved model directory: a `DecoderLM` or a `T5` by the stored
+  config, params on the default device; `packed`: a decoder's params in the packed decode
+  layout (`DecoderLM.pack_params`), packed on the host before placement."""
   params, config = restore_params(directory)
   model = model_for_config(config)
   if packed and isinstance(model, decoder.DecoderLM):

@@ -3,26 +3,19 @@
   data = distillation_data(target, tp, prompts, lengths, max_new=96, ...)
   params = train_medusa(target, tp, config, data, train_config, workdir)
 
-`distillation_data` lets the target continue its training prompts (its own
-samples, temperature 1 by default): the heads learn to guess what the
-target itself generates. The target's final hidden states over those
-sequences are computed once (the target is frozen); head k is trained with
-cross-entropy to predict the token k+1 positions after each generated
-position's predecessor.
+`distillation_data` lets the target continue its training prompts (its own samples, temperature 1
+by default): the heads learn to guess what the target itself generates. The frozen target's final
+hidden states over those sequences are computed once; head k is trained with cross-entropy to
+predict the token k+1 positions after each generated position's predecessor.
 
-The loop: batch s is a pure function of (seed, s); the train state (step,
-heads params, optimizer state) is checkpointed with orbax every
-`checkpoint_every` steps (`training.checkpoint.Checkpointer`: a damaged step
-checkpoint is set aside and the one before used), so a killed run resumes
-exactly; progress lines give the loss, the heads' top-1 accuracies, rows/s
-and the ETA; the final heads go to `<workdir>/final` (atomic), with their
-validation top-k accuracies (`accuracy.json`), which `choose_tree` reads.
+The loop (`resumable_loop`): batch s is a pure function of (seed, s); the train state is
+checkpointed with orbax every `checkpoint_every` steps, so a killed run resumes exactly; the
+final heads go to `<workdir>/final` (atomic) with their validation top-k accuracies
+(`accuracy.json`, read by `choose_tree`).
 
-Sharded: `train.mesh_data` x `train.mesh_model` > 1 (optional fields,
-default 1) runs the step over that device mesh as `train_model` does
-(`specjax.training.mesh`): rows over `data`, the heads' params, their
-optimizer state and a shared LM head split over `model`, fsdp-style. The
-mesh is not part of the stored settings: a run may resume on another one.
+Sharded: `train.mesh_data` x `train.mesh_model` > 1 runs the step over that mesh as
+`train_model` does (`specjax.training.mesh`); the mesh is not a stored setting, so a run may
+resume on another one.
 """
 
 from __future__ import annotations
@@ -53,8 +46,8 @@ __all__ = ["DistillData", "distillation_data", "target_states", "train_medusa", 
 
 @dataclasses.dataclass
 class DistillData:
-  """tokens: int32 `[N, L]` (prompt, then the target's continuation, then
-  pad); generated: bool `[N, L]`, the target's own tokens."""
+  """tokens: int32 `[N, L]` (prompt, the target's continuation, pad); generated: bool `[N, L]`,
+  the target's own tokens."""
 
   tokens: np.ndarray
   generated: np.ndarray
@@ -103,8 +96,8 @@ def distillation_data(target, target_params, prompts: np.ndarray, lengths: np.nd
 
 def target_states(target, target_params, tokens: np.ndarray, batch_size: int = 16,
                   layers=None) -> np.ndarray:
-  """The frozen target's final hidden states `[N, L, E]` (float32), or with
-  `layers` its blocks' outputs concatenated `[N, L, len(layers) * E]`."""
+  """The frozen target's final hidden states `[N, L, E]` (float32), or with `layers` its blocks'
+  outputs concatenated `[N, L, len(layers) * E]`."""
   layers = None if layers is None else tuple(layers)
   fn = jax.jit(lambda p, x: target.forward_with_hidden(p, x, layers=layers)[1])
   out = []
@@ -117,8 +110,8 @@ def target_states(target, target_params, tokens: np.ndarray, batch_size: int = 1
 
 
 def _head_targets(tokens_BL, generated_BL, k: int):
-  """For head k (predicting k+1 positions ahead): the target tokens aligned
-  with source positions 0..L-k-2 and their mask (a generated token)."""
+  """For head k (predicting k+1 ahead): the target tokens aligned with source positions
+  0..L-k-2 and their mask (a generated token)."""
   return tokens_BL[:, k + 1:], generated_BL[:, k + 1:]
 
 
@@ -160,8 +153,8 @@ def _state_shardings(state: dict, mesh) -> dict:
 
 def topk_accuracy(config: MedusaConfig, params, shared, states: np.ndarray, data: DistillData,
                   ranks: int = 10, batch_size: int = 16) -> np.ndarray:
-  """`[K, ranks]`: how often head k+1's rank-r token is the right one, over
-  the generated positions of `data` (states: the target's, `target_states`)."""
+  """`[K, ranks]`: how often head k+1's rank-r token is the right one, over the generated
+  positions of `data` (states: `target_states`)."""
   fn = jax.jit(lambda p, h: jax.lax.top_k(head_logits(config, p, h, shared), ranks)[1])
   k_heads = config.num_heads
   hits = np.zeros((k_heads, ranks))
@@ -182,17 +175,15 @@ def topk_accuracy(config: MedusaConfig, params, shared, states: np.ndarray, data
 
 def save_heads(directory: str, config: MedusaConfig, params, accuracy: Optional[np.ndarray],
                meta: dict) -> str:
-  """Atomically writes `<directory>/final`: params (orbax), config, meta and
-  the validation top-k accuracy (`accuracy.json`)."""
+  """Atomically writes `<directory>/final`: params (orbax), config, meta and `accuracy.json`."""
   extra = None if accuracy is None else {
       "accuracy.json": {"topk_accuracy": np.asarray(accuracy).tolist()}}
   return save_final_params(directory, params, config, meta, extra)
 
 
 def head_mesh(train: Any):
-  """`(mesh_data, mesh)`: the data x model mesh a head trainer runs on
-  (`train.mesh_data` x `train.mesh_model`, default 1 x 1), the batch checked
-  to split evenly over `data`."""
+  """`(mesh_data, mesh)`: a head trainer's mesh (`train.mesh_data` x `train.mesh_model`, default
+  1 x 1), the batch checked to split evenly over `data`."""
   mesh_data, mesh_model = getattr(train, "mesh_data", 1), getattr(train, "mesh_model", 1)
   mesh = mesh_lib.training_mesh(mesh_data, mesh_model, owner="train")
   if int(train.batch_size) % mesh_data:
@@ -206,11 +197,9 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
                  stop_at_step: Optional[int] = None) -> Dict[str, Any]:
   """Trains the heads (see the module doc); returns {"params", "accuracy", "final"}.
 
-  `train`: steps, batch_size, learning_rate, warmup_steps, checkpoint_every,
-  log_every, seed, keep_checkpoints and optionally mesh_data / mesh_model
-  (default 1: one device; see the module doc) — an ml_collections /
-  attribute object. Resuming with other settings is an error naming the
-  field."""
+  `train` (an attribute object): steps, batch_size, learning_rate, warmup_steps,
+  checkpoint_every, log_every, seed, keep_checkpoints and optionally mesh_data / mesh_model
+  (default 1). Resuming with other settings is an error naming the field."""
   quiet_orbax_info_logs()
   mesh_data, mesh = head_mesh(train)
   atomic_io.as_path(workdir).mkdir(parents=True, exist_ok=True)
@@ -268,14 +257,12 @@ def resumable_loop(workdir: str, meta: dict, state: dict, step_fn: Callable,
                    batch_fn: Callable[[int], tuple], train: Any, what: str,
                    describe: Callable[[Dict[str, float]], str], layout=None,
                    stop_at_step: Optional[int] = None) -> dict:
-  """The training loop of a drafter trained on a frozen target: restores
-  the newest intact checkpoint of `workdir` (its stored `meta` must equal
-  `meta`: else a ValueError naming the field), runs `state, metrics =
-  step_fn(state, *batch_fn(s))` for s up to `train.steps` (or
-  `stop_at_step`), logs `describe(metrics)` with rate and ETA every
-  `train.log_every` steps (also to `metrics.jsonl`) and checkpoints every
-  `train.checkpoint_every` steps and at the end. `layout`: shardings to put
-  a restored state on (a mesh run). Returns the state."""
+  """The training loop of a drafter trained on a frozen target: restores the newest intact
+  checkpoint of `workdir` (its stored `meta` must equal `meta`, else a ValueError naming the
+  field), runs `state, metrics = step_fn(state, *batch_fn(s))` for s up to `train.steps` (or
+  `stop_at_step`), logs `describe(metrics)` with rate and ETA every `train.log_every` steps
+  (also to `metrics.jsonl`) and checkpoints every `train.checkpoint_every` steps and at the end.
+  `layout`: shardings for a restored state (a mesh run). Returns the state."""
   ckpt = Checkpointer(workdir, int(train.keep_checkpoints))
 
   def check(m, step):
