@@ -5,14 +5,8 @@
   config = training.default_config(); config.steps = 2000
   params = training.train_model(model, None, source, config, "/tmp/run")
 
-Modules: `batching` (examples → fixed-shape batches, a pure function of
-(seed, step)), `optim` (schedules, AdamW / Adafactor), `steps` (losses, jitted
-train / eval steps), `checkpoint` (orbax train-state checkpoints, atomic final
-params), `loop` (`train_model`), `mesh` (the step over a data x model device
-mesh: `config.mesh_data`, `config.mesh_model`), `parallel` (PARD's mask-slot
-objective: `config.parallel_slots`), `quality` (BLEU / ROUGE from
-greedy decodes). The standalone job behind `experiments/train.py` is
-`experiments.programs.runner`.
+The modules (`batching`, `optim`, `steps`, `checkpoint`, `loop`, `mesh`, `parallel`, `quality`)
+are described in docs/training.md.
 """
 
 from specjax.training.batching import (EOS_ID, Example, LMSource, Mixture, PAD_ID, Seq2SeqSource,

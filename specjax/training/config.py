@@ -1,14 +1,10 @@
 """The training config (an ml_collections ConfigDict) and its validation.
 
-`default_config()` lists every field with its default; `validate_config`
-checks a config against it and raises ValueError / TypeError naming the
-field ("config.learning_rate must be > 0, got -1.0"; unknown fields are
-errors too, with the closest known name), so a typo never trains silently
-with a default.
-
-Fields that change the trajectory (everything but `RUN_ONLY_FIELDS`) are
-stored with each checkpoint; resuming with a different value is an error
-naming the field.
+`default_config()` lists every field with its default; `validate_config` checks a config
+against it, raising ValueError / TypeError naming the field (an unknown field too, with the
+closest known name), so a typo never trains silently with a default. The fields that change the
+trajectory (all but `RUN_ONLY_FIELDS`) are stored with each checkpoint; resuming with a
+different value is an error naming the field.
 """
 
 from __future__ import annotations
@@ -24,9 +20,8 @@ from specjax._checks import check_bool, check_int, check_real
 
 __all__ = ["default_config", "validate_config", "RUN_ONLY_FIELDS", "trajectory_fields"]
 
-# Fields that may differ between a run and its resumption.
-# The mesh is among them: a run may resume on another mesh (or one device); it
-# continues within float rounding (`specjax.training.mesh`).
+# Fields that may differ between a run and its resumption (a run may resume on another mesh,
+# continuing within float rounding: `specjax.training.mesh`).
 RUN_ONLY_FIELDS = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
                    "keep_checkpoints", "async_checkpointing", "mesh_data", "mesh_model")
 
@@ -49,8 +44,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.grad_clip = 1.0            # global-norm clip; 0 disables
   c.distill_weight = 0.0       # loss = (1 - w) CE + w tau^2 KL(teacher || student)
   c.distill_temperature = 1.0  # tau
-  # PARD (`specjax.training.parallel`): also train `parallel_slots` mask slots
-  # (a draft of gamma tokens in one pass needs gamma - 1); 0 = a plain LM.
+  # PARD (`training.parallel`): train `parallel_slots` mask slots (gamma - 1 for gamma); 0: none.
   c.parallel_slots = 0
   c.parallel_mask_id = 0       # the mask token (specjax's vocabularies: the pad id)
   c.parallel_decay = 0.8       # slot j's loss weight decay^j
@@ -60,9 +54,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.log_every = 50             # steps between progress lines
   c.eval_every = 500           # steps between validation losses (0: only at the end)
   c.eval_batches = 8           # fixed validation batches (0: no validation)
-  # A (data, model) device mesh for the train step (`specjax.training.mesh`):
-  # batch rows over `data`, params and optimizer state split over `model`
-  # (fsdp-style). 1 x 1: the single-device step.
+  # A (data, model) device mesh for the train step (`training.mesh`); 1 x 1: one device.
   c.mesh_data = 1              # data-parallel ways; must divide batch_size
   c.mesh_model = 1             # ways each parameter / optimizer-state leaf is split
   return c
@@ -75,9 +67,8 @@ _PARALLEL_FIELDS = ("parallel_slots", "parallel_mask_id", "parallel_decay")
 
 
 def trajectory_fields(config) -> dict:
-  """The fields that determine the parameters a run ends with (the PARD
-  fields only when `parallel_slots` > 0: runs stored before they existed
-  still resume)."""
+  """The fields that determine the parameters a run ends with (the PARD fields only when
+  `parallel_slots` > 0, so runs stored without them still resume)."""
   skip = set(RUN_ONLY_FIELDS) | (set(_PARALLEL_FIELDS) if not config["parallel_slots"] else set())
   return {k: config[k] for k in sorted(_DEFAULTS) if k not in skip}
 

@@ -2,25 +2,20 @@
 
   params = train_model(model, None, source, config, "/tmp/run")
 
-runs `config.steps` optimizer steps (see `specjax.training.config`), saving
-the full train state every `config.checkpoint_every` steps (and at the last
-step) with orbax. Called again with the same arguments and workdir — after a
-kill, or after `stop_at_step` — it restores the latest checkpoint and
-continues: batch s is a pure function of (seed, s) (`batching`), the state
-holds everything else, so the run ends with the same parameters, bit for bit
-on CPU, as an uninterrupted one. A run that already finished returns its
-parameters without training. Resuming with a different model, teacher, data
-or trajectory field is an error naming what changed.
+runs `config.steps` optimizer steps (`specjax.training.config`), saving the full train state
+every `config.checkpoint_every` steps (and at the last) with orbax. Called again with the same
+arguments and workdir (after a kill, or `stop_at_step`) it restores the latest checkpoint and
+continues: batch s is a pure function of (seed, s) (`batching`) and the state holds everything
+else, so the run ends with the same parameters (bit for bit on CPU) as an uninterrupted one. A
+finished run returns its parameters without training; resuming with a different model, teacher,
+data or trajectory field is an error naming what changed.
 
-Host syncs: none per step. Metrics stay on the device until a log step
-(`log_every`), when they are fetched together; progress lines give the loss,
-tokens/s (real target tokens, and all decoder positions), steps/s and ETA.
-The first step (compilation) is timed separately.
+No host sync per step: metrics stay on the device until a log step (`log_every`). The first
+step (compilation) is timed separately.
 
-Sharded: with `config.mesh_data` x `config.mesh_model` > 1 the step runs
-jitted over that device mesh — batch rows over `data`, params and optimizer
-state split over `model`, fsdp-style (`specjax.training.mesh`); checkpoints
-keep the single-device format and restore straight onto the mesh.
+With `config.mesh_data` x `config.mesh_model` > 1 the step runs over that device mesh (batch
+rows over `data`, params and optimizer state split over `model`: `specjax.training.mesh`);
+checkpoints keep the single-device format and restore straight onto the mesh.
 """
 
 from __future__ import annotations
@@ -129,9 +124,9 @@ def evaluate_loss(spec: StepSpec, params, batches: Sequence[dict], teacher_param
 
 
 def training_meta(model, config, teacher_model=None, mixture=None) -> dict:
-  """What fixes the parameters a run ends with: the model and teacher configs,
-  the trajectory fields of the training config and (given the `mixture`) the
-  data's shape and weights. Stored with every checkpoint and with `final/`."""
+  """What fixes the parameters a run ends with: the model and teacher configs, the training
+  config's trajectory fields and (given `mixture`) the data's shape and weights. Stored with
+  every checkpoint and with `final/`."""
   meta = {"model": _jsonable(_model_meta(model)),
           "teacher": _jsonable(_model_meta(teacher_model)) if teacher_model is not None else None,
           "train": _jsonable(trajectory_fields(config))}
@@ -141,10 +136,8 @@ def training_meta(model, config, teacher_model=None, mixture=None) -> dict:
 
 
 def meta_difference(old: dict, new: dict) -> Optional[tuple]:
-  """The first `(field, old value, new value)` where two `training_meta`s
-  differ (sections of `new` only: a meta stored without "data" is compared
-  without it), or None. Fields are named down to two levels, e.g.
-  "train.learning_rate" or "model.fields.d_model"."""
+  """The first `(field, old value, new value)` where two `training_meta`s differ (in `new`'s
+  sections only), or None. Fields are named down to two levels, e.g. "model.fields.d_model"."""
   for section in new:
     a, b = old.get(section), new[section]
     if a == b:
@@ -191,8 +184,8 @@ class _Progress:
     self.tb = None
 
   def write(self, record: dict) -> None:
-    """Appends `record` to metrics.jsonl and its numbers to TensorBoard
-    (`<workdir>/tb`, `specjax.measure.tensorboard.ScalarWriter`); process 0 only."""
+    """Appends `record` to metrics.jsonl and its numbers to TensorBoard (`<workdir>/tb`);
+    process 0 only."""
     if not is_main_process():
       return
     atomic_io.append_text(self.path, json.dumps(record, sort_keys=True) + "\n")
@@ -276,26 +269,23 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
   """Trains `model` and returns its parameters (see the module doc).
 
   Args:
-    model: a `DecoderLM` or `T5` (any object whose `forward` matches the
-      batch layout: `forward(params, tokens)` or `forward(params, inputs,
-      input_lengths, decoder_inputs)`); hashable.
-    init_params: starting parameters, or None for `model.init(PRNGKey(seed))`.
-      Ignored when the workdir holds a checkpoint (the run resumes).
+    model: a `DecoderLM` or `T5` (any hashable object whose `forward` matches the batch layout:
+      `forward(params, tokens)` or `forward(params, inputs, input_lengths, decoder_inputs)`).
+    init_params: starting parameters, or None for `model.init(PRNGKey(seed))`; ignored when the
+      workdir holds a checkpoint (the run resumes).
     dataset: a `batching.Source`, `Mixture` or `[(Source, weight), ...]`.
-    config: a training ConfigDict (`default_config()`), validated here;
-      `mesh_data` x `mesh_model` > 1 trains on that many devices (see the
-      module doc).
+    config: a training ConfigDict (`default_config()`), validated here.
     workdir: checkpoints, metrics.jsonl, summary.json and final/ go here.
-    teacher: `(teacher_model, teacher_params)` for distillation (needs
-      config.distill_weight > 0; same vocabulary and batch layout).
-    eval_dataset: a Source (or {name: Source}) for the validation loss on its
-      first `eval_batches * batch_size` items.
-    stop_at_step: stop (with a checkpoint) once this step is reached, as a
-      preempted run would; calling again continues to config.steps.
+    teacher: `(teacher_model, teacher_params)` for distillation (needs config.distill_weight
+      > 0; same vocabulary and batch layout).
+    eval_dataset: a Source (or {name: Source}) for the validation loss on its first
+      `eval_batches * batch_size` items.
+    stop_at_step: stop (with a checkpoint) once this step is reached, as a preempted run
+      would; calling again continues to config.steps.
 
   Returns:
-    The parameters after `min(config.steps, stop_at_step)` steps (on a
-    mesh: jax.Arrays split over it, `np.asarray` gathers one).
+    The parameters after `min(config.steps, stop_at_step)` steps (on a mesh: jax.Arrays split
+    over it).
   """
   config = validate_config(config)
   mesh = mesh_lib.training_mesh(config.mesh_data, config.mesh_model)
