@@ -1,25 +1,17 @@
 """Streamed loading of transformers-format weights: tensor by tensor, slice by slice.
 
-`open_tensors(path)` gives a `LazyTensors` mapping: each name's shape and
-dtype come from the file headers, and `tensors.read(name)` returns a
-read-only numpy view of the bytes on disk (a memory map; bfloat16 through
-`ml_dtypes`), so nothing is read until a slice of it is used. safetensors
-files and sharded `model.safetensors.index.json` checkpoints are parsed here
-(the format is an 8-byte header length, a JSON header of name → dtype,
-shape and byte range, then the raw little-endian data); PyTorch `.bin`
+`open_tensors(path)` gives a `LazyTensors` mapping: shapes and dtypes come from the file headers,
+and `tensors.read(name)` returns a read-only numpy memory map of the bytes on disk (bfloat16
+through `ml_dtypes`), so nothing is read until a slice is used. safetensors files (an 8-byte
+header length, a JSON header of name → dtype, shape and byte range, then the raw little-endian
+data) and sharded `model.safetensors.index.json` checkpoints are parsed here; PyTorch `.bin`
 files are memory-mapped by `torch.load(mmap=True, weights_only=True)`.
 
-`place(entries, tensors, dtype, sharding_for)` builds a params tree from a
-list of `Entry`s (transformers name, params path, a view that turns the
-stored `[out, in]` tensor into the params layout by reshapes and
-transposes only). Each leaf is made by `jax.make_array_from_callback`: every
-device asks for its own slice, which is read from the map, converted to the
-target dtype and handed over; the map is released before the next tensor.
-Host memory beyond the placed arrays therefore stays near one tensor's slices
-(on an accelerator the placed arrays live on the devices; on a CPU "device"
-they are host memory too) — never a float32 copy of the whole model. With
-several processes (`jax.distributed`), each reads only the slices of its
-addressable devices.
+`place(entries, tensors, dtype, sharding_for)` builds a params tree from `Entry`s. Each leaf is
+made by `jax.make_array_from_callback`: every device's slice is read from the map, converted to
+the target dtype and handed over, and the map is released before the next tensor, so host memory
+beyond the placed arrays stays near one tensor's slices, never a float32 copy of the model. With
+several processes, each reads only the slices of its addressable devices.
 """
 
 from __future__ import annotations
@@ -47,9 +39,8 @@ _ST_DTYPES = {
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
-  """One stored tensor: its transformers name, where it goes in the params
-  tree, and `view`, a function of the stored array that returns the params
-  layout using only reshapes and transposes (numpy views: no copy)."""
+  """One stored tensor: its transformers name, its params path, and `view`, which turns the stored
+  array into the params layout by reshapes and transposes only (numpy views: no copy)."""
 
   name: str
   path: Tuple[str, ...]
@@ -65,10 +56,7 @@ class _Stored:
 
 
 class LazyTensors(Mapping):
-  """Name → (shape, dtype) of stored tensors; `read(name)` maps one.
-
-  As a Mapping, values are `jax.ShapeDtypeStruct`s (cheap: nothing is read).
-  """
+  """Name → `jax.ShapeDtypeStruct` of stored tensors (nothing read); `read(name)` maps one."""
 
   def __init__(self, reader: Callable[[str], np.ndarray],
                meta: Mapping[str, Tuple[Tuple[int, ...], Any]], source: str):
@@ -87,8 +75,7 @@ class LazyTensors(Mapping):
     return len(self._meta)
 
   def read(self, name: str) -> np.ndarray:
-    """A read-only numpy array of the stored tensor (memory-mapped where the
-    format allows: only the bytes a slice touches are read)."""
+    """A read-only numpy array of the stored tensor (memory-mapped where the format allows)."""
     if name not in self._meta:
       raise KeyError(f"{self.source} holds no tensor {name!r}")
     return self._reader(name)
@@ -177,10 +164,9 @@ def lazy_from_mapping(tensors: Mapping[str, Any], source: str = "state dict") ->
 def open_tensors(path: str) -> LazyTensors:
   """The tensors of a checkpoint file or directory, lazily.
 
-  Accepts a `.safetensors` file, a sharded `*.safetensors.index.json`, a
-  PyTorch `.bin` / `.pt` / `.pth` state dict (memory-mapped by torch, never
-  unpickled beyond tensors), or a directory holding `model.safetensors`,
-  `model.safetensors.index.json` or `pytorch_model.bin`.
+  Accepts a `.safetensors` file, a sharded `*.safetensors.index.json`, a PyTorch `.bin` / `.pt` /
+  `.pth` state dict (memory-mapped by torch, never unpickled beyond tensors), or a directory
+  holding `model.safetensors`, `model.safetensors.index.json` or `pytorch_model.bin`.
   """
   path = os.fspath(path)
   if os.path.isdir(path):
@@ -227,8 +213,8 @@ def open_tensors(path: str) -> LazyTensors:
 
 
 def tensors_equal(tensors: LazyTensors, a: str, b: str, rows: int = 4096) -> bool:
-  """Whether two stored tensors hold the same values (compared in blocks of
-  rows, so a tied embedding check never holds two whole copies)."""
+  """Whether two stored tensors hold the same values (compared in blocks of rows, so a tied
+  embedding check never holds two whole copies)."""
   x, y = tensors.read(a), tensors.read(b)
   if x.shape != y.shape:
     return False
@@ -248,8 +234,8 @@ def _set(tree: Dict[str, Any], path: Tuple[str, ...], value) -> None:
 
 
 def _owned(x: np.ndarray, dtype) -> np.ndarray:
-  """A C-contiguous copy in `dtype` that owns its memory (never a view of a
-  map: jax may keep a host buffer it is given without copying)."""
+  """A C-contiguous copy in `dtype` owning its memory (never a view of a map: jax may keep a
+  host buffer it is given without copying)."""
   return np.array(x, dtype=dtype, copy=True, order="C")
 
 
@@ -258,10 +244,8 @@ def place(entries: Sequence[Entry], tensors: LazyTensors, dtype: Any,
           ) -> Dict[str, Any]:
   """The params tree of `entries`, read from `tensors` and cast to `dtype`.
 
-  `sharding_for(path, shape)` → a `jax.sharding.Sharding` places each leaf
-  slice by slice with `jax.make_array_from_callback` (every device's slice
-  read from the map and converted on its own); None places every leaf on
-  the default device the same way.
+  `sharding_for(path, shape)` → the `jax.sharding.Sharding` each leaf is placed with, slice by
+  slice; None: the default device.
   """
   np_dtype = np.dtype(jnp.dtype(dtype))
   params: Dict[str, Any] = {}
