@@ -1,21 +1,13 @@
 """Compile-only runs for TPU slices: fit, streaming and collectives before renting one.
 
-The TPU compiler (libtpu: `pip install -e ".[tpu]"`) runs on any machine, and
-`jax.experimental.topologies` describes the devices of a real slice with no
-TPU attached. `specjax.aot` lowers every program an experiment would run —
-prefills, the autoregressive loop, the speculative loop for each drafter and
-γ, a draft's sharded train step — with abstract arguments carrying the run's
-shardings, compiles them for the slice, and reports per program the
-compiler's per-device memory against the chip's HBM, the bytes one
-iteration reads against the parameter and cache slices it must read,
-collectives per iteration, host transfers and cache-sized copies, and a
-roofline prediction from the chip's published figures.
+Every program an experiment would run is lowered with abstract arguments carrying the run's
+shardings, compiled for the slice by the TPU compiler (libtpu, on any machine) and reported
+against the chip's HBM and published figures (docs/tpu.md).
 
   python -m specjax.aot --config=configs/chen_chinchilla.py:paper --topology=v5e:4x4
 
-Modules: `chips` (published chip figures, topology devices), `hlo_cost`
-(per-iteration accounting of compiled HLO), `programs` (abstract sharded
-arguments, lowering), `report` (compile and report one program), `run`
+Modules: `chips` (chip figures, topology devices), `hlo_cost` (per-iteration accounting of
+compiled HLO), `programs` (abstract sharded arguments, lowering), `report` (one program), `run`
 (every program of a run), `from_config` (a launcher config → a run).
 """
 

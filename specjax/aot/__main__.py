@@ -4,15 +4,10 @@
   python -m specjax.aot --config=configs/leviathan_t5.py:paper --topology=v4:1x1x1 \
       --programs=ar,draft --out=results/tpu_aot/leviathan_v4-1
 
-Needs libtpu (`pip install -e ".[tpu]"`). Prints a markdown table per
-program (memory against the chip's HBM, bytes per iteration against what
-each call must read, collectives, host transfers, cache-sized copies,
-predicted times) and, with --out, writes report.json and report.md there.
-
-A large program compiled for a big slice can take the TPU compiler many GB
-of host memory, returned only when the process exits: with
---separate_processes each kind of program is compiled in a process of its own
-and the reports are merged (`specjax.aot.merge_results`).
+Needs libtpu (`pip install -e ".[tpu]"`). Prints a markdown table per program and, with --out,
+writes report.json and report.md there. The TPU compiler's host memory is returned only when the
+process exits: --separate_processes compiles each kind of program in a process of its own and
+merges the reports (`specjax.aot.merge_results`).
 """
 
 import json
@@ -46,8 +41,7 @@ _SEPARATE = flags.DEFINE_bool("separate_processes", False,
 _PART = flags.DEFINE_string("part_out", "", "Internal (--separate_processes): write this "
                             "process's result as JSON to this file.")
 
-# Flags a child process of --separate_processes gets from the parent's command line: all but
-# these, which it is given anew.
+# The parent's flags a --separate_processes child does not inherit (it is given them anew).
 _PARENT_ONLY = ("programs", "separate_processes", "out", "part_out")
 
 
@@ -111,8 +105,8 @@ def main(argv):
 
 def run():
   """The `specjax-aot` console script and `python -m specjax.aot`: absl's `app.run(main)`."""
-  # --help lists the main module's flags and prints its docstring; under a console script
-  # the main module is the installed wrapper, so name ours its key flags and lend it our doc.
+  # --help lists the main module's flags and docstring; under a console script that module is
+  # the installed wrapper, so make ours its key flags and lend it our doc.
   for holder in (_CONFIG, _TOPOLOGY, _PROGRAMS, _MESH, _OUT, _LAYOUTS, _SEPARATE):
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
   if not getattr(sys.modules["__main__"], "__doc__", None):

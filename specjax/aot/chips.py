@@ -1,17 +1,13 @@
 """TPU chips and topologies for compile-only runs: published figures, no TPU needed.
 
-`CHIPS` holds each TPU generation's published per-chip figures (HBM capacity
-and bandwidth, peak bf16 FLOP/s, inter-chip interconnect bandwidth), with the
-page they come from. `topology_devices` returns the devices of a named slice
-(`"v5e:2x4"`, `"v4:2x2x1"`, ...: chips per axis; one device per chip) from the
-TPU compiler (`libtpu`, installed by `pip install "jax[tpu]"` or specjax's
-`[tpu]` extra): programs lowered with
-shardings over them compile for that TPU on a machine that has none.
+`CHIPS` holds each TPU generation's published per-chip figures, with the page they come from.
+`topology_devices` returns the devices of a named slice (`"v5e:2x4"`, `"v4:2x2x1"`, ...: chips per
+axis; one device per chip) from the TPU compiler (`libtpu`): programs lowered with shardings over
+them compile for that TPU on a machine that has none.
 
-Predicted times in `specjax.aot` come from these figures and our own
-accounting of the compiled program's bytes and FLOPs, not from the
-compiler's `cost_analysis()` (its `optimal_seconds` can be negative, and its
-`bytes accessed` counts cross-program prefetches).
+`specjax.aot`'s predicted times come from these figures and our own accounting of the compiled
+program, not from `cost_analysis()` (its `optimal_seconds` can be negative, and its `bytes
+accessed` counts cross-program prefetches).
 """
 
 from __future__ import annotations
@@ -37,8 +33,8 @@ class Chip:
     hbm_bytes: HBM capacity per chip.
     hbm_bytes_per_s: HBM bandwidth per chip.
     bf16_flops_per_s: peak dense bf16 FLOP/s per chip.
-    ici_bytes_per_s: inter-chip interconnect bandwidth per chip, one
-      direction (half the published bidirectional figure).
+    ici_bytes_per_s: inter-chip interconnect bandwidth per chip, one direction (half the
+      published bidirectional figure).
     source: where the figures are published.
   """
 
@@ -55,17 +51,14 @@ _GIB, _GB = 1 << 30, 10**9
 
 # Figures from Google Cloud's TPU system-architecture pages (fetched 2026-12).
 CHIPS: Dict[str, Chip] = {
-    # v4: 275 TFLOP/s bf16, 32 GiB HBM2 at 1200 GB/s. ICI: 6 links of 50 GB/s per direction
-    # (Jouppi et al., "TPU v4", ISCA 2023); one JAX device is one chip (both TensorCores).
+    # v4 ICI: 6 links of 50 GB/s per direction (Jouppi et al., "TPU v4", ISCA 2023).
     "v4": Chip("v4", "TPU v4", 32 * _GIB, 1200e9, 275e12, 300e9,
                "https://cloud.google.com/tpu/docs/v4"),
-    # v5e: 197 TFLOP/s bf16, 16 GB HBM2 at 819 GB/s, ICI 400 GB/s bidirectional.
     "v5e": Chip("v5e", "TPU v5 lite", 16 * _GB, 819e9, 197e12, 200e9,
                 "https://cloud.google.com/tpu/docs/v5e"),
-    # v5p: 459 TFLOP/s bf16, 95 GB HBM2e at 2765 GB/s, ICI 1200 GB/s bidirectional.
     "v5p": Chip("v5p", "TPU v5", 95 * _GB, 2765e9, 459e12, 600e9,
                 "https://cloud.google.com/tpu/docs/v5p"),
-    # v6e (Trillium): 918 TFLOP/s bf16, 32 GB HBM at 1638 GB/s, ICI 800 GB/s bidirectional.
+    # v6e: Trillium.
     "v6e": Chip("v6e", "TPU v6 lite", 32 * _GB, 1638e9, 918e12, 400e9,
                 "https://cloud.google.com/tpu/docs/v6e"),
 }
@@ -109,9 +102,8 @@ _HOST_BOUNDS = {"v4": (2, 2, 1), "v5p": (2, 2, 1), "v5e": (2, 4, 1), "v6e": (2, 
 
 
 def _topology_options(generation: str, dims) -> dict:
-  """Options of `get_topology_desc`: one device per chip (v4 / v5p run as
-  "megacore": the chip's two TensorCores are one JAX device), and a slice
-  smaller than a host on a host of its own size (a single chip, "v5e:1x1")."""
+  """Options of `get_topology_desc`: one device per chip (v4 / v5p as "megacore": the chip's two
+  TensorCores are one JAX device), and a slice smaller than a host on a host of its own size."""
   opts = {}
   if generation in ("v4", "v5p"):
     opts["chip_config_name"] = "megacore"
@@ -125,11 +117,9 @@ def _topology_options(generation: str, dims) -> dict:
 def topology_devices(topology: str) -> List[jax.Device]:
   """The devices of a TPU slice, e.g. "v5e:2x4" (8 chips), without a TPU.
 
-  Needs `libtpu` (`pip install "jax[tpu]"`, or specjax's `[tpu]` extra); the
-  devices can be used in a `Mesh` and in `NamedSharding`s of
-  `jax.ShapeDtypeStruct` arguments, and `jax.jit(f).lower(...).compile()`
-  then compiles for that TPU. Multi-host slices (e.g. "v5e:4x8") give the
-  devices of every host (`device.process_index`).
+  Needs `libtpu` (specjax's `[tpu]` extra). The devices go in a `Mesh` and in `NamedSharding`s of
+  `jax.ShapeDtypeStruct` arguments; `jax.jit(f).lower(...).compile()` then compiles for that
+  TPU. Multi-host slices give the devices of every host (`device.process_index`).
   """
   generation, dims = parse_topology(topology)
   # Compiling opens no TPU: let several processes (a notebook, test workers) load libtpu
