@@ -1,27 +1,19 @@
 """How long compiled decoding programs live: the cache policy of a long-lived process.
 
-Every distinct decoding program — one per decoder configuration (model,
-drafter, γ, sampling, `max_new_tokens`, EOS / pad ids) and per input shape
-(batch, prompt length, cache slots) — is compiled once by `jax.jit` and kept
-for the next call of the same shape. On XLA:CPU a compiled program holds
-hundreds of memory mappings and megabytes of host memory even for a tiny
-model (`tests/test_soak.py` prints them per program); a notebook or a
-sweep that tries
-hundreds of shapes would pile them up until the process runs out of
-mappings (`vm.max_map_count`, 65530 by default) and crashes.
+Every distinct decoding program (one per decoder configuration and input shape) is compiled
+once by `jax.jit` and kept for the next call of the same shape. On XLA:CPU a compiled program
+holds hundreds of memory mappings and megabytes of host memory even for a tiny model, so a
+notebook or sweep trying hundreds of shapes would pile them up until the process runs out of
+mappings (`vm.max_map_count`) and crashes.
 
-The policy: `specjax.generate`, `speculative_generate` and `prefill` keep at
-most `max_compiled_programs()` decoding programs (default 64; the
-environment variable `SPECJAX_MAX_COMPILED_PROGRAMS` or
-`set_max_compiled_programs(n)` changes it, 0 = no limit). When a call leaves
-more than that compiled, every compiled program of the process is released
-(`clear_compiled()`): the next call of each shape compiles again. jax.jit
-offers no per-entry eviction, so releasing all at once is the bounded
-choice; programs in use stay valid (their outputs are already computed).
-
-Call `clear_compiled()` yourself to release them at any time (e.g. between
-the stages of a sweep); it is `jax.clear_caches()` plus returning freed host
-memory to the system (glibc's `malloc_trim`, where there is one).
+The policy: `specjax.generate`, `speculative_generate` and `prefill` keep at most
+`max_compiled_programs()` decoding programs (default 64; `SPECJAX_MAX_COMPILED_PROGRAMS` or
+`set_max_compiled_programs(n)` changes it, 0 = no limit). When a call leaves more compiled,
+every compiled program of the process is released (`clear_compiled()`) and each shape compiles
+again on its next call. jax.jit offers no per-entry eviction, so releasing all at once is the
+bounded choice; programs in use stay valid (their outputs are already computed).
+`clear_compiled()` is `jax.clear_caches()` plus returning freed host memory to the system
+(glibc's `malloc_trim`, where there is one).
 """
 
 from __future__ import annotations
@@ -48,8 +40,7 @@ _limit: List[int] = []  # set lazily from the environment
 
 
 def register(fn: Callable) -> Callable:
-  """Counts the compiled programs of jitted `fn` under the policy (a
-  decorator; for the host-stepped drivers' programs)."""
+  """Counts the compiled programs of jitted `fn` under the policy (a decorator)."""
   if not hasattr(fn, "_cache_size"):
     raise TypeError(f"fn must be a jax.jit-compiled function, got {fn!r}")
   if fn not in _programs:
@@ -90,9 +81,8 @@ def _trim_host_memory() -> None:
 
 
 def clear_compiled() -> int:
-  """Releases every compiled program of the process (specjax's and any other
-  `jax.jit`'s: `jax.clear_caches()`) and returns freed host memory to the
-  system. Returns how many decoding programs were released."""
+  """Releases every compiled program of the process (any `jax.jit`'s) and returns freed host
+  memory to the system. Returns how many decoding programs were released."""
   count = compiled_programs()
   jax.clear_caches()
   gc.collect()

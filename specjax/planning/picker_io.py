@@ -1,6 +1,5 @@
-"""The picker's inputs read from a results JSON (the `drafters.json` layout of
-the families benchmark: `{"tasks": {task: [cells]}}`, each cell one
-(batch, temperature) with a row per drafter).
+"""The picker's inputs from a results JSON (the families benchmark's `drafters.json` layout:
+`{"tasks": {task: [cells]}}`, each cell one (batch, temperature) with a row per drafter).
 
   ms = measurements_from_json("benchmarks/results/drafters.json", "code", 1, 0.0)
   vc = verify_cost_from_json("benchmarks/results/drafters.json", "code", 1, 0.0)
@@ -69,27 +68,22 @@ def measurements_from_json(source, task: str, batch: int, temperature: float, *,
                            derived_cost_per: str = "iteration") -> List[FamilyMeasurement]:
   """One `FamilyMeasurement` per drafter row of a results cell.
 
-  Reads `results["tasks"][task]`, the cell at `batch` and `temperature`, and
-  each row but the autoregressive baseline:
+  Reads the cell at `batch` and `temperature` of `results["tasks"][task]`, every row but the
+  autoregressive baseline:
 
   * τ = `tokens_per_call`; α = `alpha` (None stays None: τ is used);
-  * shape: the row's `gamma` / `tree_nodes` if present; else a row with α is
-    a chain with γ = call_tokens − 1, and a row without α keeps its measured
-    call of `call_tokens` tokens (reported as tree_nodes: prompt lookup,
-    lookahead, Medusa are predicted from their measured τ and call only);
-  * c: the row's `cost_ratio` if present (per token for a chain, per
-    iteration otherwise, or the row's `cost_per`); else derived from the
-    measured speedup s and call cost V: the measured time per iteration is
-    τ / s target steps, so the draft takes τ / s − V per iteration (clipped
-    at 0). That figure holds every per-iteration overhead (host syncs,
-    sampling, acceptance bookkeeping), not only draft steps, so by default
-    (`derived_cost_per="iteration"`) it is kept per iteration and the family
-    is predicted at its measured γ only: the prediction then reproduces the
-    measured speedup exactly. With `derived_cost_per="token"` a chain with α
-    gets c = (τ / s − V) / γ and its γ is searched, which assumes all of that
-    time scales with γ (optimistic for smaller γ when the overhead is fixed);
-  * `draft_params_bytes`, `draft_cache_bytes_per_token` when present (else
-    None: unknown), `call_cost` as measured.
+  * shape: the row's `gamma` / `tree_nodes` if present; else a row with α is a chain with
+    γ = call_tokens − 1, and a row without α keeps its measured call of `call_tokens` tokens
+    (as tree_nodes: predicted from its measured τ and call only);
+  * c: the row's `cost_ratio` if present (per token for a chain, else per iteration, or the
+    row's `cost_per`); else derived from the measured speedup s and call cost V: an iteration
+    takes τ / s target steps, so the draft takes τ / s − V (clipped at 0). That holds every
+    per-iteration overhead, not only draft steps, so by default (`derived_cost_per="iteration"`)
+    it stays per iteration and the family is predicted at its measured γ only (reproducing the
+    measured speedup exactly). With "token" a chain with α gets c = (τ / s − V) / γ and its γ is
+    searched, assuming all of that time scales with γ (optimistic for smaller γ);
+  * `draft_params_bytes`, `draft_cache_bytes_per_token` when present (else None: unknown),
+    `call_cost` as measured.
 
   Args:
     source: a path to the JSON or the loaded dict.
