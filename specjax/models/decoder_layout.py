@@ -1,23 +1,18 @@
 """The packed decode layout of a decoder LM's parameters.
 
-The standard tree (see `specjax.models.decoder`) keeps one kernel per
-projection, as training, checkpoints and the transformers export want them.
-A decode step at small batch is a chain of matrix-vector products, and on
-XLA:CPU such a product reads a kernel faster the longer its contiguous rows
-are (`benchmarks/projections_bench.py`). The packed layout holds the same
-weights in fewer, wider kernels, per layer:
+The standard tree (`specjax.models.decoder`) keeps one kernel per projection, as training,
+checkpoints and the transformers export want them. A decode step at small batch is a chain of
+matrix-vector products, which on XLA:CPU read a kernel faster the longer its contiguous rows
+are, so the packed layout holds the same weights in fewer, wider kernels, per layer:
 
-  qkv/kernel     [E, K, G + 2, D]  q heads of kv head j (G = H / K of them),
-                                   then k, then v of head j
-  qkv/bias       [K, G + 2, D]     the q / k / v biases in the same order
-                                   (only with `qkv_bias`)
+  qkv/kernel     [E, K, G + 2, D]  q heads of kv head j (G = H / K of them), then k, then v
+  qkv/bias       [K, G + 2, D]     the q / k / v biases in the same order (with `qkv_bias`)
   gate_up/kernel [E, F, 2]         gate and up of each hidden unit side by side
   down_t/kernel  [E, F]            down, transposed (rows of F, not of E)
 
-Everything else (norms, `o`, embeddings, `lm_head`) is unchanged. Both
-layouts give the same values up to float rounding; `DecoderLM` takes either.
-Shard after packing: `specjax.parallel.sharding` splits `qkv` over kv heads, `gate_up`
-and `down_t` over hidden units.
+Everything else (norms, `o`, embeddings, `lm_head`) is unchanged. Both layouts give the same
+values up to float rounding; `DecoderLM` takes either. Shard after packing:
+`specjax.parallel.sharding` splits `qkv` over kv heads, `gate_up` and `down_t` over hidden units.
 """
 
 from __future__ import annotations
@@ -34,8 +29,7 @@ _PACKED = ("qkv", "gate_up", "down_t")
 
 
 def _xp(x):
-  """numpy for host arrays (packing before device placement never holds two
-  device copies of the weights), jax.numpy otherwise."""
+  """numpy for host arrays (packing before placement never holds two device copies), else jnp."""
   return np if isinstance(x, np.ndarray) else jnp
 
 
@@ -62,8 +56,8 @@ def is_packed(params: Mapping[str, Any]) -> bool:
 
 
 def _convert(params: Mapping[str, Any], config, to_packed: bool, convert_layer) -> dict:
-  """Checks the tree's layout, then `convert_layer(layer, e, h, k, d, g)` on a
-  copy of every layer's dict (it pops the old kernels and sets the new)."""
+  """Checks the tree's layout, then `convert_layer(layer, e, h, k, d, g)` on a copy of every
+  layer's dict (it pops the old kernels and sets the new)."""
   names = _layers(params, config)
   if is_packed(params) == to_packed:
     raise ValueError("params are already in the packed decode layout" if to_packed
@@ -112,10 +106,9 @@ def _unpack_layer(layer, e, h, k, d, g) -> None:
 
 
 def pack_params(params: Mapping[str, Any], config) -> dict:
-  """The standard tree → the packed decode layout (new arrays; `params` is
-  not modified). Host (numpy) leaves give host arrays: pack a restored
-  checkpoint before placing it on a device, and the device never holds both
-  layouts. Raises `ValueError` on a tree that is already packed."""
+  """The standard tree → the packed decode layout (new arrays; `params` unmodified). Host
+  (numpy) leaves give host arrays: pack a restored checkpoint before placing it, so the device
+  never holds both layouts. Raises `ValueError` on a tree that is already packed."""
   return _convert(params, config, True, _pack_layer)
 
 

@@ -1,28 +1,22 @@
 """Rotary position frequencies, with the context-extension rules of today's checkpoints.
 
-A rotary embedding is fixed by its inverse frequencies (one per pair of the
-head dimension, `[D / 2]`) and a factor on cos / sin. The rules that set them
-from a config are static (they do not depend on the sequence), so the
-frequencies are computed once, on the host, in float64 and rounded to
-float32, as transformers computes them:
+A rotary embedding is fixed by its inverse frequencies (`[D / 2]`) and a factor on cos / sin.
+The rules that set them from a config do not depend on the sequence, so the frequencies are
+computed once, on the host, as transformers computes them:
 
 * ``default``: ``theta ** -(2i / D)``.
 * ``linear`` (position interpolation): the default divided by ``factor``.
 * ``llama3`` (Llama 3.1 / 3.2 / 3.3): wavelengths longer than
-  ``original_max_position_embeddings / low_freq_factor`` divided by
-  ``factor``, shorter than ``... / high_freq_factor`` kept, smoothly
-  interpolated in between.
-* ``yarn``: a ramp between interpolated and extrapolated frequencies over the
-  correction range set by ``beta_fast`` / ``beta_slow``, and an attention
-  factor on cos / sin (``0.1 ln(factor) + 1`` unless given).
+  ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``, shorter than
+  ``... / high_freq_factor`` kept, smoothly interpolated in between.
+* ``yarn``: a ramp between interpolated and extrapolated frequencies over the correction range
+  set by ``beta_fast`` / ``beta_slow``, and an attention factor on cos / sin
+  (``0.1 ln(factor) + 1`` unless given).
 
-``dynamic`` (NTK) and ``longrope`` change the frequencies with the current
-sequence length, so keys cached at one length would be rotated differently
-from the queries at another; they are refused by name (`RopeScalingError`),
-as is any other rule.
-
-A config carries its rule as a canonical tuple of ``(key, value)`` pairs
-(`canonical_scaling`): hashable, JSON-friendly, and equal however the
+``dynamic`` (NTK) and ``longrope`` change the frequencies with the current sequence length, so
+keys cached at one length would be rotated differently from the queries at another; they are
+refused by name, as is any other rule. A config carries its rule as a canonical tuple of
+``(key, value)`` pairs (`canonical_scaling`): hashable, JSON-friendly, and equal however the
 checkpoint spelled it.
 """
 
@@ -39,8 +33,8 @@ __all__ = ["SUPPORTED_ROPE_TYPES", "REFUSED_ROPE_TYPES", "canonical_scaling", "s
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 REFUSED_ROPE_TYPES = ("dynamic", "longrope")
 
-# Keys each rule reads (beyond rope_type); anything else in the dict is dropped
-# from the canonical form (e.g. the rope_theta transformers 5 stores there).
+# Keys each rule reads (beyond rope_type); others are dropped from the canonical form (e.g.
+# the rope_theta transformers 5 stores there).
 _KEYS = {
     "default": (),
     "linear": ("factor",),
@@ -60,12 +54,10 @@ Scaling = Optional[Tuple[Tuple[str, Any], ...]]
 
 
 def canonical_scaling(scaling: Any) -> Scaling:
-  """A rope-scaling rule (a dict as in a transformers config, or a sequence
-  of (key, value) pairs as stored in a specjax config) → the canonical sorted
-  tuple of pairs, or None for plain rotary positions.
+  """A rope-scaling rule (a transformers config's dict, or a specjax config's (key, value)
+  pairs) → the canonical sorted tuple of pairs, or None for plain rotary positions.
 
-  Raises ValueError naming the rule when it is refused or unknown, or the key
-  that a rule needs and lacks.
+  Raises ValueError naming a refused or unknown rule, or the key a rule needs and lacks.
   """
   if scaling is None:
     return None
