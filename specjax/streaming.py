@@ -1,22 +1,18 @@
 """Host-stepped decoding: one jitted iteration at a time, as a streaming server runs.
 
-`generate` / `speculative_generate` run the whole loop in one program; a
-server that streams tokens to its clients instead steps the same decoder
-from the host and reads the committed tokens after every iteration. `stream`
-does that for either decoder (`AutoregressiveDecoder`, `SpeculativeDecoder`):
-`init_state` and `step` are each jitted once per decoder (state and caches
-donated), and after every call the rows' output lengths come to the host and
-are stamped with `clock()`:
+`generate` / `speculative_generate` run the whole loop in one program; a streaming server steps
+the same decoder from the host and reads the committed tokens after every iteration. `stream`
+does that for either decoder: `init_state` and `step` are each jitted once per decoder (state
+and caches donated), and after every call the rows' output lengths come to the host, stamped
+with `clock()`:
 
   res = stream(dec, params, prompts_BP, lengths_B, keys_B, cache)
   res.events   # [(time, out_len_B)], the first after the prefill
   res.tokens_BN
 
-The n + 1 tokens an iteration commits for a row share that iteration's
-timestamp — what a client reading the stream sees
-(`specjax.measure.latency.emission_times` turns the events into per-token
-times, `latency_stats` into TTFT / inter-token latencies). The per-step fetch
-is one host sync per iteration, which the fused loop does not pay.
+The n + 1 tokens an iteration commits for a row share its timestamp, as a client sees them
+(`measure.latency.emission_times` turns events into per-token times). The per-step fetch is one
+host sync per iteration, which the fused loop does not pay.
 """
 
 from __future__ import annotations
@@ -41,11 +37,10 @@ class StreamResult:
 
   Attributes:
     start: `clock()` before the prefill was dispatched.
-    events: `(clock(), out_len_B)` after the prefill and after every
-      iteration (`out_len_B` int numpy `[B]`, tokens committed so far).
+    events: `(clock(), out_len_B)` after the prefill and every iteration (`out_len_B` int numpy
+      `[B]`, tokens committed so far).
     state: the final `DecodeState` (its caches are the donated inputs).
-    tokens_BN: int numpy `[B, max_new_tokens]`; slots past a row's length
-      hold what the buffer held (use `lengths_B`).
+    tokens_BN: int numpy `[B, max_new_tokens]`; slots past a row's length are stale.
     lengths_B: int numpy `[B]`.
   """
 
@@ -91,13 +86,10 @@ def stream(decoder: Any, params: Any, prompts_BP: Any, lengths_B: Any, keys_B: A
   Args:
     decoder: an `AutoregressiveDecoder` or a `SpeculativeDecoder`.
     params: the target's params.
-    prompts_BP, lengths_B, keys_B: as `decoder.run` takes them (checked
-      inputs: `specjax.generate` validates, this driver does not).
+    prompts_BP, lengths_B, keys_B: as `decoder.run` takes them (not validated here).
     cache: the target's cache (donated).
-    draft_params, draft_cache: the drafter's params and state (speculative
-      only; the state donated).
-    clock: the timestamp source (default: specjax's one clock,
-      `specjax._clock.now`, which `use_clock` rigs in tests).
+    draft_params, draft_cache: the drafter's params and state (speculative only; state donated).
+    clock: the timestamp source (default `specjax._clock.now`, which `use_clock` rigs in tests).
     max_steps: iterations at most (default `decoder.max_new_tokens`).
 
   Returns:

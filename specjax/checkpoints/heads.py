@@ -1,9 +1,8 @@
 """Loading trained draft heads: Medusa heads and EAGLE heads.
 
-A run of `experiments/train_drafter.py` writes the heads to `<dir>/final`
-(orbax params + `config.json`, Medusa's validation `accuracy.json`, and
-the validation top-1 agreement by draft depth, `agreement.json`, of EAGLE
-heads and PARD drafts); these load from `<dir>` itself or from `<dir>/final`.
+`experiments/train_drafter.py` writes the heads to `<dir>/final` (orbax params, `config.json`,
+Medusa's `accuracy.json`, EAGLE / PARD's per-depth `agreement.json`); these load from `<dir>` or
+`<dir>/final`.
 """
 
 from __future__ import annotations
@@ -51,15 +50,12 @@ def load_eagle_head(directory: str) -> Tuple[EagleConfig, Dict[str, Any]]:
 
 
 def read_agreement(directory: str) -> Optional[Tuple[float, ...]]:
-  """The validation top-1 agreement with the target's argmax by draft depth
-  that training recorded (`agreement.json` in `<dir>` or `<dir>/final`;
-  entry 0: a first draft's greedy acceptance rate, teacher-forced), or None
-  where the run recorded none. E.g. the prior of `gamma="auto"`:
-  `AdaptiveGamma(prior_alpha=read_agreement(dir)[0])`.
+  """The validation top-1 agreement with the target's argmax by draft depth that training
+  recorded (`agreement.json`; entry 0: a first draft's greedy acceptance rate, teacher-forced),
+  or None. E.g. `AdaptiveGamma(prior_alpha=read_agreement(dir)[0])`.
 
   Raises:
-    ValueError: naming the file when it is unreadable or not a list of
-      fractions in [0, 1].
+    ValueError: naming the file when it is unreadable or not a list of fractions in [0, 1].
   """
   path = as_path(final_dir(directory)) / "agreement.json"
   if not path.exists():

@@ -1,13 +1,11 @@
 """Reading and writing transformers-format weights, without a hub.
 
-* `load_state_dict(path)`: a `.safetensors` file, a sharded safetensors
-  index (`model.safetensors.index.json`), a directory holding either, or a
-  PyTorch `.bin` / `.pt` state dict loaded with `torch.load(weights_only=True)`
-  — never plain unpickling. Returns numpy float32 arrays by name, whole
-  (`streaming.open_tensors` is the lazy, memory-mapped reader beneath it).
+* `load_state_dict(path)`: a `.safetensors` file, a sharded index
+  (`model.safetensors.index.json`), a directory holding either, or a PyTorch `.bin` / `.pt`
+  state dict (`torch.load(weights_only=True)`, never plain unpickling) → float32 numpy by name.
 * `save_safetensors(tensors, path)`: writes one safetensors file atomically.
-* `check_state_dict(expected_shapes, tensors)`: missing, unexpected or
-  mis-shaped tensors become a ValueError that names them.
+* `check_state_dict(expected_shapes, tensors)`: a ValueError naming missing, unexpected or
+  mis-shaped tensors.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ __all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json
 
 
 def load_state_dict(path: str) -> Dict[str, np.ndarray]:
-  """Loads transformers-format weights from a file or a checkpoint directory
-  as float32 numpy arrays, whole (`specjax.checkpoints.streaming.open_tensors`
-  reads them lazily instead; the importers use that)."""
+  """Transformers-format weights from a file or directory as whole float32 numpy arrays (the
+  importers read lazily with `streaming.open_tensors` instead)."""
   tensors = streaming.open_tensors(path)
   return {name: np.array(tensors.read(name), np.float32) for name in tensors}
 

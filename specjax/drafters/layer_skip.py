@@ -1,17 +1,14 @@
 """Self-speculative drafting by layer skipping (Draft & Verify, SWIFT, LayerSkip).
 
-The draft is the target itself run through a static subset of its layers —
-the embedding, the chosen blocks in order, the final norm and the LM head,
-all with the target's own parameters (no second set of weights in memory).
-It keeps its own small KV cache for the layers it runs and drafts a chain
-like any draft model (`ModelDrafter`), so sampling stays exact by the
-rejection rule.
+The draft is the target run through a static subset of its layers (embedding, the chosen blocks
+in order, final norm, LM head), on the target's own parameters (no second set of weights). It
+keeps its own small KV cache for the layers it runs and drafts a chain like any draft model
+(`ModelDrafter`), so sampling stays exact by the rejection rule.
 
   drafter = LayerSkip(target, layers=(0, 1, 2, 5))
   out = specjax.speculative_generate(target, tp, drafter, None, prompts, ...)
 
-`specjax.measure.layers.choose_layers` picks the subset on validation
-prompts by measured α.
+`specjax.measure.layers.choose_layers` picks the subset on validation prompts by measured α.
 """
 
 from __future__ import annotations
@@ -51,8 +48,7 @@ def _check_layers(target: Any, layers: Sequence[int]) -> Tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class LayerSkipLM:
-  """The target `DecoderLM` through `layers` only, on the target's params
-  (a `specjax.protocol.LanguageModel`)."""
+  """The target `DecoderLM` through `layers` only, on the target's params (a `LanguageModel`)."""
 
   target: DecoderLM
   layers: Tuple[int, ...]
@@ -93,8 +89,8 @@ class LayerSkipLM:
 
 @dataclasses.dataclass(frozen=True, init=False)
 class LayerSkip(ModelDrafter):
-  """The layer-skip drafter: a `ModelDrafter` over `LayerSkipLM(target,
-  layers)` that runs on the target's params (pass `draft_params=None`)."""
+  """A `ModelDrafter` over `LayerSkipLM(target, layers)` on the target's params (pass
+  `draft_params=None`)."""
 
   def __init__(self, target: DecoderLM, layers: Sequence[int]):
     object.__setattr__(self, "model", LayerSkipLM(target, tuple(layers)))

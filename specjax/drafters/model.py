@@ -1,16 +1,12 @@
 """The classic drafter: a separate (small) language model proposes a chain.
 
-`ModelDrafter(model)` wraps any `specjax.protocol.LanguageModel` with the
-target's vocabulary. Its state is the draft's KV cache. Each iteration it
-sets the cache's length to seq_len - 1 and feeds [prev, pending] in one
-T = 2 call (so the draft sees the corrected / bonus token of the last
-iteration, and re-writes `prev`, which it may not hold yet), then γ - 1
-single-token calls in a `lax.scan`, drawing draft j from its processed
-distribution with the uniform u_BG[:, j]. Rolling back is setting lengths:
-rejected drafts' slots are overwritten later. This is what
-`speculative_generate(target, tp, draft_model, dp, ...)` has always done;
-the self-speculative drafters (`LayerSkip`, `WindowedKV`) are model
-drafters over models that share the target's weights.
+`ModelDrafter(model)` wraps any `LanguageModel` with the target's vocabulary; its state is the
+draft's KV cache. Each iteration it sets the cache's length to seq_len - 1 and feeds [prev,
+pending] in one T = 2 call (so the draft sees the last iteration's corrected / bonus token and
+re-writes `prev`, which it may not hold yet), then γ - 1 single-token calls in a `lax.scan`,
+drawing draft j from its processed distribution with u_BG[:, j]. Rolling back is setting
+lengths. The self-speculative drafters (`LayerSkip`, `WindowedKV`) are model drafters over
+models sharing the target's weights.
 """
 
 from __future__ import annotations
@@ -30,8 +26,8 @@ __all__ = ["ModelDrafter", "check_draft_model"]
 
 
 def check_draft_model(model: Any, target: Any) -> None:
-  """A draft model follows the protocol and shares the target's vocabulary
-  (TypeError / ValueError naming what does not)."""
+  """Checks that a draft model follows the protocol and shares the target's vocabulary (named
+  TypeError / ValueError otherwise)."""
   check_model(model, "draft")
   if model.vocab_size != target.vocab_size:
     raise ValueError(
@@ -45,10 +41,8 @@ class ModelDrafter(Drafter):
 
   Attributes:
     model: the draft, a `LanguageModel` with the target's vocabulary.
-    uses_target_params: the model runs on the target's parameters (a
-      self-speculative draft: `LayerSkip`, `WindowedKV`);
-      `speculative_generate` then passes them, and the drafter owns no
-      model of its own (`owns_model`).
+    uses_target_params: the model runs on the target's parameters (`LayerSkip`, `WindowedKV`),
+      which `speculative_generate` passes; the drafter then owns no model (`owns_model`).
   """
 
   model: Any
@@ -113,8 +107,7 @@ class ModelDrafter(Drafter):
     return state
 
   def feed(self, params, state, tokens_BT: jax.Array, start_B: jax.Array) -> Any:
-    """Writes committed tokens the draft missed (plain steps of an adaptive
-    loop) at their positions: one call."""
+    """Writes the committed tokens the draft missed (adaptive plain steps) in one call."""
     _, cache = self.model.extend(params, tokens_BT, state.replace(lengths=start_B))
     return cache
 

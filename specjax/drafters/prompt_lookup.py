@@ -1,18 +1,13 @@
 """Prompt lookup (n-gram) drafting, batched and in-graph.
 
-As transformers' `prompt_lookup_num_tokens` and vLLM's `ngram` proposer, but
-for every row of a batch inside the jitted loop, with no host work per
-token: each row keeps its own token history — the prompt, then every
-committed token — in a static buffer. To draft, the row's last n tokens
-(n from `max_ngram` down to `min_ngram`, the longest that matches) are looked
-up in the earlier history; the most recent earlier occurrence wins and the
-γ tokens that followed it are proposed (fewer when the history ends
-sooner). A row with no match proposes nothing and runs a plain target step
-in the same compiled call. Drafts are deterministic: they are verified as
-one-hot proposals (`specjax.verify`), so sampling stays exact.
-
-Works for both model kinds: for T5 the history is the encoder input
-followed by the generated decoder tokens (summaries copy from the input).
+As transformers' `prompt_lookup_num_tokens` and vLLM's `ngram` proposer, but for every row of a
+batch inside the jitted loop: each row keeps its token history (the prompt, then every committed
+token) in a static buffer. To draft, the row's last n tokens (n from `max_ngram` down to
+`min_ngram`, the longest that matches) are looked up in the earlier history; the most recent
+occurrence wins and the γ tokens that followed it are proposed (fewer where the history ends). A
+row with no match runs a plain target step in the same call. Drafts are deterministic, verified
+as one-hot proposals, so sampling stays exact. For T5 the history is the encoder input followed
+by the generated decoder tokens.
 """
 
 from __future__ import annotations
@@ -33,8 +28,8 @@ __all__ = ["PromptLookup", "LookupState", "alloc_history", "start_history", "app
 
 @struct.dataclass
 class LookupState:
-  """history: int32 `[B, H]` (prompt, then committed tokens); length: `[B]`
-  tokens held (the last one is the pending token)."""
+  """history: int32 `[B, H]` (prompt, then committed tokens); length: `[B]` tokens held (the last
+  one is the pending token)."""
 
   history: jax.Array
   length: jax.Array
@@ -46,8 +41,8 @@ def _rows_update(buf_BH: jax.Array, new_BC: jax.Array, at_B: jax.Array) -> jax.A
 
 
 def alloc_history(batch_size: int, prompt_len: int, cache_len: int, depth: int) -> LookupState:
-  """Empty histories with room for the prompt, every committed token and one
-  iteration's overshoot (`depth` drafted tokens and the bonus token)."""
+  """Empty histories with room for the prompt, every committed token and one iteration's
+  overshoot (`depth` drafted tokens and the bonus token)."""
   room = prompt_len + cache_len + depth + 2
   return LookupState(history=jnp.zeros((batch_size, room), jnp.int32),
                      length=jnp.zeros((batch_size,), jnp.int32))
@@ -71,8 +66,7 @@ class PromptLookup(Drafter):
   """Drafts by copying what followed the last n tokens earlier in the row.
 
   Attributes:
-    max_ngram, min_ngram: the n-gram sizes tried, longest first
-      (1 <= min_ngram <= max_ngram).
+    max_ngram, min_ngram: the n-gram sizes tried, longest first (1 <= min_ngram <= max_ngram).
   """
 
   max_ngram: int = 3
@@ -104,8 +98,7 @@ class PromptLookup(Drafter):
     return start_history(state, prompts_BP, lengths_B, first_B)
 
   def match(self, state: LookupState, gamma: int) -> Tuple[jax.Array, jax.Array]:
-    """(start_B, count_B): where the proposed continuation starts in the
-    history and how many tokens it has (0: no match)."""
+    """(start_B, count_B): where the continuation starts in the history, its length (0: none)."""
     hist, length = state.history, state.length
     b, h = hist.shape
     span = h - self.max_ngram + 1  # candidate match starts j in [0, span)
@@ -130,8 +123,7 @@ class PromptLookup(Drafter):
 
   def preview(self, params, state: LookupState, inp: DraftInput, width: int
               ) -> Tuple[jax.Array, jax.Array]:
-    """Each row's matched continuation (its first `width` tokens) and its
-    length."""
+    """Each row's matched continuation (its first `width` tokens) and its length."""
     del params, inp
     start_B, count_B = self.match(state, width)
     h = state.history.shape[1]

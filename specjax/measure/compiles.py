@@ -1,11 +1,8 @@
 """Counting what JAX traces: proof that a timed region compiled nothing.
 
-`TraceCounter` listens to JAX's own monitoring events (`jax.monitoring`):
-every function JAX traces for compilation reports a
-"/jax/core/compile/jaxpr_trace_duration" event carrying its name. The decode
-loops are `specjax.generation.autoregressive_loop` and `speculative_loop`
-(`DECODE_LOOPS`); a second call with inputs of the same shapes must trace
-neither.
+`TraceCounter` listens to `jax.monitoring`: every function JAX traces for compilation reports a
+"/jax/core/compile/jaxpr_trace_duration" event carrying its name. A second call with inputs of
+the same shapes must trace neither decode loop (`DECODE_LOOPS`).
 
   with TraceCounter() as traces:
     specjax.speculative_generate(...)
@@ -26,8 +23,7 @@ DECODE_LOOPS = ("autoregressive_loop", "speculative_loop")
 
 
 class TraceCounter:
-  """Counts traces by function name while active (a context manager, or
-  `start()` / `stop()`). `counts` is a `collections.Counter`."""
+  """Counts traces by function name (`counts`, a Counter) while active (`with`, or start / stop)."""
 
   def __init__(self):
     self.counts: collections.Counter = collections.Counter()

@@ -19,12 +19,10 @@ __all__ = ["ScalarWriter", "maybe_profile", "profile_decode"]
 
 
 class ScalarWriter:
-  """TensorBoard scalars in `logdir` (an `events.out.tfevents.*` file written
-  by tensorboardX), beside an experiment's JSONL logs. Only the main process
-  writes; on the others (or with `enabled=False`) every method is a no-op. A
-  `logdir` that is not local (gs://...) is skipped with a logged note: the
-  JSON results and logs hold the same numbers, and tensorboardX reaches GCS
-  only through its own client, not the filesystem the run writes through.
+  """TensorBoard scalars in `logdir` (an `events.out.tfevents.*` file written by tensorboardX),
+  beside an experiment's JSONL logs. Only the main process writes; elsewhere (or with
+  `enabled=False`) every method is a no-op. A non-local `logdir` (gs://...) is skipped with a
+  logged note (tensorboardX reaches GCS only through its own client; the JSON holds the numbers).
 
   Example:
     with ScalarWriter(os.path.join(workdir, "tb")) as tb:
@@ -88,10 +86,8 @@ class ScalarWriter:
 
 @contextlib.contextmanager
 def maybe_profile(logdir: Optional[str], enabled: bool = True) -> Iterator[None]:
-  """`jax.profiler.trace(logdir)` around the block when `enabled` (and a
-  logdir is given); otherwise nothing. The trace lands in
-  `<logdir>/plugins/profile/<run>/` (TensorBoard's profile plugin, or
-  Perfetto, reads it)."""
+  """`jax.profiler.trace(logdir)` around the block when `enabled` and a logdir is given; the
+  trace lands in `<logdir>/plugins/profile/<run>/` (TensorBoard or Perfetto read it)."""
   if not enabled or logdir is None:
     yield
     return
@@ -100,10 +96,9 @@ def maybe_profile(logdir: Optional[str], enabled: bool = True) -> Iterator[None]
 
 
 def profile_decode(fn: Callable[[], Any], logdir: str, steps: int = 3) -> Any:
-  """Calls `fn()` `steps` times under a `jax.profiler` trace written to
-  `logdir`, waiting for each result (so the trace holds the device work);
-  returns the last result. Call `fn` once before to keep compilation out
-  of the trace."""
+  """Calls `fn()` `steps` times under a `jax.profiler` trace written to `logdir`, waiting for each
+  result (so the trace holds the device work); returns the last. Call `fn` once before to keep
+  compilation out of the trace."""
   if not callable(fn):
     raise ValueError(f"fn must be callable, got {fn!r}")
   steps = check_int("steps (config.profile_steps)", steps, 1)

@@ -1,23 +1,17 @@
 """A fused attention kernel over a KV cache for TPU (Pallas, Mosaic).
 
-`cached_attention` computes, per row and kv head, the softmax attention of
-Q = T·G queries over the row's cached slots `< lengths_B[b]` one block of
-slots at a time, keeping the scores on chip (online softmax, as in flash
-attention: Dao et al. 2022). It returns the part's *unnormalised* output,
-its running max and its sum of weights, which `layers.attend_cached`
-merges with the new tokens' `[T, T]` block. Without it XLA writes the
-float32 scores `[B, K, Q, S]` of each layer to HBM and reads them twice
-(max and sum, then the product with the values): at many rows and long
-caches, gigabytes per chip per verification.
+`cached_attention` computes, per row and kv head, the softmax attention of Q = T·G queries over
+the row's cached slots `< lengths_B[b]` one block of slots at a time, keeping the scores on chip
+(online softmax, as in flash attention: Dao et al. 2022). It returns the part's *unnormalised*
+output, running max and sum of weights, which `layers.attend_cached` merges with the new tokens'
+`[T, T]` block. Without it XLA writes each layer's float32 scores `[B, K, Q, S]` to HBM and
+reads them twice (max and sum, then the product with the values).
 
-Static choice: `DecoderConfig.attention_kernel = "pallas"` (TPU only; the
-default "xla" runs everywhere); "pallas_interpret" runs the same kernel
-through Pallas's interpreter on any backend (tests). On a mesh the kernel
-runs per shard (`jax.shard_map`: rows over `data`, kv heads over `model`),
-as the cache is laid out.
+Static choice: `DecoderConfig.attention_kernel = "pallas"` (TPU only; the default "xla" runs
+everywhere); "pallas_interpret" runs it through Pallas's interpreter on any backend (tests). On a
+mesh it runs per shard (`jax.shard_map`: rows over `data`, kv heads over `model`).
 
-Shapes: B rows, K kv heads, Q = T·G queries per kv head, D head dim, S
-slots (a multiple of 128).
+Shapes: B rows, K kv heads, Q = T·G queries per kv head, D head dim, S slots (a multiple of 128).
 """
 
 from __future__ import annotations
@@ -44,10 +38,9 @@ def block_slots(s: int) -> int:
 
 
 def fits(slots: int, head_dim: int) -> bool:
-  """Whether a cache of `slots` slots and heads `head_dim` wide takes the kernel:
-  both multiples of 128 (the TPU's lanes: the kernel reads the buffers in
-  row-major tiles, and XLA lays out narrower heads otherwise, so a narrower
-  cache fed to the kernel is relaid out into large temporaries)."""
+  """Whether a cache of `slots` slots and `head_dim`-wide heads takes the kernel: both multiples
+  of 128 (the TPU's lanes; XLA lays out narrower heads otherwise, and feeding them to the kernel
+  relays them out into large temporaries)."""
   return bool(block_slots(slots)) and head_dim % _LANES == 0
 
 
@@ -121,14 +114,13 @@ def _call(q_BKQD, k_BKDS, v_BKSD, lengths_B, scale: float, interpret: bool):
 def cached_attention(q_BKQD: jax.Array, k_BKDS: jax.Array, v_BKSD: jax.Array,
                      lengths_B: jax.Array, scale: float, interpret: bool = False
                      ) -> Tuple[jax.Array, jax.Array, jax.Array]:
-  """(acc `[B, K, Q, D]`, max `[B, K, Q]`, sum `[B, K, Q]`), all float32: for
-  each row b, kv head k and query i, over the slots s < lengths_B[b],
-  max = max_s x_s, sum = Σ_s exp(x_s − max) and acc = Σ_s exp(x_s − max) v_s,
-  with x_s = scale · q_i · k_s (a row with no slot: max = float32 min, sum
-  and acc 0). The caller divides after merging other parts (`attend_cached`).
+  """(acc `[B, K, Q, D]`, max `[B, K, Q]`, sum `[B, K, Q]`), all float32: for each row b, kv head
+  k and query i, over the slots s < lengths_B[b], max = max_s x_s, sum = Σ_s exp(x_s − max) and
+  acc = Σ_s exp(x_s − max) v_s, with x_s = scale · q_i · k_s (a row with no slot: max = float32
+  min, sum and acc 0). The caller divides after merging other parts (`attend_cached`).
 
-  Traced under a mesh (`jax.set_mesh`) with a `model` axis, it runs per
-  shard: rows over `data` and kv heads over `model` (both must divide)."""
+  Traced under a mesh with a `model` axis, it runs per shard: rows over `data`, kv heads over
+  `model` (both must divide)."""
   s = k_BKDS.shape[3]
   if not block_slots(s):
     raise ValueError(f"the fused attention kernel needs a multiple of 128 cache slots, got {s}")

@@ -1,11 +1,9 @@
 """Unigram and bigram table models following the model protocol.
 
-They are real drafts (Leviathan et al. Table 3 measures α of unigram and
-bigram drafts) and, because their distributions can be enumerated exactly,
-the models the exactness tests use. Their cache holds only the row lengths.
+Real drafts (Leviathan et al. Table 3 measures their α) and, their distributions being exactly
+enumerable, the models of the exactness tests. Their cache holds only the row lengths.
 
-Params: `{"logits": [V]}` (unigram) or `{"logits": [V, V]}` (bigram, row =
-previous token).
+Params: `{"logits": [V]}` (unigram) or `{"logits": [V, V]}` (bigram, row = previous token).
 """
 
 from __future__ import annotations
@@ -88,8 +86,8 @@ class BigramLM(_TableLM):
 
 
 def fit_ngram(sequences, vocab_size: int, order: int, smoothing: float = 0.1) -> Dict[str, np.ndarray]:
-  """Maximum-likelihood unigram (order 1) or bigram (order 2) log-probabilities
-  with additive smoothing, from an iterable of token-id sequences."""
+  """Maximum-likelihood unigram (order 1) or bigram (order 2) log-probabilities with additive
+  smoothing, from an iterable of token-id sequences."""
   if order not in (1, 2):
     raise ValueError(f"order must be 1 (unigram) or 2 (bigram), got {order!r}")
   smoothing = check_real("smoothing", smoothing, 0.0, lo_open=True)

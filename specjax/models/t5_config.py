@@ -21,19 +21,15 @@ class T5Config:
 
   Attributes:
     vocab_size: V, shared by the encoder input, decoder input and output.
-    d_model: E.
-    d_kv: D, the width of one attention head (H * D need not equal E).
-    num_heads: H.
-    d_ff: F, the feed-forward hidden width.
-    num_layers: encoder layers.
-    num_decoder_layers: decoder layers L (None: same as num_layers).
+    d_model, d_kv, num_heads, d_ff: E, D (one head's width; H * D need not equal E), H, and F
+      (the feed-forward hidden width).
+    num_layers: encoder layers; num_decoder_layers: decoder layers L (None: num_layers).
     relative_attention_num_buckets: buckets of the relative position bias.
-    relative_attention_max_distance: distances at or beyond it share the
-      last bucket.
-    feed_forward: "relu" (T5 v1.0: relu(x wi) wo) or "gated-gelu" (T5 v1.1:
-      (gelu_tanh(x wi_0) * x wi_1) wo, transformers' `gelu_new`).
-    tie_word_embeddings: True (v1.0): logits = (h * d_model**-0.5) @ shared.T;
-      False (v1.1): a separate lm_head, no scaling.
+    relative_attention_max_distance: distances at or beyond it share the last bucket.
+    feed_forward: "relu" (T5 v1.0: relu(x wi) wo) or "gated-gelu" (T5 v1.1: (gelu_tanh(x wi_0) *
+      x wi_1) wo, transformers' `gelu_new`).
+    tie_word_embeddings: True (v1.0): logits = (h * d_model**-0.5) @ shared.T; False (v1.1): a
+      separate lm_head, no scaling.
     layer_norm_epsilon: epsilon of the scale-only layer norms.
     pad_id, eos_id, decoder_start_id: special token ids.
     dtype: compute dtype name; param_dtype: parameter dtype name.
@@ -123,9 +119,8 @@ def _v11(d_model, d_kv, num_heads, d_ff, layers, **kw) -> T5Config:
                   tie_word_embeddings=False, **kw)
 
 
-# The published checkpoints (Raffel et al. 2020; the T5 v1.1 release notes):
-# v1.0 relu + tied, scaled output; v1.1 gated-gelu, untied lm_head, no
-# scaling. Encoder and decoder have the same depth in all of them.
+# The published checkpoints (Raffel et al. 2020; the T5 v1.1 release notes): v1.0 relu + tied,
+# scaled output; v1.1 gated-gelu, untied lm_head, no scaling; encoder and decoder equally deep.
 T5_CONFIGS: Dict[str, T5Config] = {
     "t5-small": _v10(512, 64, 8, 2048, 6),
     "t5-base": _v10(768, 64, 12, 3072, 12),
@@ -137,8 +132,7 @@ T5_CONFIGS: Dict[str, T5Config] = {
     "t5-v1_1-large": _v11(1024, 64, 16, 2816, 24),
     "t5-v1_1-xl": _v11(2048, 64, 32, 5120, 24),
     "t5-v1_1-xxl": _v11(4096, 64, 64, 10240, 24),
-    # Small CPU sizes (v1.1 layout): a target / draft pair for benchmarks and
-    # tiny models for tests.
+    # Small CPU sizes (v1.1 layout): a target / draft pair for benchmarks, tiny models for tests.
     "t5-cpu-target": _v11(384, 64, 6, 1024, 4, vocab_size=8192),
     "t5-cpu-draft": _v11(128, 32, 4, 256, 2, vocab_size=8192),
     "t5-tiny": _v10(32, 8, 4, 64, 2, vocab_size=128, relative_attention_num_buckets=8,

@@ -1,10 +1,8 @@
 """Sharding rules: how arrays named by their shape suffix lie on a mesh.
 
-One home for the layout rules the models, the sampler and `parallel.sharding`
-share: a shape suffix ("BTHD") maps batch to the `data` axis and heads / kv
-heads / hidden units to the `model` axis (`suffix_partition`); `on_mesh` pins
-an activation to that layout when traced under a mesh; `whole_vocab` lays
-logits out for the sampler.
+The layout rules the models, the sampler and `parallel.sharding` share: a shape suffix ("BTHD")
+maps batch to `data` and heads / kv heads / hidden units to `model` (`suffix_partition`);
+`on_mesh` pins an activation to that layout under a mesh; `whole_vocab` lays out the logits.
 """
 
 from __future__ import annotations
@@ -15,17 +13,15 @@ import jax
 
 __all__ = ["GATHER_MAX_BYTES", "on_mesh", "suffix_partition", "whole_vocab"]
 
-# Mesh axes of the shape letters (`specjax.parallel.sharding`'s layout: rows over
-# `data`; attention heads and MLP hidden units over `model`); other letters are
-# not split.
+# Mesh axes of the shape letters (rows over `data`; attention heads and MLP hidden units over
+# `model`); other letters are not split.
 _LETTER_AXES = {"B": "data", "H": "model", "K": "model", "F": "model"}
 
 
 def suffix_partition(suffix: str, shape: Sequence[int], axis_sizes) -> Tuple[Optional[str], ...]:
-  """The mesh axis of each axis of an array named by its shape `suffix`
-  (e.g. "BTHD"): `B` over `data`, `H` / `K` / `F` over `model`, where the mesh has
-  that axis (`axis_sizes`: name → size) and its size divides the length; any
-  other letter, or a `_`, is not split."""
+  """The mesh axis of each axis of an array named by its shape `suffix` ("BTHD"): `B` over
+  `data`, `H` / `K` / `F` over `model`, where the mesh has that axis (`axis_sizes`: name → size)
+  and its size divides the length; any other letter, or a `_`, is not split."""
   if len(suffix) != len(shape):
     raise ValueError(f"suffix {suffix!r} names {len(suffix)} axes; the array has shape "
                      f"{tuple(shape)}")
@@ -37,12 +33,10 @@ def suffix_partition(suffix: str, shape: Sequence[int], axis_sizes) -> Tuple[Opt
 
 
 def on_mesh(x: jax.Array, suffix: str) -> jax.Array:
-  """`x` laid out by its shape `suffix` (`suffix_partition`) when traced under
-  a mesh with a `model` axis of size > 1 (`jax.set_mesh`: what
-  `specjax.generate` / `speculative_generate` and `specjax.aot` trace
-  decoding under when the params are split, `sharding.decode_mesh`); else `x`
-  unchanged. Pins the layout where XLA's propagation would otherwise pick a
-  costly one (a split head's activations, logits over a split vocabulary)."""
+  """`x` laid out by its shape `suffix` (`suffix_partition`) when traced under a mesh with a
+  `model` axis of size > 1 (as decoding with split params is, `sharding.decode_mesh`); else `x`
+  unchanged. Pins the layout where XLA's propagation would pick a costly one (a split head's
+  activations, logits over a split vocabulary)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or "model" not in mesh.axis_names or mesh.shape["model"] == 1:
     return x
@@ -56,24 +50,19 @@ GATHER_MAX_BYTES = 4 << 20
 
 
 def whole_vocab(logits_xV: jax.Array) -> jax.Array:
-  """Logits `[B, ..., V]` laid out for the sampler under a mesh with a `model`
-  axis (`on_mesh`; unchanged outside one): rows over `data`, and
+  """Logits `[B, ..., V]` laid out for the sampler under a mesh with a `model` axis (`on_mesh`;
+  unchanged outside one): rows over `data`, and
 
-  * whole over the vocabulary on every device when one device's share of them
-    is at most `GATHER_MAX_BYTES` (4 MiB, float32): a vocab-parallel LM head
-    leaves them split, and every reduction the sampler then runs over them
-    (max, sum, argmax, the draw, the finite check) would be a collective of its
-    own; one all-gather of `[B, T, V]` costs about what a few such collectives
-    cost at that size (TPU v5e: ~4 MiB over ICI ≈ 40 µs ≈ four collective
-    latencies);
-  * split over the vocabulary like the LM head otherwise (batch 32 × 5
-    positions × 128k tokens: 82 MB per device gathered per call, and every pass
-    of the sampler over it repeated on every device): the sampler then passes
-    over each device's slice only (`specjax.sampling.vocab_shards`), and only
-    per-row scalars cross devices.
+  * whole over the vocabulary on every device when one device's share is at most
+    `GATHER_MAX_BYTES` (float32): split, every reduction the sampler runs over them (max, sum,
+    argmax, the draw, the finite check) would be a collective of its own, and one all-gather
+    costs about what a few of those do at that size;
+  * split over the vocabulary like the LM head otherwise (gathering would move and repeat large
+    logits on every device): the sampler passes over each device's slice only
+    (`specjax.sampling.vocab_shards`), and only per-row scalars cross devices.
 
-  Decoding only: specjax's train steps do not trace under a mesh, and a loss
-  over split logits should not gather them."""
+  Decoding only: train steps do not trace under a mesh, and a loss over split logits should not
+  gather them."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty or "model" not in mesh.axis_names or mesh.shape["model"] == 1:
     return logits_xV

@@ -1,21 +1,18 @@
 """Learning-rate schedules and optimizers (optax), built from a hashable spec.
 
-`OptimizerSpec` holds the choices as a frozen dataclass so that the jitted
-train step can be cached per (model, teacher, optimizer) and reused across
-runs in one process (a resumed run reuses the compiled step).
+`OptimizerSpec` is frozen so that the jitted train step is cached per (model, teacher, optimizer)
+and reused across runs in one process (a resumed run reuses the compiled step).
 
-Schedules (`schedule`): linear warmup from 0 to `learning_rate` over
-`warmup_steps`, then
+Schedules (`schedule`): linear warmup from 0 to `learning_rate` over `warmup_steps`, then
 
   * "cosine": cosine decay to `learning_rate * min_lr_ratio` at `total_steps`;
   * "linear": linear decay to `learning_rate * min_lr_ratio` at `total_steps`;
   * "inverse_sqrt": `learning_rate * sqrt(max(warmup_steps, 1) / step)` (T5);
   * "constant".
 
-Optimizers: "adamw" (decoupled weight decay on matrices only, not on norm
-scales / 1-D params) and "adafactor" (optax's factored second moments, T5's
-default; `weight_decay` is passed as its decay rate of the parameters). Both
-clip the gradient's global norm to `grad_clip` first (0: no clipping).
+Optimizers: "adamw" (decoupled weight decay on matrices only, not on 1-D params) and "adafactor"
+(optax's factored second moments, T5's default; `weight_decay` is its parameter decay rate).
+Both clip the gradient's global norm to `grad_clip` first (0: no clipping).
 """
 
 from __future__ import annotations
@@ -105,11 +102,9 @@ def make_optimizer(spec: OptimizerSpec) -> optax.GradientTransformation:
 
 def state_step(spec: OptimizerSpec
                ) -> Callable[[Dict[str, Any], Callable], Tuple[Dict[str, Any], Dict[str, Any]]]:
-  """`(state, loss_fn) -> (state, metrics)`: one optimizer step on a train
-  state `{"step", "params", "opt_state"}`, where `loss_fn(params) -> (loss,
-  metrics)`; the metrics come back with `loss` and the step's `lr` added. Not
-  jitted: the trainers (Medusa / EAGLE heads) close over it inside their own
-  jitted step."""
+  """`(state, loss_fn) -> (state, metrics)`: one optimizer step on a train state `{"step",
+  "params", "opt_state"}`, `loss_fn(params) -> (loss, metrics)`; the metrics come back with
+  `loss` and the step's `lr`. Not jitted: the head trainers close over it in their jitted step."""
   tx, schedule = make_optimizer(spec), make_schedule(spec)
 
   def step(state, loss_fn):

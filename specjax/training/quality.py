@@ -1,15 +1,12 @@
 """Output quality of a trained model from greedy decodes: BLEU and ROUGE.
 
-`greedy_decode` encodes text prompts, decodes them with `specjax.generate`
-(temperature 0) and returns the texts; `generation_quality` scores them
-against references with sacrebleu (corpus BLEU, 0-100) and / or rouge-score
-(mean F1 of rouge1 / rouge2 / rougeL, 0-1, stemmed). Both metrics packages
-are imported only when asked for.
+`greedy_decode` encodes text prompts, decodes them with `specjax.generate` (temperature 0) and
+returns the texts; `generation_quality` scores them against references with sacrebleu (corpus
+BLEU, 0-100) and / or rouge-score (mean F1 of rouge1 / rouge2 / rougeL, 0-1, stemmed), each
+imported only when asked for.
 
-Prompts: for a seq2seq model the encoder inputs are encoded with EOS and cut
-to `max_prompt_len` (the last kept token becomes EOS); for a decoder-only
-model the prompt is encoded without EOS and cut from the left (its end, e.g.
-"... Summary:", is kept), as the training rows are built.
+Prompts are cut as training rows are: seq2seq inputs get EOS and are cut to `max_prompt_len`
+(the last kept token becomes EOS); decoder-only prompts get no EOS and are cut from the left.
 """
 
 from __future__ import annotations
