@@ -1,10 +1,9 @@
 """The small command lines (`specjax-pick`, `specjax-rollout`): absl, like every specjax CLI.
 
-Each defines its flags on demand (`define_flags(flag_values) -> names`), not at
-import: two CLIs with flags of the same names can be imported together.
-`call` parses into a fresh `FlagValues` (absl's global FLAGS untouched: tests
-call a CLI several times in one process); `run` is the console script's entry
-(absl's `app.run`: --help, --flagfile, usage errors).
+Each defines its flags on demand (`define_flags(flag_values) -> names`), not at import, so two
+CLIs with flags of the same names can be imported together. `call` parses into a fresh
+`FlagValues` (absl's global FLAGS untouched: tests call a CLI several times in one process);
+`run` is the console script's entry (absl's `app.run`: --help, --flagfile, usage errors).
 """
 
 from __future__ import annotations
@@ -22,9 +21,9 @@ Body = Callable[[flags.FlagValues], None]
 
 def call(prog: str, define_flags: DefineFlags, body: Body,
          argv: Optional[Sequence[str]] = None) -> int:
-  """Parses `argv` (without the program name; default `sys.argv[1:]`) into a
-  fresh `FlagValues` and runs `body`; returns the exit status. Bad or missing
-  flags raise `absl.flags.Error`, stray arguments `app.UsageError`."""
+  """Parses `argv` (without the program name; default `sys.argv[1:]`) into a fresh `FlagValues`
+  and runs `body`; returns the exit status. Bad or missing flags raise `absl.flags.Error`, stray
+  arguments `app.UsageError`."""
   fv = flags.FlagValues()
   define_flags(fv)
   rest = fv([prog, *(sys.argv[1:] if argv is None else argv)])
@@ -37,8 +36,8 @@ def call(prog: str, define_flags: DefineFlags, body: Body,
 def run(define_flags: DefineFlags, body: Body, doc: str) -> None:
   """The command line through absl's `app.run` on the global FLAGS."""
   names = define_flags(flags.FLAGS)
-  # --help lists the main module's flags and prints its docstring; under a console script
-  # the main module is the installed wrapper, so name ours its key flags and lend it `doc`.
+  # --help lists the main module's flags and docstring; under a console script that module is
+  # the installed wrapper, so make ours its key flags and lend it `doc`.
   for name in names:
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
   if not getattr(sys.modules["__main__"], "__doc__", None):

@@ -1,18 +1,13 @@
 """Per-machine record of the tuned decode path (`DecoderConfig.matvec_max_rows`).
 
-`specjax.tune_matvec_rows` measures, on this machine, whether a call on a
-few tokens is faster as one matrix-vector product per token or as one
-matrix-matrix product, and stores its choice here, keyed by the CPU, the
-JAX version, the model's shape and its parameter layout. A decoder whose
-config leaves `matvec_max_rows` at None then uses the stored choice; with no
-stored choice it uses one matrix-matrix product per call (0), the default
-that never loses badly: per-token products win modestly on some CPUs and
-lose several-fold on others (benchmarks/README.md).
+`specjax.tune_matvec_rows` measures whether a call on a few tokens is faster here as one
+matrix-vector product per token or as one matrix-matrix product, and stores its choice, keyed by
+the CPU, the JAX version, the model's shape and its parameter layout. A decoder whose config
+leaves `matvec_max_rows` at None uses the stored choice, else one matrix-matrix product per call
+(0): the default that never loses badly (benchmarks/README.md).
 
-The file is `$SPECJAX_CACHE_DIR/matvec_rows.json` (default
-`~/.cache/specjax/`) of the per-machine store (`specjax.machine_store`),
-{key: rows}; an unreadable file is ignored (logged) and rewritten by the
-next tuning.
+The file is `matvec_rows.json` of the per-machine store (`specjax.machine_store`), {key: rows};
+an unreadable file is ignored (logged) and rewritten by the next tuning.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ MATVEC_FILE = "matvec_rows.json"
 
 
 def cache_path(filename: str = MATVEC_FILE) -> str:
-  """Where tuned choices are stored (`specjax.machine_store.cache_path`):
-  this module's `matvec_rows.json` by default."""
+  """Where tuned choices are stored (`machine_store.cache_path`; `matvec_rows.json` by default)."""
   return machine_store.cache_path(filename)
 
 

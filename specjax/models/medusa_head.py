@@ -1,14 +1,10 @@
 """The Medusa-1 head network (Cai et al. 2024), shared by the drafter
 (`specjax.drafters.medusa`) and its trainer (`specjax.training.heads`).
 
-K heads read the target's final-normed hidden state h; head k is a residual
-block and a vocabulary projection,
-
-  z_k = h + SiLU(h W_k + b_k);   logits_k = z_k U_k,
-
-with W_k = 0 at initialisation (a fresh head is the target's LM head) and U_k
-copied from the target's LM head (trainable), or the target's own, shared and
-frozen (`MedusaConfig.share_lm_head`).
+K heads read the target's final-normed hidden state h; head k is a residual block and a
+vocabulary projection, z_k = h + SiLU(h W_k + b_k), logits_k = z_k U_k, with W_k = 0 at
+initialisation (a fresh head is the target's LM head) and U_k copied from the target's LM head
+(trainable), or the target's own, shared and frozen (`MedusaConfig.share_lm_head`).
 """
 
 from __future__ import annotations
