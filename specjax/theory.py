@@ -1,8 +1,7 @@
 """Analytic results for speculative decoding (Leviathan, Kalman, Matias 2023).
 
-The closed forms of arXiv 2211.17192 ("Fast Inference from Transformers via Speculative
-Decoding", §3) as small pure numpy functions: to set γ, to predict a speedup before a run and to
-check a measured run against the model afterwards.
+The closed forms of arXiv 2211.17192 (§3) as small pure numpy functions: to set γ, to predict a
+speedup before a run and to check a measured run against the model afterwards.
 
 Notation (the paper's): p the draft model's next-token distribution, q the target's; β =
 Σ_x min(p(x), q(x)) the acceptance rate of one step; α = E[β] over prefixes; γ (``gamma``) the
@@ -10,9 +9,8 @@ draft tokens per iteration; c = t_draft_step / t_target_step; ĉ the draft / tar
 arithmetic operations per token.
 
 Every prediction except `acceptance_rate` assumes the β of successive positions are i.i.d. with
-mean α. Real acceptance is correlated (easy stretches accept whole blocks), so check a measured
-run with `walltime_improvement_from_tokens` on the measured mean tokens per target call, not
-with α alone.
+mean α. Real acceptance is correlated, so check a measured run with
+`walltime_improvement_from_tokens` on the measured tokens per target call, not with α alone.
 
 Arguments are scalars or array-likes that broadcast with numpy's rules; a result is a Python
 ``float`` (or ``int``) when every input is a scalar, an ``np.ndarray`` otherwise. Invalid input
@@ -461,14 +459,12 @@ def tokens_per_call_curve(alphas: ArrayLike, n_max: int = 16,
                           verify_overhead: float = 0.0) -> Dict[str, np.ndarray]:
   """Tokens per target call against the draft length N, and the best N per α.
 
-  The tokens per call (`expected_tokens_per_call`) grow with N towards 1 / (1 − α), so the
-  optimum comes from the iteration's cost in target decode steps (the model `alpha_for_speedup`
-  and `traffic_mix` share): cost(N) = 1 + ε + N·c, one verify call (a target step plus a relative
-  overhead ε = `verify_overhead`: sampling, bookkeeping, verifying N + 1 tokens) and N draft
-  steps of c = `cost_ratio` target steps (a per-token verify cost folds into c). The speedup is
-  tokens(α, N) / cost(N) and N* its argmax over 1..n_max (the smallest N on ties); with c = ε = 0,
-  N* = n_max; with ε = 0 it is `walltime_improvement(α, N, c)` and N* = `optimal_gamma(α, c,
-  n_max)`.
+  The tokens per call grow with N towards 1 / (1 − α), so the optimum comes from the iteration's
+  cost in target decode steps (the model `alpha_for_speedup` and `traffic_mix` share): cost(N) =
+  1 + ε + N·c, one verify call (a target step plus a relative overhead ε = `verify_overhead`) and
+  N draft steps of c = `cost_ratio` target steps (a per-token verify cost folds into c). The
+  speedup is tokens(α, N) / cost(N) and N* its argmax over 1..n_max (smallest on ties); with
+  ε = 0, N* = `optimal_gamma(α, c, n_max)`.
 
   Args:
     alphas: acceptance rate(s) in [0, 1]: a scalar or a 1-D sequence.
@@ -477,15 +473,11 @@ def tokens_per_call_curve(alphas: ArrayLike, n_max: int = 16,
     verify_overhead: ε, the relative extra cost of one iteration's verify, a scalar >= 0.
 
   Returns:
-    A dict of arrays (A = number of alphas):
-      "n": [N] the draft lengths 1..n_max;
-      "alpha": [A] the acceptance rates;
-      "tokens": [A, N] expected tokens per target call;
-      "cost": [N] iteration cost in target steps;
-      "speedup": [A, N] tokens / cost;
-      "optimal_n": [A] int, the N maximising the speedup;
-      "optimal_speedup", "optimal_tokens": [A] the speedup and tokens there;
-      "tokens_limit": [A] 1 / (1 − α), the N → ∞ limit (inf at α = 1).
+    A dict of arrays (A = number of alphas): "n" [N] the draft lengths 1..n_max; "alpha" [A];
+    "tokens" [A, N] expected tokens per target call; "cost" [N] iteration cost in target steps;
+    "speedup" [A, N] tokens / cost; "optimal_n" [A] int, the N maximising the speedup;
+    "optimal_speedup", "optimal_tokens" [A] the speedup and tokens there; "tokens_limit" [A]
+    1 / (1 − α), the N → ∞ limit (inf at α = 1).
   """
   a = _vector("alphas", alphas, _in_unit_interval("alphas", alphas))
   m = check_int("n_max", n_max, 1)
@@ -585,16 +577,13 @@ def traffic_mix(shares: Sequence[float], alphas: Sequence[float], k: int,
     share_of: "tokens" (default) or "calls", what the shares count.
 
   Returns:
-    A dict of Python values:
-      "share_of", "k", "overhead", "cost_ratio", "gate_alpha", "shares", "alphas": the inputs;
-      "class_tokens_per_call", "class_speedup": per class;
-      "call_shares": each class's share of target calls;
-      "mean_alpha": Σ s_i α_i; "call_weighted_alpha": α by call share;
-      "tokens_per_call": the mix's expected tokens per target call;
-      "tokens_at_mean_alpha": T at the mean α; "iteration_cost": 1 + ε + K·c;
-      "speedup": the mix's walltime speedup; "pays": speedup > 1;
-      "breakeven_alpha": the α with speedup 1 in the geometric model (NaN if none);
-      "meets_gate": mean α >= gate_alpha; "classes_below_gate": indices with α_i < gate_alpha.
+    A dict of Python values: the inputs ("share_of", "k", "overhead", "cost_ratio",
+    "gate_alpha", "shares", "alphas"); per class "class_tokens_per_call", "class_speedup" and
+    "call_shares" (its share of target calls); "mean_alpha" (Σ s_i α_i), "call_weighted_alpha";
+    the mix's "tokens_per_call", "tokens_at_mean_alpha" (T at the mean α), "iteration_cost"
+    (1 + ε + K·c), "speedup" and "pays" (speedup > 1); "breakeven_alpha" (speedup 1 in the
+    geometric model, NaN if none); "meets_gate" (mean α >= gate_alpha); "classes_below_gate"
+    (indices of the classes with α_i < gate_alpha).
   """
   if not isinstance(share_of, str) or share_of not in _MIX_SHARES:
     raise ValueError(f"share_of must be one of {_MIX_SHARES}, got {share_of!r}")
