@@ -579,9 +579,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       (`usable_gamma`). `"auto"` (or a `specjax.AdaptiveGamma`): each iteration chooses γ in-graph
       from Γ = {0, 1, 2, 4, 8} (0: a plain target step) by each row's running acceptance and the
       measured cost of each γ (`specjax.adaptive`, `specjax.calibration`; exact, greedy output
-      unchanged), Γ capped at `Drafter.gamma_limit`. Where no γ > 0 can pay and plain steps
-      observe nothing, the call runs `generate`'s program (its very tokens), reports γ 0 and
-      allocates no draft cache (`draft_cache` comes back as given). See docs/adaptive.md.
+      unchanged), Γ capped at `Drafter.gamma_limit`. Where nothing can pay, the call runs
+      `generate`'s program and allocates no draft cache (returned as given); docs/adaptive.md.
     target_cache, draft_cache: caches to reuse (donated; `draft_cache` only for a draft model),
       or `cache_len` for both (default: the minimum).
     verify_fn: the accept/reject rule for drafts with distributions (`specjax.verify`); the
@@ -593,10 +592,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     gamma_costs: with gamma="auto": the cost of one iteration at each γ of Γ (any unit), instead
       of the stored or measured table.
     acceptance: with gamma="auto": the estimate earlier calls learned (`out.stats.acceptance` of
-      the previous call; `specjax.Acceptance.fresh()` for the first) instead of the prior. Rows
-      with no evidence then probe even where the prior says drafting does not pay (exact: the
-      choice reads only earlier calls' tokens); where no γ > 0 pays and no probe falls due, the
-      call runs `generate`'s program.
+      the previous call; `specjax.Acceptance.fresh()` for the first) instead of the prior; rows
+      with no evidence then probe (exact: the choice reads only earlier calls' tokens).
 
   Returns:
     `GenerationOutput` with acceptance statistics; its `draft_cache` is the drafter's final

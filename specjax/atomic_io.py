@@ -8,14 +8,11 @@ mode (0666 minus the umask: `mkstemp`'s 0600 would leave results readable by the
 then moved over the destination with `os.replace`. A reader sees the old file or the new one,
 never a partial one; a failing writer leaves the destination as it was.
 
-Not local (gs://, s3://, ... through `etils.epath`): the content is written as the final object
-in one upload. An object store publishes an object only when its upload completes, and its
-"rename" is a copy plus a delete, so a temporary object would double the traffic (and could be
-left behind) for no extra safety. `atomic_path` gives writers that need a local file name
-(matplotlib, safetensors) a local temporary file, uploaded when the block ends without an error.
-
-Directories: `atomic_dir` publishes a directory whole (local: written beside it, then renamed over
-it; an object store has no rename: written in place), `move_tree` moves one.
+Not local (gs://, s3://, ... through `etils.epath`): one upload of the final object. An object
+store publishes an object only when its upload completes, and its "rename" is a copy plus a
+delete, so a temporary object would double the traffic for no extra safety. `atomic_path` gives
+writers that need a local file name (matplotlib, safetensors) a local temporary file.
+`atomic_dir` publishes a directory whole, `move_tree` moves one.
 """
 
 from __future__ import annotations

@@ -233,13 +233,12 @@ def walltime_improvement_from_tokens(tokens_per_call: ArrayLike,
   tokens_per_call / (γ·c + verify_cost), with c = t_draft_step / t_target_step and verify_cost =
   t_verify(γ + 1 tokens) / t_target_step (1.0: the paper's free verification).
 
-  The closed forms above assume i.i.d. β; real acceptances cluster, so the mean tokens per call
-  can exceed (1 − α^{γ+1}) / (1 − α) for the measured α (Leviathan et al.'s own CNN/DM
-  temperature-0 row beats the c = 0 bound its α implies). Given the measured tokens per call and
-  step times, the speedup (n_tokens · t_target_step) / (n_calls · (γ t_draft_step + t_verify)) is
-  exactly this ratio, so a gap to the measured speedup points at overheads (host syncs, sampling,
-  cache bookkeeping), not at the acceptance model. With verify_cost = 1 and tokens_per_call =
-  `expected_tokens_per_call(α, γ)` it equals `walltime_improvement`.
+  Real acceptances cluster, so the measured tokens per call can exceed the i.i.d. model's for the
+  measured α (Leviathan et al.'s own CNN/DM temperature-0 row beats its c = 0 bound). Given the
+  measured tokens per call and step times, the speedup (n_tokens · t_target_step) / (n_calls ·
+  (γ t_draft_step + t_verify)) is exactly this ratio, so a gap to the measured speedup points at
+  overheads (host syncs, sampling, cache bookkeeping), not at the acceptance model. With
+  verify_cost = 1 and `expected_tokens_per_call(α, γ)` it is `walltime_improvement`.
 
   Args:
     tokens_per_call: measured mean tokens emitted per target call (accepted drafts + 1, averaged
@@ -561,10 +560,9 @@ def traffic_mix(shares: Sequence[float], alphas: Sequence[float], k: int,
 
   The speedup is the mix's tokens per call over the iteration cost 1 + ε + K·c (see
   `tokens_per_call_curve`). Two averages of α are reported: the share-weighted Σ s_i α_i and the
-  call-weighted one, which an aggregate accepted / drafted counter would read (every call drafts K
-  tokens). T at the mean α is not the mix's: T is convex in α, so a call-weighted mix emits at
-  least T(mean α), while with token shares the low class costs more calls per token than the high
-  one saves and the mix can fall below it.
+  call-weighted one, which an aggregate accepted / drafted counter would read. T at the mean α is
+  not the mix's: T is convex in α, so a call-weighted mix emits at least T(mean α), while a
+  token-share mix can fall below it (the low class costs more calls than the high one saves).
 
   Args:
     shares: each class's share, >= 0, summing to 1 (tolerance 1e-6).

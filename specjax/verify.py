@@ -16,8 +16,7 @@ where draft_probs_BGV[b, i] is the draft distribution p_{i+1} that drafts_BG[b, 
 from and target_probs_BG1V[b, i] the target distribution q_{i+1} at the same position (one more
 at the end, after all G drafts), both *processed* (`specjax.sampling`). It returns how many
 leading drafts row b keeps (0..G) and the token that follows them: the residual sample after a
-rejection, or the bonus token when all G are kept. `speculative_generate(verify_fn=)` accepts
-any such function (tests plant a broken sampler this way).
+rejection, or the bonus token when all G are kept; `speculative_generate(verify_fn=)` takes any.
 """
 
 from __future__ import annotations

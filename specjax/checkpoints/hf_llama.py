@@ -18,25 +18,21 @@ per-layer sliding windows, output-projection or MLP biases and activations other
 (naming the config key). The q/k projections need NO permutation (that exists only between
 Meta's original interleaved-rotary weights and the transformers layout).
 
-Tensor mapping (torch `nn.Linear` weights are `[out, in]`, flax kernels `[in..., out...]`); every
-conversion is a reshape / transpose view, so a memory-mapped tensor is read only where a device's
-slice needs it (`specjax.checkpoints.streaming`):
+Tensor mapping (torch `nn.Linear` weights are `[out, in]`, flax kernels `[in..., out...]`; "L."
+is `model.layers.{i}.` → `layer_{i}/`); every conversion is a reshape / transpose view, so a
+memory-mapped tensor is read only where a device's slice needs it (`checkpoints.streaming`):
 
-  model.embed_tokens.weight [V, E]                  → embed/embedding [V, E]
-  model.layers.{i}.input_layernorm.weight [E]       → layer_{i}/attn_norm/scale
-  model.layers.{i}.self_attn.q_proj.weight [H*D, E] → layer_{i}/q/kernel [E, H, D]
-  model.layers.{i}.self_attn.k_proj.weight [K*D, E] → layer_{i}/k/kernel [E, K, D]
-  model.layers.{i}.self_attn.v_proj.weight [K*D, E] → layer_{i}/v/kernel [E, K, D]
-  model.layers.{i}.self_attn.{q,k,v}_proj.bias      → layer_{i}/{q,k,v}/bias [H | K, D]
-  model.layers.{i}.self_attn.{q,k}_norm.weight [D]  → layer_{i}/{q,k}_norm/scale
-  model.layers.{i}.self_attn.o_proj.weight [E, H*D] → layer_{i}/o/kernel [H, D, E]
-  model.layers.{i}.post_attention_layernorm.weight  → layer_{i}/mlp_norm/scale
-  model.layers.{i}.mlp.gate_proj.weight [F, E]      → layer_{i}/gate/kernel [E, F]
-  model.layers.{i}.mlp.up_proj.weight [F, E]        → layer_{i}/up/kernel [E, F]
-  model.layers.{i}.mlp.down_proj.weight [E, F]      → layer_{i}/down/kernel [F, E]
-  model.norm.weight [E]                             → final_norm/scale
-  lm_head.weight [V, E]                             → lm_head/kernel [E, V]
-      (untied only; tied, it is optional and must equal the embedding)
+  model.embed_tokens.weight [V, E]           → embed/embedding [V, E]
+  L.input_layernorm.weight [E]               → attn_norm/scale (post_attention_: mlp_norm)
+  L.self_attn.q_proj.weight [H*D, E]         → q/kernel [E, H, D] (k, v: [K*D, E] → [E, K, D])
+  L.self_attn.{q,k,v}_proj.bias              → {q,k,v}/bias [H | K, D]
+  L.self_attn.{q,k}_norm.weight [D]          → {q,k}_norm/scale
+  L.self_attn.o_proj.weight [E, H*D]         → o/kernel [H, D, E]
+  L.mlp.{gate,up}_proj.weight [F, E]         → {gate,up}/kernel [E, F]
+  L.mlp.down_proj.weight [E, F]              → down/kernel [F, E]
+  model.norm.weight [E]                      → final_norm/scale
+  lm_head.weight [V, E]                      → lm_head/kernel [E, V] (untied only; tied, it is
+                                               optional and must equal the embedding)
 
 Known non-parameter buffers (`IGNORED_BUFFERS`, e.g. rotary `inv_freq`) are dropped; any other
 unknown tensor is an error.

@@ -10,23 +10,20 @@ further, the head feeds on its own outputs: (f̂_{t+1}, d_{t+2}) → f̂_{t+2}, 
   EAGLE-3  f_t = `fuse` of a low, a middle and a high target block's outputs
            (`EagleConfig.feature_layers`); logits = LM head(norm(f̂)).
 
-The head keeps its own one-layer KV cache (`[B, S, H, D]`, slot t: the pair (f_t, x_{t+1})): the
-prompt's pairs are written from the target's prefill hidden states (`absorb`), the accepted ones
-after each verification from the target call's hidden states (`needs_hidden`); only keys and
-values, since with one layer they depend on the pair alone.
-
-Drafting runs level by level over a token tree, every node of a level in one head call that
-attends to the head's cache and to the node's ancestors (in a side buffer, never in the cache):
-a static `TokenTree` (EAGLE-1) or `DynamicTree` (EAGLE-2: each row grows its own tree in-graph by
-cumulative draft confidence; scores fall along a path, so a kept node's ancestors are kept).
+The head keeps its own one-layer KV cache (`[B, S, H, D]`, slot t: the pair (f_t, x_{t+1})),
+written from the target's prefill hidden states (`absorb`) and, after each verification, from
+the target call's (`needs_hidden`): only keys and values, which with one layer depend on the
+pair alone. Drafting runs level by level over a static `TokenTree` (EAGLE-1) or a per-row
+`DynamicTree` (EAGLE-2; scores fall along a path, so a kept node's ancestors are kept), each
+level in one head call attending to the cache and to the nodes' ancestors in a side buffer.
 
 A block head (`EagleConfig.block` = K; DFlash, arXiv 2602.06036) drafts a static tree of depth
 ≤ K in ONE head call: the root pair and K-1 mask slots give every depth's draft distribution at
 once, shared by that depth's nodes. Exact: a node's proposal distribution is the one its token was
 drawn from, whatever it conditions on.
 
-Shapes: B batch, S head-cache slots, H heads, D head dim, E target width,
-X the target's feature width (E, or len(feature_layers) * E), N tree nodes.
+Shapes: B batch, S head-cache slots, H heads, D head dim, E target width, X the target's feature
+width (E, or len(feature_layers) * E), N tree nodes.
 """
 
 from __future__ import annotations
@@ -159,8 +156,6 @@ class Eagle(Drafter):
   fix each level's shape before its children are drawn (`DynamicTree.sampled_expansion`; a
   selection depending on the drawn tokens would bias them), so nodes <= top_k * depth. Exact in
   every mode; at T = 0 every mode makes the same decisions (docs/drafters.md).
-
-  A block head (`config.block` = K) drafts a static tree of depth ≤ K in one head call.
 
   `stop_below` (a confidence stop, as HF's assisted generation's): a node's children are drafted
   only where the head's most likely token there has at least this probability (before

@@ -4,10 +4,8 @@ A request arrives at `arrival` and its tokens are emitted at `token_times` (one 
 Speculative decoding emits several tokens per target call, so they share a timestamp:
 
   * TTFT: first emission − arrival (median and P99 over requests);
-  * ITL (inter-token latency): per token, time since the request's previous token; tokens
-    emitted together get ITL 0 and the zeros count (a stream client sees them at once). P50 /
-    P99 / mean over all tokens; with speculation the P50 is often 0 and the P99 the slow tail
-    of whole iterations, which the gate watches;
+  * ITL (inter-token latency): per token, time since the request's previous token (0 for tokens
+    emitted together, counted: a client sees them at once); P50 / P99 / mean over all tokens;
   * call gap: time between successive distinct emission times (one per target call), the stall
     a reader of the stream sees (plain decoding: the ITL);
   * TPOT: per request (last − first emission) / (tokens − 1), averaged;

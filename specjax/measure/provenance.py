@@ -4,14 +4,10 @@ Every result file (the experiments' `results.json` and markdown header, the benc
 `meta`) carries `provenance()`:
 
   machine           "x86_64 16 cores" (`platform.machine()`, `os.cpu_count()`)
-  jax, jaxlib, flax, orbax_checkpoint, optax, numpy, libtpu
-                    installed distribution versions (`importlib.metadata`); None if absent
-  git_commit        `git rev-parse HEAD` in specjax's source directory; None outside a git
-                    checkout, when specjax's files are not tracked there, or without git
-  git_dirty         tracked files modified (`git status --porcelain --untracked-files=no`);
-                    None when the commit is None
-  command           the command line, `shlex.join(sys.argv)`
-  utc               when, "2025-01-31T12:00:00Z"
+  jax, jaxlib, ...  installed versions of `PACKAGES` (`importlib.metadata`); None if absent
+  git_commit        `git rev-parse HEAD` in specjax's source directory (`git_state`)
+  git_dirty         tracked files modified; None when the commit is None
+  command           `shlex.join(sys.argv)`;  utc: when, "2025-01-31T12:00:00Z"
 
 It never raises: whatever it cannot find is None. `provenance_line` / `provenance_sentence`
 are the short forms for a markdown header.

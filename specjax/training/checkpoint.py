@@ -19,10 +19,8 @@ Recovery: `restore_newest_intact` tries the steps newest first; a step orbax can
 logged and moved aside to `<workdir>/checkpoints.corrupt/<step>`, so a damaged checkpoint costs
 the steps since the one before it, nothing else.
 
-Saves are asynchronous by default: the state is first copied (so the donated device buffers can
-be reused at once) and orbax writes it in a background thread; `close()` waits for it. A state
-split over several processes is copied on its devices and saved sharded: every process writes
-and restores its own slices, nothing is gathered to one host. Every process of a multi-host run
+Saves are asynchronous by default (a copy written in a background thread; `close()` waits for
+it) and sharded over processes, nothing gathered to one host: every process of a multi-host run
 must call `save` / `restore` (orbax coordinates them).
 """
 
