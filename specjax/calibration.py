@@ -1,20 +1,15 @@
 """Cost tables for `gamma="auto"`: what one iteration costs at each γ of Γ.
 
-The adaptive rule (`specjax.adaptive`) needs c(γ), the wall time of one iteration at γ — the
-drafter's calls, the target's call on γ + 1 tokens *and* sampling, verification and the commit.
-It is measured in-graph, on the very program the adaptive decoder runs: the costs are data of
-that program, so a run with every γ's cost but one set very high executes only that branch; each
-γ is timed so for `iterations` iterations in `repeats` interleaved rounds, minus the prefill
-alone (a separate small program), divided by the iterations run (median over rounds).
+c(γ) is the wall time of one iteration at γ: the drafter's calls, the target's call on γ + 1
+tokens *and* sampling, verification and the commit. It is measured on the very program the
+adaptive decoder runs: the costs are data of that program, so with every γ's cost but one set
+very high a run executes only that branch, timed for `iterations` iterations in `repeats`
+interleaved rounds, minus the prefill alone, divided by the iterations run (median over rounds).
 
-Tables are stored per machine (`specjax.machine_store`: `$SPECJAX_CACHE_DIR/gamma_costs.json`),
-keyed by the model pair, Γ, the batch and cache-length buckets (powers of two) and greedy or
-not; `gamma="auto"` measures only when the table is missing or older than `MAX_AGE_S` (the cost
-relative to a plain step drifts with the machine's state; docs/adaptive.md).
-
-    costs = specjax.calibrate_gamma_costs(target, tp, drafter, dp, AdaptiveGamma(),
-                                          batch_size=1, prompt_len=64, cache_len=512)
-    print(costs.relative)        # c(γ) / c(0)
+Tables are stored per machine (`specjax.machine_store`: `$SPECJAX_CACHE_DIR/gamma_costs.json`)
+by the model pair, Γ, batch and cache-length buckets and greedy or not; `gamma="auto"` measures
+only when the table is missing or older than `MAX_AGE_S` (costs drift; docs/adaptive.md, which
+shows `calibrate_gamma_costs` in use).
 """
 
 from __future__ import annotations
@@ -45,8 +40,7 @@ __all__ = ["GammaCosts", "calibrate_gamma_costs", "lookup_gamma_costs", "gamma_c
            "resolve_gamma_costs", "measure_branch_seconds", "COSTS_FILE", "MAX_AGE_S"]
 
 COSTS_FILE = "gamma_costs.json"
-# Part of every key: bumped when what an iteration at some γ executes changes
-# (a table measured on older code is then measured again, not reused).
+# In every key: bumped when what an iteration at some γ executes changes (old tables re-measured).
 COSTS_VERSION = 3
 # A stored table older than this (seconds; wall clock) is measured again.
 MAX_AGE_S = 24 * 3600.0
@@ -58,8 +52,7 @@ class GammaCosts:
   """A cost table.
 
   Attributes:
-    gammas: Γ.
-    seconds: per γ, the measured seconds of one iteration.
+    gammas, seconds: Γ and, per γ, the measured seconds of one iteration.
     key: what the table is stored under (`gamma_costs_key`).
     measured: True when measured by this call; False when read back.
     calibration_seconds: the measurement's wall time, compilation included (0 when read back).

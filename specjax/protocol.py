@@ -5,9 +5,8 @@ pure functions on a hashable model object (a jit static argument) and read / wri
 its cache. Any model following it can be a target or a draft: the decoder-only LM, T5, an n-gram
 table, a rigged model in a test.
 
-Shapes (also as name suffixes, `tokens_BT`): B batch rows, P padded prompt length, T tokens fed
-in one call, S cache slots, V vocabulary, L layers, H query heads, K key/value heads, D head dim,
-E model width, G = gamma.
+Shapes, also name suffixes (`tokens_BT`): B batch, P padded prompt, T tokens fed in one call, S
+cache slots, V vocabulary (the rest: docs/architecture.md, "Shape convention").
 
 A row's decoder stream is the tokens its cache holds at positions 0, 1, ...: the prompt then the
 generated tokens (decoder-only), or the decoder start token then the generated tokens

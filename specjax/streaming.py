@@ -92,8 +92,7 @@ def stream(decoder: Any, params: Any, prompts_BP: Any, lengths_B: Any, keys_B: A
     clock: the timestamp source (default `specjax._clock.now`, which `use_clock` rigs in tests).
     max_steps: iterations at most (default `decoder.max_new_tokens`).
 
-  Returns:
-    A `StreamResult`.
+  Returns: a `StreamResult`.
   """
   if isinstance(decoder, SpeculativeDecoder):
     init = lambda: _sp_init(decoder, params, draft_params, prompts_BP, lengths_B, keys_B,

@@ -5,11 +5,7 @@ lowers every program of it with abstract sharded arguments (`specjax.aot.program
 for the slice's devices (no TPU needed, no memory allocated) and reports per program
 (`specjax.aot.report`): memory against the chip's HBM, per-iteration bytes, collectives, host
 transfers, cache-sized copies, the predicted iteration time, the memory plan's agreement with the
-compiler and, given acceptance rates, theory's predicted speedup. See docs/tpu.md.
-
-  run = AotRun(topology="v5e:2x4", target=DecoderLM(...), drafts=(("1b", DecoderLM(...)),),
-               gammas=(4,), batch_size=1, prompt_len=1024, max_new_tokens=128)
-  print(run_aot(run)["markdown"])
+compiler and, given acceptance rates, theory's predicted speedup. Example: docs/tpu.md.
 """
 
 from __future__ import annotations
@@ -66,9 +62,8 @@ class AotRun:
       layout).
     programs: which kinds of program to compile (`PROGRAM_KINDS`; decoder-only drafters apply to
       decoder targets).
-    eagle_features: the target blocks an EAGLE-3 head fuses (() = EAGLE-1).
-    eagle_tree: (top_k, depth, nodes) of EAGLE-2's dynamic tree.
-    medusa_heads: Medusa heads (a chain of that depth).
+    eagle_features, eagle_tree: the target blocks an EAGLE-3 head fuses (() = EAGLE-1); (top_k,
+      depth, nodes) of EAGLE-2's dynamic tree. medusa_heads: Medusa heads (a chain that deep).
     draft_replicated: draft weights whole on every device (else split like the target).
     train_batch, train_seq_len: the draft train step's batch.
     alphas: {draft name: acceptance rate} for the predicted speedup.

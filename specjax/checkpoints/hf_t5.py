@@ -6,20 +6,9 @@
 * `export_hf_t5(params, config, directory)`: `model.safetensors` and a `config.json` that
   `transformers.T5ForConditionalGeneration.from_pretrained` loads offline.
 
-Tensor mapping (torch Linear weights are `[out, in]`; ours `[in..., out...]`):
-
-  shared.weight [V, E]                            shared/embedding
-  {enc,dec}oder.block.0.layer.0.SelfAttention.relative_attention_bias.weight [NB, H]
-                                                  {enc,dec}oder/relpos_bias
-  encoder.block.{i}.layer.0.SelfAttention.{q,k,v}.weight [H*D, E]   attn/{q,k,v}/kernel [E, H, D]
-  encoder.block.{i}.layer.0.SelfAttention.o.weight [E, H*D]         attn/o/kernel [H, D, E]
-  encoder.block.{i}.layer.0.layer_norm.weight     attn_norm/scale
-  encoder.block.{i}.layer.1.DenseReluDense.{wi | wi_0, wi_1}.weight [F, E], wo.weight [E, F]
-  encoder.block.{i}.layer.1.layer_norm.weight     mlp_norm/scale
-  decoder.block.{i}.layer.0 (SelfAttention), layer.1 (EncDecAttention), layer.2 (DenseReluDense)
-  {enc,dec}oder.final_layer_norm.weight           {enc,dec}oder/final_norm/scale
-  lm_head.weight [V, E]                           lm_head/kernel [E, V] (v1.1)
-
+The tensor mapping is `_entries` (torch Linear weights `[out, in]`, ours `[in..., out...]`:
+`SelfAttention.q.weight [H*D, E]` ↔ `attn/q/kernel [E, H, D]`, `o.weight [E, H*D]` ↔
+`o/kernel [H, D, E]`; `shared.weight [V, E]` ↔ `shared/embedding`; v1.1's `lm_head.weight`).
 Accepted but not stored: `{en,de}coder.embed_tokens.weight` (copies of shared), v1.0's tied
 `lm_head.weight` (must equal shared), and old checkpoints' unused
 `decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight`.

@@ -3,11 +3,7 @@
 The draft is the target run through a static subset of its layers (embedding, the chosen blocks
 in order, final norm, LM head), on the target's own parameters (no second set of weights). It
 keeps its own small KV cache for the layers it runs and drafts a chain like any draft model
-(`ModelDrafter`), so sampling stays exact by the rejection rule.
-
-  drafter = LayerSkip(target, layers=(0, 1, 2, 5))
-  out = specjax.speculative_generate(target, tp, drafter, None, prompts, ...)
-
+(`ModelDrafter`), so sampling stays exact by the rejection rule. Pass `draft_params=None`;
 `specjax.measure.layers.choose_layers` picks the subset on validation prompts by measured α.
 """
 

@@ -1,10 +1,9 @@
 """The rollout gate for a drafter: measure first, then turn speculation on.
 
-The practice of vLLM / SGLang EAGLE-3 deployments: measure the plain target's baseline at the
-production batch (TTFT, ITL P50 / P99, tokens/s); enable the drafter and measure α and the same
-latencies; gate on α >= 0.55 (below it speculation loses at high concurrency) and a P99 ITL no
-worse than the baseline's by more than a margin (rejected drafts make a two-pass tail: mean ITL
-falls while P99 can rise):
+As vLLM / SGLang EAGLE-3 deployments do: measure the plain target's TTFT, ITL P50 / P99 and
+tokens/s at the production batch, then α and the same with the drafter; gate on α >= 0.55 and a
+P99 ITL within a margin of the baseline's (rejected drafts make a tail: mean ITL falls while P99
+can rise):
 
   m = measure(target, tp, draft, dp, prompts, batch_size=8, ...)
   verdict = gate(m.baseline, m.candidate, m.alpha, min_alpha=0.55, p99_margin=0.10)
@@ -12,14 +11,11 @@ falls while P99 can rise):
 
 `python -m specjax.cli.rollout` runs them on a built-in tiny random pair.
 
-How `measure` times (static batches on this process, no serving stack): prompts run in batches
-of `batch_size` rows (a partial last batch padded with uncounted copies), every request arriving
-when its batch starts. Each decoder is driven one jitted step at a time (`specjax.streaming`),
-its output lengths fetched and stamped with `measure.timing.now()` after each step — one host
-sync per step in both arms, as a streaming server pays. The arms alternate batch by batch
-(machine noise hits both alike), each laid end to end on its own timeline; compilation is
-excluded. α is accepted / drafted summed over every speculative iteration of every request
-(vLLM's definition).
+`measure` runs static batches of `batch_size` rows on this process (a partial last batch padded
+with uncounted copies; requests arrive when their batch starts), each decoder stepped from the
+host (`specjax.streaming`, one sync per step in both arms, as a streaming server pays). The arms
+alternate batch by batch (machine noise hits both alike), each on its own timeline, compilation
+excluded. α is accepted / drafted over every speculative iteration of every request (vLLM's).
 """
 
 from __future__ import annotations
@@ -95,10 +91,8 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
             batch_size: int, max_new_tokens: int, gamma: int = 4,
             sampling: SamplingConfig = GREEDY, seed: int = 0, eos_id: Optional[int] = None,
             pad_id: int = 0) -> Measurement:
-  """Baseline and candidate latencies, and α, of a drafter at one batch size.
-
-  Runs every prompt through plain decoding (the baseline) and through speculative decoding with
-  `draft` (the candidate), alternating batch by batch (method in the module doc).
+  """Baseline and candidate latencies, and α, of a drafter at one batch size: every prompt
+  through plain decoding and through speculative decoding with `draft` (method: the module doc).
 
   Args:
     target, target_params: the model served.
@@ -112,8 +106,7 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
     seed: the PRNG seed of sampled runs (both arms use the same keys).
     eos_id, pad_id: as in `specjax.generate`.
 
-  Returns:
-    A `Measurement`.
+  Returns: a `Measurement`.
   """
   check_model(target, "target")
   batch_size = check_int("batch_size", batch_size, 1)
@@ -259,14 +252,12 @@ def gate(baseline: LatencyStats, candidate: LatencyStats, alpha: float, *,
          context: Optional[Dict[str, Any]] = None) -> Verdict:
   """Applies the rollout gate to a baseline and a candidate measurement.
 
-  Checks, in order (the verdict names the first that fails; `reasons` lists all):
+  Checks, in order (the verdict names the first that fails, else ROLL_OUT; `reasons` lists all):
 
     1. α >= min_alpha (else HOLD_ALPHA); a NaN α (nothing drafted) fails;
     2. candidate P99 ITL <= baseline P99 ITL · (1 + p99_margin) (else HOLD_P99);
     3. candidate tokens/s > baseline tokens/s · (1 + min_throughput_gain) (else HOLD_THROUGHPUT):
        a drafter that gains nothing is not worth its memory and complexity.
-
-  All pass: ROLL_OUT.
 
   Args:
     baseline, candidate: `LatencyStats` of plain decoding and the drafter.
@@ -276,8 +267,7 @@ def gate(baseline: LatencyStats, candidate: LatencyStats, alpha: float, *,
     min_throughput_gain: the relative tokens/s gain required, >= 0 (0: any gain).
     context: free-form settings recorded in the verdict (JSON-ready).
 
-  Returns:
-    A `Verdict`.
+  Returns: a `Verdict`.
   """
   for name, s in (("baseline", baseline), ("candidate", candidate)):
     if not isinstance(s, LatencyStats):

@@ -270,9 +270,7 @@ def attend_cached(q_BTHD: jax.Array, new_k_BTKD: jax.Array, new_v_BTKD: jax.Arra
   """Attention of T new tokens (row b's at slots `lengths_B[b] + 0..T-1`) over the row's cached
   slots `< lengths_B[b]` and over each other — causally, or as `mask_TT` says (bool `[T, T]` or
   `[B, T, T]`: new token t attends to new token u; trees, lookahead) — then writes the new keys /
-  values into the buffers (`write_kv`).
-
-  Returns the attention output `[B, T, H, D]` and the updated buffers.
+  values into the buffers (`write_kv`). Returns the output `[B, T, H, D]` and the buffers.
 
   The cached part is two products per kv head with the T·G queries on the left (`[T·G, D] @
   [D, S]`, `[T·G, S] @ [S, D]`), the orientation XLA:CPU handles without repacking a buffer, so a

@@ -115,8 +115,7 @@ def eagle3_head_memory(hidden: int, num_heads: int, num_kv_heads: int, head_dim:
     attention_input_factor: the attention's input width in units of E, an integer >= 1.
     bytes_per_param: bytes per weight and per cached value, > 0 (2 for bf16).
 
-  Returns:
-    The dict of `classic_draft_memory`.
+  Returns: the dict of `classic_draft_memory`.
   """
   d = _shape_args(hidden=hidden, num_heads=num_heads, num_kv_heads=num_kv_heads,
                   head_dim=head_dim, intermediate=intermediate, vocab=vocab,

@@ -9,15 +9,12 @@ The cost model (one iteration = one target call), in target-step units:
 
   speedup = τ / (draft cost per iteration + V(T))
 
-  τ      tokens per target call (measured, or (1 − α^{γ+1}) / (1 − α) from
-         `theory.expected_tokens_per_call` for a chain of γ drafts),
-  draft  γ·c for a chain drafter whose c is per drafted token, or c itself
-         when c is per iteration (heads, trees, lookup: one draft pass),
-  V(T)   a target call on T tokens (γ + 1 for a chain, the node count for a
-         tree) relative to a one-token target step (`VerifyCost`).
+  τ      tokens per target call (measured, or `theory.expected_tokens_per_call` for a chain),
+  draft  γ·c for a chain drafter whose c is per drafted token, or c when it is per iteration,
+  V(T)   a target call on T tokens (γ + 1, or a tree's nodes) relative to a one-token step.
 
-With V ≡ 1 (verification free) and a chain this is Leviathan et al.'s
-`theory.walltime_improvement`; with the measured V, `theory.walltime_improvement_from_tokens`.
+With V ≡ 1 and a chain this is Leviathan et al.'s `theory.walltime_improvement`; with the
+measured V, `theory.walltime_improvement_from_tokens`.
 A chain with α known has its γ searched (each γ with its own V(γ + 1)); families measured only by
 τ (trees, prompt lookup, lookahead, Medusa) keep their measured call shape. A results-JSON row
 without a measured `cost_ratio` gets its draft cost per iteration from its measured speedup
@@ -171,9 +168,7 @@ class VerifyCost:
 
   Attributes:
     points: {T: ratio}, T an integer >= 1, ratio a finite number > 0.
-    extrapolate: continue linearly beyond the largest measured T.
-    batch: the batch size the points were measured at, if known.
-    monotone: read a non-decreasing fit of the points (see above).
+    extrapolate, monotone: see above; batch: the points' batch size, if known.
   """
 
   points: Mapping[int, float]
@@ -366,8 +361,7 @@ def predict_speedup(m: FamilyMeasurement, verify_cost: VerifyCost, *, max_gamma:
     max_gamma: the largest γ searched (an integer >= 1).
     calibrate_alpha: fit α to the measured τ (see above).
 
-  Returns:
-    The `Prediction` (memory fields unset).
+  Returns: the `Prediction` (memory fields unset).
   """
   if not isinstance(m, FamilyMeasurement):
     raise TypeError(f"m must be a FamilyMeasurement, got {type(m).__name__}")
@@ -426,13 +420,8 @@ def predict_speedup(m: FamilyMeasurement, verify_cost: VerifyCost, *, max_gamma:
 
 
 def draft_memory_bytes(m: FamilyMeasurement, *, batch_size: int, tokens: int) -> Optional[int]:
-  """Draft params + cache bytes per token × tokens × batch; None if unknown.
-
-  Args:
-    m: the family's measurement.
-    batch_size: sequences decoded together (>= 1).
-    tokens: positions per sequence the draft caches (context + new tokens).
-  """
+  """Draft params + cache bytes per token × `tokens` (positions per sequence the draft caches:
+  context + new) × `batch_size` (>= 1); None if unknown."""
   batch_size = check_int("batch_size", batch_size, 1)
   tokens = check_int("tokens", tokens, 0)
   if m.draft_params_bytes is None or m.draft_cache_bytes_per_token is None:
@@ -466,8 +455,7 @@ def pick(measurements: Sequence[FamilyMeasurement], verify_cost: VerifyCost, *,
     calibrate_alpha: see `predict_speedup`.
     require_known_memory: exclude families whose memory is unknown (default: keep, marked "?").
 
-  Returns:
-    The `Recommendation`.
+  Returns: the `Recommendation`.
   """
   if isinstance(measurements, (FamilyMeasurement, str, bytes)) or not isinstance(
       measurements, Sequence):

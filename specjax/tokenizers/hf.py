@@ -1,5 +1,4 @@
-"""Hugging Face ``tokenizer.json`` tokenizers, a loader for either kind, and a draft/target
-compatibility check.
+"""Hugging Face ``tokenizer.json`` tokenizers, a loader for either kind, a draft/target check.
 
 `HFTokenizer` reads a ``tokenizer.json`` (Llama 3, Qwen; never downloading anything) and offers
 `SentencePieceTokenizer`'s batch interface: right-padded ``np.int32`` ``tokens [B, P]`` with
@@ -14,11 +13,7 @@ all, the well-known names of ``_WELL_KNOWN`` are looked up among the special tok
 arguments of `HFTokenizer` override all of it.
 
 Padding: without a pad token, batches are padded with the EOS id (or 0 without EOS); padding is
-never a real token, so read ``lengths`` to know where each row ends.
-
-  tok = load_tokenizer("/models/Llama-3.2-1B")  # the folder or tokenizer.json
-  tokens_bp, lengths_b = tok.encode_batch(["Hello world."], max_len=16, add_eos=False)
-  check_tokenizers_compatible("/models/Llama-3.2-1B", "/models/Llama-3.1-8B")
+never a real token, so read ``lengths`` to know where each row ends. Usage: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -54,11 +49,7 @@ AnyTokenizer = Union["HFTokenizer", SentencePieceTokenizer]
 
 
 def _read_json_object(path: str) -> dict[str, Any] | None:
-  """The JSON object in `path`, or None when the file does not exist.
-
-  Raises:
-    ValueError: the file is not valid JSON or not a JSON object.
-  """
+  """The JSON object in `path`, or None when absent (ValueError: not JSON / not an object)."""
   if not os.path.isfile(path):
     return None
   try:
@@ -115,8 +106,8 @@ class HFTokenizer:
 
     Raises:
       FileNotFoundError: no ``tokenizer.json`` at `path`.
-      ValueError: a file is not valid JSON / not a tokenizer, or a special token it names is not
-        in the vocabulary. Messages name the file.
+      ValueError: a file is not valid JSON / not a tokenizer, or names a special token not in the
+        vocabulary (messages name the file).
       ImportError: the `tokenizers` package is not installed.
     """
     try:
@@ -428,16 +419,13 @@ class HFTokenizer:
   def decode_batch(self, tokens_bn: np.ndarray,
                    lengths_b: np.ndarray | Sequence[int] | None = None, *,
                    skip_special_tokens: bool = True) -> list[str]:
-    """Decodes each row of `tokens_bn`.
+    """Decodes each row of `tokens_bn` into B strings.
 
     Args:
       tokens_bn: ``[B, N]`` token ids (any integer array-like).
       lengths_b: ``[B]`` tokens to read per row (default: the whole row); a row also stops at
         its first EOS.
       skip_special_tokens: as in `decode`.
-
-    Returns:
-      B strings.
     """
     tokens_bn, lengths_b = token_rows(tokens_bn, lengths_b)
     return [self.decode(tokens_bn[b, :int(lengths_b[b])],
@@ -518,7 +506,7 @@ def _show(token: str | None) -> str:
 def check_tokenizers_compatible(draft: AnyTokenizer | str | os.PathLike,
                                 target: AnyTokenizer | str | os.PathLike
                                 ) -> None:
-  """Checks that `draft` and `target` map ids to the same tokens.
+  """Checks that `draft` and `target` map ids to the same tokens (returns None when they do).
 
   Speculative decoding feeds the target the draft's token ids, so both must agree on every id:
   the vocabularies are compared id by id (token strings, added tokens included), then their
@@ -528,9 +516,6 @@ def check_tokenizers_compatible(draft: AnyTokenizer | str | os.PathLike,
   Args:
     draft, target: `HFTokenizer` / `SentencePieceTokenizer` objects, or paths `load_tokenizer`
       accepts (SentencePiece files load without the T5 id requirement).
-
-  Returns:
-    None when they are compatible.
 
   Raises:
     ValueError: the first id whose tokens differ (naming both), ids in one vocabulary only, or a

@@ -90,11 +90,9 @@ class SourceStats:
   """What a source did to its examples at construction.
 
   Attributes:
-    examples: examples given.
-    kept: examples in the source (after "drop").
-    truncated_prompts: kept examples whose prompt / encoder inputs were cut.
-    truncated_targets: kept examples whose target was cut (no EOS then).
-    dropped: examples removed by overlong="drop".
+    examples, kept, dropped: examples given, kept in the source, removed by overlong="drop".
+    truncated_prompts, truncated_targets: kept examples whose prompt / target was cut (a cut
+      target has no EOS).
     tokens: real (prompt + target) tokens kept, after truncation.
   """
   examples: int = 0

@@ -15,10 +15,9 @@ pairs (f_t, x_{t+1}) of a whole sequence at once:
           and to its own steps 2..j — exactly what the drafter sees at depth j-1 of a tree)
 
 A block head (`EagleConfig.block` = K; DFlash, arXiv 2602.06036) is the same forward with step
-j ≥ 2's input the learned mask — slot j-1 of the block anchored at every base t at once, the
-masks attending to the step-1 keys ≤ t and to the block's earlier slots, as in drafting. Its
-objective: CE at every slot, slot j weighted `step_decay`^(j-1) (a slot counts only when every
-earlier one is accepted), K steps, no feature loss or noise.
+j ≥ 2's input the learned mask (slot j-1 of the block anchored at every base t, attending as in
+drafting), trained by CE at every slot, slot j weighted `step_decay`^(j-1) (it counts only when
+every earlier slot is accepted), without feature loss or noise.
 
 EAGLE-1 adds the feature regression smooth-L1(out1_t, f_{t+1}) (weight `feature_weight`, CE
 weight `ce_weight`; the paper's 1.0 / 0.1) and uniform noise U(-noise, noise) on the input
