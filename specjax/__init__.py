@@ -7,25 +7,14 @@ Decoding (one jit, one `lax.while_loop`, donated static-shape caches):
                        prompt_lengths, max_new_tokens=..., gamma=..., ...)
   plan_speculative(...)  # the same arguments: the SpeculativePlan the call runs
 
-Models follow `specjax.protocol.LanguageModel`: `DecoderLM` (Chinchilla /
-Llama style), `T5` (v1.0 / v1.1), `UnigramLM` / `BigramLM`. Drafts are draft
-models or drafters (`specjax.drafters`, protocol `specjax.drafting`).
-Sampling choices are `SamplingConfig`s; `specjax.theory` has the analytic
-results; `specjax.parallel.sharding` places everything on a
-`jax.sharding` mesh; `import_hf_decoder` / `import_hf_t5` stream
-transformers-format checkpoints (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3, T5)
-straight into their shardings; `load_tokenizer` reads a `tokenizer.json` or
-a SentencePiece model; `measure_beta` measures α of a pair;
-`tune_matvec_rows` picks a decoder's CPU product path for this machine;
-`speculative_generate(..., gamma="auto")` chooses γ (0 included) per
-iteration in-graph (`AdaptiveGamma`, costs from `calibrate_gamma_costs`;
-`Acceptance` carries what one call learned to the next);
-`clear_compiled` / `set_max_compiled_programs` bound how many compiled
-decoding programs a long-lived process keeps (`specjax.compiled`).
-The package map (what may import what) is in docs/architecture.md.
-
-Shape names: B batch, P prompt, T tokens per call, S cache slots, V vocab,
-L layers, H heads, K kv heads, D head dim, E width, G = gamma.
+Models follow `protocol.LanguageModel`: `DecoderLM` (Chinchilla / Llama style), `T5` (v1.0 /
+v1.1), `UnigramLM` / `BigramLM`. Drafts are draft models or drafters (`specjax.drafters`,
+protocol `specjax.drafting`). `SamplingConfig`; `theory` (analytic results);
+`parallel.sharding` (meshes); `import_hf_decoder` / `import_hf_t5` (transformers checkpoints
+streamed into their shardings); `load_tokenizer`; `measure_beta` (α of a pair);
+`tune_matvec_rows` (a decoder's CPU product path); `gamma="auto"` (`AdaptiveGamma`,
+`calibrate_gamma_costs`, `Acceptance`); `clear_compiled` / `set_max_compiled_programs` (the
+compiled-program cache). Package map and shape names: docs/architecture.md.
 """
 
 from specjax import drafters, parallel, theory

@@ -520,7 +520,6 @@ def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Ar
                ) -> AdaptState:
   """The estimate after plain iterations start .. end - 1 (the idle decay for each), recorded
   as γ = 0 in the trace."""
-
   d = jnp.power(jnp.float32(cfg.idle_decay), (end - start).astype(jnp.float32))
   i_I = jnp.arange(st.trace_I.shape[0])
   trace = jnp.where((i_I >= start) & (i_I < end), 0, st.trace_I)

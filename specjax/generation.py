@@ -60,8 +60,7 @@ __all__ = [
     "EosIds", "is_eos",
 ]
 
-# End-of-sequence ids: none, one id, or a tuple of ids (instruct checkpoints
-# end on any of several, e.g. Llama-3.x's <|eot_id|> and <|end_of_text|>).
+# End-of-sequence ids: none, one, or a tuple (instruct checkpoints end on any of several).
 EosIds = Optional[Union[int, Tuple[int, ...]]]
 
 
@@ -110,9 +109,9 @@ class DecodeStats:
 
   @classmethod
   def from_histogram(cls, accepted_hist: Any, drafted: Any = 0) -> "DecodeStats":
-    """Stats of one row holding totals: an accepted-length histogram `[..., G + 1]` (summed
-    over its leading axes) and the drafted tokens (summed), so stored records read back into
-    τ / α by a run's arithmetic. Call counters are 0."""
+    """Stats of one row holding totals of an accepted-length histogram `[..., G + 1]` (leading
+    axes summed) and the drafted tokens, so stored records read back into τ / α. Call
+    counters are 0."""
     hist = np.asarray(accepted_hist)
     if hist.ndim < 1 or hist.shape[-1] < 1 or hist.dtype.kind not in "iuf":
       raise ValueError(f"accepted_hist must be a histogram [..., G + 1] of counts, got "
@@ -343,8 +342,7 @@ class AutoregressiveDecoder:
   pad_id: int = 0
   count_nonfinite: bool = True
   # Report stats as an adaptive loop with this Γ that never drafted (gamma="auto" where drafting
-  # cannot pay runs this program): accepted_hist `[B, max Γ + 1]`, a zero gamma_trace, the
-  # acceptance estimate after the idle decay.
+  # cannot pay runs this program; `_as_plain_adaptive`).
   report_adaptive: Optional[AdaptiveGamma] = None
 
   def init_state(self, params, prompts_BP, lengths_B, keys_B, cache,
@@ -401,8 +399,7 @@ class SpeculativeDecoder:
   candidates_fn: Callable = candidates_verify
   tree_fn: Callable = tree_verify
   count_nonfinite: bool = True  # as in AutoregressiveDecoder
-  # gamma="auto" (`specjax.adaptive`): γ chosen per iteration from its set Γ
-  # (`gamma` is then max Γ, which sizes the buffers); `run` takes the costs.
+  # gamma="auto" (`specjax.adaptive`): γ chosen per iteration from Γ (`gamma` = max Γ).
   adaptive: Optional[AdaptiveGamma] = None
 
   def __post_init__(self):
@@ -451,7 +448,6 @@ class SpeculativeDecoder:
     if self.adaptive is not None:
       # The drafter's prefill holds positions < seq_len. Rows that stopped drafting retry,
       # unless plain steps observe the drafts anyway (a drafter that previews them).
-
       adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens, acceptance,
                                          retries=not drafter.offers_room)
       state = state.replace(adapt=adapt.replace(synced_B=state.seq_len))
@@ -644,8 +640,7 @@ class SpeculativeDecoder:
 
     state = self.choose(draft_params, state, gamma_costs)
     if ad.gammas[0] == 0:
-      # A first plain segment outside the dispatch: where drafting never pays, the run never
-      # enters a conditional (nor copies its caches).
+      # A first plain segment outside the dispatch: a run that never drafts copies no caches.
       state = segment(0)(state)
     return jax.lax.while_loop(
         running, lambda s: jax.lax.switch(s.adapt.branch, [segment(i) for i in range(n)], s),
@@ -667,8 +662,7 @@ class SpeculativeDecoder:
     else:
       logits_B1V, target_cache = self.target.extend(target_params, state.pending[:, None],
                                                     target_cache)
-    # The verifier's first uniform: what a row with no valid drafts draws in any branch
-    # (prefix-consistent uniforms).
+    # The verifier's first uniform, as a row with no valid drafts draws in any branch.
     u_B = row_uniforms(keys_B2[:, 1], 1)[:, 0]
     next_B = draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
     state, count_B = _commit(state, next_B[:, None], jnp.ones_like(next_B),
@@ -851,7 +845,6 @@ def _as_plain_adaptive(stats: DecodeStats, ad: AdaptiveGamma, iterations: int,
   """Plain decoding's stats as an adaptive loop that stayed at γ = 0 reports them: 0 of 0
   drafts accepted per iteration, γ 0 in the trace (`[iterations]`, -1 past the last), the
   estimate idled."""
-
   it_B = stats.target_calls - 1    # the prefill is a target call
   hist = jnp.zeros((it_B.shape[0], ad.max_gamma + 1), jnp.int32).at[:, 0].set(it_B)
   trace = jnp.where(jnp.arange(iterations) < jnp.max(it_B), 0, -1).astype(jnp.int32)

@@ -1,12 +1,10 @@
-"""The per-machine store: choices and measurements that hold for this
-machine only (the tuned decode path, `specjax.models.matvec_cache`; the
-adaptive γ's cost tables, `specjax.calibration`).
+"""The per-machine store: choices and measurements that hold for this machine only
+(`models.matvec_cache`, `calibration`'s cost tables).
 
-One JSON file per kind of entry in `$SPECJAX_CACHE_DIR` (default
-`~/.cache/specjax/`), an object {"<machine id> | <key>": value}: an entry
-measured on another CPU or JAX version is never read back. Files are
-written atomically (`specjax.atomic_io`); an unreadable one is ignored
-(logged) and rewritten by the next store.
+One JSON file per kind of entry in `$SPECJAX_CACHE_DIR` (default `~/.cache/specjax/`), an
+object {"<machine id> | <key>": value}: an entry from another CPU or JAX version is never read
+back. Files are written atomically; an unreadable one is ignored (logged) and rewritten by the
+next store.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ __all__ = ["cache_path", "machine_id", "lookup_entry", "store_entry"]
 
 
 def cache_path(filename: str) -> str:
-  """Where entries of `filename` are stored (`$SPECJAX_CACHE_DIR` or
-  ~/.cache/specjax)."""
+  """Where entries of `filename` are stored (`$SPECJAX_CACHE_DIR` or ~/.cache/specjax)."""
   root = os.environ.get("SPECJAX_CACHE_DIR") or os.path.join(
       os.path.expanduser("~"), ".cache", "specjax")
   return os.path.join(root, filename)
@@ -33,8 +30,7 @@ def cache_path(filename: str) -> str:
 
 @functools.lru_cache(maxsize=1)
 def machine_id() -> str:
-  """The CPU model, its core count and the JAX version: what a stored
-  choice depends on besides its key."""
+  """The CPU model, its core count and the JAX version: what a stored choice also depends on."""
   import jax  # pylint: disable=g-import-not-at-top
   cpu = platform.processor() or platform.machine()
   try:
@@ -70,8 +66,7 @@ def _read_cached(path: str, mtime: float) -> Dict[str, Any]:
 
 
 def lookup_entry(filename: str, key: str) -> Any:
-  """The value stored under `key` (prefixed with this machine's id) in
-  `filename` of the cache directory, or None."""
+  """The value stored under `key` for this machine in `filename` of the cache dir, or None."""
   path = cache_path(filename)
   try:
     mtime = os.path.getmtime(path)
@@ -81,8 +76,7 @@ def lookup_entry(filename: str, key: str) -> Any:
 
 
 def store_entry(filename: str, key: str, value: Any) -> str:
-  """Records a JSON-able `value` under `key` for this machine (atomically);
-  returns the path."""
+  """Records a JSON-able `value` under `key` for this machine (atomically); returns the path."""
   path = cache_path(filename)
   data = _read(path)
   data[f"{machine_id()} | {key}"] = value

@@ -184,9 +184,8 @@ def _nucleus(probs: jax.Array, top_p: float) -> jax.Array:
     ok = jnp.sum(jnp.where(bits >= mid[..., None], probs, 0.0), axis=-1) >= top_p
     return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
 
-  # Unrolled for real vocabularies: a rolled loop pays loop overhead and, on XLA:CPU, a copy of
-  # the probabilities per pass. Rolled below _UNROLL_MIN_VOCAB, where 31 unrolled passes at
-  # every filtering site would mostly add compile time.
+  # Unrolled for real vocabularies (a rolled loop copies the probabilities per pass on
+  # XLA:CPU); rolled below _UNROLL_MIN_VOCAB, where unrolling mostly adds compile time.
   unroll = 31 if probs.shape[-1] >= _UNROLL_MIN_VOCAB else 1
   lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi), unroll=unroll)
   kept = jnp.where(bits >= lo[..., None], probs, 0.0)
@@ -251,8 +250,7 @@ def sample_from_uniform(u_B: jax.Array, probs_BV: jax.Array,
     return _inverse_cdf(probs_BV, u_X=u_B)
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty and mesh.shape.get("model", 1) == m:
-    # On the mesh: one piece per device of `model` (its slice of the vocabulary),
-    # one all-gather of the pieces' masses and one all-reduce of the token.
+    # One piece per `model` device: an all-gather of the masses, an all-reduce of the token.
     rows = "data" if "data" in mesh.axis_names and b % mesh.shape["data"] == 0 else None
     return jax.shard_map(_draw_own_piece, mesh=mesh,
                          in_specs=(P(rows), P(rows, "model")), out_specs=P(rows),
@@ -313,16 +311,14 @@ def _inverse_cdf(probs_XV: jax.Array, u_X=None, target_X=None) -> jax.Array:
   within_XK = before_X[..., None] + jnp.cumsum(row_XK, axis=-1)
   last_in_X = _BLOCK - 1 - jnp.argmax((row_XK > 0)[..., ::-1], axis=-1)
   j_X = jnp.minimum(jnp.sum(within_XK <= target_X[..., None], axis=-1), last_in_X)
-  # A row with no mass: keep its index inside the vocabulary (V − 1), not in the block padding:
-  # a drafter's empty child is still fed to the target, and an id past the embedding table
-  # turns the call, and the cache, into NaN.
+  # A row with no mass gets V − 1, not an id in the block padding: a drafter's empty child is
+  # still fed to the target, and an id past the embedding table turns the cache into NaN.
   return jnp.minimum(blk_X * _BLOCK + j_X, v - 1).astype(jnp.int32)
 
 
 def draw(u_B: jax.Array, probs_BV: jax.Array, sampling: SamplingConfig) -> jax.Array:
   """One token per row: the argmax for greedy (no random numbers used), else an inverse-CDF
   draw."""
-
   if sampling.is_greedy:
     return argmax_first(probs_BV)
   return sample_from_uniform(u_B, probs_BV)

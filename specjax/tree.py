@@ -1,20 +1,16 @@
 """Token trees: the static topology of a tree of drafted tokens.
 
-A tree of N nodes is given by its parents: node 0 is the row's pending
-token (the root, parent -1), every other node's parent comes before it
-(`parents[i] < i`: topological order), so a node is never its own
-ancestor. The topology is static (one compilation per tree); the tokens
-at the nodes, their proposal distributions and which nodes a row uses
-(a per-row valid mask: dynamic trees with fewer nodes) are per-row data.
+A tree of N nodes is given by its parents: node 0 is the row's pending token (the root, parent
+-1), every other node's parent comes before it (`parents[i] < i`), so no node is its own
+ancestor. The topology is static (one compilation per tree); the tokens, their proposal
+distributions and which nodes a row uses (a per-row valid mask) are per-row data.
 
-One target call runs all N nodes: node i at position committed length +
-depth(i), attending to the committed cache and to its ancestors (and
-itself) only — `layout()` gives the `CallLayout` (offsets = depths, mask =
-ancestor mask). `specjax.verify.tree_verify` accepts a root path exactly;
-the accepted nodes' keys and values are then moved into contiguous cache
-slots (`copy_slots`).
+One target call runs all N nodes: node i at position committed length + depth(i), attending
+to the committed cache, its ancestors and itself only (`layout()`: offsets = depths, mask =
+ancestor mask). `verify.tree_verify` accepts a root path exactly; the accepted nodes' keys and
+values are then moved into contiguous cache slots (`copy_slots`).
 
-  tree = TokenTree.chain(4)                    # a chain: today's verification
+  tree = TokenTree.chain(4)                    # a chain
   tree = TokenTree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
 """
 
@@ -80,10 +76,9 @@ class TokenTree:
 
   @classmethod
   def from_paths(cls, paths: Iterable[Sequence[int]]) -> "TokenTree":
-    """A tree from child-rank paths (Medusa's notation): (i1, i2, ...) is the
-    node reached by the i1-th child of the root, then its i2-th child, ...
-    Every prefix of a path must be a path too; nodes are numbered by depth,
-    then path order."""
+    """A tree from child-rank paths (Medusa's notation): (i1, i2, ...) is the root's i1-th
+    child's i2-th child, ... Every prefix of a path must be a path too; nodes are numbered by
+    depth, then path order."""
     paths = sorted({tuple(int(x) for x in p) for p in paths}, key=lambda p: (len(p), p))
     index = {(): 0}
     parents = [-1]
@@ -118,8 +113,8 @@ class TokenTree:
 
   @property
   def children(self) -> np.ndarray:
-    """int `[N, C]`: each node's children in index order (the order they are
-    tried), padded with -1; C = the largest number of children (>= 1)."""
+    """int `[N, C]`: each node's children in index order (the order tried), padded with -1;
+    C = the largest number of children (>= 1)."""
     kids = [[] for _ in range(self.size)]
     for i in range(1, self.size):
       kids[self.parents[i]].append(i)
@@ -138,8 +133,7 @@ class TokenTree:
     return m
 
   def truncated(self, depth: int) -> "TokenTree":
-    """The tree's nodes at most `depth` deep (>= 1), in their order: the
-    smaller trees an adaptive loop chooses among (`gamma="auto"`)."""
+    """The nodes at most `depth` (>= 1) deep, in order (`gamma="auto"`'s smaller trees)."""
     depth = check_int("depth", depth, 1)
     if depth >= self.depth:
       return self
@@ -182,13 +176,9 @@ def dynamic_tree_arrays(parents_BN: jax.Array, max_children: int
                         ) -> Tuple[jax.Array, jax.Array, jax.Array]:
   """In-graph `TokenTree` arrays for per-row trees (EAGLE-2's dynamic tree).
 
-  `parents_BN`: int32, row b's node n has parent `parents_BN[b, n]`
-  (-1 for the root, node 0; parents before children). Returns
-  `(depths_BN, ancestors_BNN, children_BNC)`: each node's depth, the
-  ancestor mask (node j is node i or one of its ancestors) and each
-  node's first `max_children` children in index order, padded with -1 —
-  what `TokenTree.depths`, `.ancestor_mask` and `.children` give for one
-  static tree.
+  `parents_BN`: int32, row b's node n has parent `parents_BN[b, n]` (-1 for the root, node 0;
+  parents before children). Returns `(depths_BN, ancestors_BNN, children_BNC)`, per row what
+  `TokenTree.depths`, `.ancestor_mask` and `.children` (first `max_children`, -1 padded) give.
   """
   b, n = parents_BN.shape
   parents_BN = parents_BN.astype(jnp.int32)
@@ -215,18 +205,14 @@ def draw_children(logits_BV: jax.Array, sampling: SamplingConfig, count: int,
                   ) -> Tuple[jax.Array, Optional[jax.Array], jax.Array]:
   """The `count` children of one node, from a drafter's logits there.
 
-  `mode`: "top_k" — the `count` most likely tokens (deterministic children,
-  verified as one-hot proposals); "iid" — each child drawn from the processed
-  distribution p (`sampling`: the target's temperature / top-k / top-p) with
-  its own uniform `u_BR[:, r]`; "without" — drawn without replacement: child
-  r from p with the earlier children removed, renormalised. At temperature 0
-  every mode takes the top-k tokens.
+  `mode`: "top_k": the `count` most likely tokens (deterministic, verified as one-hot
+  proposals); "iid": each child drawn from the processed distribution p (`sampling`: the
+  target's) with its own uniform `u_BR[:, r]`; "without": without replacement, child r from p
+  with the earlier children removed, renormalised. At temperature 0 every mode takes top-k.
 
-  Returns `(tokens_BR, probs_BRV, valid_BR)`: the children, the distribution
-  each was drawn from given its earlier siblings (what `tree_verify` needs;
-  None for top-k children, verified as one-hot proposals) and whether it
-  exists (without replacement, a child needs probability mass left: top-p
-  may leave fewer tokens than children).
+  Returns `(tokens_BR, probs_BRV, valid_BR)`: the children, the distribution each was drawn
+  from given its earlier siblings (what `tree_verify` needs; None for top-k) and whether it
+  exists (without replacement a child needs mass left: top-p may leave fewer tokens).
   """
   check_child_mode("mode", mode)
   b = logits_BV.shape[0]

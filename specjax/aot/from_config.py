@@ -1,10 +1,8 @@
 """An experiment config (Leviathan or Chen launcher) → the `AotRun` of its shapes.
 
-Reads what the launcher would run: the target and draft shapes (trained
-here: the config's model sections; real checkpoints: `cfg.aot.target` /
-`cfg.aot.drafts`, named shapes from `specjax.models`, since no checkpoint is
-read for a compile-only run), the γ values, the largest batch, the prompt
-bucket, the new tokens and the dtype.
+Reads what the launcher would run: the target and draft shapes (the config's model sections,
+or for real checkpoints the named shapes `cfg.aot.target` / `cfg.aot.drafts`: no checkpoint is
+read), the γ values, the largest batch, the prompt bucket, the new tokens and the dtype.
 """
 
 from __future__ import annotations

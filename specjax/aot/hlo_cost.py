@@ -1,33 +1,23 @@
 """Per-iteration accounting of a compiled program's HLO: bytes, collectives, copies.
 
-`loop_cost(hlo_text)` reads the optimized HLO of a compiled program
-(`compiled.as_text()`), finds its main `while` loop (the decode loop: the
-top-level loop that moves the most bytes per iteration) and accounts one
-iteration of it:
+`loop_cost(hlo_text)` reads a compiled program's optimized HLO (`compiled.as_text()`), finds
+its main `while` loop (the decode loop) and accounts one iteration of it:
 
-* **HBM bytes** — every top-level instruction of the loop body reads its
-  operands and writes its result (a fusion is one kernel: its inputs come
-  from memory, its output goes back). Refinements where a kernel touches
-  less than whole buffers: an operand a fusion only slices
-  (`dynamic-slice`, `slice`, `gather`) is charged the slices; an operand
-  updated in place (`dynamic-update-slice`, `scatter` operand 0) is charged
-  nothing to read and the update to write. Nested loops count their trip
-  count (`known_trip_count`) times; a conditional counts its largest branch.
-  A nested loop without the annotation whose condition is `counter < N`
-  (a `lax.scan` / `fori_loop`) counts N times.
-  Buffers in on-chip memory (a layout memory space `S(n)`, n > 0: vector,
-  scalar or — on v4 — common memory) are not HBM traffic.
-* **collectives** by kind (all-reduce, all-gather, reduce-scatter,
-  all-to-all, collective-permute): count and bytes per iteration.
-* **host transfers** inside the loop (send / recv / infeed / outfeed, host
-  callbacks): must be none for a loop that stays on the device.
-* **large copies**: `copy` kernels (or fusions whose result is a copy or a
-  transpose) whose result is at least `copy_threshold` bytes — a cache-sized
-  buffer copied every iteration.
+* **HBM bytes**: every top-level instruction of the body reads its operands and writes its
+  result (a fusion is one kernel). An operand a fusion only slices (`dynamic-slice`, `slice`,
+  `gather`) is charged the slices; one updated in place (`dynamic-update-slice`, `scatter`
+  operand 0) nothing to read and the update to write. Nested loops count their trip count
+  (`known_trip_count`, or N for a `counter < N` condition: `lax.scan` / `fori_loop`) times; a
+  conditional its largest branch. Buffers in on-chip memory (layout memory space `S(n)`,
+  n > 0) are not HBM traffic.
+* **collectives** by kind: count and bytes per iteration.
+* **host transfers** (send / recv / infeed / outfeed, host callbacks): none for a loop that
+  stays on the device.
+* **large copies**: `copy` kernels (or copy / transpose fusions) of at least `copy_threshold`
+  bytes: a cache-sized buffer copied every iteration.
 
-This is our own accounting, not the compiler's `cost_analysis()` (whose
-`bytes accessed` counts cross-program prefetches and whose
-`optimal_seconds` can be negative).
+Our own accounting, not `cost_analysis()` (whose `bytes accessed` counts cross-program
+prefetches and whose `optimal_seconds` can be negative).
 """
 
 from __future__ import annotations
@@ -44,8 +34,7 @@ _ITEMSIZE = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16":
              "c128": 16, "f8e4m3fn": 1, "f8e5m2": 1, "f8e4m3b11fnuz": 1, "f8e4m3fnuz": 1,
              "f8e5m2fnuz": 1}
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
-# A layout's memory space other than 0 (HBM): S(1) vector memory, S(2) scalar / sync
-# memory, S(3) v4's common memory (CMEM).
+# A layout's memory space other than 0 (HBM): S(1) vector, S(2) scalar / sync, S(3) v4's CMEM.
 _ON_CHIP = re.compile(r"S\([1-9]\d*\)")
 _NO_TRAFFIC = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all",
                "partition-id", "replica-id", "opt-barrier", "add-dependency", "domain"}
@@ -72,8 +61,8 @@ class Instr:
 
 
 def shape_bytes(type_str: str, hbm_only: bool = False) -> int:
-  """Bytes of an HLO type (a tuple: the sum of its arrays). `hbm_only`:
-  leave out arrays placed in on-chip memory (a layout memory space `S(n)`, n > 0)."""
+  """Bytes of an HLO type (a tuple: the sum of its arrays). `hbm_only`: without arrays in
+  on-chip memory."""
   total = 0.0
   for dtype, dims, layout in _ARRAY.findall(type_str):
     if dtype not in _ITEMSIZE:
@@ -158,10 +147,8 @@ class LoopCost:
     bytes_read / bytes_written: HBM bytes per iteration.
     collectives: {kind: (count, bytes)} per iteration.
     host_transfers: host transfer instructions per iteration.
-    large_copies: (instruction, bytes, hbm_to_hbm) of copies of at least the
-      threshold; hbm_to_hbm False: a move between HBM and on-chip memory
-      (the compiler's memory-space assignment keeping a buffer on chip
-      across the iteration), True: a copy within HBM.
+    large_copies: (instruction, bytes, hbm_to_hbm) of copies of at least the threshold;
+      hbm_to_hbm False: a move between HBM and on-chip memory, True: a copy within HBM.
     unknown_trips: nested loops without a known trip count (counted once).
   """
 
@@ -251,8 +238,7 @@ class _Accountant:
     return written(root)
 
   def _counted_trips(self, cond: Optional[str]) -> Optional[int]:
-    """N for a counted loop whose condition is `counter < N` (a scan or a
-    fori_loop from 0: the counter starts at 0 in every loop JAX emits)."""
+    """N for a loop whose condition is `counter < N` (JAX's counters start at 0)."""
     instrs = self.comps.get(cond or "", [])
     root = next((i for i in instrs if i.root), None)
     if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs:
@@ -321,8 +307,7 @@ class _Accountant:
         continue
       operand_types = [self._type_in(comp, o) for o in ins.operands]
       if op.endswith("-start") and base not in _COLLECTIVES:
-        # Async copies and slices (memory-space moves: HBM <-> on-chip memory): HBM traffic
-        # is the side(s) of the move that lie in HBM.
+        # Async copies and slices (HBM <-> on-chip moves): the side(s) in HBM are traffic.
         arrays = [f"{d}[{n}]{l}" for d, n, l in _ARRAY.findall(ins.type)]
         if op == "copy-start" and len(arrays) >= 2:
           dest, src = arrays[0], arrays[1]
@@ -379,9 +364,8 @@ class _Accountant:
 def loop_cost(hlo: str, copy_threshold: int = 1 << 62) -> Optional[LoopCost]:
   """Accounting of one iteration of the program's main loop (None: no loop).
 
-  The main loop is the top-level `while` of the entry computation whose trip
-  count is data-dependent (the decode loop; a chunked prefill's scan has a known
-  one) moving the most bytes per iteration, or else the one moving the most."""
+  The main loop: the entry computation's top-level `while` with a data-dependent trip count
+  moving the most bytes per iteration, or else the one moving the most."""
   comps, entry = parse_module(hlo)
   if entry is None:
     raise ValueError("not an HLO module: no ENTRY computation")
@@ -397,8 +381,7 @@ def loop_cost(hlo: str, copy_threshold: int = 1 << 62) -> Optional[LoopCost]:
       acc.account(cond, cost)
     if best is None or cost.bytes_accessed > best.bytes_accessed:
       best = cost
-    # The decode loop runs until every row is done: no known or counted trip count (a
-    # chunked prefill's scan, run before it, has one).
+    # The decode loop runs until every row is done: no known or counted trip count.
     if cost.trip_count is None and acc._counted_trips(cond) is None:
       if best_open is None or cost.bytes_accessed > best_open.bytes_accessed:
         best_open = cost
@@ -406,8 +389,7 @@ def loop_cost(hlo: str, copy_threshold: int = 1 << 62) -> Optional[LoopCost]:
 
 
 def program_cost(hlo: str) -> LoopCost:
-  """The same accounting over the whole entry computation (a loop-free program
-  such as a prefill; loops inside count their known trip counts)."""
+  """The same accounting over the whole entry computation (a prefill, a train step)."""
   comps, entry = parse_module(hlo)
   if entry is None:
     raise ValueError("not an HLO module: no ENTRY computation")

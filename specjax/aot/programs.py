@@ -318,7 +318,6 @@ def lower_eagle_train_step(target, config, mesh: Mesh, *, batch_size: int, seq_l
                            name: str = "train EAGLE head") -> Lowered:
   """The EAGLE head's sharded train step (`training.eagle`: head, optimizer state and the
   target's shared embedding / LM head fsdp over `model`) on `[B, L]` rows of target features."""
-
   loss = EagleLoss.for_version(config.version)
   spec = OptimizerSpec()
   head = jax.eval_shape(lambda: init_eagle(config, jax.random.key(0)))

@@ -1,20 +1,18 @@
 """Compile lowered programs for a TPU and report what physics says about them.
 
-`compile_program(lowered, chip)` compiles one `specjax.aot.programs.Lowered`
-and returns a `ProgramReport`: compile time; the compiler's per-device
-memory (arguments, outputs, temporaries, aliased — donated buffers updated
-in place) against the chip's HBM; the per-iteration accounting of the main
-loop (`specjax.aot.hlo_cost`: HBM bytes read / written, collectives by kind,
-host transfers, cache-sized copies); the bytes the program *should* read per
-iteration (the parameter and cache slices each call reads) and the ratio;
-and a roofline prediction of one iteration from the chip's published figures:
+`compile_program(lowered, chip)` compiles one `aot.programs.Lowered` and returns a
+`ProgramReport`: compile time; the compiler's per-device memory (arguments, outputs,
+temporaries, aliased: donated buffers updated in place) against the chip's HBM; the main
+loop's per-iteration accounting (`aot.hlo_cost`); the bytes it *should* read per iteration
+(the parameter and cache slices each call reads) and the ratio; and a roofline prediction of
+one iteration from the chip's published figures:
 
   t = max(HBM bytes / HBM bandwidth, FLOPs / peak bf16 FLOP/s)
       + collectives × latency + collective bytes / ICI bandwidth
 
-FLOPs are our own count (2 per weight per token row, and 2 per cache
-element per query head reading it); the collective latency (10 µs by
-default) is an assumption, reported apart so the HBM floor stays visible.
+FLOPs are our own count (2 per weight per token row, 2 per cache element per query head
+reading it); the collective latency (`COLLECTIVE_LATENCY_S`) is an assumption, reported apart
+so the HBM floor stays visible.
 """
 
 from __future__ import annotations
@@ -56,9 +54,8 @@ class ProgramReport:
 
   @property
   def peak_bytes(self) -> int:
-    """Live bytes per device: arguments + outputs − aliased + temporaries, a
-    buffer passed as two arguments counted once (`shared_argument_bytes`:
-    the compiler's argument size counts it per argument)."""
+    """Live bytes per device: arguments + outputs − aliased + temporaries, a buffer passed as
+    two arguments counted once (`shared_argument_bytes`)."""
     return (self.argument_bytes - self.shared_argument_bytes + self.output_bytes
             - self.alias_bytes + self.temp_bytes)
 
@@ -94,9 +91,8 @@ def _loop_dict(cost: LoopCost) -> Dict[str, Any]:
 
 
 def expected_bytes(lowered: Lowered) -> int:
-  """Bytes one iteration must read per device: the target's params and cache
-  slices once, and each draft call its draft's params and cache slices and the
-  target weights it reads (`draft_shared`: an EAGLE head's LM head)."""
+  """Bytes one iteration must read per device: the target's params and cache slices once, and
+  per draft call the draft's slices and the target weights it reads (`draft_shared`)."""
   s = lowered.slices
   if lowered.kind == "train":
     return s.get("train_state", 0)
@@ -130,9 +126,9 @@ def compile_program(lowered: Lowered, chip: Chip, *, batch_rows: int = 1, group:
                     hlo_path: Optional[str] = None) -> ProgramReport:
   """Compiles `lowered` and reports it (a compile error is reported, not raised).
 
-  batch_rows: rows of the batch on one device (B / data); group: query heads
-  per kv head (for the attention FLOPs); copy_threshold: the size from which a
-  per-iteration copy counts as cache-sized (default: none is)."""
+  batch_rows: rows on one device (B / data); group: query heads per kv head (attention
+  FLOPs); copy_threshold: the size from which a per-iteration copy counts as cache-sized
+  (default: none)."""
   t0 = time.perf_counter()
   try:
     compiled = lowered.lowered.compile()
@@ -143,8 +139,7 @@ def compile_program(lowered: Lowered, chip: Chip, *, batch_rows: int = 1, group:
                          None, 0.0, {}, error=(msg[0] if msg else type(e).__name__)[:500])
   compile_s = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  # The arguments jax kept (it drops unused ones before XLA sees them); unknown: no
-  # repeated argument is discounted.
+  # The arguments jax kept (unused ones are dropped before XLA); unknown: none discounted.
   kept = getattr(getattr(compiled, "_executable", None), "_kept_var_idx", None)
   shared = 0 if kept is None else sum(n for i, j, n in lowered.shared_args
                                       if i in kept and j in kept)
@@ -182,8 +177,7 @@ def _gb(n: float) -> str:
 
 
 def format_reports(reports: List[ProgramReport], title: str) -> str:
-  """A markdown table of reports (per device; GB = 10^9 bytes; args: each
-  buffer once, `ProgramReport.shared_argument_bytes`)."""
+  """A markdown table of reports (per device; GB = 10^9 bytes; args: each buffer once)."""
   lines = [f"### {title}", "",
            "| program | compile s | args GB | temp GB | peak GB / HBM | fits | read/iter GB "
            "| expected GB | ratio | collectives/iter | HBM-copies | host | HBM floor ms "

@@ -3,9 +3,8 @@ r"""Which drafter family and γ to use, or none, for a measured cell: the picker
   specjax-pick --results=benchmarks/results/drafters.json \
       --task=code --batch=1 --temperature=0 --context=128 --max_new=64
 
-(or `python -m specjax.cli.pick ...`) reads the cell
-(`specjax.planning.picker_io`), runs `specjax.planning.picker.pick` and prints
-the recommendation with the numbers it used.
+(or `python -m specjax.cli.pick ...`) reads the cell (`planning.picker_io`), runs
+`planning.picker.pick` and prints the recommendation with the numbers it used.
 """
 
 from __future__ import annotations
@@ -65,18 +64,14 @@ def _pick(fv: flags.FlagValues) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Prints the recommendation for a measured cell; returns the exit status.
-
-  `argv`: the flags as on the command line, without the program name (default
-  `sys.argv[1:]`), parsed by absl into a fresh `FlagValues` (absl's global FLAGS is
-  untouched, so calls are independent). Bad or missing flags raise `absl.flags.Error`.
-  """
+  """Prints the recommendation for a measured cell; returns the exit status. `argv`: the flags
+  without the program name (default `sys.argv[1:]`), parsed into a fresh `FlagValues` (absl's
+  global FLAGS untouched). Bad or missing flags raise `absl.flags.Error`."""
   return cli.call(_PROG, _define_flags, _pick, argv)
 
 
 def run() -> None:
-  """The command line (`specjax-pick`, `python -m specjax.cli.pick`): absl's
-  `app.run`, so --help, --flagfile and usage errors work as in every specjax CLI."""
+  """The command line through absl's `app.run` (--help, --flagfile, usage errors)."""
   cli.run(_define_flags, _pick, __doc__)
 
 

@@ -1,10 +1,8 @@
-"""The rollout gate on a built-in tiny random pair: `specjax-rollout` (or
-`python -m specjax.cli.rollout`).
+"""The rollout gate on a built-in tiny random pair: `specjax-rollout` (`python -m
+specjax.cli.rollout`).
 
-Measures a baseline and a drafter (`specjax.measure.gate.measure`), gates
-(`gate`) and writes the plan (`write_plan`: rollout.md + rollout.json) — the
-whole procedure of `specjax.measure.gate` end to end, on a pair small enough
-to run anywhere in seconds.
+`specjax.measure.gate` end to end (`measure` a baseline and a drafter, `gate`, `write_plan`:
+rollout.md + rollout.json) on a pair small enough to run anywhere in seconds.
 """
 
 from __future__ import annotations
@@ -32,9 +30,8 @@ DRAFTERS = ("noisy", "small", "prompt_lookup")
 
 @functools.lru_cache(maxsize=8)
 def tiny_pair(drafter: str = "noisy", noise: float = 0.15, seed: int = 0, vocab_size: int = 64):
-  """(target, target_params, draft, draft_params): a tiny random `DecoderLM`
-  target (2 layers, width 32) and a drafter: "noisy" its own architecture
-  with perturbed weights (high, varied α), "small" a smaller random model
+  """(target, target_params, draft, draft_params): a tiny random `DecoderLM` target and a
+  drafter: "noisy" the target with perturbed weights (high α), "small" a smaller random model
   (low α), "prompt_lookup" `drafters.PromptLookup` (no weights)."""
   if drafter not in DRAFTERS:
     raise ValueError(f"drafter must be one of {DRAFTERS}, got {drafter!r}")
@@ -82,8 +79,7 @@ def _define_flags(fv: flags.FlagValues) -> list[str]:
 
 
 def _rollout(a: flags.FlagValues) -> None:
-  """Tiny pair → `measure` → `gate` → `write_plan` for the parsed flags `a`; prints the
-  verdict."""
+  """Tiny pair → `measure` → `gate` → `write_plan` for the parsed flags `a`; prints it."""
   target, tp, draft, dp = tiny_pair(a.drafter, seed=a.seed)
   rng = np.random.default_rng(a.seed)
   half = rng.integers(2, target.vocab_size, size=(a.prompts, max(a.prompt_len // 2, 1)))
@@ -104,19 +100,14 @@ def _rollout(a: flags.FlagValues) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  """The CLI: tiny pair → `measure` → `gate` → `write_plan`; prints the verdict and
-  returns the exit status.
-
-  `argv`: the flags as on the command line, without the program name (default
-  `sys.argv[1:]`), parsed by absl into a fresh `FlagValues` (absl's global FLAGS is
-  untouched, so calls are independent). Bad flags raise `absl.flags.Error`.
-  """
+  """The CLI (`_rollout`); returns the exit status. `argv`: the flags without the program name
+  (default `sys.argv[1:]`), parsed into a fresh `FlagValues` (absl's global FLAGS untouched).
+  Bad flags raise `absl.flags.Error`."""
   return cli.call(_PROG, _define_flags, _rollout, argv)
 
 
 def run() -> None:
-  """The command line (`specjax-rollout`, `python -m specjax.cli.rollout`): absl's
-  `app.run`, so --help, --flagfile and usage errors work as in every specjax CLI."""
+  """The command line through absl's `app.run` (--help, --flagfile, usage errors)."""
   cli.run(_define_flags, _rollout, __doc__)
 
 

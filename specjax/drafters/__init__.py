@@ -4,18 +4,14 @@
   out = specjax.speculative_generate(target, tp, drafter, None, prompts, lengths,
                                      max_new_tokens=64, gamma=8)
 
-`speculative_generate` takes a draft model (as always: it becomes a
-`ModelDrafter`) or any drafter. The protocol, `Drafter` and the types it
-exchanges with the loop, is `specjax.drafting` (re-exported here); the head
-networks of Medusa and EAGLE are `specjax.models.medusa_head` /
-`eagle_head`. One small module per family:
+`speculative_generate` takes a draft model (it becomes a `ModelDrafter`) or any drafter. The
+protocol is `specjax.drafting` (re-exported here); Medusa's and EAGLE's head networks are in
+`specjax.models`. One small module per family:
 
   model          ModelDrafter   a separate draft model (Leviathan / Chen)
-  parallel       ParallelDraft  a draft model trained with mask slots (PARD): γ drafts in one
-                                call (`specjax.training.parallel` trains it)
+  parallel       ParallelDraft  a draft model trained with mask slots (PARD): γ drafts per call
   prompt_lookup  PromptLookup   copies what followed the last n-gram earlier in the row
   layer_skip     LayerSkip      the target through a subset of its layers
-                                (`specjax.measure.layers.choose_layers` picks them)
   windowed       WindowedKV     the target over sink + recent-window KV only
   lookahead      Lookahead      Jacobi iteration + n-gram pool, verified in one call
   medusa         Medusa         extra heads on the target's hidden state; a token tree

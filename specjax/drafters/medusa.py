@@ -1,29 +1,20 @@
 """Medusa-1 heads (Cai et al. 2024) as a tree drafter, and their tree.
 
-K extra heads read the target's last hidden state h (the final-normed state
-at the last committed position t) and guess the tokens after the next one:
-head k (k = 1..K) predicts token t+k+1 (the target's own LM head predicts
-t+1, the pending token). Head k is a residual block and a vocabulary
-projection:
+K extra heads read the target's final-normed state h at the last committed position t: head
+k (k = 1..K) predicts token t+k+1 (the target's own LM head predicts t+1, the pending token):
 
   z_k = h + SiLU(h W_k + b_k);   logits_k = z_k U_k
 
-with W_k = 0 at initialisation (so a fresh head is the target's LM head)
-and U_k initialised from the target's LM head (trainable, or shared and
-frozen: `MedusaConfig.share_lm_head`). They are trained on the frozen
-target (`specjax.training.heads`).
+with W_k = 0 at initialisation (a fresh head is the target's LM head) and U_k from the target's
+LM head (trainable, or shared and frozen: `MedusaConfig.share_lm_head`); trained on the frozen
+target (`training.heads`).
 
-Drafting: the node of a static `TokenTree` at child-rank path (i_1, ...,
-i_d) gets the i_d-th most likely token of head d — the heads do not see
-each other's choices, so the children are deterministic (verified as
-one-hot proposals: exact). `choose_tree` picks the N nodes with the largest
-expected acceptance from the heads' measured top-k accuracies (Medusa's
-greedy tree construction); `TokenTree.chain(K)` is chain mode. The hidden
-state comes from the target call itself: the drafter asks for the target's
-hidden states (`needs_hidden`) and keeps the one at the last accepted
-position. The first iteration after the prompt proposes nothing (a plain
-target step) and yields it. Under `gamma="auto"` an iteration drafts the
-tree's nodes at most γ deep (γ from Γ, capped at the tree's depth).
+Drafting: the node of a static `TokenTree` at child-rank path (i_1, ..., i_d) gets the i_d-th
+most likely token of head d; the heads do not see each other's choices, so the children are
+deterministic (verified as one-hot proposals: exact). `choose_tree` picks the N nodes with the
+largest expected acceptance (Medusa's greedy construction); `TokenTree.chain(K)` is chain
+mode. h comes from the target call itself (`needs_hidden`), so the first iteration after the
+prompt is a plain target step. Under `gamma="auto"` an iteration drafts the nodes at most γ deep.
 """
 
 from __future__ import annotations
@@ -50,8 +41,8 @@ __all__ = ["Medusa", "MedusaState", "choose_tree", "load_medusa"]
 
 @struct.dataclass
 class MedusaState:
-  """hidden: `[B, E]` the target's state at the last committed position;
-  ready: `[B]` whether it is there (False until the first target call)."""
+  """hidden: `[B, E]` the target's state at the last committed position; ready: `[B]` whether
+  it is there (False until the first target call)."""
 
   hidden: jax.Array
   ready: jax.Array
@@ -59,14 +50,11 @@ class MedusaState:
 
 @dataclasses.dataclass(frozen=True)
 class Medusa(Drafter):
-  """The Medusa drafter: `config`, the `tree` it proposes, and (with
-  `share_lm_head`) the target whose LM head the heads use. Its params are
-  {"heads": heads params, "target": the target's params if shared}.
+  """The Medusa drafter: `config`, the `tree` it proposes, and (with `share_lm_head`) the
+  target whose LM head the heads use. Params: {"heads": ..., "target": the target's if shared}.
 
-  `children`: "top_k" (each head's most likely tokens, deterministic) or
-  "iid" / "without" (drawn from head d's distribution after the target's
-  temperature / top-k / top-p, with or without replacement among
-  siblings) — as `Eagle.children`, `specjax.tree.draw_children`."""
+  `children`: "top_k" (deterministic) or "iid" / "without" (drawn from head d's processed
+  distribution, with or without replacement among siblings; `tree.draw_children`)."""
 
   config: MedusaConfig
   tree: TokenTree
@@ -75,9 +63,8 @@ class Medusa(Drafter):
 
   uses_target_params = False
   needs_hidden = True
-  # `gamma="auto"` chooses how deep into the tree each iteration drafts (the tree's
-  # nodes at most γ deep; γ = 0 a plain target step, whose `update` hands the heads
-  # the target's state as a call does).
+  # gamma="auto": nodes at most γ deep; γ = 0 a plain step, whose `update` still hands the
+  # heads the target's state.
   adaptive = True
 
   def __post_init__(self):
@@ -182,13 +169,11 @@ class Medusa(Drafter):
 
 
 def choose_tree(accuracy_KR: np.ndarray, num_nodes: int) -> Tuple[TokenTree, list]:
-  """The tree of `num_nodes` nodes (root included) with the largest expected
-  accepted length, from the heads' top-k accuracies (`accuracy_KR[k, r]`:
-  how often head k+1's rank-r token was the right one). A path (i_1..i_d)
-  is accepted with probability Π_j accuracy[j, i_j] (the heads taken as
-  independent); nodes are added greedily, best expected value first, each
-  after its parent (Medusa's construction). Returns the tree and the
-  expected value of each added node."""
+  """The tree of `num_nodes` nodes (root included) with the largest expected accepted length,
+  from the heads' top-k accuracies (`accuracy_KR[k, r]`: how often head k+1's rank-r token was
+  right). A path (i_1..i_d) is accepted with probability Π_j accuracy[j, i_j] (heads taken as
+  independent); nodes are added greedily, each after its parent (Medusa's construction).
+  Returns the tree and the expected value of each added node."""
   acc = np.asarray(accuracy_KR, np.float64)
   if acc.ndim != 2 or acc.size == 0:
     raise ValueError(f"accuracy_KR must be [heads, ranks], got shape {acc.shape}")
@@ -218,9 +203,8 @@ def choose_tree(accuracy_KR: np.ndarray, num_nodes: int) -> Tuple[TokenTree, lis
 
 def load_medusa(directory: str, target, target_params, tree="chain") -> Tuple["Medusa", Dict]:
   """(drafter, draft params) from trained heads (`<directory>/final` of
-  `experiments/train_drafter.py`). `tree`: "chain" (one node per head), an
-  int N (`choose_tree` over the stored validation accuracies, N nodes with
-  the root) or a `TokenTree`."""
+  `experiments/train_drafter.py`). `tree`: "chain" (one node per head), an int N (`choose_tree`
+  over the stored validation accuracies, N nodes with the root) or a `TokenTree`."""
   config, params, acc = load_medusa_heads(directory)
   if tree == "chain":
     tree = TokenTree.chain(config.num_heads)

@@ -167,8 +167,6 @@ class SuffixDraft(Drafter):
     del params
     return append_history(state, feedback)
 
-  # ------------------------------------------------------------------ the match
-
   def _haystack(self, corpus: Optional[SuffixCorpus], state: LookupState
                 ) -> Tuple[jax.Array, jax.Array]:
     """(hay_XS, own_start_B): the searched tokens (X = 1 shared by the rows, or B; -1 where
@@ -223,13 +221,10 @@ class SuffixDraft(Drafter):
       starts_BM = jnp.pad(starts_BM, ((0, 0), (0, self.occurrences - m)), constant_values=-1)
     return hay_XS, starts_BM, best_B.astype(jnp.int32)
 
-  # ------------------------------------------------------------------ the tree
-
   def tree(self, hay_XS, starts_BM, match_B
            ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """(tokens_BN, parents_BN, valid_BN): the drafted nodes (N = `nodes`, root excluded;
     parents are node indices in the call, 0 the root) from the occurrences' continuations."""
-
     b, m = starts_BM.shape
     d_, n = self.depth, self.nodes
     s = hay_XS.shape[1]

@@ -1,23 +1,18 @@
 """Self-speculative drafting with a windowed KV cache (StreamingLLM, MagicDec, TriForce).
 
-The draft is the target — its own weights, every layer — attending only to
-a few attention-sink positions (the first `sinks` tokens) and the last
-`window` positions, held in a small static ring buffer. At long contexts its
-step reads `sinks + window` slots of KV per layer instead of the whole
-context, which is where it pays (MagicDec: batch × context, where every
-row's KV read dominates the step).
+The draft is the target (its own weights, every layer) attending only to the first `sinks`
+positions (attention sinks) and the last `window`, held in a small static ring buffer: a step
+reads `sinks + window` KV slots per layer instead of the whole context, which pays where KV
+reads dominate (MagicDec: large batch × context).
 
   drafter = WindowedKV(target, window=64, sinks=4)
   out = specjax.speculative_generate(target, tp, drafter, None, prompts, ...)
 
-The ring holds `sinks + window + slack` slots (slack = γ + 1: one
-iteration's writes past the committed length can then never overwrite a
-position the window still needs, so rolling back is still setting the
-length). Each slot records the position it holds; a slot is attended when
-that position is committed and is a sink or within the window. After the
-target's prefill the drafter copies the sinks and the window of the prompt
-from the target's own cache (the same weights compute the same keys and
-values), so the prompt is not encoded twice. Drafting then works as a draft
+The ring holds `sinks + window + slack` slots (slack = γ + 1: one iteration's writes past the
+committed length never overwrite a position the window still needs, so rolling back is still
+setting the length). Each slot records its position; it is attended when that position is
+committed and a sink or within the window. After the target's prefill the ring is copied from
+the target's own cache (same weights, same keys and values). Drafting then works as a draft
 model's (`ModelDrafter`); rotary positions are the tokens' absolute ones.
 """
 
@@ -42,9 +37,8 @@ __all__ = ["WindowCache", "WindowedLM", "WindowedKV"]
 class WindowCache:
   """Ring-buffer KV cache of `WindowedLM`.
 
-  k / v: L buffers `[B, K, D, R]` / `[B, K, R, D]` (R = sinks + window +
-  slack ring slots); lengths `[B]`: committed positions (as any cache);
-  slot_pos: int32 `[B, R]`, the position each slot holds (-1: none).
+  k / v: L buffers `[B, K, D, R]` / `[B, K, R, D]` (R = sinks + window + slack); lengths `[B]`:
+  committed positions; slot_pos: int32 `[B, R]`, the position each slot holds (-1: none).
   """
 
   k: Tuple[jax.Array, ...]
@@ -59,8 +53,7 @@ class WindowCache:
 
 @dataclasses.dataclass(frozen=True)
 class WindowedLM:
-  """The target `DecoderLM` attending to `sinks` + the last `window`
-  positions through a ring cache of `sinks + window + slack` slots, on the
+  """The target `DecoderLM` over a ring cache of `sinks + window + slack` slots, on the
   target's params (a `LanguageModel` whose prefill is `start_from`)."""
 
   target: DecoderLM
@@ -111,8 +104,8 @@ class WindowedLM:
     return (pos >= 0) & (pos < length) & ((pos < self.sinks) | (pos >= length - self.window))
 
   def start_from(self, target_cache, cache: WindowCache) -> WindowCache:
-    """The ring filled from the target's prefilled cache (`KVCache`, slots =
-    positions): the sinks and the last `window` positions of each row."""
+    """The ring filled from the target's prefilled `KVCache` (slots = positions): each row's
+    sinks and last `window` positions."""
     length_B = target_cache.lengths.astype(jnp.int32)
     r = jnp.arange(self.slots)[None, :]
     # Ring slot r >= sinks holds the latest position p < length with slot(p) == r.
@@ -146,10 +139,8 @@ class WindowedLM:
 
 @dataclasses.dataclass(frozen=True)
 class WindowedKV(ModelDrafter):
-  """The windowed-KV self-draft (see the module doc): a `ModelDrafter` over
-  `WindowedLM`, on the target's params, started from the target's cache.
-
-  Build it with `WindowedKV.of(target, window, sinks, gamma)`; the ring's
+  """The windowed-KV self-draft (module doc): a `ModelDrafter` over `WindowedLM`, started from
+  the target's cache. Build it with `WindowedKV.of(target, window, sinks, gamma)`; the ring's
   slack must be at least γ + 1 (checked when decoding)."""
 
   @classmethod

@@ -1,12 +1,9 @@
 """Measuring how well a draft matches a target: α from exact distributions.
 
-Leviathan et al. define α = E[β] with β = Σ_x min(p(x), q(x)) over the
-positions the target actually generates. `position_distributions` teacher-
-forces a model (through the protocol's prefill + one extend) on given
-continuations and returns its processed distributions; `measure_beta` does it
-for both models and returns β at every generated position. `alpha_vs_kl`
-computes α and the KL divergences of a pair exactly from their logits over a
-temperature sweep (the seeds' α-against-KL exercise).
+Leviathan et al. define α = E[β] with β = Σ_x min(p(x), q(x)) over the positions the target
+generates. `measure_beta` teacher-forces both models on given continuations and returns β at
+every position; `alpha_vs_kl` computes α and a pair's KL divergences exactly from their logits
+over a temperature sweep.
 """
 
 from __future__ import annotations
@@ -28,10 +25,9 @@ __all__ = ["position_distributions", "measure_beta", "alpha_vs_kl"]
 @functools.partial(jax.jit, static_argnames=("model", "sampling"))
 def position_distributions(model, params, prompts_BP, prompt_lengths_B, tokens_BN,
                            sampling: SamplingConfig) -> jax.Array:
-  """Processed next-token distributions `[B, N, V]` of `model` at the N
-  positions where tokens_BN[b, :] were generated after prompt b: position 0
-  from the prefill, positions 1.. from one extend over tokens[:, :-1].
-  Jitted; `model` and `sampling` are static."""
+  """Processed next-token distributions `[B, N, V]` of `model` at the N positions where
+  tokens_BN[b, :] were generated after prompt b (the prefill, then one extend over
+  tokens[:, :-1]). Jitted; `model` and `sampling` are static."""
   b, p = prompts_BP.shape
   n = tokens_BN.shape[1]
   cache = model.init_cache(b, required_cache_len(model, p, n), p)
@@ -49,9 +45,8 @@ def measure_beta(target, target_params, draft, draft_params, prompts_BP, prompt_
                  ) -> Tuple[jax.Array, jax.Array]:
   """β = Σ min(p, q) at each generated position.
 
-  Returns `(beta_BN, mask_BN)`; mask marks the positions < token_lengths_B.
-  α is `sum(beta * mask) / sum(mask)`. With greedy sampling β is 1 where the
-  argmaxes agree and 0 elsewhere.
+  Returns `(beta_BN, mask_BN)`; mask marks the positions < token_lengths_B. α is
+  `sum(beta * mask) / sum(mask)`. Greedy: β is 1 where the argmaxes agree, else 0.
   """
   q = position_distributions(target, target_params, prompts_BP, prompt_lengths_B, tokens_BN,
                              sampling)
@@ -81,34 +76,26 @@ def alpha_vs_kl(p_logits: ArrayLike, q_logits: ArrayLike, temperatures: Sequence
                 weights: Optional[ArrayLike] = None) -> Dict[str, np.ndarray]:
   """α = E[Σ min(p, q)] and the KL divergences of a pair over a temperature sweep.
 
-  At each temperature T both models' logits are divided by T and turned into
-  distributions (p the draft's, q the target's, the notation of
-  `specjax.theory`); per context β = Σ_x min(p(x), q(x)) (the acceptance
-  probability of speculative sampling, Leviathan et al. Theorem 3.5), and
-  KL(p‖q) = Σ p log(p/q), KL(q‖p) = Σ q log(q/p). Each is averaged over the
-  contexts with `weights`. β = 1 exactly when p = q, which is exactly when
-  either KL is 0; and Pinsker's inequality bounds α from below:
-  1 − β = TV(p, q) <= sqrt(KL / 2) for either direction, so
-  α >= 1 − E[sqrt(KL/2)] >= 1 − sqrt(E[KL]/2).
-
-  Computed in float64 from the logits (no sampling): the α a run at
-  temperature T would measure on these contexts, with the same T for the
-  draft and the target.
+  At each temperature T both models' logits are divided by T (p the draft's, q the target's,
+  as in `specjax.theory`); per context β = Σ_x min(p(x), q(x)) (the acceptance probability,
+  Leviathan et al. Theorem 3.5), KL(p‖q) = Σ p log(p/q), KL(q‖p) = Σ q log(q/p), averaged over
+  the contexts with `weights`. β = 1 exactly when p = q, i.e. when either KL is 0; Pinsker's
+  inequality gives 1 − β = TV(p, q) <= sqrt(KL / 2), so α >= 1 − sqrt(E[KL]/2). Computed in
+  float64 from the logits (no sampling), the same T for draft and target.
 
   Args:
     p_logits: the draft's logits `[..., V]`.
-    q_logits: the target's logits `[..., V]`; the two broadcast together
-      (a unigram draft `[V]` against a bigram target `[V, V]` gives one
-      context per previous token). -inf entries are allowed (masked tokens),
-      but every context needs a finite logit in each model.
+    q_logits: the target's logits `[..., V]`; the two broadcast together (a unigram draft `[V]`
+      against a bigram target `[V, V]`: one context per previous token). -inf entries are
+      allowed, but every context needs a finite logit in each model.
     temperatures: one or more temperatures, each > 0.
-    weights: non-negative weights of the contexts (the broadcast shape
-      without the vocabulary axis), not all 0; default uniform.
+    weights: non-negative weights of the contexts (the broadcast shape without the vocabulary
+      axis), not all 0; default uniform.
 
   Returns:
-    A dict of float arrays `[num_temperatures]`: "temperature", "alpha",
-    "kl_pq" (KL(p‖q), draft‖target) and "kl_qp" (KL(q‖p)); KL is +inf where
-    one model gives probability 0 to a token the other can emit.
+    A dict of float arrays `[num_temperatures]`: "temperature", "alpha", "kl_pq" (KL(p‖q),
+    draft‖target) and "kl_qp" (KL(q‖p)); KL is +inf where one model gives probability 0 to a
+    token the other can emit.
   """
   arrs = {}
   for name, value in (("p_logits", p_logits), ("q_logits", q_logits)):

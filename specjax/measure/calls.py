@@ -1,27 +1,18 @@
 """The fused decode loops' forward passes alone: a baseline for loop overhead.
 
-A fused loop's wall time can exceed the sum of its component times (each
-`model.extend` timed in its own loop, `specjax.measure.timing.step_times`) for
-two different reasons: the loop's decoding logic (verify, commit, stopping,
-statistics, PRNG, the API's host work) and the composition of the components
-into one loop (a draft call that runs right after a target call finds colder
-CPU caches than one that runs after itself; each call writes new cache
-positions where the component loop rewrites the same ones). `model_call_loop`
-separates them. It builds a jitted function that makes exactly the model
-calls of `generate` / `speculative_generate`, in the same order, on the same
-shapes and caches, with each call's input computed from the previous call's
-output (an argmax), and nothing else:
+A fused loop's wall time can exceed the sum of its component times (`measure.timing.step_times`)
+through the loop's decoding logic (verify, commit, stopping, statistics, PRNG, host work) or
+through composing the components into one loop (colder CPU caches, new cache positions per
+call). `model_call_loop` separates the two: a jitted function making exactly the model calls
+of `generate` / `speculative_generate`, in order, on the same shapes and caches, each call's
+input an argmax of the previous call's output, and nothing else:
 
-  * autoregressive (`gamma` = 0): the target's prefill, then per iteration
-    one target call on T = 1 token;
-  * speculative: both prefills, then per iteration the draft on T = 2
-    ([prev, pending] at seq_len − 1), γ − 1 draft calls on T = 1 in a
-    `lax.scan`, and the target on T = γ + 1 ([pending, d_1..d_γ] at seq_len).
+  * autoregressive (`gamma` = 0): the target's prefill, then one T = 1 target call per iteration;
+  * speculative: both prefills, then per iteration the draft on T = 2 ([prev, pending] at
+    seq_len − 1), γ − 1 draft calls on T = 1 in a `lax.scan`, and the target on T = γ + 1.
 
-Each iteration advances every row by one position (the real loop advances
-by the accepted count; with static buffers a call's cost does not depend on
-the position). The iteration count is an argument, so one compilation serves
-every request. Then, for the same requests and iteration counts:
+Each iteration advances every row by one position (with static buffers a call's cost does not
+depend on the position); the iteration count is an argument (one compilation). Then:
 
   loop wall / model-call loop − 1   = the decoding logic's cost;
   model-call loop / components − 1  = the composition's cost.
@@ -44,25 +35,19 @@ def _argmax(logits_BV: jax.Array) -> jax.Array:
 
 
 def model_call_loop(target: Any, draft: Any, gamma: int) -> Callable[..., Tuple]:
-  """A jitted `run(target_params, draft_params, prompts_BP, lengths_B,
-  target_cache, draft_cache, iterations)` → `(best_BG1, drafts_BG,
-  target_cache, draft_cache)`: the target's argmax at each of the last
-  call's G + 1 positions (`[B, 1]` when autoregressive), the last
-  iteration's drafts (`[B, 0]` when autoregressive; zeros after 0
-  iterations) and both caches, returned as the fused loops return theirs
-  (they are donated). `draft` and `draft_cache` are unused (pass None) when
-  `gamma` is 0. `iterations` is the loop's trip count: for an
-  autoregressive request of N tokens, N − 1; for a speculative one, the
-  number of iterations its `speculative_generate` call ran.
+  """A jitted `run(target_params, draft_params, prompts_BP, lengths_B, target_cache,
+  draft_cache, iterations)` → `(best_BG1, drafts_BG, target_cache, draft_cache)`: the target's
+  argmax at each of the last call's G + 1 positions (`[B, 1]` when autoregressive), the last
+  iteration's drafts (`[B, 0]` when autoregressive; zeros after 0 iterations) and both
+  (donated) caches. `draft` / `draft_cache`: None when `gamma` is 0. `iterations`: for an
+  autoregressive request of N tokens, N − 1; for a speculative one, the iterations its
+  `speculative_generate` call ran.
 
-  Every logit of every call is consumed (an argmax, as the greedy verify
-  does), so XLA cannot drop any part of a call. With one position per
-  iteration, after K iterations `best_BG1[:, 0]` is greedy decoding's token
-  K + 1, and the drafts are the draft's greedy continuation of the first K
-  (the tests check both).
+  Every logit is consumed (an argmax), so XLA cannot drop any part of a call. After K
+  iterations `best_BG1[:, 0]` is greedy decoding's token K + 1, and the drafts the draft's
+  greedy continuation of the first K.
 
-  Raises ValueError for a negative `gamma` or a speculative loop without a
-  draft."""
+  Raises ValueError for a negative `gamma` or a speculative loop without a draft."""
   gamma = check_int("gamma (0: autoregressive)", gamma, 0)
   if gamma and draft is None:
     raise ValueError(f"a speculative model-call loop (gamma={gamma}) needs a draft model")

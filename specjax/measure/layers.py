@@ -1,9 +1,7 @@
 """Choosing a layer-skip draft's layers by measured α (Draft & Verify, SWIFT).
 
-Greedy backward elimination on validation prompts: starting from all of the
-target's layers, drop, one at a time, the layer whose removal keeps α
-highest, until the wanted number remain; every step is reported. The draft
-is `specjax.drafters.LayerSkip(target, result["layers"])`.
+Greedy backward elimination on validation prompts (`choose_layers`); the draft is then
+`specjax.drafters.LayerSkip(target, result["layers"])`.
 """
 
 from __future__ import annotations
@@ -28,12 +26,10 @@ def choose_layers(target: DecoderLM, params, prompts_BP, lengths_B, num_layers: 
                   log: Optional[Callable[[str], None]] = None) -> Dict[str, Any]:
   """Picks `num_layers` of the target's layers for a layer-skip draft by α.
 
-  The target's own greedy continuations of the validation prompts are the
-  positions; α of a subset is the mean of Σ_x min(p, q) there
-  (`specjax.measure.beta.measure_beta`; with a greedy `sampling`, the share of positions
-  where the subset's argmax equals the target's). Starting from all layers,
-  the layer whose removal keeps α highest is dropped, until `num_layers`
-  remain. Returns {"layers": chosen, "alpha": its α, "steps": [each
+  The positions are the target's greedy continuations of the validation prompts; α of a subset
+  is the mean of Σ_x min(p, q) there (`measure_beta`; greedy `sampling`: the share of argmax
+  agreement). Starting from all layers, the layer whose removal keeps α highest is dropped
+  until `num_layers` remain. Returns {"layers": chosen, "alpha": its α, "steps": [each
   removal: layer, α after, the candidates' α]}.
   """
   if not isinstance(target, DecoderLM):

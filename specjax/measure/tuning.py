@@ -1,31 +1,22 @@
 """Choosing a decoder's compute path for the machine it runs on.
 
-`DecoderConfig.matvec_max_rows` decides how a call on N = B * T tokens
-computes each projection: for 1 < N <= it, one matrix-vector product per
-token, back to back on each kernel; otherwise one matrix-matrix product.
-Which is faster depends on the CPU (its caches above all): the per-token
-products win on some machines and lose on others (benchmarks/README.md).
-No fixed default is right everywhere, so measure:
+`DecoderConfig.matvec_max_rows` decides how a call on N = B * T tokens computes each
+projection: for 1 < N <= it, one matrix-vector product per token; otherwise one matrix-matrix
+product. Which is faster depends on the CPU, so measure:
 
-  choice = specjax.tune_matvec_rows(lm, params)     # ~1 min for a 17M model
+  choice = specjax.tune_matvec_rows(lm, params)
   lm = choice.apply(lm)                              # same weights, same params
 
-The choice is also stored for this machine (`specjax.models.matvec_cache`:
-keyed by the CPU, the JAX version, the model's shape and the parameter
-layout), so every later process on this machine decodes that model shape
-on the tuned path with `matvec_max_rows=None` (the default) — tuned once per
-machine. Without a stored choice, None means one matrix-matrix product per
-call.
+The choice is also stored for this machine (`models.matvec_cache`: keyed by the CPU, the JAX
+version, the model's shape and the parameter layout), so later processes decode that shape on
+the tuned path with `matvec_max_rows=None` (the default; without a stored choice, one
+matrix-matrix product per call).
 
-The measurement is the in-graph cost of one call on N tokens
-(`specjax.measure.timing.step_times_side_by_side`, both paths interleaved
-call by call, so the ratio of each pair is taken moments apart), at batch 1
-and T = N tokens (a verify of N tokens; a batch-N step has the same
-projections). The chosen threshold is the largest N such that the per-token
-products beat one matrix-matrix product by more than `margin` at every
-measured row count up to it (0: never). The choice changes only how calls
-compute, not what they compute (equal up to float rounding); it is a
-compute-only config field, so checkpoints restore across values.
+The measurement is the in-graph cost of one call on N tokens at batch 1
+(`measure.timing.step_times_side_by_side`, both paths interleaved call by call). The threshold
+is the largest N such that the per-token products beat one matrix-matrix product by more than
+`margin` at every measured row count up to it (0: never). Only how calls compute changes (the
+same values up to float rounding; a compute-only field, so checkpoints restore across values).
 """
 
 from __future__ import annotations
@@ -49,9 +40,8 @@ class MatvecChoice:
 
   Attributes:
     rows: the chosen `matvec_max_rows` (0: always one matrix-matrix product).
-    speedups: per measured row count N, the median of the paired ratios
-      (matrix-matrix time / per-token time): > 1 means the per-token
-      products were faster.
+    speedups: per measured row count N, the median paired ratio (matrix-matrix time /
+      per-token time): > 1 means the per-token products were faster.
     per_token_ms, matmul_ms: per N, the median milliseconds per call.
     default_rows: what the config's own setting resolved to (for reports).
     stored_at: the file the choice was stored in ("" when not stored).
@@ -83,10 +73,9 @@ def _check_margin(margin) -> None:
 
 
 def choose_matvec_rows(speedups: Mapping[int, float], margin: float = 1.0) -> int:
-  """The largest row count N of `speedups` such that every measured count
-  up to N has a speedup (matrix-matrix / per-token time) above `margin`;
-  0 when the smallest already does not. Counts between measured ones take
-  the path of the smaller: a threshold never extends past a measurement."""
+  """The largest row count N of `speedups` such that every measured count up to N has a
+  speedup (matrix-matrix / per-token time) above `margin`; 0 when the smallest does not. A
+  threshold never extends past a measurement."""
   if not speedups:
     raise ValueError(f"speedups must hold at least one row count, got {dict(speedups)!r}")
   _check_margin(margin)
@@ -109,24 +98,19 @@ def tune_matvec_rows(model: DecoderLM, params, row_counts: Sequence[int] = DEFAU
                      repeats: int = 7, margin: float = 1.0,
                      log: Optional[Callable[[str], None]] = None,
                      save: bool = True) -> MatvecChoice:
-  """Measures per-token products against one matrix-matrix product at each
-  row count and returns the `MatvecChoice` (see the module docstring).
+  """Measures per-token products against one matrix-matrix product at each row count and
+  returns the `MatvecChoice` (module doc). Compiles 2 * len(row_counts) step loops.
 
   Args:
-    model: a `DecoderLM`; params: its parameters in the layout decoding will
-      use (standard or `pack_params`'s packed tree: the choice can differ).
-    row_counts: the N to measure, each an int >= 2 (N = 1 is one
-      matrix-vector product on either path).
-    prompt_len: tokens already in the cache before each timed call;
-      cache_len: its slots (default: prompt_len + max(row_counts)).
+    model: a `DecoderLM`; params: its parameters in the layout decoding will use (standard or
+      packed: the choice can differ).
+    row_counts: the N to measure, each an int >= 2 (N = 1 is a matrix-vector product either way).
+    prompt_len: tokens already in the cache before each timed call; cache_len: its slots
+      (default: prompt_len + max(row_counts)).
     steps, repeats: calls per timed loop, paired measurements per N.
     margin: the per-token path must be faster by more than this factor.
     log: called with one line per N (e.g. `print`, `logging.info`).
-    save: store the choice for this machine, model shape and layout, where
-      `matvec_max_rows=None` finds it (`specjax.models.matvec_cache`).
-
-  Compiles 2 * len(row_counts) step loops; with the defaults, about a
-  minute for a model of tens of millions of parameters on a small CPU.
+    save: store the choice where `matvec_max_rows=None` finds it (`models.matvec_cache`).
   """
   _check_model(model)
   _check_margin(margin)  # before a minute of measuring, not after

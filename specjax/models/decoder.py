@@ -53,12 +53,8 @@ class DecoderConfig:
   """Shape and numerics of a decoder-only LM (frozen, hashable).
 
   Attributes:
-    vocab_size: V.
-    d_model: E.
-    num_layers: L.
-    num_heads: H query heads.
+    vocab_size, d_model, num_layers, num_heads, head_dim: V, E, L, H (query heads), D.
     num_kv_heads: K key/value heads (K == H: multi-head; K < H: grouped-query; divides H).
-    head_dim: D.
     mlp_dim: F, the SwiGLU hidden width.
     tie_embeddings: output projection = embedding transposed.
     rope_theta: rotary base.
@@ -71,21 +67,18 @@ class DecoderConfig:
       included (Mistral); None: the whole context.
     norm_eps: RMSNorm epsilon.
     dtype: compute dtype name; param_dtype: parameter dtype name.
-    matvec_max_rows: how a call on N = B * T tokens computes each projection (compute only:
-      checkpoints restore across values). 1 < N <= this: one matrix-vector product per token,
-      back to back on the same kernel (streamed from memory once, then read from cache);
-      otherwise one matrix-matrix product. Which is faster depends on the CPU, so
-      `specjax.tune_matvec_rows` measures both and stores the choice per machine and model
-      shape. None (default): on CPU the stored choice, else 0; 0 on other backends; 0: off.
+    matvec_max_rows: how a call on N = B * T tokens computes each projection: 1 < N <= this,
+      one matrix-vector product per token, back to back on the same kernel; otherwise one
+      matrix-matrix product (`measure.tuning`). None (default): on CPU the choice
+      `specjax.tune_matvec_rows` stored for this machine, else 0; 0 on other backends; 0: off.
     prefill_chunk: a prefill of P > prefill_chunk positions runs as ceil(P / prefill_chunk)
       calls, each attending to the cache the earlier ones wrote (compute only; the same values
       up to float rounding): attention scores take `B·H·chunk·P` floats instead of `B·H·P²`.
       None: one call.
     attention_kernel: "xla" (default, any backend) or "pallas": on a TPU, attention over the
-      cache in one fused kernel that keeps its scores on chip (`models.attention_kernel`;
-      compute only, the same values up to float rounding; used where `attention_kernel.fits`
-      the cache and no sliding window applies, else XLA's); "pallas_interpret": that kernel
-      through Pallas's interpreter, on any backend (tests).
+      cache in one fused kernel that keeps its scores on chip (`models.attention_kernel`; the
+      same values up to float rounding; where `attention_kernel.fits` the cache and no sliding
+      window applies, else XLA's); "pallas_interpret": that kernel interpreted (tests).
   """
 
   vocab_size: int
@@ -158,9 +151,8 @@ def _cfg(**kw) -> DecoderConfig:
   return DecoderConfig(**kw)
 
 
-# Named shapes. Chinchilla-70B (Hoffmann et al. 2022) with SwiGLU: F = 22016 (~2/3 * 4 * E, a
-# multiple of 256) keeps the per-layer FLOPs of its 4x two-matrix MLP. The 4B draft follows
-# Chen et al. 2023: few, wide layers, since a draft's latency is set by its depth.
+# Named shapes. Chinchilla-70B (Hoffmann et al. 2022) with SwiGLU: F = 22016 (~2/3 * 4 * E) keeps
+# its MLP's FLOPs. The 4B draft follows Chen et al. 2023: few, wide layers (latency ~ depth).
 DECODER_CONFIGS: Dict[str, DecoderConfig] = {
     "chinchilla-70b": _cfg(vocab_size=32000, d_model=8192, num_layers=80, num_heads=64,
                            num_kv_heads=64, head_dim=128, mlp_dim=22016),
@@ -518,8 +510,7 @@ class DecoderLM:
                                  axis=1)[:, 0]
       h_last_BE = h_BE if h_last_BE is None else jnp.where(inside_B[:, None], h_BE, h_last_BE)
       return cache, h_last_BE, x_BCX
-    # Chunks after the first run in one `lax.scan` (one compiled chunk however long the prompt:
-    # unrolled chunks can exhaust the TPU compiler's memory), the remainder after it.
+    # Chunks after the first run in one `lax.scan` (unrolled ones can exhaust the TPU compiler).
     full = p // chunk
     cache, h_BE, x_BCX = piece(0, cache, None, prompts_BP[:, :chunk])
     if fold is None:  # the states themselves: each chunk written into a [B, P, X] buffer
@@ -558,7 +549,6 @@ class DecoderLM:
     """Full forward (causal, or as `positions_BT` / `mask_TT` say): logits `[B, T, V]` and the
     final-normed hidden states `[B, T, E]`, or with `layers` the chosen blocks' outputs
     `[B, T, len(layers) * E]`."""
-
     b, t = tokens_BT.shape
     h_BTE, hidden, _ = self._hidden(params, tokens_BT, self.init_cache(b, t), True,
                                     positions_BT, mask_TT, layers)

@@ -1,30 +1,22 @@
-"""The EAGLE head network (Li et al. 2024: EAGLE-1; 2025: EAGLE-3): one decoder
-layer over the target's features, shared by the drafter
-(`specjax.drafters.eagle`) and its trainer (`specjax.training.eagle`).
+"""The EAGLE head network (Li et al. 2024: EAGLE-1; 2025: EAGLE-3): one decoder layer over the
+target's features, shared by the drafter (`drafters.eagle`) and its trainer (`training.eagle`).
 
-The head's input at position t is the pair (f_t, x_{t+1}) — the target's
-feature at t and the embedding of the next token (the target's frozen
-embedding), fused by `fc: [2E] → E` (`pair_inputs`) — and its output a
-prediction of the next feature; the target's frozen LM head turns it into
-draft logits (`head_logits`). EAGLE-1's feature is the target's final-normed
-state; EAGLE-3 fuses the outputs of several target blocks (`fuse_features`)
-and normalises its output before the LM head.
+The input at position t is the pair (f_t, x_{t+1}), the target's feature at t and the target's
+(frozen) embedding of the next token, fused by `fc: [2E] → E` (`pair_inputs`); the output
+predicts the next feature, which the target's frozen LM head turns into draft logits
+(`head_logits`). EAGLE-1's feature is the target's final-normed state; EAGLE-3 fuses several
+target blocks' outputs (`fuse_features`) and normalises its output before the LM head.
 
-A *block* head (`EagleConfig.block` = K > 0; DFlash, arXiv 2602.06036)
-drafts K positions in one pass instead of feeding on its own outputs: slot
-0 is the pair (f_t, x_{t+1}) at position t, slots 1..K-1 a learned mask
-input (`mask_inputs`) at positions t+1..t+K-1, each slot attending to the
-head's cache and causally to the block; slot j predicts x_{t+j+2}. A block
-head may stack `num_layers` layers; as in DFlash the context enters every
-layer directly — layer i's keys and values of a committed pair are layer
-i's projections of the pair's input (`layer_params`), so the cache still
-depends on the pairs alone — while only the block's slots flow through the
-layers. The layer is `qkv` → `attend`
-(over any number of key / value sources) → `finish` (output projection,
-residual, SwiGLU MLP).
+A *block* head (`EagleConfig.block` = K > 0; DFlash, arXiv 2602.06036) drafts K positions in
+one pass: slot 0 is the pair at position t, slots 1..K-1 a learned mask input (`mask_inputs`)
+at t+1..t+K-1, each attending to the head's cache and causally to the block; slot j predicts
+x_{t+j+2}. It may stack `num_layers` layers; as in DFlash the context enters every layer
+directly (layer i's keys and values of a committed pair are layer i's projections of the
+pair's input, `layer_params`, so the cache depends on the pairs alone), while only the block's
+slots flow through the layers. A layer is `qkv` → `attend` → `finish`.
 
-Shapes: B batch, T positions, S key slots, H heads, D head dim, E target
-width, X the target's feature width (E, or len(feature_layers) * E).
+Shapes: B batch, T positions, S key slots, H heads, D head dim, E target width, X the target's
+feature width (E, or len(feature_layers) * E).
 """
 
 from __future__ import annotations
@@ -52,17 +44,14 @@ class EagleConfig:
     d_model: E, the target's width (the head works at the same width).
     vocab_size: V, the target's vocabulary (embedding and LM head shared).
     num_heads, head_dim, mlp_dim: the head layer's attention and SwiGLU.
-    feature_layers: () for EAGLE-1 (the target's final-normed state), or
-      the target blocks whose outputs are fused (EAGLE-3: low, middle, high).
+    feature_layers: () for EAGLE-1 (the target's final-normed state), or the target blocks
+      whose outputs are fused (EAGLE-3: low, middle, high).
     rope_theta, norm_eps: as the target's.
-    block: 0 for an autoregressive head (EAGLE), or K > 0 for a block
-      head that drafts K positions in one pass (module doc).
+    block: 0 for an autoregressive head (EAGLE), or K > 0: a block head (module doc).
     num_layers: the head's layers (> 1 for block heads only).
-    split: decoding on a mesh (`sharding.decode_mesh`), the head is split over
-      `model` like the target (`sharding.shard_params` lays its kernels out
-      Megatron-style) and its activations are pinned to that layout; False:
-      whole on every device (`sharding.replicate`). A layout, not a shape:
-      no effect off a mesh, nor on the parameters.
+    split: on a mesh, the head is split over `model` like the target (Megatron-style) and its
+      activations pinned to that layout; False: whole on every device. A layout only: no
+      effect off a mesh, nor on the parameters.
   """
 
   d_model: int
@@ -118,8 +107,8 @@ class EagleConfig:
 
 
 def init_eagle(config: EagleConfig, key: jax.Array) -> Dict[str, jax.Array]:
-  """Fresh head parameters (float32). `fc` starts as [identity; 0]-ish plus
-  noise so that a fresh head passes the feature through."""
+  """Fresh head parameters (float32); `fc` starts near [identity; 0], so a fresh head passes
+  the feature through."""
   e, hd, f = config.d_model, config.num_heads * config.head_dim, config.mlp_dim
   ks = jax.random.split(key, 8)
   normal = lambda k, shape, fan_in: jax.random.normal(k, shape, jnp.float32) * fan_in ** -0.5
@@ -152,19 +141,15 @@ _LAYER_KEYS = ("attn_norm", "q", "k", "v", "o", "mlp_norm", "gate", "up", "down"
 
 
 def layer_params(params, i: int) -> Dict[str, jax.Array]:
-  """Layer `i`'s weights (0: the head's first layer; i > 0: a block head's
-  later layers) — what `qkv` and `finish` read."""
+  """Layer `i`'s weights for `qkv` / `finish` (0: the first; i > 0: a block head's later)."""
   if i == 0:
     return params
   return {n: params["layers"][n][i - 1] for n in _LAYER_KEYS}
 
 
-# A split head's layout (`EagleConfig.split`), pinned under a mesh
-# (`rules.on_mesh`; no-ops otherwise): its activations `[B, ..., E]` whole on
-# every device (partial sums added where they are made), a column-split
-# kernel's output split on its last axis as it is made (XLA then gathers the
-# output, not the kernel), queries / keys / values / attention over `model` by
-# head.
+# A split head's layout (`EagleConfig.split`; no-ops otherwise): activations `[B, ..., E]`
+# whole on every device, a column-split kernel's output split on its last axis as it is made
+# (XLA then gathers the output, not the kernel), q / k / v / attention over `model` by head.
 def _whole(config: EagleConfig, x_BxE: jax.Array) -> jax.Array:
   return on_mesh(x_BxE, "B" + "_" * (x_BxE.ndim - 1)) if config.split else x_BxE
 
@@ -222,9 +207,9 @@ def qkv(config: EagleConfig, params, x_BTE, positions_BT):
 def attend(config: EagleConfig, q_BTHD, sources, diag=()):
   """Softmax attention of `q_BTHD` over several key/value sources at once.
 
-  sources: (k_BSHD, v_BSHD, mask) with mask broadcastable to `[B, T, S]`;
-  diag: (k_BTHD, v_BTHD) pairs each query t also attends to at its own
-  index t (training-time test: the same base position's later steps)."""
+  sources: (k_BSHD, v_BSHD, mask) with mask broadcastable to `[B, T, S]`; diag: (k_BTHD,
+  v_BTHD) pairs each query t also attends to at its own index t (training-time test: the same
+  base position's later steps)."""
   scale = config.head_dim ** -0.5
   logits, values = [], []
   for k, v, mask in sources:
@@ -260,7 +245,6 @@ def head_logits(config: EagleConfig, params, lm_head_EV, out_xE: jax.Array) -> j
   """The head's outputs (predicted features) → float32 draft logits."""
   if config.version == 3:
     out_xE = _rms(out_xE, params["out_norm"], config.norm_eps)
-  # The shared head is read in its own dtype (a bf16 target's 1-2 GB table is not copied
-  # to float32 every draft step), accumulating in float32.
+  # The shared head is read in its own dtype (no float32 copy per step), accumulating in f32.
   return whole_vocab(jnp.matmul(out_xE.astype(lm_head_EV.dtype), lm_head_EV,
                                preferred_element_type=jnp.float32))

@@ -1,13 +1,9 @@
 """Parameter dtypes: casting a parameter tree between float32 and bfloat16.
 
-A model's config names two dtypes: `param_dtype`, what the weights are
-stored in, and `dtype`, what layers compute in (both "float32", "bfloat16"
-or "float16"). Either model computes in its `dtype` whatever the weights'
-dtype (each layer casts its operands), keeps the precision-sensitive parts
-in float32 (layer norms, rotary angles, attention scores and softmax) and
-returns float32 logits. `cast_params` turns a tree made or restored in one
-parameter dtype into another, e.g. float32 weights into bfloat16 ones to
-halve their memory and the bytes a decoding step reads.
+A model's config names `param_dtype` (storage) and `dtype` (compute): "float32", "bfloat16" or
+"float16". Models compute in `dtype` whatever the weights' dtype, keep layer norms, rotary
+angles, attention scores and softmax in float32, and return float32 logits. `cast_params`
+turns a tree from one parameter dtype into another (e.g. bfloat16: half the bytes a step reads).
 """
 
 from __future__ import annotations
@@ -27,16 +23,13 @@ def cast_params(params: Any, dtype: DTypeLike) -> Any:
   """`params` with every floating-point leaf cast to `dtype`.
 
   Args:
-    params: a parameter tree (nested dicts of `jax.Array` or numpy arrays;
-      either layout of `DecoderLM`, or a `T5` tree).
-    dtype: a floating dtype or its name ("float32", "bfloat16", "float16"),
-      e.g. `model.config.param_dtype`.
+    params: a parameter tree (nested dicts of `jax.Array` or numpy arrays; either layout of
+      `DecoderLM`, or a `T5` tree).
+    dtype: a floating dtype or its name ("float32", "bfloat16", "float16").
 
   Returns:
-    A tree of the same structure. Floating leaves are cast (rounding to
-    nearest even); leaves already in `dtype` and non-floating leaves
-    (integer or boolean buffers) are returned as they are. A `jax.Array`
-    stays on its devices with its sharding; a numpy leaf stays numpy.
+    A tree of the same structure: floating leaves cast (round to nearest even), others and
+    leaves already in `dtype` as they are. A `jax.Array` keeps its sharding; numpy stays numpy.
 
   Raises:
     TypeError: `dtype` is not a floating dtype.

@@ -1,14 +1,11 @@
 """Models from config sections: the shapes an experiment config names.
 
-An ml_collections section (or any mapping with attribute access) gives a
-model's widths and depths; the vocabulary comes from the tokenizer. The
-paper programs build their models this way, and `specjax.aot` compiles the
-same shapes for TPU slices from the same configs.
+An ml_collections section (or any attribute mapping) gives a model's widths and depths; the
+vocabulary comes from the tokenizer. The paper programs and `specjax.aot` build from them.
 
-  t5_from_section(cfg.models.target, vocab_size)       # d_model, d_kv, num_heads, d_ff, num_layers
-  decoder_from_section(cfg.models.draft, vocab_size)   # d_model, num_layers, num_heads,
-                                                       # num_kv_heads, head_dim, mlp_dim,
-                                                       # tie_embeddings
+  t5_from_section(cfg.models.target, vocab)       # d_model, d_kv, num_heads, d_ff, num_layers
+  decoder_from_section(cfg.models.draft, vocab)   # d_model, num_layers, num_heads, num_kv_heads,
+                                                  # head_dim, mlp_dim, tie_embeddings
 """
 
 from __future__ import annotations

@@ -20,10 +20,8 @@ def _distributed_initialized() -> bool:
 
 
 def initialize_distributed(enabled: bool, **kwargs: Any) -> bool:
-  """`jax.distributed.initialize(**kwargs)` when `enabled` (one process per
-  host; on managed clusters — TPU pods, SLURM — the arguments are found by
-  jax itself). Idempotent: a second call, or one after jax was initialised
-  elsewhere, does nothing. Returns whether this call initialised it."""
+  """`jax.distributed.initialize(**kwargs)` when `enabled` (one process per host; TPU pods and
+  SLURM need no arguments). Idempotent; returns whether this call initialised it."""
   enabled = check_bool("enabled (config.distributed)", enabled)
   if not enabled or _distributed_initialized():
     return False

@@ -14,18 +14,11 @@ mesh, and XLA (GSPMD) partitions the jitted decoding loop from those input shard
   packed decode layout shards the same way: pack first, then shard (`qkv` over kv heads,
   `gate_up` and `down_t` over hidden units).
 
-Example (8 devices):
+  mesh = make_mesh(data=4, model=2)                       # 8 devices
+  tp, dp = shard_params(tp, mesh), replicate(dp, mesh)   # a small draft: often replicated
+  out = speculative_generate(target, tp, draft, dp, *shard_batch(mesh, prompts, lengths), ...)
 
-  mesh = specjax.parallel.sharding.make_mesh(data=4, model=2)
-  tp = shard_params(tp, mesh); dp = shard_params(dp, mesh)
-  tc = sharded_cache(target, mesh, batch, cache_len, prompt_len)
-  dc = sharded_cache(draft, mesh, batch, cache_len, prompt_len)
-  prompts, lengths, keys = shard_batch(mesh, prompts, lengths, keys)
-  out = speculative_generate(target, tp, draft, dp, prompts, lengths, key=keys,
-                             target_cache=tc, draft_cache=dc, ...)
-
-A small draft is often better replicated (`replicate(dp, mesh)`): its steps then need no
-collectives. CPU hosts: docs/checkpoints.md.
+More (CPU hosts, EAGLE heads, the sampler): docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -253,7 +246,6 @@ def place_cache_like(cache, params):
   """A fresh cache placed the way its model's `params` are: by `cache_spec` when they are
   split over `model`, rows over `data` when whole on every device (a replicated draft), as is
   on one device. `generate` / `speculative_generate` place the caches they allocate with it."""
-
   mesh = params_mesh(params)
   if mesh is None:
     return cache

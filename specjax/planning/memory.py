@@ -146,8 +146,7 @@ def _activation_bytes(config: ModelConfig, mesh: AbstractMesh, batch_size: int, 
   heads = _split(heads, mesh, MODEL)
   if (isinstance(config, DecoderConfig) and config.attention_kernel != "xla"
       and attention_kernel.fits(context, config.head_dim)):
-    # The fused kernel keeps the cached part's scores on chip: only the new tokens' [T, T]
-    # block and the kernel's float32 partial output remain.
+    # Fused kernel: only the new tokens' [T, T] scores and its float32 partial output remain.
     scores = rows * heads * (_SCORE_BUFFERS * tokens + config.head_dim) * 4
   else:
     scores = _SCORE_BUFFERS * rows * heads * context * 4
@@ -288,17 +287,13 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
   not divide B), F' / H' the MLP hidden units / heads over `model` where it divides, s the
   itemsize of `dtype`:
 
-    logits           B' T_l V * 4          (float32, the vocabulary whole; T_l = logit_tokens;
-                                            / model above `rules.GATHER_MAX_BYTES`, where
-                                            they stay split over the vocabulary)
-    hidden states    4 B' T E * s          (residual, normed, attention out, input)
-    MLP              3 B' T F' * s         (gate, up, their product)
-    attention        2 B' H' T C * 4       (float32 scores and softmax of one
-                                            layer over the C = max(S, P) context;
-                                            with a fused attention kernel,
-                                            `DecoderConfig.attention_kernel`, where
-                                            it takes the cache: B' H' T (2 T + D) * 4,
-                                            the new tokens' block and its output)
+    logits         B' T_l V * 4      (float32, T_l = logit_tokens; / model above
+                                      `rules.GATHER_MAX_BYTES`, where they stay vocab-split)
+    hidden states  4 B' T E * s      (residual, normed, attention out, input)
+    MLP            3 B' T F' * s     (gate, up, their product)
+    attention      2 B' H' T C * 4   (float32 scores and softmax of one layer over the
+                                      C = max(S, P) context; a fused attention kernel that
+                                      takes the cache: B' H' T (2 T + D) * 4)
 
   One layer's buffers count once (the models materialise their residual stream after every
   block, `layers.block_boundary`); the target's and the draft's calls alternate, so the larger
@@ -330,8 +325,7 @@ def memory_plan(target_config: Any, draft_config: Any = None, *, mesh_shape: Tup
     return tuple(row) + (max(acts),)
 
   mesh = _abstract_mesh(data, model)
-  # A replicated draft's weights are whole on every device (`data` x 1); its cache, like every
-  # cache, has its rows over `data` (`sharding.place_cache_like`).
+  # A replicated draft's weights are whole on every device (`data` x 1); its cache rows split.
   per_device = components(mesh, mesh if draft_sharded else _abstract_mesh(data, 1))
   single = _abstract_mesh(1, 1)
   unsharded = components(single, single)
@@ -360,7 +354,6 @@ def device_memory_bytes(device: Optional[jax.Device] = None) -> Optional[int]:
 def check_fits(plan: MemoryPlan, capacity_bytes: Optional[int]) -> Optional[int]:
   """Raises a ValueError naming the mesh and the shortfall when `plan` needs more than
   `capacity_bytes` per device; returns the spare bytes (None: capacity unknown)."""
-
   if not isinstance(plan, MemoryPlan):
     raise TypeError(f"plan must be a MemoryPlan, got {type(plan).__name__}")
   if capacity_bytes is None:

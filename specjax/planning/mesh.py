@@ -18,9 +18,8 @@ def _divisors(n: int) -> Tuple[int, ...]:
 
 
 def _data_axis(batch_size: int, devices: int) -> int:
-  """The largest divisor of `batch_size` that is <= `devices`: every data
-  shard gets whole rows (a data axis that does not divide the batch
-  replicates it, and with it the caches, gaining no memory)."""
+  """The largest divisor of `batch_size` that is <= `devices` (a data axis that does not
+  divide the batch replicates it and the caches, gaining no memory)."""
   return max(d for d in _divisors(batch_size) if d <= devices)
 
 
@@ -32,18 +31,15 @@ def choose_mesh(target_config: Any, draft_config: Any = None, *, num_devices: in
                 logit_tokens: Optional[int] = None) -> Tuple[int, int]:
   """The (data, model) axis sizes to run on.
 
-  mesh="auto": the fewest model-axis devices that fit. Model axis sizes are
-  the divisors of `num_devices`, smallest first (one the heads do not divide
-  still counts: those kernels are then replicated, as the plan accounts);
-  for each, data is the largest divisor of `batch_size` that is at most
-  `num_devices // model` (so rows split evenly; devices left over are not
-  used), and the first whose `memory_plan` fits `capacity_bytes` wins. With
-  the capacity unknown (CPU), model = 1 and data as above. When even the
-  largest model axis does not fit, a ValueError names that mesh and the
-  shortfall.
+  mesh="auto": the fewest model-axis devices that fit. Model axis sizes are the divisors of
+  `num_devices`, smallest first (kernels the size does not divide are replicated, as the plan
+  accounts); data is the largest divisor of `batch_size` at most `num_devices // model`
+  (leftover devices unused); the first whose `memory_plan` fits `capacity_bytes` wins. Capacity
+  unknown (CPU): model = 1. When even the largest model axis does not fit, a ValueError names
+  that mesh and the shortfall.
 
-  mesh=(data, model): validated (ints >= 1, data * model <= num_devices)
-  and, when the capacity is known, checked with `check_fits`.
+  mesh=(data, model): validated (ints >= 1, data * model <= num_devices) and, with a known
+  capacity, checked with `check_fits`.
   """
   num_devices = check_int("num_devices", num_devices, 1)
   batch_size = check_int("batch_size", batch_size, 1)

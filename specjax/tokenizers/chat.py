@@ -1,18 +1,14 @@
 """What instruct checkpoints add next to ``tokenizer.json``: several EOS ids and a chat template.
 
-An instruct model ends a turn on any of several ids (Llama-3.x Instruct:
-``<|eot_id|>``, ``<|eom_id|>`` and ``<|end_of_text|>``), listed as
-``eos_token_id`` in the checkpoint's ``generation_config.json`` (or, without
-one, ``config.json``) — the ids transformers' ``generate`` stops on. Its
-prompts are conversations rendered by the ``chat_template`` (a Jinja template
-in ``tokenizer_config.json``, or the file ``chat_template.jinja``).
+An instruct model ends a turn on any of several ids (Llama-3.x Instruct: ``<|eot_id|>``,
+``<|eom_id|>``, ``<|end_of_text|>``), the ``eos_token_id`` of ``generation_config.json`` (else
+``config.json``) that transformers' ``generate`` stops on; its prompts are conversations
+rendered by the ``chat_template`` (in ``tokenizer_config.json`` or ``chat_template.jinja``).
 
-`HFTokenizer` reads both (`eos_ids`, `chat_template`, `apply_chat_template`);
-`specjax.generate(..., eos_id=tok.eos_ids)` then stops where transformers
-does. The template is rendered as transformers renders it (a sandboxed Jinja
+`HFTokenizer` reads both, so `specjax.generate(..., eos_id=tok.eos_ids)` stops where
+transformers does. The template is rendered as transformers renders it (a sandboxed Jinja
 environment with ``trim_blocks`` / ``lstrip_blocks``, ``raise_exception`` and
-``strftime_now``), and its text tokenized without adding special tokens (the
-template writes them).
+``strftime_now``); its text is tokenized without adding special tokens (the template writes them).
 """
 
 from __future__ import annotations
@@ -42,10 +38,9 @@ def _read_json(path: str) -> Optional[dict]:
 
 
 def read_eos_ids(directory: str, vocab_size: int, fallback: Optional[int]) -> Tuple[int, ...]:
-  """The ids that end generation for the checkpoint in `directory`:
-  ``eos_token_id`` (an int or a list) of ``generation_config.json``, else of
-  ``config.json``, else `fallback` (the tokenizer's EOS id; none: ()).
-  An id outside [0, vocab_size) is a ValueError naming the file."""
+  """The ids that end generation for the checkpoint in `directory`: ``eos_token_id`` (an int
+  or a list) of ``generation_config.json``, else of ``config.json``, else `fallback` (None:
+  ()). An id outside [0, vocab_size) is a ValueError naming the file."""
   for name in (GENERATION_CONFIG, "config.json"):
     path = os.path.join(directory, name)
     config = _read_json(path)
@@ -62,9 +57,8 @@ def read_eos_ids(directory: str, vocab_size: int, fallback: Optional[int]) -> Tu
 
 
 def read_chat_template(directory: str) -> Optional[str]:
-  """The checkpoint's chat template: ``chat_template.jinja``, else
-  ``tokenizer_config.json``'s ``chat_template`` (a string, or a list of
-  ``{"name", "template"}`` of which "default" is taken); None if neither."""
+  """The checkpoint's chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s
+  ``chat_template`` (a string, or a list of ``{"name", "template"}``: "default"); else None."""
   path = os.path.join(directory, CHAT_TEMPLATE_FILE)
   if os.path.isfile(path):
     with open(path, encoding="utf-8") as f:
@@ -94,10 +88,9 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
                 add_generation_prompt: bool = True,
                 special_tokens: Optional[Dict[str, Optional[str]]] = None,
                 **variables: Any) -> str:
-  """`messages` (``[{"role": ..., "content": ...}, ...]``) rendered by the
-  Jinja `template`, as transformers' ``apply_chat_template`` renders it;
-  `special_tokens` (``bos_token`` / ``eos_token`` / ``pad_token``) and
-  `variables` (e.g. ``tools``, ``date_string``) are visible to the template.
+  """`messages` (``[{"role": ..., "content": ...}, ...]``) rendered by the Jinja `template` as
+  transformers' ``apply_chat_template`` renders it; `special_tokens` (``bos_token`` /
+  ``eos_token`` / ``pad_token``) and `variables` (e.g. ``tools``) are visible to the template.
 
   Raises:
     ImportError: jinja2 is not installed.

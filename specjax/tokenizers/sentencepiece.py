@@ -203,7 +203,6 @@ class SentencePieceTokenizer:
 
 def token_rows(tokens_bn, lengths_b=None) -> tuple[np.ndarray, np.ndarray]:
   """`tokens [B, N]` and `lengths [B]` (default: N per row) as checked numpy arrays."""
-
   tokens_bn = np.asarray(tokens_bn)
   if tokens_bn.ndim != 2:
     raise ValueError(f"tokens must have shape [B, N], got {tokens_bn.shape}")

@@ -1,27 +1,19 @@
 """PARD's training objective: a draft LM that also fills mask slots.
 
-PARD (Parallel Draft, arXiv 2504.18583) turns a small autoregressive LM into
-a drafter that proposes γ tokens in **one** forward pass: after the real
-tokens x_0..x_t it reads γ - 1 copies of a mask token at positions t + 1 ..
-t + γ - 1, and the output at mask slot j predicts x_{t+1+j} — the token j
-places past the one the LM's own next-token output predicts. Nothing in it
-reads the target, so one trained draft serves every target of a family
-(`specjax.drafters.ParallelDraft` drafts with it).
+PARD (Parallel Draft, arXiv 2504.18583) turns a small autoregressive LM into a drafter that
+proposes γ tokens in **one** forward pass: after the real tokens x_0..x_t it reads γ - 1 mask
+tokens at positions t + 1 .. t + γ - 1, and mask slot j predicts x_{t+1+j}. Nothing reads the
+target, so one trained draft serves every target of a family (`drafters.ParallelDraft`).
 
-Training here (`ParallelObjective`, the `parallel_*` fields of the training
-config): every position of a training row is an anchor at once. The row's
-L real tokens are followed by `slots` groups of L mask tokens, group j's
-token for anchor t at position t + j, attending to the real tokens at
-positions <= t and to its own anchor's mask tokens of groups <= j (one
-forward over L·(slots + 1) tokens with that mask, `parallel_inputs`). Real
-tokens attend causally among themselves, so slot 0 is the ordinary LM loss
-(distillation included, as configured). Loss: the slots' cross-entropies
-against the data, slot j weighted `decay^j` and the sum divided by the
-weights' (the position-decayed loss of DFlash, arXiv 2602.06036: a slot only
-counts when the earlier ones are accepted). PARD itself trains on data, not on
-a target's outputs — what keeps the draft target-independent — and uses
-conditional token dropping to cut the L·(slots + 1) cost; here every anchor
-is kept (small models, short rows).
+Training (`ParallelObjective`): every position of a row is an anchor at once. The row's L real
+tokens are followed by `slots` groups of L mask tokens, group j's token for anchor t at
+position t + j, attending to the real tokens at positions <= t and to its own anchor's mask
+tokens of groups <= j (one forward over L·(slots + 1) tokens, `parallel_inputs`). Real tokens
+attend causally, so slot 0 is the ordinary LM loss. Loss: the slots' cross-entropies against
+the data, slot j weighted `decay^j`, normalised (DFlash's position-decayed loss, arXiv
+2602.06036: a slot only counts when the earlier ones are accepted). As in PARD it trains on
+data, not a target's outputs (what keeps it target-independent); PARD's conditional token
+dropping is not done: every anchor is kept.
 """
 
 from __future__ import annotations
@@ -46,9 +38,8 @@ class ParallelObjective:
 
   Attributes:
     slots: mask slots trained (a draft of γ tokens needs γ - 1); >= 1.
-    mask_id: the mask token's id in the draft's vocabulary (a reserved
-      token; specjax's SentencePiece vocabularies use the pad id 0, which is
-      never an input at a real position).
+    mask_id: the mask token's id in the draft's vocabulary (a reserved token; specjax's
+      SentencePiece vocabularies use the pad id 0, never an input at a real position).
     decay: slot j's loss weight is decay^j (slot 0, the LM loss, weighs 1).
   """
 
@@ -79,9 +70,8 @@ class ParallelObjective:
 
 @functools.lru_cache(maxsize=16)
 def _layout(length: int, slots: int) -> Tuple[np.ndarray, np.ndarray]:
-  """(positions `[T]`, mask `[T, T]`) of a row of `length` real tokens and
-  `slots` mask groups, T = length · (slots + 1); token j·L + t is anchor t's
-  slot j (j = 0: the real token t)."""
+  """(positions `[T]`, mask `[T, T]`) of a row of `length` real tokens and `slots` mask groups,
+  T = length · (slots + 1); token j·L + t is anchor t's slot j (j = 0: the real token t)."""
   k = slots + 1
   t = np.tile(np.arange(length), k)                     # anchor of each token
   j = np.repeat(np.arange(k), length)                   # slot of each token
@@ -93,8 +83,8 @@ def _layout(length: int, slots: int) -> Tuple[np.ndarray, np.ndarray]:
 
 def parallel_inputs(tokens_BL: jax.Array, slots: int, mask_id: int
                     ) -> Tuple[jax.Array, jax.Array, np.ndarray]:
-  """The expanded row (module doc): tokens `[B, T]`, positions `[B, T]`
-  (int32) and the attention mask `[T, T]` (static numpy), T = L · (slots + 1)."""
+  """The expanded row (module doc): tokens `[B, T]`, positions `[B, T]` (int32) and the
+  attention mask `[T, T]` (static numpy), T = L · (slots + 1)."""
   b, length = tokens_BL.shape
   pos_T, mask_TT = _layout(int(length), int(slots))
   masks = jnp.full((b, length * slots), mask_id, tokens_BL.dtype)
@@ -104,8 +94,8 @@ def parallel_inputs(tokens_BL: jax.Array, slots: int, mask_id: int
 
 def parallel_logits(model: Any, params: Any, tokens_BL: jax.Array, slots: int,
                     mask_id: int) -> jax.Array:
-  """float32 logits `[B, slots + 1, L, V]`: `[:, j, t]` is anchor t's slot j
-  (slot 0: the LM's next-token logits, equal to `model.forward`'s)."""
+  """float32 logits `[B, slots + 1, L, V]`: `[:, j, t]` is anchor t's slot j (slot 0:
+  `model.forward`'s next-token logits)."""
   b, length = tokens_BL.shape
   tokens_BT, pos_BT, mask_TT = parallel_inputs(tokens_BL, slots, mask_id)
   logits_BTV = model.forward(params, tokens_BT, positions_BT=pos_BT, mask_TT=jnp.asarray(mask_TT))
@@ -114,8 +104,7 @@ def parallel_logits(model: Any, params: Any, tokens_BL: jax.Array, slots: int,
 
 def slot_targets(targets_BL: jax.Array, mask_BL: jax.Array, slot: int
                  ) -> Tuple[jax.Array, jax.Array]:
-  """(targets, loss mask) `[B, L]` of mask slot `slot` (>= 1): anchor t's slot
-  is scored against targets_BL[t + slot] where mask_BL[t + slot] is set
-  (anchors within `slot` of the row's end score nothing)."""
+  """(targets, loss mask) `[B, L]` of mask slot `slot` (>= 1): anchor t is scored against
+  targets_BL[t + slot] where mask_BL[t + slot] is set (none within `slot` of the row's end)."""
   pad = ((0, 0), (0, slot))
   return jnp.pad(targets_BL[:, slot:], pad), jnp.pad(mask_BL[:, slot:], pad)

@@ -7,14 +7,10 @@ Loss (per real target token, mean over the batch's loss mask):
                                                        p_tau = softmax(student / tau)
   loss = (1 - w) CE + w tau^2 KL          (w = distill_weight; no teacher: CE)
 
-The teacher's logits are computed inside the jitted step from the frozen
-teacher params (an argument, never differentiated or donated). The student
-and the teacher are called the same way, chosen by the batch layout:
-`model.forward(params, tokens)` for decoder rows, `model.forward(params,
-inputs, input_lengths, decoder_inputs)` for seq2seq rows.
-
-`train_step(spec)` is cached per `StepSpec`, so runs in one process (a run
-and its resumption, tests) share one compiled step. The state is donated.
+The teacher's logits are computed inside the jitted step from the frozen teacher params (an
+argument, never differentiated or donated); both models are called as the batch layout says
+(decoder rows or seq2seq rows, `model_logits`). `train_step(spec)` is cached per `StepSpec`,
+so runs in one process share one compiled step. The state is donated.
 """
 
 from __future__ import annotations
@@ -37,9 +33,8 @@ __all__ = ["TrainState", "StepSpec", "model_logits", "token_losses", "init_state
 
 @struct.dataclass
 class TrainState:
-  """Everything a run needs to continue exactly: step, params, optimizer
-  state and a raw uint32 PRNG key (split every step; for models with
-  randomness, e.g. dropout — the current ones have none)."""
+  """Everything a run needs to continue exactly: step, params, optimizer state and a raw
+  uint32 PRNG key (split every step, for models with randomness such as dropout)."""
   step: jax.Array
   params: Any
   opt_state: Any
@@ -76,9 +71,8 @@ def token_losses(logits_BTV, targets_BT, mask_BT, teacher_logits_BTV=None,
                  distill_weight: float = 0.0, temperature: float = 1.0):
   """(loss, metrics): see the module doc. Metrics hold sums and the token count.
 
-  Written as logsumexp minus gathered logits (not log_softmax): on CPU the
-  backward pass of a [B, T, V] log_softmax costs about as much as the rest of
-  a small model's step.
+  Written as logsumexp minus gathered logits: a [B, T, V] log_softmax's backward pass is
+  costly on CPU.
   """
   logits_BTV = logits_BTV.astype(jnp.float32)
   mask_BT = mask_BT.astype(jnp.float32)
@@ -126,8 +120,8 @@ def _jitted_opt_init(spec: OptimizerSpec):
 
 
 def init_state(spec: StepSpec, params, seed: int) -> TrainState:
-  """A fresh state at step 0 around a copy of `params` (the train step donates
-  the state, so the caller's arrays must not be in it)."""
+  """A fresh state at step 0 around a copy of `params` (the train step donates the state, so
+  the caller's arrays must not be in it)."""
   params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), params)
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=_jitted_opt_init(spec.optimizer)(params),
