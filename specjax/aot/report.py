@@ -18,9 +18,9 @@ so the HBM floor stays visible.
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any, Dict, List, Optional
 
+from specjax._clock import now
 from specjax.aot.chips import Chip
 from specjax.aot.hlo_cost import LoopCost, loop_cost, program_cost
 from specjax.aot.programs import Lowered
@@ -129,15 +129,15 @@ def compile_program(lowered: Lowered, chip: Chip, *, batch_rows: int = 1, group:
   batch_rows: rows on one device (B / data); group: query heads per kv head (attention
   FLOPs); copy_threshold: the size from which a per-iteration copy counts as cache-sized
   (default: none)."""
-  t0 = time.perf_counter()
+  t0 = now()
   try:
     compiled = lowered.lowered.compile()
   except Exception as e:  # an OOM or an unsupported op: the report says which
     msg = str(e).strip().splitlines()
-    return ProgramReport(lowered.name, lowered.kind, time.perf_counter() - t0, 0, 0, 0, 0, 0,
+    return ProgramReport(lowered.name, lowered.kind, now() - t0, 0, 0, 0, 0, 0,
                          chip.hbm_bytes, dict(lowered.slices), None, expected_bytes(lowered),
                          None, 0.0, {}, error=(msg[0] if msg else type(e).__name__)[:500])
-  compile_s = time.perf_counter() - t0
+  compile_s = now() - t0
   mem = compiled.memory_analysis()
   # The arguments jax kept (unused ones are dropped before XLA); unknown: none discounted.
   kept = getattr(getattr(compiled, "_executable", None), "_kept_var_idx", None)

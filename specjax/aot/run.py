@@ -11,7 +11,6 @@ compiler and, given acceptance rates, theory's predicted speedup. Example: docs/
 from __future__ import annotations
 
 import dataclasses
-import time
 import types
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
@@ -19,6 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from specjax._clock import now
 from specjax import theory
 from specjax.aot.chips import Chip, chip as chip_named, chip_of_device, num_hosts, topology_devices
 from specjax.aot.programs import (PARAM_LAYOUTS, Lowered, lower_ar_loop, lower_eagle_train_step,
@@ -289,7 +289,7 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
   cache_buffer = _cache_buffer_bytes(run, mesh)
   reports, plans = [], []
   thunks = _lowerings(run, mesh)
-  start = time.perf_counter()
+  start = now()
   for i, thunk in enumerate(thunks):
     try:
       lowered = thunk()
@@ -307,7 +307,7 @@ def run_aot(run: AotRun, progress: Callable[[str], None] = print,
     if lowered.kind == "prefill" and lowered.name.startswith("prefill draft"):
       draft = dict(run.drafts)[lowered.name[len("prefill draft "):]]
     plans.append(_plan_check(run, mesh, lowered, rep, draft))
-    elapsed = time.perf_counter() - start
+    elapsed = now() - start
     eta = elapsed / (i + 1) * (len(thunks) - i - 1)
     progress(f"[{i + 1}/{len(thunks)}] {rep.name}: "
              + (f"FAILED {rep.error}" if rep.error else

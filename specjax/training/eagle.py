@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
 from typing import Any, Dict, Optional, Tuple
 
 import jax
@@ -40,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from specjax._clock import now
 from specjax import atomic_io
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
                                        init_eagle, layer_params, mask_inputs, pair_inputs, qkv,
@@ -251,10 +251,10 @@ def train_eagle(target, target_params, config: EagleConfig, data: DistillData,
           "seed": int(train.seed),
           "data": {"rows": int(len(data.tokens)), "length": int(data.tokens.shape[1]),
                    "generated": int(data.generated.sum())}}
-  t0 = time.time()
+  t0 = now()
   feats, final = _states(target, target_params, config, data.tokens)
   valid_mask = _valid_rows(data)
-  logging.info("target features of %d sequences: %.1fs", len(feats), time.time() - t0)
+  logging.info("target features of %d sequences: %.1fs", len(feats), now() - t0)
   init = init_eagle(config, jax.random.key(int(train.seed)))
   state = {"step": jnp.zeros((), jnp.int32), "params": init,
            "opt_state": make_optimizer(spec).init(init)}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
 from typing import Any, Callable, Dict, Optional
 
 import jax
@@ -31,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 
+from specjax._clock import now
 from specjax import atomic_io
 from specjax.api import generate
 from specjax.models.medusa_head import MedusaConfig, head_logits, init_heads, target_lm_head
@@ -72,7 +72,7 @@ def distillation_data(target, target_params, prompts: np.ndarray, lengths: np.nd
   tokens = np.zeros((n, p + max_new), np.int32)
   generated = np.zeros((n, p + max_new), bool)
   sampling = SamplingConfig(float(temperature))
-  t0 = time.time()
+  t0 = now()
   for s in range(0, rows, batch_size):
     take = idx[s:s + batch_size]
     key = jax.random.split(jax.random.key(seed * 7919 + s), batch_size)
@@ -88,7 +88,7 @@ def distillation_data(target, target_params, prompts: np.ndarray, lengths: np.nd
       generated[i, m:m + glen[j]] = True
     if log:
       done = min(s + batch_size, n)
-      rate = done / max(time.time() - t0, 1e-9)
+      rate = done / max(now() - t0, 1e-9)
       log(f"distillation data: {done}/{n} sequences ({rate:.1f}/s, ETA "
           f"{(n - done) / max(rate, 1e-9):.0f}s)")
   return DistillData(tokens=tokens, generated=generated)
@@ -212,9 +212,9 @@ def train_medusa(target, target_params, config: MedusaConfig, data: DistillData,
           "data": {"rows": int(len(data.tokens)), "length": int(data.tokens.shape[1]),
                    "generated": int(data.generated.sum())}}
   layout = None
-  log_t = time.time()
+  log_t = now()
   states = target_states(target, target_params, data.tokens)
-  logging.info("target states of %d sequences: %.1fs", len(states), time.time() - log_t)
+  logging.info("target states of %d sequences: %.1fs", len(states), now() - log_t)
   init = init_heads(config, target, target_params)
   state = {"step": jnp.zeros((), jnp.int32), "params": init,
            "opt_state": make_optimizer(spec).init(init)}
@@ -277,13 +277,13 @@ def resumable_loop(workdir: str, meta: dict, state: dict, step_fn: Callable,
       logging.info("resumed the %s at step %d in %s", what, found[0], ckpt.directory)
     start = int(state["step"])
     end = int(train.steps) if stop_at_step is None else min(int(train.steps), stop_at_step)
-    t0, done0, metrics_path = time.time(), start, f"{workdir}/metrics.jsonl"
+    t0, done0, metrics_path = now(), start, f"{workdir}/metrics.jsonl"
     for s in range(start, end):
       state, metrics = step_fn(state, *batch_fn(s))
       done = s + 1
       if done % int(train.log_every) == 0 or done == end:
         m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        rate = (done - done0) / max(time.time() - t0, 1e-9)
+        rate = (done - done0) / max(now() - t0, 1e-9)
         rec = {"step": done, **m, "steps_per_s": rate, "eta_s": (end - done) / max(rate, 1e-9)}
         atomic_io.append_text(metrics_path, json.dumps(rec, sort_keys=True) + "\n")
         logging.info("%s step %d/%d | %s | %.2f steps/s | ETA %.1f min", what, done, end,

@@ -25,13 +25,13 @@ import json
 import logging as py_logging
 import math
 import os
-import time
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
 import numpy as np
 from absl import logging
 
+from specjax._clock import now
 from specjax import atomic_io
 from specjax._checks import check_int
 from specjax.checkpoints.integrity import CheckpointError
@@ -204,7 +204,7 @@ class _Progress:
       self.tb = None
 
   def start_clock(self):
-    self.t0 = time.perf_counter()
+    self.t0 = now()
     self.steps_since = 0
     self.excluded = 0.0
 
@@ -231,9 +231,9 @@ class _Progress:
            "learning_rate": float(fetched[-1]["learning_rate"]),
            "grad_norm": float(np.mean([m["grad_norm"] for m in fetched]))}
     rec.update({f"train_{k}": v for k, v in summarize_metrics(sums).items()})
-    now = time.perf_counter()
+    t = now()
     if self.t0 is not None and self.steps_since:
-      dt = max(now - self.t0 - self.excluded, 1e-9)
+      dt = max(t - self.t0 - self.excluded, 1e-9)
       rec["steps_per_s"] = self.steps_since / dt
       rec["tokens_per_s"] = timed_tokens / dt
       rec["positions_per_s"] = self.steps_since * self.positions_per_step / dt
@@ -368,7 +368,7 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
 
     def run_eval(step, params):
       for name, batches in eval_sets.items():
-        t0 = time.perf_counter()
+        t0 = now()
         res = evaluate_loss(spec, params, batches, teacher_params)
         rec = {"step": step, "eval": name, **{f"eval_{k}": v for k, v in res.items()}}
         progress.write(rec)
@@ -376,25 +376,25 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
         logging.info("step %d | %s: ce %.4f (ppl %.4g), acc %.3f%s%s | %.1fs", step, name,
                      res["ce"], math.exp(min(res["ce"], 50.0)), res["accuracy"],
                      f", kl {res['kl']:.4f}" if "kl" in res else "", _slot_accuracies(res),
-                     time.perf_counter() - t0)
-        progress.exclude(time.perf_counter() - t0)
+                     now() - t0)
+        progress.exclude(now() - t0)
 
     if start == 0 and eval_sets:
       run_eval(0, state.params)  # The starting point (e.g. the KL to the teacher before).
     step_fn = (train_step(spec) if mesh is None
                else mesh_lib.sharded_train_step(spec, mesh, state))
     compile_s = None
-    t_run = time.perf_counter()
+    t_run = now()
     for step in range(start, end):
       batch = mixture.batch(config.seed, step, config.batch_size)
       if mesh is not None:
         batch = mesh_lib.shard_rows(batch, mesh)
       first = compile_s is None
       if first:
-        t0 = time.perf_counter()
+        t0 = now()
         state, metrics = step_fn(state, batch, teacher_params)
         jax.block_until_ready(metrics)
-        compile_s = time.perf_counter() - t0
+        compile_s = now() - t0
         logging.info("first step (compilation included): %.1fs", compile_s)
         progress.start_clock()
       else:
@@ -413,7 +413,7 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
       if dataclasses.is_dataclass(getattr(model, "config", None)):
         final = save_final_params(workdir, state.params, model.config, meta)
       summary = {"step": int(state.step), "final_params": final,
-                 "compile_s": compile_s, "wall_s_this_run": time.perf_counter() - t_run,
+                 "compile_s": compile_s, "wall_s_this_run": now() - t_run,
                  "steps_this_run": end - start, "last_train": progress.last,
                  "last_eval": progress.last_eval,
                  "data": [s.stats.__dict__ for s in mixture.sources]}
