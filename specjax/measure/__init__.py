@@ -13,5 +13,5 @@
   tensorboard  TensorBoard scalars and profiler traces
   provenance   what produced a result: machine, versions, git commit, command, UTC time
 
-Speed claims live in `benchmarks/` and `results/`, never in timed tests.
+Speed claims live in the benchmarks and the results folders, never in timed tests.
 """

@@ -4,7 +4,7 @@
 matrix-vector product per token or as one matrix-matrix product, and stores its choice, keyed by
 the CPU, the JAX version, the model's shape and its parameter layout. A decoder whose config
 leaves `matvec_max_rows` at None uses the stored choice, else one matrix-matrix product per call
-(0): the default that never loses badly (benchmarks/README.md).
+(0): the default that never loses badly.
 
 The file is `matvec_rows.json` of the per-machine store (`specjax.machine_store`), {key: rows};
 an unreadable file is ignored (logged) and rewritten by the next tuning.
