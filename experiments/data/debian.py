@@ -38,6 +38,7 @@ __all__ = [
     "parse_deb822",
     "parse_translation_en",
     "description_to_text",
+    "is_mostly_list",
     "translation_en_files",
     "read_translation_en",
     "apt_update",
@@ -172,6 +173,28 @@ def description_to_text(long_lines: Sequence[str]) -> str:
       pieces.append(line.strip())
   close_item(final=True)
   return common.collapse_whitespace(" ".join(pieces))
+
+
+def _is_list_line(line: str) -> bool:
+  """A list item, a verbatim (indented) line or a URL / e-mail-only line."""
+  return bool(_BULLET_RE.match(line) or _URL_ONLY_RE.match(line) or
+              line[:1].isspace())
+
+
+def is_mostly_list(long_lines: Sequence[str], max_fraction: float = 0.5
+                   ) -> bool:
+  """True when a long description is not prose to take a lead sentence from.
+
+  That is: it has no content line (only " ." separators or nothing), its
+  first content line is a list item, a verbatim (indented) line or a lone
+  URL / e-mail address, or more than `max_fraction` of its content lines
+  are (the lines as in `TranslationEntry.long_lines`).
+  """
+  content = [line for line in long_lines if line.strip() not in ("", ".")]
+  if not content or _is_list_line(content[0]):
+    return True
+  n_list = sum(1 for line in content if _is_list_line(line))
+  return n_list > max_fraction * len(content)
 
 
 def translation_en_files(lists_dir: str = APT_LISTS_DIR) -> list[str]:
