@@ -634,7 +634,8 @@ def test_cli_builds_and_prints_counts(tmp_path):
 
 def test_registry_lists_all_tasks():
   assert set(data.task_names()) == {
-      "translate_en_de", "summarize_debian", "code_python", "humaneval",
+      "translate_en_de", "summarize_debian", "summarize_debian_lead",
+      "code_python", "humaneval",
       "wmt14_translate/de-en", "cnn_dailymail", "xsum"}
   with pytest.raises(ValueError, match="already registered"):
     tasks.register(type(tasks.get_builder("xsum"))())

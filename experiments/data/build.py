@@ -6,6 +6,9 @@ Examples::
       --cache_dir=/tmp/specjax_data --max_packages=40
   python -m experiments.data.build --task=summarize_debian \
       --cache_dir=/tmp/specjax_data --apt_update
+  python -m experiments.data.build --task=translate_en_de \
+      --cache_dir=/tmp/specjax_data --max_packages=100 --sentences_only \
+      --min_target_words=16
   python -m experiments.data.build --task=code_python,humaneval \
       --cache_dir=/tmp/specjax_data
   python -m experiments.data.build --task=xsum --cache_dir=/tmp/specjax_data \
@@ -42,6 +45,9 @@ _MAX_PACKAGES = flags.DEFINE_integer(
     "their German catalogs (0: only the catalogs already on this machine).")
 _PACKAGES = flags.DEFINE_list(
     "packages", [], "translate_en_de: extra packages to download.")
+_SENTENCES_ONLY = flags.DEFINE_bool(
+    "sentences_only", False, "translate_en_de: keep only pairs that read as "
+    "full sentences (capitalised, final punctuation, no markup or options).")
 _APT_UPDATE = flags.DEFINE_bool(
     "apt_update", False, "Run `apt-get update -o Acquire::Languages=en` first "
     "(root, network).")
@@ -76,7 +82,8 @@ def main(argv: list[str]) -> int:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   options = tasks_lib.BuildOptions(
       source=_SOURCE.value, max_packages=_MAX_PACKAGES.value,
-      packages=tuple(_PACKAGES.value), apt_update=_APT_UPDATE.value,
+      packages=tuple(_PACKAGES.value), sentences_only=_SENTENCES_ONLY.value,
+      apt_update=_APT_UPDATE.value,
       chunking=_CHUNKING.value, code_dir=_CODE_DIR.value,
       tfds_data_dir=_TFDS_DATA_DIR.value, max_examples=_MAX_EXAMPLES.value,
       min_input_words=_MIN_INPUT_WORDS.value,

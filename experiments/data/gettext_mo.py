@@ -36,6 +36,7 @@ __all__ = [
     "strip_accelerator",
     "clean_pair",
     "mo_translation_pairs",
+    "is_sentence_pair",
 ]
 
 MO_MAGIC = 0x950412DE
@@ -342,3 +343,37 @@ def mo_translation_pairs(entries: Sequence[MoEntry]
     pair = clean_pair(e.msgid, e.msgstr)
     if pair is not None:
       yield pair
+
+
+# Markup: an HTML/XML/Pango tag or an entity ("<b>", "</a>", "&amp;").
+_MARKUP_RE = re.compile(r"<[A-Za-z/!?][^<>]*>|&(?:[A-Za-z]+|#\d+);")
+# A command-line option ("-f", "--force") or a usage synopsis.
+_OPTION_RE = re.compile(r"(?:^|[\s\[(|,])--?[A-Za-z]|\busage:", re.IGNORECASE)
+_SENTENCE_END = (".", "!", "?", ":")
+_CLOSERS = "\"')]\u201c\u201d\u2019\u00bb\u00ab"
+
+
+def _ends_like_sentence(text: str) -> bool:
+  return text.rstrip(_CLOSERS).endswith(_SENTENCE_END)
+
+
+def is_sentence_pair(en: str, de: str, max_format_fraction: float = 0.2
+                     ) -> bool:
+  """True when a cleaned (English, German) pair reads as full sentences.
+
+  The English side starts with an uppercase letter and the German side does
+  not start with a lowercase one; both end with ``.``, ``!``, ``?`` or ``:``
+  (closing quotes or brackets allowed after it); neither holds markup (tags,
+  entities) nor a command-line option or usage synopsis (``-f``,
+  ``--force``, ``Usage:``), the staple of ``--help`` texts; and format
+  specifiers (``%s``, ``{0}``, ``$VAR``) are at most `max_format_fraction`
+  of the English words. Word-count limits are the task's `LengthFilter`.
+  """
+  if not en or not de or not en[0].isupper() or de[0].islower():
+    return False
+  if not (_ends_like_sentence(en) and _ends_like_sentence(de)):
+    return False
+  if any(_MARKUP_RE.search(t) or _OPTION_RE.search(t) for t in (en, de)):
+    return False
+  n_formats = len(_FORMAT_RE.findall(en))
+  return n_formats <= max_format_fraction * len(en.split())

