@@ -18,7 +18,8 @@ task-specific fields); splits are "train", "validation" and "test". The
 command line is ``python -m experiments.data.build --task=... --cache_dir=...``.
 
 Tasks built from what a Debian machine has offline: ``translate_en_de``
-(German gettext catalogs), ``summarize_debian`` (package descriptions),
+(German gettext catalogs), ``summarize_debian`` and ``summarize_debian_lead``
+(package descriptions),
 ``code_python`` (the standard library), ``humaneval``; with internet and
 ``pip install specjax[tfds]``: ``wmt14_translate/de-en``,
 ``cnn_dailymail``, ``xsum`` (each also buildable from local JSONL/TSV).
