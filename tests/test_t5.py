@@ -341,3 +341,21 @@ def test_orbax_round_trip_and_config_check(tmp_path):
     restore_params(tmp_path / "t5", cfg.replace(d_ff=cfg.d_ff + 1))
   with pytest.raises(ValueError, match="tie_word_embeddings"):
     restore_params(tmp_path / "t5", cfg.replace(tie_word_embeddings=True))
+
+
+def test_t5_from_section_decoder_depth():
+  """A config section's optional num_decoder_layers gives the decoder its own depth (absent
+  or 0: as deep as the encoder), and the model's parameters follow it."""
+  import ml_collections
+  from specjax.models.sections import t5_from_section
+  shape = dict(d_model=16, d_kv=4, num_heads=2, d_ff=32, num_layers=1)
+  same = t5_from_section(ml_collections.ConfigDict(shape), 64)
+  zero = t5_from_section(ml_collections.ConfigDict(dict(shape, num_decoder_layers=0)), 64)
+  deep = t5_from_section(ml_collections.ConfigDict(dict(shape, num_decoder_layers=3)), 64)
+  assert (same.config.num_layers, same.config.num_decoder_layers) == (1, 1)
+  assert zero.config.num_decoder_layers == 1
+  assert (deep.config.num_layers, deep.config.num_decoder_layers) == (1, 3)
+  params = deep.init(jax.random.key(0))
+  decoder_layers = [k for k in params["decoder"] if k.startswith("layers_")]
+  encoder_layers = [k for k in params["encoder"] if k.startswith("layers_")]
+  assert (len(encoder_layers), len(decoder_layers)) == (1, 3)
