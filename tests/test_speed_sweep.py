@@ -109,3 +109,51 @@ def test_a_sweep_times_its_calls_in_rotated_order(tmp_path, fixed_costs, monkeyp
   # Each record still lists its batches in prompt order, whatever the call order.
   assert [len(r["ar"]["seconds"]) for r in records] == [2, 2]
   assert all(r["cells"]["self/gauto"]["identical"] == [True, True] for r in records)
+
+
+def test_auto_cells_share_one_calibration_per_pair(tmp_path, monkeypatch):
+  """`calibrate_drafts` measures one table per draft (a rerun reads it back), and sweeps over
+  two settings hand it to every auto cell: no cell calibrates on its own."""
+  from experiments.programs import speed
+  calls, given = [], []
+
+  def calibrate(target, target_params, drafter, draft_params, adaptive, **kw):
+    calls.append(kw)
+    return calibration.GammaCosts(adaptive.gammas, UNDERVALUED, measured=True,
+                                  calibration_seconds=7.0)
+
+  def resolve(*a, gamma_costs=None, **kw):
+    given.append(gamma_costs)
+    assert gamma_costs is not None, "an auto cell resolved its own table"
+    return calibration.GammaCosts(a[4].gammas, tuple(gamma_costs))
+
+  def no_calibration(*a, **kw):
+    raise AssertionError("the library calibrated")
+  monkeypatch.setattr(speed, "calibrate_gamma_costs", calibrate)
+  monkeypatch.setattr(specjax.api, "resolve_gamma_costs", resolve)
+  monkeypatch.setattr(calibration, "calibrate_gamma_costs", no_calibration)
+  lm, params = target()
+  stages = Stages(str(tmp_path / "stages"))
+  kw = dict(prompt_len=10, cache_len=32, sampling=GREEDY, stages=stages,
+            fingerprints={"target": "t", "self": "t"})
+  tables = speed.calibrate_drafts(lm, params, {"self": (lm, params)}, **kw)
+  assert len(calls) == 1 and calls[0]["store"] is False and calls[0]["cache_len"] == 32
+  assert tables["self"]["seconds"] == list(UNDERVALUED) and not tables["self"]["reused"]
+  assert tables["self"]["calibration_seconds"] == 7.0
+  again = speed.calibrate_drafts(lm, params, {"self": (lm, params)}, **kw)
+  assert len(calls) == 1 and again["self"]["reused"] and again["self"]["seconds"] == \
+      tables["self"]["seconds"]
+  prompts, lengths = ragged_prompts(batch=4, seed=3)
+  costs = {"self": tables["self"]["seconds"]}
+  for prefix in ("t0", "t1"):
+    records = sweep(lm, params, {"self": (lm, params)}, np.asarray(prompts),
+                    np.asarray(lengths), gammas=[1, "auto", "auto_series"], sampling=GREEDY,
+                    max_new_tokens=10, eos_id=EOS, stages=stages, prefix=prefix,
+                    fingerprints={"target": "t", "self": "t"}, chunk=2, gamma_costs=costs)
+  assert len(calls) == 1 and given and all(g == pytest.approx(UNDERVALUED) for g in given)
+  # The table is part of the auto cells' keys: their stages name it.
+  import json
+  entry = json.loads(open(stages.path("t1/chunk0/self/gauto")).read())
+  assert entry["deps"]["gamma_costs"] == list(UNDERVALUED)
+  assert "gamma_costs" not in json.loads(open(stages.path("t1/chunk0/self/g1")).read())["deps"]
+  assert summarize(records)["self/gauto"]["identical_fraction"] == 1.0

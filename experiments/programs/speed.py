@@ -17,8 +17,10 @@ Speedup is measured per generated token: (AR seconds / AR tokens) /
 emit the same tokens, at temperature > 0 they sample different (equally
 distributed) continuations — of different lengths, so on a few short
 outputs the prefill's share of a token differs between the cells
-(`matched_speedup` compares them at the same lengths). `repeats` times
-each call several times and keeps the median.
+(`matched_speedup` compares them at the same lengths; `cell_speedup` picks
+it wherever it was measured: the one speedup reports print). `repeats` times
+each call several times and keeps the median. `calibrate_drafts` measures the
+`gamma="auto"` cost table of each draft once, for every sweep's auto cells.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ import numpy as np
 import specjax
 from specjax._checks import check_int
 from specjax.adaptive import AdaptiveGamma
+from specjax.calibration import calibrate_gamma_costs
+from specjax.drafters.model import ModelDrafter
 from specjax.measure.timing import interleaved_rounds, now
 from experiments.programs.common import Progress
 from experiments.programs.stages import Stages, array_digest
 from specjax.generation import DecodeStats, EosIds
 
-__all__ = ["sweep", "summarize", "cell_name", "matched_speedup", "AUTO_CELLS"]
+__all__ = ["sweep", "summarize", "cell_name", "matched_speedup", "cell_speedup",
+           "calibrate_drafts", "AUTO_CELLS"]
 
 
 AUTO_CELLS = ("auto", "auto_series")
@@ -72,7 +77,8 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
           sampling: specjax.SamplingConfig, max_new_tokens: int, eos_id: EosIds, stages: Stages,
           prefix: str, fingerprints: Mapping[str, str], batch_size: int = 1, chunk: int = 25,
           seed: int = 0, keep_ar_tokens: bool = True, keep_cell_tokens: Sequence[str] = (),
-          cache_gamma: int = 0, place=None, repeats: int = 1) -> List[dict]:
+          cache_gamma: int = 0, place=None, repeats: int = 1,
+          gamma_costs: Optional[Mapping[str, Sequence[float]]] = None) -> List[dict]:
   """Measures AR and every (draft, γ) on all prompts; returns chunk records.
 
   Each record: {"ar": {...}, "cells": {cell_name: {...}}} with per-batch
@@ -85,6 +91,9 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
   decoding runs (e.g. `specjax.parallel.sharding.shard_batch` over a mesh's data
   axis); None leaves them on the default device. `repeats`: each call is
   timed this many times (AR and the cells interleaved) and its median kept.
+  `gamma_costs`: {draft: its γ cost table} (`calibrate_drafts`), passed to
+  the `AUTO_CELLS` of that draft as `speculative_generate(gamma_costs=)`, so
+  no cell calibrates on its own; their stages are then keyed by the table.
 
   Every chunk stores AR and each cell as separate stages
   (`<prefix>/chunk<k>/ar`, `<prefix>/chunk<k>/<draft>/g<γ>`) keyed by the
@@ -111,6 +120,7 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     return jnp.stack([jax.random.key(seed * 1_000_003 + start + r) for r in range(batch_size)])
 
   place = place or (lambda *arrays: arrays)  # e.g. rows over a mesh's data axis
+  gamma_costs = {d: [float(c) for c in v] for d, v in (gamma_costs or {}).items()}
 
   def run_ar(x, l, k):
     x, l, k = place(x, l, k)
@@ -121,7 +131,9 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
     x, l, k = place(x, l, k)
     return specjax.speculative_generate(target, target_params, model, params, x, l,
                                         gamma="auto" if g in AUTO_CELLS else g, key=k,
-                                        acceptance=acceptance, **common)
+                                        acceptance=acceptance,
+                                        gamma_costs=gamma_costs.get(name) if g in AUTO_CELLS
+                                        else None, **common)
 
   cells = [(d, g) for d in drafts for g in gammas]
   batches = [(s, jnp.asarray(prompts_NP[s:s + batch_size]), jnp.asarray(lengths_N[s:s + batch_size]))
@@ -146,7 +158,9 @@ def sweep(target, target_params, drafts: Mapping[str, Tuple[object, object]],
                                      gamma=g if g in AUTO_CELLS else int(g),
                                      keep_tokens=cell_name(d, g) in keep_cell_tokens,
                                      **({"chunk": k, "carried": True}
-                                        if g == "auto_series" else {})))
+                                        if g == "auto_series" else {}),
+                                     **({"gamma_costs": gamma_costs[d]}
+                                        if g in AUTO_CELLS and d in gamma_costs else {})))
     stored = {key: stages.get(name, deps) for key, (name, deps) in names.items()}
     plan.append((names, stored))
   todo_cells = sorted({c for _, stored in plan for c, v in stored.items() if v is None} - {"ar"})
@@ -285,6 +299,65 @@ def matched_speedup(ar: Mapping[str, float], cell: Mapping[str, float], calls: i
   decode_s = decode_ms_per_token(cell["seconds"], cell["tokens"], calls, cell_prefill_s) / 1e3
   prefill_s = min(calls * cell_prefill_s, cell["seconds"])
   return float(ar["seconds"] / max(prefill_s + ar["tokens"] * decode_s, 1e-12))
+
+
+def cell_speedup(cell: Mapping[str, float]) -> float:
+  """The speedup of a cell, the one measure a report prints, ranks and publishes:
+  `matched_speedup` (at the AR cell's output lengths) where the prefills were
+  measured, else the per-token "speedup". Greedy cells emit AR's very tokens,
+  where the two are equal; sampled ones emit outputs of other lengths, where
+  only the matched one compares like with like."""
+  return float(cell.get("matched_speedup", cell["speedup"]))
+
+
+# The calibration a sweep's gamma="auto" cells share (`calibrate_drafts`): the library's
+# defaults, 64 iterations x 5 rounds. Measured on the quick preset's shapes (random-init target
+# with the small and the large draft, greedy and sampled, three tables each, on a loaded 2-core
+# host), c(1)/c(0) spread over 1.6-4.4 at 64 x 5, 1.6-4.7 at 32 x 3 (one table with c(8) <
+# c(4)) and 0.74-4.5 at 16 x 3 (one with c(1) < c(0)); measuring took 1.7-5.2 s of a table at
+# 64 x 5 against 0.8-1.6 s at 32 x 3, compiling its branches 20-54 s. Fewer iterations save
+# 1-4 s a table at no gain in noise: what saves is calibrating once per pair, not per cell.
+CALIBRATION_ITERATIONS = 64
+CALIBRATION_REPEATS = 5
+
+
+def calibrate_drafts(target, target_params, drafts: Mapping[str, Tuple[object, object]], *,
+                     prompt_len: int, cache_len: int, sampling: specjax.SamplingConfig,
+                     stages: Stages, fingerprints: Mapping[str, str], batch_size: int = 1,
+                     prefix: str = "calibration", iterations: int = CALIBRATION_ITERATIONS,
+                     repeats: int = CALIBRATION_REPEATS) -> Dict[str, dict]:
+  """One `gamma="auto"` cost table per draft model: `calibrate_gamma_costs` on the pair
+  (target, draft) at these shapes, for `sweep(gamma_costs=)` to hand every auto cell of the
+  draft (every task and temperature) instead of each cell calibrating its own (one table per
+  model pair, Γ, batch, cache bucket and greedy-or-sampled). Each table is a stage
+  (`<prefix>/<draft>`) keyed by both models' fingerprints, the shapes and the settings, kept
+  out of the machine's store (the run's stages are its record).
+
+  Returns {draft: {"gammas", "seconds" (per γ of the default Γ), "calibration_seconds" (when
+  measured, compilation included), "reused" (True: read back from an earlier run)}}."""
+  adaptive = AdaptiveGamma()
+  out = {}
+  for name, (model, params) in drafts.items():
+    stage = f"{prefix}/{name}"
+    deps = {"target": fingerprints["target"], "draft": fingerprints[name],
+            "gammas": list(adaptive.gammas), "batch_size": int(batch_size),
+            "prompt_len": int(prompt_len), "cache_len": int(cache_len),
+            "greedy": bool(sampling.is_greedy), "iterations": int(iterations),
+            "repeats": int(repeats)}
+    stored = stages.get(stage, deps)
+    reused = stored is not None
+    if reused:
+      stages.reused.append(stage)
+    else:
+      table = calibrate_gamma_costs(target, target_params, ModelDrafter(model), params, adaptive,
+                                    batch_size=batch_size, prompt_len=prompt_len,
+                                    cache_len=cache_len, sampling=sampling,
+                                    iterations=iterations, repeats=repeats, store=False)
+      stored = stages.put(stage, {"gammas": list(table.gammas), "seconds": list(table.seconds),
+                                  "calibration_seconds": float(table.calibration_seconds)}, deps)
+      stages.computed.append(stage)
+    out[name] = dict(stored, reused=reused)
+  return out
 
 
 def summarize(records: Sequence[dict]) -> Dict[str, dict]:
