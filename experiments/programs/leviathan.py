@@ -20,8 +20,10 @@ Stages, each cached under the workdir (a rerun reuses them):
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +32,8 @@ from absl import logging
 
 import specjax
 from specjax import theory
+from specjax.measure.timing import now
+from specjax.atomic_io import as_path, atomic_write_json
 from specjax.checkpoints import params_digest
 from experiments.data import build_task, debian, load_task, train_sentencepiece
 from experiments.programs import report
@@ -39,8 +43,9 @@ from experiments.programs.common import (Stages, array_digest, check_data_host,
                                         checkpoint_fingerprint, enable_compilation_cache,
                                         open_workdir, pad_batch, pretrained_dir,
                                         publish_results, train_config, train_or_restore)
-from experiments.programs.speed import (AUTO_CELLS, cell_name, decode_ms_per_token, gamma_room,
-                                       matched_speedup, summarize, sweep, sweep_cache_len)
+from experiments.programs.speed import (AUTO_CELLS, calibrate_drafts, cell_name, cell_speedup,
+                                       decode_ms_per_token, gamma_room, matched_speedup,
+                                       summarize, sweep, sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_t5 import import_hf_t5, t5_config_from_hf
 from experiments.programs import placement
@@ -187,25 +192,87 @@ def sweep_gammas(cfg) -> list:
   return list(cfg.eval.gammas) + (list(AUTO_CELLS) if cfg.eval.get("auto", False) else [])
 
 
+class TimeSplit:
+  """Where a run's time goes: seconds per stage on `specjax._clock.now` (summed over the
+  stage's visits) and whether the stage was computed, reused from an earlier run, or both.
+
+  `stage(name)` times a block; with `stages` (a `Stages`) the block's status is read from
+  the stage files it computed and reused, else set with `mark`."""
+
+  def __init__(self, stages: Optional[Stages] = None):
+    self.seconds: Dict[str, float] = {}
+    self.status: Dict[str, str] = {}
+    self._stages = stages
+    self._counts: Dict[str, List[int]] = {}
+
+  @contextlib.contextmanager
+  def stage(self, name: str):
+    st = self._stages
+    c0, r0 = (len(st.computed), len(st.reused)) if st is not None else (0, 0)
+    t0 = now()
+    try:
+      yield
+    finally:
+      self.seconds[name] = self.seconds.get(name, 0.0) + now() - t0
+      if st is not None:
+        # A stage this run computed and then read again (two tasks of the same shapes) is
+        # no reuse from an earlier run.
+        earlier = set(st.computed)
+        counts = self._counts.setdefault(name, [0, 0])
+        counts[0] += len(st.computed) - c0
+        counts[1] += sum(n not in earlier for n in st.reused[r0:])
+        computed, reused = counts
+        self.status[name] = ("reused" if reused and not computed else
+                             f"partly reused: {reused} of {computed + reused} stages"
+                             if reused else "computed")
+
+  def mark(self, name: str, status: str) -> None:
+    self.status[name] = status
+
+
 def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str, str],
-            place=None) -> dict:
+            place=None, split: Optional[TimeSplit] = None) -> dict:
   """All measurements, each stage cached in `stages` and keyed by what it
   reads: the models' parameter digests (`fingerprints`: {"target": ...,
   <draft>: ...}), the prompts and the settings. A retrained draft
-  recomputes its own stages only."""
+  recomputes its own stages only.
+
+  With `gamma="auto"` cells (`eval.auto`) each draft's γ cost table is calibrated once, at
+  the sweep's largest shapes (`calibrate_drafts`: results["calibration"]), and handed to
+  that draft's auto cells of every task and temperature. `split` (a `TimeSplit` over
+  `stages`) gets the seconds of "calibration" and of the measurement's parts:
+  "components", "prefill", "alpha" (n-gram tables included) and "sweep"."""
+  split = split or TimeSplit(stages)
   results = {"tasks": {}, "params": {"target": count_params(tp)}}
   for name, (_, dp) in drafts.items():
     results["params"][name] = count_params(dp)
   models = {"target": (target, tp), **drafts}
   # Unigram/bigram drafts from the decoder streams of the training targets.
-  train_streams = []
-  cap = int(cfg.eval.get("ngram_max_examples", 0)) or None   # per task; 0: all
-  for task in TASKS:
-    for r in load_task(task_data(cfg, task), "train", cfg.data.cache_dir)[:cap]:
-      train_streams.append([0] + tok.encode(r["targets"]))
-  tables = {"unigram": fit_ngram(train_streams, target.vocab_size, 1)["logits"],
-            "bigram": fit_ngram(train_streams, target.vocab_size, 2)["logits"]}
-  tables_digest = array_digest(tables["unigram"], tables["bigram"])
+  with split.stage("alpha"):
+    train_streams = []
+    cap = int(cfg.eval.get("ngram_max_examples", 0)) or None   # per task; 0: all
+    for task in TASKS:
+      for r in load_task(task_data(cfg, task), "train", cfg.data.cache_dir)[:cap]:
+        train_streams.append([0] + tok.encode(r["targets"]))
+    tables = {"unigram": fit_ngram(train_streams, target.vocab_size, 1)["logits"],
+              "bigram": fit_ngram(train_streams, target.vocab_size, 2)["logits"]}
+    tables_digest = array_digest(tables["unigram"], tables["bigram"])
+  gamma_costs = None
+  if set(AUTO_CELLS) & set(sweep_gammas(cfg)) and drafts:
+    # One table per draft (not per task, temperature and cell): at the largest prompt and
+    # cache of the sweeps, with sampled verification when any temperature samples.
+    room = gamma_room(sweep_gammas(cfg))
+    p_max = max(int(cfg.eval[f"{t}_prompt_len"]) for t in TASKS)
+    cal_len = max(sweep_cache_len(target, [m for m, _ in drafts.values()],
+                                  int(cfg.eval[f"{t}_prompt_len"]), int(cfg.eval[f"{t}_max_new"]),
+                                  room) for t in TASKS)
+    t_max = max(float(t) for t in cfg.eval.temperatures)
+    with split.stage("calibration"):
+      results["calibration"] = calibrate_drafts(
+          target, tp, drafts, prompt_len=p_max, cache_len=cal_len,
+          sampling=specjax.SamplingConfig(temperature=t_max), stages=stages,
+          fingerprints=fingerprints)
+    gamma_costs = {d: v["seconds"] for d, v in results["calibration"].items()}
   for task in TASKS:
     p_len = cfg.eval[f"{task}_prompt_len"]
     max_new = cfg.eval[f"{task}_max_new"]
@@ -216,30 +283,34 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
     comp = {}
     for name, (model, mp) in models.items():
       counts = [1] + [g + 1 for g in cfg.eval.gammas] if name == "target" else [1, 2]
-      comp[name] = stages.run(
-          f"components/p{p_len}_n{max_new}/{name}",
-          lambda model=model, mp=mp, counts=counts: {
-              str(k): v for k, v in step_times(model, mp, 1, cache_len, p_len, counts).items()},
-          deps={"model": fingerprints[name], "cache_len": cache_len, "prompt_len": p_len,
-                "token_counts": counts})
+      with split.stage("components"):
+        comp[name] = stages.run(
+            f"components/p{p_len}_n{max_new}/{name}",
+            lambda model=model, mp=mp, counts=counts: {
+                str(k): v for k, v in step_times(model, mp, 1, cache_len, p_len, counts).items()},
+            deps={"model": fingerprints[name], "cache_len": cache_len, "prompt_len": p_len,
+                  "token_counts": counts})
     # The per-request prefill (encoders, cross K/V, first token), kept apart from the
     # decode step times so measured speedups can be compared decode-only.
     sweep_len = sweep_cache_len(target, [m for m, _ in drafts.values()], p_len, max_new,
                                 gamma_room(sweep_gammas(cfg)))
-    prefill = {name: stages.run(f"prefill/p{p_len}_n{max_new}/{name}",
-                                lambda m=m, mp=mp: prefill_seconds(m, mp, 1, sweep_len, p_len),
-                                deps={"model": fingerprints[name], "cache_len": sweep_len,
-                                      "prompt_len": p_len})
-               for name, (m, mp) in models.items()}
+    with split.stage("prefill"):
+      prefill = {name: stages.run(f"prefill/p{p_len}_n{max_new}/{name}",
+                                  lambda m=m, mp=mp: prefill_seconds(m, mp, 1, sweep_len, p_len),
+                                  deps={"model": fingerprints[name], "cache_len": sweep_len,
+                                        "prompt_len": p_len})
+                 for name, (m, mp) in models.items()}
     task_res = {"components": comp, "prefill": prefill, "temperatures": {},
                 "num_prompts": int(len(prompts))}
     for temp in cfg.eval.temperatures:
       sampling = specjax.SamplingConfig(temperature=float(temp))
-      recs = sweep(target, tp, drafts, prompts, lengths, gammas=sweep_gammas(cfg),
-                   sampling=sampling,
-                   max_new_tokens=max_new, eos_id=tok.eos_id, stages=stages,
-                   prefix=f"{task}/t{temp:g}", fingerprints=fingerprints, chunk=cfg.eval.chunk,
-                   seed=cfg.seed, place=place, repeats=int(cfg.eval.get("repeats", 1)))
+      with split.stage("sweep"):
+        recs = sweep(target, tp, drafts, prompts, lengths, gammas=sweep_gammas(cfg),
+                     sampling=sampling,
+                     max_new_tokens=max_new, eos_id=tok.eos_id, stages=stages,
+                     prefix=f"{task}/t{temp:g}", fingerprints=fingerprints,
+                     chunk=cfg.eval.chunk, seed=cfg.seed, place=place,
+                     repeats=int(cfg.eval.get("repeats", 1)), gamma_costs=gamma_costs)
       summary = summarize(recs)
       outputs = [o for r in recs for o in r["ar"]["outputs"]]
       out_NT, out_lens = pad_batch([o if o else [0] for o in outputs], max_new)
@@ -253,13 +324,14 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
                                   jnp.asarray(out_lens), sampling)
         beta, mask = np.asarray(beta), np.asarray(mask)
         return float((beta * mask).sum() / mask.sum())
-      alpha = {name: stages.run(f"{task}/t{temp:g}/alpha/{name}",
-                                lambda model=model, dp=dp: draft_alpha(model, dp),
-                                deps=dict(along, draft=fingerprints[name]))
-               for name, (model, dp) in drafts.items()}
-      alpha.update(stages.run(f"{task}/t{temp:g}/alpha/ngram", lambda: _ngram_alpha(
-          tables, target, tp, prompts, lengths, out_NT, out_lens, sampling),
-          deps=dict(along, tables=tables_digest)))
+      with split.stage("alpha"):
+        alpha = {name: stages.run(f"{task}/t{temp:g}/alpha/{name}",
+                                  lambda model=model, dp=dp: draft_alpha(model, dp),
+                                  deps=dict(along, draft=fingerprints[name]))
+                 for name, (model, dp) in drafts.items()}
+        alpha.update(stages.run(f"{task}/t{temp:g}/alpha/ngram", lambda: _ngram_alpha(
+            tables, target, tp, prompts, lengths, out_NT, out_lens, sampling),
+            deps=dict(along, tables=tables_digest)))
       task_res["temperatures"][f"{temp:g}"] = {
           "alpha": alpha, "cells": summary, "compile_s": stages.get(f"{task}/t{temp:g}/compile_s")}
       # Each (draft, γ) cell is a compiled executable, and XLA:CPU maps memory sections
@@ -271,9 +343,13 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
 
 
 def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict:
-  """Theory next to measurement: from (α, c); from (tokens/iteration,
-  component times) for decoding alone; and end to end from the component
-  times, the measured prefills and the measured target calls; best γ per cell."""
+  """Theory next to measurement, per (draft, γ) cell: Leviathan's formula from (α, c)
+  ("predicted_from_alpha", free verification) and from (α, c, v_γ)
+  ("predicted_from_alpha_verify": v_γ the measured target call on γ + 1 tokens over one
+  step); from (tokens/iteration, component times) for decoding alone; and end to end from
+  the component times, the measured prefills and the measured target calls, at AR's output
+  lengths as `matched_speedup` measures. The best γ per (task, temperature, draft) is the
+  one of the largest `cell_speedup`, the speedup every report prints."""
   for task, tr in results["tasks"].items():
     comp = tr["components"]
     t1 = comp["target"]["1"]
@@ -291,18 +367,23 @@ def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict
           cell["c"] = c
           cell["verify_cost"] = verify
           cell["predicted_from_alpha"] = float(theory.walltime_improvement(alpha, g, c))
+          # Leviathan et al. 2023 (Theorem 3.8) with the verify call's measured cost:
+          # (1 − α^{γ+1}) / ((1 − α)(γc + v_γ)).
+          cell["predicted_from_alpha_verify"] = float(theory.walltime_improvement_from_tokens(
+              theory.expected_tokens_per_call(alpha, g), g, c, verify_cost=verify))
           cell["predicted_from_components"] = theory.walltime_improvement_from_times(
               cell["tokens_per_iteration"], t1, draft_iter + comp["target"][str(g + 1)])
           if pre:  # Each prompt's prefill was measured (one generate call per prompt).
             n = tr["num_prompts"]
             # End to end from the same components: every call pays its prefill (the
             # first token comes from it), then one step per token (AR) or one draft
-            # block + verify per target call after the prefill (speculative).
+            # block + verify per target call after the prefill (speculative) — its
+            # decode time per token scaled to AR's tokens, as `matched_speedup` does.
             ar_pred = n * pre["target"] + (ar["tokens"] - n) * t1
-            sp_pred = (n * (pre["target"] + pre[d]) + (cell["target_calls"] - n)
-                       * (draft_iter + comp["target"][str(g + 1)]))
-            cell["predicted_end_to_end"] = float((ar_pred / ar["tokens"])
-                                                 / (sp_pred / cell["tokens"]))
+            sp_decode = ((cell["target_calls"] - n) * (draft_iter + comp["target"][str(g + 1)])
+                         / cell["tokens"])
+            sp_pred = n * (pre["target"] + pre[d]) + ar["tokens"] * sp_decode
+            cell["predicted_end_to_end"] = float(ar_pred / sp_pred)
             ar_ms = decode_ms_per_token(ar["seconds"], ar["tokens"], n, pre["target"])
             sp_ms = decode_ms_per_token(cell["seconds"], cell["tokens"], n,
                                         pre["target"] + pre[d])
@@ -312,18 +393,55 @@ def add_predictions(results: dict, gammas: List[int], drafts: List[str]) -> dict
             cell["matched_speedup"] = matched_speedup(ar, cell, n, pre["target"] + pre[d])
           # Measured (end to end) over the prediction that counts the same work: with the
           # prefills when they were measured, else decoding alone.
-          cell["measured_over_predicted"] = cell["speedup"] / cell.get(
+          cell["measured_over_predicted"] = cell_speedup(cell) / cell.get(
               "predicted_end_to_end", cell["predicted_from_components"])
         for auto in (te["cells"].get(cell_name(d, a)) for a in AUTO_CELLS):
           if pre and auto is not None:   # its draft prefills only where it may draft
             drafts_ran = any(int(g) > 0 for g in auto.get("gamma_counts", {}))
             auto["matched_speedup"] = matched_speedup(
                 ar, auto, tr["num_prompts"], pre["target"] + (pre[d] if drafts_ran else 0.0))
-        g_best = max(gammas, key=lambda g: te["cells"][cell_name(d, g)]["speedup"])
+        g_best = max(gammas, key=lambda g: cell_speedup(te["cells"][cell_name(d, g)]))
         best[d] = {"gamma": g_best, **te["cells"][cell_name(d, g_best)], "alpha": alpha,
                    "theory_optimal_gamma": int(theory.optimal_gamma(alpha, c, max(gammas)))}
       te["best"] = best
   return results
+
+
+def _data_built(cfg) -> bool:
+  """Whether every task is already built with the configured options (a build reuses it)."""
+  from experiments.data.tasks import is_built  # pylint: disable=g-import-not-at-top
+  try:
+    return all(is_built(data, cfg.data.cache_dir, **opts)
+               for data, opts in task_options(cfg).items())
+  except Exception:  # pylint: disable=broad-except  (unknown: reported as built, not reused)
+    return False
+
+
+def _listing(directory: str) -> Optional[List[str]]:
+  """The entries of a trained model's directory when its final/ exists, else None."""
+  path = as_path(directory)
+  if not (path / "final").exists():
+    return None
+  return sorted(p.name for p in path.iterdir())
+
+
+def _training_status(before: Dict[str, Optional[List[str]]], dirs: Dict[str, str]) -> str:
+  """"reused: target, small; trained: base (41 s)": a model whose final/ existed and whose
+  directory is as it was was restored; any other was trained (or resumed) in this run, its
+  seconds from the training loop's summary.json when readable."""
+  reused, trained = [], []
+  for name, directory in dirs.items():
+    if before[name] is not None and _listing(directory) == before[name]:
+      reused.append(name)
+      continue
+    try:
+      summary = json.loads((as_path(directory) / "summary.json").read_text())
+      trained.append(f"{name} ({float(summary['wall_s_this_run']):.0f} s)")
+    except (OSError, ValueError, KeyError, TypeError):
+      trained.append(name)
+  parts = ([f"reused: {', '.join(reused)}"] if reused else []) + (
+      [f"trained: {', '.join(trained)}"] if trained else [])
+  return "; ".join(parts) if trained else "reused"
 
 
 def load_pretrained_configs(cfg):
@@ -352,19 +470,33 @@ def run(cfg) -> dict:
   `config.models.source`: "train" (the CPU presets: data, vocabulary and
   models built here) or "hf" (the paper preset: local transformers-format
   T5 checkpoints streamed onto the mesh in `config.dtype`)."""
+  t_run = now()
   preflight_data(cfg)  # the data this host cannot build stops the run before anything starts
   workdir = open_workdir(cfg.workdir)  # local (absolute) or gs://bucket/...
   enable_compilation_cache(os.path.join(workdir, "jax_cache"))
   stages = Stages(os.path.join(workdir, "stages"))
+  split = TimeSplit(stages)
   source = cfg.models.get("source", "train")
   if source not in ("train", "hf"):
     raise ValueError(f"config.models.source must be 'train' or 'hf', got {source!r}")
+  data_reused = _data_built(cfg)
   if source == "hf":
-    prepare_tasks(cfg)
+    with split.stage("data"):
+      prepare_tasks(cfg)
+    split.mark("data", "reused" if data_reused else "built")
     tok, target, draft_models, dirs = load_pretrained_configs(cfg)
     draft_configs = [m.config for m in draft_models.values()]
   else:
-    spm_path = prepare_data(cfg)
+    spm = os.path.join(cfg.data.cache_dir, "vocab", f"leviathan_{cfg.data.vocab_size}",
+                       "spiece.model")
+    spm_before = os.path.getmtime(spm) if os.path.exists(spm) else None
+    with split.stage("data"):
+      spm_path = prepare_data(cfg)
+    vocab_reused = spm_before is not None and os.path.exists(spm_path) and \
+        os.path.getmtime(spm_path) == spm_before
+    split.mark("data", "reused" if data_reused and vocab_reused else
+               f"data {'reused' if data_reused else 'built'}, vocabulary "
+               f"{'reused' if vocab_reused else 'trained'}")
     tok = SentencePieceTokenizer(spm_path)
     target = t5_from_section(cfg.models.target, tok.vocab_size)
     draft_configs = [t5_from_section(cfg.models.drafts[n], tok.vocab_size).config for n in cfg.eval.drafts]
@@ -376,14 +508,21 @@ def run(cfg) -> dict:
                                    cache_len=cache_len)
   draft_sharded = bool(cfg.models.get("draft_sharded", False))
   if source == "hf":
-    tp, _ = import_hf_t5(dirs["target"], target.config, mesh=mesh)
-    drafts = {}
-    for name, model in draft_models.items():
-      dp, _ = import_hf_t5(dirs[name], model.config, mesh=mesh if draft_sharded else None)
-      drafts[name] = (model, dp if draft_sharded else replicate(dp, mesh))
+    with split.stage("training"):
+      tp, _ = import_hf_t5(dirs["target"], target.config, mesh=mesh)
+      drafts = {}
+      for name, model in draft_models.items():
+        dp, _ = import_hf_t5(dirs[name], model.config, mesh=mesh if draft_sharded else None)
+        drafts[name] = (model, dp if draft_sharded else replicate(dp, mesh))
+    split.mark("training", "none: checkpoints imported")
     fingerprints = {name: checkpoint_fingerprint(d) + f"|{cfg.dtype}" for name, d in dirs.items()}
   else:
-    target, tp, drafts = train_models(cfg, tok, workdir)
+    model_dirs = {"target": os.path.join(workdir, "target"),
+                  **{n: os.path.join(workdir, f"draft_{n}") for n in cfg.eval.drafts}}
+    before = {n: _listing(d) for n, d in model_dirs.items()}
+    with split.stage("training"):
+      target, tp, drafts = train_models(cfg, tok, workdir)
+    split.mark("training", _training_status(before, model_dirs))
     fingerprints = {"target": params_digest(tp),
                     **{name: params_digest(dp) for name, (_, dp) in drafts.items()}}
     if mesh.devices.size > 1:
@@ -397,7 +536,9 @@ def run(cfg) -> dict:
     x, l, _ = test_prompts(cfg, tok, task, cfg.eval[f"{task}_prompt_len"])
     placement.profile_decode(cfg, workdir, (target, tp), next(iter(drafts.values())),
                              jnp.asarray(x), jnp.asarray(l), max(cfg.eval.gammas), place)
-  results = measure(cfg, tok, target, tp, drafts, stages, fingerprints, place=place)
+  with split.stage("measurement"):
+    results = measure(cfg, tok, target, tp, drafts, stages, fingerprints, place=place,
+                      split=split)
   results["stages"] = stages.summary()
   logging.info("stages: %d computed, %d reused%s", results["stages"]["computed"],
                results["stages"]["reused"],
@@ -406,10 +547,41 @@ def run(cfg) -> dict:
   results["mesh"] = {"data": int(mesh.devices.shape[0]), "model": int(mesh.devices.shape[1]),
                      "dtype": cfg.get("dtype", "float32") if source == "hf" else "float32",
                      "source": source}
+  results["time_split_s"], results["time_split_status"] = _time_split(split, now() - t_run)
+
+  def write_report(out_dir):
+    # The report adds its own seconds to the split (and to the total): results.json again.
+    report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS)
+    atomic_write_json(os.path.join(out_dir, "results.json"),
+                      {k: v for k, v in results.items() if k != "_out_dir"}, indent=2)
+
   return publish_results(
       results, cfg, workdir,
-      lambda: {f"{task}/t{temp}/{d}/{key}": best[key]
+      lambda: {f"{task}/t{temp}/{d}/{key}": (cell_speedup(best) if key == "speedup"
+                                             else best[key])
                for task, te in results["tasks"].items() for temp, tr in te["temperatures"].items()
                for d, best in tr.get("best", {}).items() for key in ("speedup", "alpha", "gamma")
                if isinstance(best.get(key), (int, float))},
-      lambda out_dir: report.write_leviathan(results, out_dir, PAPER_TABLE2, PAPER_TABLE3, TASKS))
+      write_report)
+
+
+MEASUREMENT_PARTS = ("components", "prefill", "alpha", "sweep")
+
+
+def _time_split(split: TimeSplit, total_s: float):
+  """(results["time_split_s"], results["time_split_status"]) of a run so far: "data"
+  (tasks and vocabulary), "training", "calibration", "measurement" (its parts
+  "measurement/<part>" of `MEASUREMENT_PARTS`), "other" (loading, mesh, predictions) and
+  "total" — `report.write_leviathan` adds "report" (and adds it to the total)."""
+  sec, status = split.seconds, split.status
+  out = {"data": sec.get("data", 0.0), "training": sec.get("training", 0.0),
+         "calibration": sec.get("calibration", 0.0),
+         "measurement": sec.get("measurement", 0.0) - sec.get("calibration", 0.0)}
+  out.update({f"measurement/{p}": sec.get(p, 0.0) for p in MEASUREMENT_PARTS})
+  out["other"] = max(total_s - sum(out[k] for k in ("data", "training", "calibration",
+                                                     "measurement")), 0.0)
+  out["total"] = total_s
+  states = {k: status[k] for k in ("data", "training", "calibration", "measurement")
+            if k in status}
+  states.update({f"measurement/{p}": status[p] for p in MEASUREMENT_PARTS if p in status})
+  return out, states

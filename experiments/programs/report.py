@@ -11,7 +11,8 @@ import jax
 import numpy as np
 
 from specjax.atomic_io import as_path, atomic_path, atomic_write_text
-from experiments.programs.speed import AUTO_CELLS
+from experiments.programs.speed import AUTO_CELLS, cell_speedup
+from specjax.measure.timing import now
 from specjax.measure.provenance import provenance, provenance_sentence
 
 __all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line",
@@ -112,49 +113,123 @@ def plot_bars(groups: Dict[str, Dict[str, float]], path: str, ylabel: str):
   return save(fig, path)
 
 
-def _shown(cell: dict) -> float:
-  """The speedup a per-γ table shows: at AR's output lengths where measured."""
-  return float(cell.get("matched_speedup", cell["speedup"]))
+def _by_size(results, drafts) -> list:
+  """The drafts, smallest first (by parameter count where known)."""
+  params = results.get("params", {})
+  return sorted(drafts, key=lambda d: (params.get(d, 0), list(drafts).index(d)))
+
+
+def _mark(holds: int, total: int) -> str:
+  """"✓" where a finding holds in every case checked, else "✗ k/N"."""
+  return "✓" if total and holds == total else f"✗ {holds}/{total}"
 
 
 def _findings(results) -> list:
+  """Leviathan et al.'s findings, each one checked line with the numbers it rests on."""
   lines = []
   tasks = results["tasks"]
-  drafts = list(results["config"]["eval"]["drafts"])
-  temps = sorted(next(iter(tasks.values()))["temperatures"])
+  drafts = _by_size(results, results["config"]["eval"]["drafts"])
+  gammas = list(results["config"]["eval"]["gammas"])
+  cases = [(task, t, te) for task, tr in tasks.items() for t, te in tr["temperatures"].items()]
+
+  # α grows with draft size (paper: every row of Table 2).
+  detail, holds = [], 0
+  for task, t, te in cases:
+    a = [te["alpha"][d] for d in drafts]
+    ok = all(x < y for x, y in zip(a, a[1:]))
+    holds += ok
+    detail.append(f"{task} T={t}: " + (" < " if ok else ", ").join(
+        f"{d} {x:.2f}" for d, x in zip(drafts, a)))
+  lines.append(f"- {_mark(holds, len(cases))} **α grows with draft size** (per task × "
+               f"temperature): " + "; ".join(detail) + ".")
+
+  # The best γ grows with α (across drafts and temperatures, per task).
+  detail, holds = [], 0
   for task, tr in tasks.items():
-    te = tr["temperatures"]
-    if "0" in te and "1" in te:
-      higher = [d for d in drafts if te["0"]["alpha"][d] > te["1"]["alpha"][d]]
-      detail = ", ".join("%s %.2f vs %.2f" % (d, te["0"]["alpha"][d], te["1"]["alpha"][d])
-                         for d in drafts)
-      lines.append(f"- {task}: α at temperature 0 > α at temperature 1 for "
-                   f"{len(higher)}/{len(drafts)} drafts ({detail}).")
-    for t in temps:
-      a = [te[t]["alpha"][d] for d in drafts]
-      grows = all(x <= y for x, y in zip(a, a[1:]))
-      best = max(drafts, key=lambda d: te[t]["best"][d]["speedup"])
-      by_size = ", ".join("%s %.2f" % (d, x) for d, x in zip(drafts, a))
-      b = te[t]["best"][best]
-      lines.append(
-          f"- {task}, temperature {t}: α by draft size {by_size} "
-          f"({'grows' if grows else 'does not grow monotonically'} with size); best walltime: "
-          f"**{best}** ({b['speedup']:.2f}x at γ={b['gamma']}).")
-      pairs = sorted((te[t]["alpha"][d], te[t]["best"][d]["gamma"], d) for d in drafts)
-      lines.append("  best γ by α: " + ", ".join("%s: α %.2f → γ %d" % (d, a_, g)
-                                                 for a_, g, d in pairs))
-  cells = [c for tr in tasks.values() for te in tr["temperatures"].values()
-           for k, c in te["cells"].items() if k != "ar"]
-  for key, what, kind in (("measured_over_predicted", "end-to-end walltime", "end-to-end"),
-                          ("decode_over_predicted", "decode-only (prefill subtracted)",
-                           "decode-only")):
+    pts = sorted((te["alpha"][d], te["best"][d]["gamma"]) for te in tr["temperatures"].values()
+                 for d in drafts)
+    g = [p[1] for p in pts]
+    ok = all(x <= y for x, y in zip(g, g[1:])) and g[-1] > g[0]
+    holds += ok
+    detail.append(f"{task}: " + ", ".join(f"α {a_:.2f} → γ {g_}" for a_, g_ in pts)
+                  + ("" if ok else " (flat)" if len(set(g)) == 1 else " (not monotone)"))
+  lines.append(f"- {_mark(holds, len(tasks))} **the best γ grows with α** (across drafts and "
+               f"temperatures, per task; γ from {gammas}): " + "; ".join(detail) + ".")
+
+  # The largest draft is not the fastest (its draft step costs more: c).
+  largest = drafts[-1]
+  detail, holds = [], 0
+  for task, t, te in cases:
+    comp = tasks[task]["components"]
+    c = {d: comp[d]["1"] / comp["target"]["1"] for d in drafts}
+    fastest = max(drafts, key=lambda d: cell_speedup(te["best"][d]))
+    b, bl = te["best"][fastest], te["best"][largest]
+    holds += fastest != largest
+    detail.append(f"{task} T={t}: fastest {fastest} {cell_speedup(b):.2f}x at γ={b['gamma']} "
+                  f"(c {c[fastest]:.3f})" + ("" if fastest == largest else
+                                             f", {largest} {cell_speedup(bl):.2f}x at "
+                                             f"γ={bl['gamma']} (c {c[largest]:.3f})"))
+  lines.append(f"- {_mark(holds, len(cases))} **the largest draft ({largest}) is not the "
+               f"fastest** (c: draft step / target step): " + "; ".join(detail) + ".")
+
+  # α at temperature 0 above α at temperature 1 (paper: every pair of Table 2's rows).
+  pairs = [(task, d, tr["temperatures"]["0"]["alpha"][d], tr["temperatures"]["1"]["alpha"][d])
+           for task, tr in tasks.items() if {"0", "1"} <= set(tr["temperatures"])
+           for d in drafts]
+  if pairs:
+    holds = sum(a0 > a1 for _, _, a0, a1 in pairs)
+    lines.append(f"- {_mark(holds, len(pairs))} **α at T=0 above α at T=1** (per task × "
+                 "draft): " + ", ".join(f"{task} {d} {a0:.2f} vs {a1:.2f}"
+                                        for task, d, a0, a1 in pairs) + ".")
+
+  # Leviathan's formula with the measured α, c and verify cost, against decode-only.
+  ratios = sorted(c["decode_speedup"] / c["predicted_from_alpha_verify"]
+                  for _, _, te in cases for k, c in te["cells"].items()
+                  if "decode_speedup" in c and "predicted_from_alpha_verify" in c)
+  if ratios:
+    within = sum(abs(r - 1) <= 0.15 for r in ratios)
+    lines.append(f"- {_mark(within, len(ratios))} **Leviathan's formula predicts the speedup** "
+                 "(1−α^{γ+1})/((1−α)(γc+v_γ)) with the measured α, c and verify cost v_γ, "
+                 "against the measured decode-only speedup: within 15% in "
+                 f"{within}/{len(ratios)} cells (measured / predicted: median "
+                 f"{np.median(ratios):.2f}, range {ratios[0]:.2f}–{ratios[-1]:.2f}).")
+
+  cells = [c for _, _, te in cases for k, c in te["cells"].items() if k != "ar"]
+  for key, what, kind in (("measured_over_predicted", "end-to-end speedup", "end-to-end"),
+                          ("decode_over_predicted", "decode-only speedup", "decode-only")):
     ratios = sorted(c[key] for c in cells if key in c)
     if ratios:
       within = sum(abs(r - 1) <= 0.15 for r in ratios)
-      lines.append(f"- measured {what} / predicted-from-component-times {kind} speedup: median "
-                   f"{ratios[len(ratios) // 2]:.2f} (range {ratios[0]:.2f}–{ratios[-1]:.2f}), "
+      lines.append(f"- measured {what} / its prediction from the component times ({kind}): "
+                   f"median {np.median(ratios):.2f} (range {ratios[0]:.2f}–{ratios[-1]:.2f}), "
                    f"within ±15% in {within}/{len(ratios)} cells.")
   return lines
+
+
+def _time_split_line(results) -> str:
+  """One line: where the run's time went (`results["time_split_s"]`), reused stages named."""
+  sec, status = results["time_split_s"], results.get("time_split_status", {})
+
+  def part(key, label):
+    note = status.get(key)
+    return f"{label} {sec[key]:.1f}" + (f" ({note})" if note and note != "computed" else "")
+  cal = results.get("calibration", {})
+  cal_note = ""
+  if cal:
+    cal_note = " (" + ", ".join(
+        f"{d} reused" if v.get("reused") else "%s %.1f" % (d, v["calibration_seconds"])
+        for d, v in cal.items()) + ")"
+  parts = [part("data", "data & vocabulary"), part("training", "training"),
+           f"calibration {sec.get('calibration', 0.0):.1f}" + (cal_note if cal else " (none)"),
+           part("measurement", "measurement") + " [" + ", ".join(
+               part(f"measurement/{p}", label) for p, label in (
+                   ("components", "components"), ("prefill", "prefill"), ("alpha", "α"),
+                   ("sweep", "sweep")) if f"measurement/{p}" in sec) + "]"]
+  if "report" in sec:
+    parts.append(f"report {sec['report']:.1f}")
+  parts.append(f"other {sec.get('other', 0.0):.1f}")
+  return (f"Time split of this run (s, {sec['total']:.0f} in all; a stage read back from an "
+          "earlier run says reused, its seconds the reading): " + " · ".join(parts) + ".")
 
 
 def _x(v) -> str:
@@ -166,7 +241,12 @@ def _decode(cell) -> str:
 
 
 def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
-  """results.md + speedup_vs_gamma.png + alpha.png (`out_dir` local or gs://...)."""
+  """results.md + speedup_vs_gamma.png + alpha.png (`out_dir` local or gs://...).
+
+  Every speedup it prints, ranks or plots is `cell_speedup`'s. With results["time_split_s"]
+  (`leviathan.run`) it adds the report's own seconds there ("report", and to "total") and
+  prints the split as one line."""
+  t_report = now()
   as_path(out_dir).mkdir(parents=True, exist_ok=True)
   cfg = results["config"]
   drafts = list(cfg["eval"]["drafts"])
@@ -185,10 +265,21 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
       + f". Drafts distilled from the target with weight {cfg['train']['draft']['distill_weight']} "
       "(paper: T5-small/base/large, not distilled). Tasks: EN→DE Debian gettext pairs (paper: WMT "
       "EN-DE), Debian description → synopsis (paper: CNN/DM).", "",
+      "**Speedup**, wherever this report prints, ranks or plots one (Table 2, the tables for "
+      "every γ, the Findings, speedup_vs_gamma.png): autoregressive walltime over speculative "
+      "walltime for AR's output lengths — each speculative cell's prefills plus its decode "
+      "time per token for as many tokens as AR generated (`matched_speedup`). Greedy cells "
+      "emit AR's very tokens, where this is the plain per-token speedup; sampled outputs "
+      "differ in length, where the per-token ratio would let the prefill's share of a token "
+      "decide the comparison.", "",
+  ]
+  split_at = len(lines)   # the time split goes here once the report's own time is known
+  lines += [
       "## Table 2 layout (best γ per cell, as the paper picks it)", "",
       "| task (paper) | draft | temp | γ | α | tok/iter | speedup | pred. e2e | decode-only | "
-      "pred. (components) | pred. (α, c) | paper γ | paper α | paper speedup |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+      "pred. (α, c, v_γ) | pred. (components) | pred. (α, c) | paper γ | paper α | "
+      "paper speedup |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for task, tr in results["tasks"].items():
     paper_task = tasks_meta[task]["paper"]
@@ -198,15 +289,18 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
         pg, pa, ps = paper2.get((paper_task, d, int(float(t))), (None, None, None))
         lines.append(
             f"| {task} ({paper_task}) | {d} | {t} | {b['gamma']} | {b['alpha']:.2f} | "
-            f"{b['tokens_per_iteration']:.2f} | **{b['speedup']:.2f}x** | "
+            f"{b['tokens_per_iteration']:.2f} | **{cell_speedup(b):.2f}x** | "
             f"{_x(b.get('predicted_end_to_end'))} | {_decode(b)} | "
+            f"{_x(b.get('predicted_from_alpha_verify'))} | "
             f"{b['predicted_from_components']:.2f}x | {b['predicted_from_alpha']:.2f}x | "
             f"{pg} | {pa} | {ps}x |")
-  lines += ["", "`speedup`: end-to-end walltime per generated token (prefill included), the "
-            "paper's measure; `decode-only`: the same with each prompt's measured prefill "
-            "(encoders, cross-attention K/V, first token) subtracted from both sides. "
-            "`pred. (α, c)`: Leviathan's formula (1−α^{γ+1})/((1−α)(γc+1)) with the measured α and "
-            "c; `pred. (components)`: the decode-only speedup predicted from measured tokens per "
+  lines += ["", "`speedup`: end to end (prefill included), as defined above; `decode-only`: "
+            "decode time per token with each prompt's measured prefill (encoders, "
+            "cross-attention K/V, first token) subtracted from both sides. "
+            "`pred. (α, c, v_γ)`: Leviathan's formula (1−α^{γ+1})/((1−α)(γc+v_γ)) with the "
+            "measured α, c and verify cost v_γ (the target's call on γ+1 tokens over one step: "
+            "the component table), to compare with `decode-only`; `pred. (α, c)`: the same "
+            "with free verification (v_γ = 1), the paper's; `pred. (components)`: the decode-only speedup predicted from measured tokens per "
             "iteration × target step time / (measured draft time per iteration + measured verify "
             "time of γ+1 tokens); `pred. e2e`: the end-to-end speedup predicted from the same "
             "component times plus each call's measured prefill (target, and draft for speculative) "
@@ -239,14 +333,14 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
       for d in drafts:
         cells = [te["cells"]["%s/g%d" % (d, g)] for g in gammas]
         row = f"| {d} | {te['alpha'][d]:.2f} | " + " | ".join(
-            "%.2fx (%.2f)" % (_shown(c), c["tokens_per_iteration"]) for c in cells) + " |"
-        best = max(_shown(c) for c in cells)
+            "%.2fx (%.2f)" % (cell_speedup(c), c["tokens_per_iteration"]) for c in cells) + " |"
+        best = max(cell_speedup(c) for c in cells)
         for name in autos:
           a = te["cells"][f"{d}/g{name}"]
           chosen = ", ".join(f"{g}: {n}" for g, n in sorted(a.get("gamma_counts", {}).items(),
                                                            key=lambda kv: int(kv[0])))
-          row += f" **{_shown(a):.2f}x** ({a['tokens_per_iteration']:.2f}; {chosen}) |"
-          auto_rows[name].append((_shown(a), _shown(a) / best))
+          row += f" **{cell_speedup(a):.2f}x** ({a['tokens_per_iteration']:.2f}; {chosen}) |"
+          auto_rows[name].append((cell_speedup(a), cell_speedup(a) / best))
         lines.append(row)
       ident = [te["cells"]["%s/g%d" % (d, g)]["identical_fraction"] for d in drafts for g in gammas]
       if float(t) == 0:
@@ -254,17 +348,19 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
                      f"{100 * min(ident):.0f}% of prompts (worst cell).")
       lines.append("")
   any_auto = any(auto_rows.values())
-  lines += ["Cells: measured speedup (tokens per iteration); at temperature > 0 the speedup at "
-            "the AR cell's output lengths (`matched_speedup`: each cell's prefills plus its "
-            "decode time per token for AR's number of tokens — sampled outputs differ in length, "
-            "and on a few short outputs the prefill's share of a token would otherwise decide "
-            "the comparison; greedy cells emit the same tokens, where both measures agree)."
+  cal = results.get("calibration")
+  lines += ["Cells: speedup (tokens per iteration)."
             + (" `auto`: `speculative_generate(gamma=\"auto\")`, γ chosen per iteration from "
                "{0, 1, 2, 4, 8} (0: a plain target step) in-graph, each call on its own (from "
                "the prior); `auto, series`: the prompts run as one series, each call starting "
                "from the acceptance estimate the previous one returned (`acceptance=`: the "
                "first call probes, and so does a later one once its evidence has idled away). "
-               "The one-time cost calibration is compiled and run outside the timings."
+               + (" One γ cost table per draft (`calibrate_gamma_costs` at the sweeps' largest "
+                  "shapes, %s verification), measured once before the sweeps and passed to all "
+                  "of that draft's `auto` cells (`gamma_costs=`), outside the timings."
+                  % ("greedy" if all(float(t) == 0 for t in cfg["eval"]["temperatures"])
+                     else "sampled") if cal else
+                  " The one-time cost calibration is compiled and run outside the timings.")
                if any_auto else ""), ""]
   for name, rows in auto_rows.items():
     if rows:
@@ -286,14 +382,13 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
   lines += ["", f"Paper (T5-XXL EN-DE, temperature 0): unigram {paper3['unigram']}, bigram "
             f"{paper3['bigram']}.", "", "## Findings", ""]
   lines += _findings(results)
-  atomic_write_text(os.path.join(out_dir, "results.md"), "\n".join(lines) + "\n")
 
   panels = {}
   for task, tr in results["tasks"].items():
     for t, te in tr["temperatures"].items():
       panels[f"{task}, T={t}"] = {
-          "%s (α=%.2f)" % (d, te["alpha"][d]): (gammas, [te["cells"]["%s/g%d" % (d, g)]["speedup"]
-                                                          for g in gammas])
+          "%s (α=%.2f)" % (d, te["alpha"][d]): (
+              gammas, [cell_speedup(te["cells"]["%s/g%d" % (d, g)]) for g in gammas])
           for d in drafts}
   plot_lines(panels, os.path.join(out_dir, "speedup_vs_gamma.png"), "γ", "walltime speedup", 1.0)
   if any_auto:
@@ -301,3 +396,10 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
   groups = {f"{task}\nT={t}": {d: te["alpha"][d] for d in ["unigram", "bigram"] + drafts}
             for task, tr in results["tasks"].items() for t, te in tr["temperatures"].items()}
   plot_bars(groups, os.path.join(out_dir, "alpha.png"), "α")
+  split = results.get("time_split_s")
+  if split is not None:
+    seconds = now() - t_report   # (a report written again replaces its earlier seconds)
+    split["total"] = split.get("total", 0.0) - split.get("report", 0.0) + seconds
+    split["report"] = seconds
+    lines[split_at:split_at] = [_time_split_line(results), ""]
+  atomic_write_text(os.path.join(out_dir, "results.md"), "\n".join(lines) + "\n")
