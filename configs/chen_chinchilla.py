@@ -4,7 +4,7 @@ nucleus sampling, K sweep 0..7, speedup vs batch size.
 
 Run (from the repository root):
   python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:quick \
-      --config.workdir=runs/chen_quick            # ≤ 15 min from a fresh clone (13.2 min measured, data built)
+      --config.workdir=runs/chen_quick            # ≤ 15 min from a fresh clone (~14 min estimated)
   python experiments/chen_chinchilla.py --config=configs/chen_chinchilla.py:full \
       --config.workdir=runs/chen_full --config.results_dir=results/chen_chinchilla
                                                   # ≤ 3 h on 2 CPU cores, resumable
@@ -38,7 +38,10 @@ Models (SwiGLU, RoPE, RMSNorm decoders, `specjax.models.decoder`): Chen's
          draft 1 layer × 160 (tied embeddings), 1.0M params — 1 : 17;
          8× fewer layers at 0.42× the width, where a proportionally shrunk
          1M model would have ~3 layers of width ~130.
-  quick: target 6 × 256 (6.5M, 2048 pieces); draft 1 × 96 (0.38M) — 1 : 17.
+  quick: target 8 × 512 (29.4M, 2048 pieces; 113 MB of weights per step, 3.5× this CPU's
+         32 MB L3, so a step streams from DRAM and a verify of K+1 tokens costs little
+         more); draft 1 × 256 (tied), 1.33M — 1 : 22. Target 80 steps × 8 × 256 (~5 min),
+         draft 90 (~2 min), measurements (32 + 32 prompts, K 0, 2..5, 64 tokens) ~5–6 min.
 
 The draft is distilled from the target (train.draft.distill_weight). Training
 cost on this CPU ≈ 6 · params · positions / (45–55 GFLOP/s): full ≈ 40 min for
@@ -128,13 +131,28 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     c.data.vocab_size = 2048
     c.data.spm_sentences = 8_000
     c.data.seq_len = 256
-    c.models.target = _decoder(256, 6, 4, 64, 704)                  # 6.5M
-    c.models.draft = _decoder(96, 1, 2, 48, 256, tie_embeddings=True)  # 0.38M (1 : 17)
-    c.train.target = _train(170, 8, 3e-3, 20)
-    c.train.draft = _train(120, 8, 4e-3, 15, distill_weight=0.5)
-    c.train.parallel = _parallel(_train(200, 8, 2e-3, 20, distill_weight=0.5), slots=3)
-    c.eval.xsum_prompts = 12
-    c.eval.humaneval_prompts = 16       # the batch-16 setting needs 16
+    # The target must stream its weights from DRAM, as a large model streams them from HBM: the
+    # earlier 6 x 256 target (5.9M params, 23 MB float32) fit this CPU's 32 MB L3, so its step
+    # was overhead-bound and a 5-token verify cost 1.51 steps (every K 0.72-0.99x AR). 8 x 512
+    # streams 28.3M params (113 MB, 3.5x the L3) per step: measured (random init, P = 128,
+    # 2 cores, another job sharing them) 7.2-7.7 ms a step, 0.08 ms the draft's (c = 0.011),
+    # a verify of 2 / 3 / 5 / 6 tokens 1.77 / 1.81 / 1.78 / 1.97 steps (the jump is XLA:CPU
+    # packing the weights at >= 2 rows, worst with the cores shared; flat beyond); the full
+    # preset's 63 MB target verifies 2..6 tokens at 1.13-1.27 steps on the idle machine.
+    c.models.target = _decoder(512, 8, 8, 64, 1536)                 # 29.4M
+    # Chen's latency-first draft: one wide layer, 1 : 22 (c ~ 0.01-0.02; Chen's ~ 0.05 or less).
+    c.models.draft = _decoder(256, 1, 4, 64, 704, tie_embeddings=True)  # 1.33M (1 : 22)
+    # Sized from one measured train step of 8 x 256 positions: target 5.5 s with the cores
+    # shared (~3.6 s idle at ~100 GFLOP/s: 80 steps ~ 5 min); the distilled draft 1.7 s (1.1 s
+    # idle, the teacher's forward: 90 steps ~ 1.7 min); PARD without a teacher (~0.7 s a step).
+    # Fewer checkpoints and evaluations: a target checkpoint (params + Adam) is ~350 MB and an
+    # evaluation runs 8 forwards of the target.
+    c.train.target = _train(80, 8, 3e-3, 10, checkpoints=4, evals=2)
+    c.train.draft = _train(90, 8, 4e-3, 10, checkpoints=4, evals=2, distill_weight=0.5)
+    c.train.parallel = _parallel(_train(60, 8, 2e-3, 6, checkpoints=2, evals=1), slots=3)
+    c.eval.ks = [0, 2, 3, 4, 5]         # K = 1 pays least; 6-7 past the optimum at this alpha
+    c.eval.xsum_prompts = 32
+    c.eval.humaneval_prompts = 32       # the batch-16 setting needs 16
     # One prompt bucket for both tasks: one set of component timings and executables.
     c.eval.xsum_prompt_len = 128
     c.eval.humaneval_prompt_len = 128
