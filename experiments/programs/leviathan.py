@@ -92,7 +92,10 @@ def task_options(cfg) -> Dict[str, dict]:
     data = task_data(cfg, name)
     if data == "translate_en_de" and not sources[name]:
       opts["max_packages"] = cfg.data.max_packages
-    if data == "summarize_debian" and not sources[name]:
+      if cfg.data.get("translate_sentences_only", False):   # full sentences, not UI strings
+        opts.update(sentences_only=True,
+                    min_target_words=int(cfg.data.get("translate_min_target_words", 0)) or None)
+    if data in ("summarize_debian", "summarize_debian_lead") and not sources[name]:
       opts["apt_update"] = bool(cfg.data.apt_update) and not debian.translation_en_files()
     out[data] = opts
   return out
