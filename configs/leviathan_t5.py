@@ -3,7 +3,7 @@ EN→DE and summarisation, temperature 0 and 1, γ sweep, batch 1.
 
 Run (from the repository root):
   python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:quick \
-      --config.workdir=runs/leviathan_quick          # ≤ 15 min from a fresh clone
+      --config.workdir=runs/leviathan_quick          # ~25 min from a fresh clone (2 cores)
   python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:full \
       --config.workdir=runs/leviathan_full           # ≤ 3 h on 2 CPU cores, resumable
   python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:micro \
@@ -95,6 +95,7 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eval.gammas = list(range(1, 9))
   # Also a gamma="auto" cell per draft (γ chosen per iteration from {0, 1, 2, 4, 8}).
   c.eval.auto = True
+  c.eval.auto_cells = ["auto", "auto_series"]   # each call on its own; the prompts as a series
   c.eval.temperatures = [0.0, 1.0]
   c.eval.drafts = ["small", "base", "large"]
   c.eval.translate_prompt_len = 64
@@ -127,12 +128,13 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
     # one here, as after full training in the paper (not distilled, as the paper's drafts).
     c.train.draft = _train(200, 16, 3e-3, 20, distill_weight=0.0, log_every=50)
     c.eval.num_prompts = 32
-    c.eval.gammas = [2, 4, 7]
+    c.eval.gammas = [3, 6]
+    c.eval.auto_cells = ["auto"]
     # One prompt bucket and output length for both tasks: one compilation each.
     c.eval.translate_prompt_len = 96
     c.eval.summarize_prompt_len = 96
-    c.eval.translate_max_new = 80
-    c.eval.summarize_max_new = 80
+    c.eval.translate_max_new = 64
+    c.eval.summarize_max_new = 64
     c.eval.chunk = 32
     c.eval.repeats = 1
   elif preset == "micro":

@@ -429,3 +429,20 @@ def test_auto_cells_calibrate_once_per_draft(micro_run, tmp_path, monkeypatch):
   assert all(v["reused"] for v in again["calibration"].values())
   assert again["time_split_status"]["calibration"] == "reused"
   assert again["stages"]["computed"] == 0
+
+
+def test_sweep_gammas_names_the_auto_cells_asked_for():
+  """`eval.auto_cells` picks which `gamma="auto"` cells run (quick: only the per-call one); a
+  name outside `AUTO_CELLS` is refused, naming the field."""
+  import ml_collections
+  import pytest
+  from experiments.programs.leviathan import sweep_gammas
+  cfg = ml_collections.ConfigDict(dict(eval=dict(gammas=[3, 6], auto=True)))
+  assert sweep_gammas(cfg) == [3, 6, "auto", "auto_series"]
+  cfg.eval.auto_cells = ["auto"]
+  assert sweep_gammas(cfg) == [3, 6, "auto"]
+  cfg.eval.auto = False
+  assert sweep_gammas(cfg) == [3, 6]
+  cfg.eval.auto, cfg.eval.auto_cells = True, ["auto", "sometimes"]
+  with pytest.raises(ValueError, match="auto_cells"):
+    sweep_gammas(cfg)

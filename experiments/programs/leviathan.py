@@ -190,9 +190,17 @@ def _ngram_alpha(tables, target, tp, prompts, lengths, outputs_NT, out_lens, sam
 
 
 def sweep_gammas(cfg) -> list:
-  """The γ cells of the sweep: `eval.gammas`, and `AUTO_CELLS` (`gamma="auto"`
-  per call, and the prompts as one series) when `eval.auto` is set."""
-  return list(cfg.eval.gammas) + (list(AUTO_CELLS) if cfg.eval.get("auto", False) else [])
+  """The γ cells of the sweep: `eval.gammas`, and when `eval.auto` is set the `AUTO_CELLS`
+  named by `eval.auto_cells` (default both: `gamma="auto"` per call, and the prompts as one
+  series)."""
+  if not cfg.eval.get("auto", False):
+    return list(cfg.eval.gammas)
+  autos = list(cfg.eval.get("auto_cells", AUTO_CELLS))
+  unknown = [a for a in autos if a not in AUTO_CELLS]
+  if unknown:
+    raise ValueError(f"config.eval.auto_cells must name cells of {list(AUTO_CELLS)}, got "
+                     f"{unknown}")
+  return list(cfg.eval.gammas) + autos
 
 
 class TimeSplit:
@@ -336,7 +344,11 @@ def measure(cfg, tok, target, tp, drafts, stages: Stages, fingerprints: Dict[str
             tables, target, tp, prompts, lengths, out_NT, out_lens, sampling),
             deps=dict(along, tables=tables_digest)))
       task_res["temperatures"][f"{temp:g}"] = {
-          "alpha": alpha, "cells": summary, "compile_s": stages.get(f"{task}/t{temp:g}/compile_s")}
+          "alpha": alpha, "cells": summary, "compile_s": stages.get(f"{task}/t{temp:g}/compile_s"),
+          # AR's outputs: how long, and how many stopped at max_new_tokens instead of EOS.
+          "ar_outputs": {"median_tokens": float(np.median(out_lens)),
+                         "at_max_new": float(np.mean(out_lens >= max_new)),
+                         "max_new_tokens": int(max_new)}}
       # Each (draft, γ) cell is a compiled executable, and XLA:CPU maps memory sections
       # for each: dropping the finished ones keeps a long sweep under the kernel's map
       # limit (vm.max_map_count), which a full run otherwise hits.

@@ -346,6 +346,11 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
       if float(t) == 0:
         lines.append(f"\nGreedy outputs identical to autoregressive decoding in "
                      f"{100 * min(ident):.0f}% of prompts (worst cell).")
+      outs = te.get("ar_outputs")
+      if outs:
+        lines.append(f"\nAR outputs: median {outs['median_tokens']:.0f} tokens; "
+                     f"{100 * outs['at_max_new']:.0f}% stopped at max_new_tokens = "
+                     f"{outs['max_new_tokens']} instead of EOS.")
       lines.append("")
   any_auto = any(auto_rows.values())
   cal = results.get("calibration")
