@@ -121,7 +121,7 @@ def test_main_job_stops_before_anything_on_a_host_without_apt(tmp_path, no_apt, 
     leviathan.run(cfg)
   msg = str(e.value)
   assert "needs apt-get on a Debian/Ubuntu host" in msg
-  assert "summarize_debian: this host has no apt-get" in msg
+  assert "summarize_debian_lead: this host has no apt-get" in msg   # the quick default
   for field in ("--config.data.translate_source=jsonl:PATH",
                 "--config.data.summarize_source=jsonl:PATH",
                 "--config.data.translate_task=wmt14_translate/de-en",
