@@ -344,19 +344,16 @@ def calibrate_drafts(target, target_params, drafts: Mapping[str, Tuple[object, o
             "prompt_len": int(prompt_len), "cache_len": int(cache_len),
             "greedy": bool(sampling.is_greedy), "iterations": int(iterations),
             "repeats": int(repeats)}
-    stored = stages.get(stage, deps)
-    reused = stored is not None
-    if reused:
-      stages.reused.append(stage)
-    else:
+    def measure(model=model, params=params):
       table = calibrate_gamma_costs(target, target_params, ModelDrafter(model), params, adaptive,
                                     batch_size=batch_size, prompt_len=prompt_len,
                                     cache_len=cache_len, sampling=sampling,
                                     iterations=iterations, repeats=repeats, store=False)
-      stored = stages.put(stage, {"gammas": list(table.gammas), "seconds": list(table.seconds),
-                                  "calibration_seconds": float(table.calibration_seconds)}, deps)
-      stages.computed.append(stage)
-    out[name] = dict(stored, reused=reused)
+      return {"gammas": list(table.gammas), "seconds": list(table.seconds),
+              "calibration_seconds": float(table.calibration_seconds)}
+    computed_before = len(stages.computed)
+    stored = stages.run(stage, measure, deps)
+    out[name] = dict(stored, reused=len(stages.computed) == computed_before)
   return out
 
 

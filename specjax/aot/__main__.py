@@ -2,7 +2,7 @@
 
   python -m specjax.aot --config=configs/chen_chinchilla.py:paper --topology=v5e:4x4
   python -m specjax.aot --config=configs/leviathan_t5.py:paper --topology=v4:1x1x1 \
-      --programs=ar,draft --out=results/tpu_aot/leviathan_v4-1
+      --programs=ar,draft --out=aot_leviathan_v4-1
 
 Needs libtpu (`pip install -e ".[tpu]"`). Prints a markdown table per program and, with --out,
 writes report.json and report.md there. The TPU compiler's host memory is returned only when the

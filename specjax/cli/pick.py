@@ -1,6 +1,6 @@
 r"""Which drafter family and γ to use, or none, for a measured cell: the picker's CLI.
 
-  specjax-pick --results=benchmarks/results/drafters.json \
+  specjax-pick --results=drafters.json \
       --task=code --batch=1 --temperature=0 --context=128 --max_new=64
 
 (or `python -m specjax.cli.pick ...`) reads the cell (`planning.picker_io`), runs

@@ -1,8 +1,8 @@
 """The picker's inputs from a results JSON (the families benchmark's `drafters.json` layout:
 `{"tasks": {task: [cells]}}`, each cell one (batch, temperature) with a row per drafter).
 
-  ms = measurements_from_json("benchmarks/results/drafters.json", "code", 1, 0.0)
-  vc = verify_cost_from_json("benchmarks/results/drafters.json", "code", 1, 0.0)
+  ms = measurements_from_json("drafters.json", "code", 1, 0.0)
+  vc = verify_cost_from_json("drafters.json", "code", 1, 0.0)
   rec = specjax.planning.picker.pick(ms, vc, batch_size=1, ...)
 """
 
