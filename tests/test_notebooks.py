@@ -104,10 +104,13 @@ def test_notebook_follows_colab_norms(path):
   assert setup.index("import specjax") < setup.index("%pip install"), name
   assert "notebooks.show_progress()" in setup, name
   assert "notebooks.runtime_summary(" in code[1], name
-  if name in RESUMABLE:
+  if name in RESUMABLE:  # executed with Colab's modules faked in test_colab_notebooks
     workdir = next(c for c in code if "WORKDIR =" in c)
-    assert "drive.mount(" in workdir and "notebooks.in_colab()" in workdir, name
-    assert "notebooks.workdir(" in workdir and "gs://" in workdir, name
+    assert "notebooks.in_colab()" in workdir and "notebooks.workdir(" in workdir, name
+    assert 'GCS_ROOT = ""' in workdir and "# @param" in workdir, name
+    assert "DATA_CACHE =" in workdir and "notebooks.data_cache(WORKDIR)" in workdir, name
+    auth = code[code.index(workdir) + 1]  # the cell after the settings: before any access
+    assert "auth.authenticate_user()" in auth and "drive.mount(" in auth, name
 
 
 def test_runtime_summary_says_how_to_switch_a_colab_cpu_runtime(monkeypatch):

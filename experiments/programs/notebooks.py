@@ -8,7 +8,10 @@
 * `show_progress()`: absl INFO lines (training steps, `Progress` ETAs) in the
   running cell, outside `app.run`;
 * `workdir(name, root)`: a run's folder under a Drive / `gs://` root, else a
-  local scratch folder (`scratch(name)`);
+  local scratch folder (`scratch(name)`); `drive_mount()`, `drive_root()`,
+  `on_drive(path)`: where Colab mounts Google Drive and the notebooks' folder
+  on it; `data_cache(workdir)`: where a run's data cache goes (in the run
+  folder, so it outlives the runtime, except on `gs://`: see there);
 * `tiny_trained_pair(steps)`: a target and a draft trained in seconds on a
   synthetic copy task (the draft accepts, unlike a random pair);
 * `exact_second_token(...)`: the target's exact distribution of the second
@@ -37,7 +40,8 @@ from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.sampling import process_logits
 
 __all__ = ["runtime", "runtime_summary", "smoke", "in_colab", "show_progress", "scratch",
-           "workdir", "tiny_trained_pair", "exact_second_token", "write_sample_tasks"]
+           "workdir", "drive_mount", "drive_root", "on_drive", "data_cache", "tiny_trained_pair",
+           "exact_second_token", "write_sample_tasks"]
 
 
 def smoke() -> bool:
@@ -93,6 +97,35 @@ def workdir(name: str, root: str = "") -> str:
   if not root:
     return scratch(name)
   return root.rstrip("/") + "/" + name
+
+
+def drive_mount() -> str:
+  """Where Colab mounts Google Drive: /content/drive (`$SPECJAX_NOTEBOOK_DRIVE`
+  when set: the tests of the Colab cells point it at a temporary folder)."""
+  return os.environ.get("SPECJAX_NOTEBOOK_DRIVE") or "/content/drive"
+
+
+def drive_root() -> str:
+  """The notebooks' root folder on a mounted Drive: <mount>/MyDrive/specjax."""
+  return drive_mount().rstrip("/") + "/MyDrive/specjax"
+
+
+def on_drive(path: str) -> bool:
+  """True when `path` lies on the mounted Google Drive (under `drive_mount()`)."""
+  mount = drive_mount().rstrip("/")
+  return path == mount or path.startswith(mount + "/")
+
+
+def data_cache(workdir: str) -> str:
+  """Where a run in `workdir` keeps its data cache (`cfg.data.cache_dir`):
+  `<workdir>/data_cache`, so on Drive it outlives the runtime and a rerun
+  after a disconnect reuses it instead of rebuilding it. On `gs://` a local
+  folder (`scratch("data_cache")`) instead: the data builders
+  (`experiments.data`) read and write local files only, so there a new
+  runtime rebuilds the cache (the run's stages on `gs://` are kept)."""
+  if workdir.startswith("gs://"):
+    return scratch("data_cache")
+  return os.path.join(workdir, "data_cache")
 
 
 def runtime_summary(rt: Dict[str, object]) -> str:
