@@ -8,15 +8,19 @@ rendered by the ``chat_template`` (in ``tokenizer_config.json`` or ``chat_templa
 `HFTokenizer` reads both, so `specjax.generate(..., eos_id=tok.eos_ids)` stops where
 transformers does. The template is rendered as transformers renders it (a sandboxed Jinja
 environment with ``trim_blocks`` / ``lstrip_blocks``, ``raise_exception`` and
-``strftime_now``); its text is tokenized without adding special tokens (the template writes them).
+``strftime_now``, and transformers' ``{% generation %} ... {% endgeneration %}`` block, whose
+content is emitted as it is: transformers uses the block only to mark the assistant's characters
+for ``return_assistant_tokens_mask``, which specjax does not build); its text is tokenized without
+adding special tokens (the template writes them).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 __all__ = ["read_eos_ids", "read_chat_template", "render_chat"]
 
@@ -76,6 +80,30 @@ def read_chat_template(directory: str) -> Optional[str]:
                    f"templates, got {type(template).__name__}")
 
 
+@functools.lru_cache(maxsize=None)
+def _generation_extension() -> type:
+  """The jinja2 extension of transformers' ``{% generation %}`` tag: the block's body renders in
+  its own scope (a call block, as transformers compiles it, so a ``set`` inside stays inside) and
+  its output is returned unchanged."""
+  import jinja2  # pylint: disable=import-outside-toplevel
+  from jinja2 import ext, nodes  # pylint: disable=import-outside-toplevel
+
+  class GenerationBlock(ext.Extension):
+    """``{% generation %}...{% endgeneration %}``: the body's text, as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: "jinja2.parser.Parser") -> nodes.Node:
+      lineno = next(parser.stream).lineno
+      body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+      return nodes.CallBlock(self.call_method("_emit"), [], [], body).set_lineno(lineno)
+
+    def _emit(self, caller: Callable[[], str]) -> str:
+      return caller()
+
+  return GenerationBlock
+
+
 def _raise(message: str):
   raise ValueError(f"the chat template refused the conversation: {message}")
 
@@ -107,7 +135,8 @@ def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *,
     raise TypeError("messages must be a list of {'role': ..., 'content': ...} dicts, got "
                     f"{messages!r}")
   env = sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                              extensions=["jinja2.ext.loopcontrols"])
+                                              extensions=["jinja2.ext.loopcontrols",
+                                                          _generation_extension()])
   env.filters["tojson"] = _tojson
   env.globals["raise_exception"] = _raise
   env.globals["strftime_now"] = _strftime_now
