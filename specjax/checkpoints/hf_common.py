@@ -2,26 +2,31 @@
 
 * `load_state_dict(path)`: a `.safetensors` file, a sharded index
   (`model.safetensors.index.json`), a directory holding either, or a PyTorch `.bin` / `.pt`
-  state dict (`torch.load(weights_only=True)`, never plain unpickling) → float32 numpy by name.
+  state dict (`torch.load(weights_only=True)`, never plain unpickling; the `[torch]` extra) →
+  float32 numpy by name. Local paths or URLs (`gs://...`, `streaming.open_tensors`).
 * `save_safetensors(tensors, path)`: writes one safetensors file atomically.
 * `check_state_dict(expected_shapes, tensors)`: a ValueError naming missing, unexpected or
   mis-shaped tensors.
+* `config_beside(path)`: the `config.json` of a checkpoint directory or of the folder holding a
+  weights file, local or a URL; `read_json` reads it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Dict, Iterable, Mapping, Tuple
+import os
+from typing import Any, Dict, Iterable, Mapping, Tuple
 
 import numpy as np
 
-from specjax.atomic_io import atomic_path
+from specjax.atomic_io import PathLike, as_path, atomic_path, is_local
 from specjax.checkpoints import streaming
 
-__all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json"]
+__all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json",
+           "config_beside", "make_directory"]
 
 
-def load_state_dict(path: str) -> Dict[str, np.ndarray]:
+def load_state_dict(path: PathLike) -> Dict[str, np.ndarray]:
   """Transformers-format weights from a file or directory as whole float32 numpy arrays (the
   importers read lazily with `streaming.open_tensors` instead)."""
   tensors = streaming.open_tensors(path)
@@ -61,8 +66,27 @@ def check_state_dict(expected_shapes: Mapping[str, Tuple[int, ...]],
     raise ValueError("checkpoint does not match the model config — " + " | ".join(problems))
 
 
-def read_json(path: str):
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+def read_json(path: PathLike) -> Any:
+  """The JSON value in the file `path` (local or a URL)."""
+  return json.loads(as_path(path).read_text(encoding="utf-8"))
+
+
+def config_beside(path: PathLike) -> str:
+  """The path of the `config.json` that belongs to the checkpoint at `path`: inside it when it is
+  a directory, else beside the file (local paths absolute; URLs kept as they are)."""
+  p = as_path(path)
+  folder = p if p.is_dir() else p.parent
+  return os.fspath(folder / "config.json")
+
+
+def make_directory(directory: PathLike) -> str:
+  """Creates `directory` (and its parents) where it is missing; returns it as a string. URLs
+  (`gs://...`) go through epath (an object store has no directories: nothing to create)."""
+  directory = os.fspath(directory)
+  if is_local(directory):
+    os.makedirs(directory, exist_ok=True)
+  else:
+    as_path(directory).mkdir(parents=True, exist_ok=True)
+  return directory
 
 

@@ -48,9 +48,10 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import jax
 import numpy as np
 
-from specjax.atomic_io import atomic_write_json
+from specjax.atomic_io import as_path, atomic_write_json
 from specjax.checkpoints import streaming
-from specjax.checkpoints.hf_common import check_state_dict, read_json, save_safetensors
+from specjax.checkpoints.hf_common import (check_state_dict, config_beside, make_directory,
+                                           read_json, save_safetensors)
 from specjax.models import decoder_layout, rope
 from specjax.models.decoder import DecoderConfig
 from specjax.parallel import sharding as sharding_lib
@@ -354,11 +355,6 @@ def _params_to_hf(params: Mapping[str, Any], c: DecoderConfig) -> Dict[str, np.n
   return out
 
 
-def _config_path_for(path: str) -> str:
-  folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-  return os.path.join(folder, "config.json")
-
-
 def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] = None, *,
                       mesh: Optional[jax.sharding.Mesh] = None,
                       dtype: Optional[str] = None) -> Tuple[Dict[str, Any], DecoderConfig]:
@@ -370,7 +366,9 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
   Args:
     path_or_state_dict: a checkpoint directory, a `.safetensors` file, a sharded
       `model.safetensors.index.json`, a PyTorch `.bin`/`.pt` state dict (read with
-      `torch.load(weights_only=True, mmap=True)`), or an in-memory mapping name → tensor.
+      `torch.load(weights_only=True, mmap=True)`; the `[torch]` extra), or an in-memory mapping
+      name → tensor. Paths may be URLs (`gs://bucket/llama`, through `etils.epath`; tensors are
+      fetched one at a time: `specjax.checkpoints.streaming`).
     config: the `DecoderConfig`; None reads the `config.json` beside the weights (required for
       an in-memory state dict).
     mesh: place every parameter directly into its `NamedSharding` on this mesh
@@ -384,7 +382,7 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
 
   Raises:
     ValueError naming every missing, unexpected or mis-shaped tensor, or the unsupported config
-    feature.
+    feature; `streaming.MissingTorchError` for a PyTorch pickle without torch.
   """
   if isinstance(path_or_state_dict, Mapping):
     tensors = streaming.lazy_from_mapping(path_or_state_dict)
@@ -394,8 +392,8 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
   else:
     path = os.fspath(path_or_state_dict)
     if config is None:
-      config_path = _config_path_for(path)
-      if not os.path.exists(config_path):
+      config_path = config_beside(path)
+      if not as_path(config_path).exists():
         raise FileNotFoundError(f"no config.json beside {path}; pass config= explicitly")
       config = decoder_config_from_hf(read_json(config_path))
     tensors = streaming.open_tensors(path)
@@ -422,7 +420,8 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
 def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, directory: str,
                       **hf_config_kwargs) -> None:
   """Writes `directory/model.safetensors` (float32) and `directory/config.json` that
-  transformers' `AutoModelForCausalLM.from_pretrained(directory)` loads offline.
+  transformers' `AutoModelForCausalLM.from_pretrained(directory)` loads offline (`directory`
+  may be a URL, `gs://...`).
 
   `hf_config_kwargs` go to `hf_config_from_decoder` (max_position_embeddings, bos/eos/pad_token_id,
   model_type). Tied embeddings write no lm_head.weight (transformers ties it on load). `params`
@@ -431,8 +430,7 @@ def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, director
   tensors = _params_to_hf(params, config)
   optional = ("lm_head.weight",) if config.tie_embeddings else ()
   check_state_dict(hf_llama_shapes(config), tensors, optional=optional)
-  directory = os.fspath(directory)
-  os.makedirs(directory, exist_ok=True)
+  directory = make_directory(directory)
   save_safetensors(tensors, os.path.join(directory, "model.safetensors"),
                    metadata={"format": "pt"})
   atomic_write_json(os.path.join(directory, "config.json"), hf_config, indent=2)

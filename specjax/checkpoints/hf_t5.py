@@ -1,8 +1,9 @@
 """T5 weights in transformers' format: import into `specjax.models.t5.T5`, export back.
 
 * `import_hf_t5(path_or_state_dict, config=None) -> (params, config)`: a `model.safetensors` /
-  sharded index / PyTorch `.bin` file or folder (`hf_common.load_state_dict`), or an in-memory
-  state dict (numpy arrays or torch tensors); without `config`, the `config.json` beside it.
+  sharded index / PyTorch `.bin` file or folder (local or a URL such as `gs://bucket/t5`:
+  `streaming.open_tensors`), or an in-memory state dict (numpy arrays or torch tensors); without
+  `config`, the `config.json` beside it.
 * `export_hf_t5(params, config, directory)`: `model.safetensors` and a `config.json` that
   `transformers.T5ForConditionalGeneration.from_pretrained` loads offline.
 
@@ -24,8 +25,8 @@ import numpy as np
 
 from specjax.checkpoints import streaming
 from specjax.checkpoints.hf_common import (
-    check_state_dict, read_json, save_safetensors)
-from specjax.atomic_io import atomic_write_json
+    check_state_dict, config_beside, make_directory, read_json, save_safetensors)
+from specjax.atomic_io import as_path, atomic_write_json
 from specjax.models.t5_config import T5Config
 from specjax.parallel import sharding as sharding_lib
 
@@ -185,9 +186,8 @@ def _get(tree: Mapping[str, Any], path: Tuple[str, ...]):
 
 
 def _find_hf_config(path: str) -> Optional[Dict[str, Any]]:
-  folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-  candidate = os.path.join(folder, "config.json")
-  return read_json(candidate) if os.path.exists(candidate) else None
+  candidate = config_beside(path)
+  return read_json(candidate) if as_path(candidate).exists() else None
 
 
 def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
@@ -244,11 +244,10 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
 
 def export_hf_t5(params, config: T5Config, directory: str) -> None:
   """Writes `directory/model.safetensors` and `directory/config.json` in transformers'
-  T5ForConditionalGeneration format (float32 tensors)."""
+  T5ForConditionalGeneration format (float32 tensors); `directory` may be a URL (`gs://...`)."""
   if not isinstance(config, T5Config):
     raise TypeError(f"config must be a T5Config, got {type(config).__name__}")
-  directory = os.fspath(directory)
-  os.makedirs(directory, exist_ok=True)
+  directory = make_directory(directory)
   tensors = {}
   for name, path, to_hf, _ in _entries(config):
     value = np.asarray(jax.device_get(_get(params, path)), np.float32)

@@ -12,6 +12,18 @@ made by `jax.make_array_from_callback`: every device's slice is read from the ma
 the target dtype and handed over, and the map is released before the next tensor, so host memory
 beyond the placed arrays stays near one tensor's slices, never a float32 copy of the model. With
 several processes, each reads only the slices of its addressable devices.
+
+Checkpoints on an object store (`gs://bucket/llama`, any URL `etils.epath` opens) are read the
+same way without a local copy: headers and index files are read through epath's file objects,
+and `read(name)` fetches exactly that tensor's byte range (ranged reads of at most
+`REMOTE_CHUNK_BYTES` into one buffer), so the bytes transferred are the headers plus each tensor
+once, and the host holds one stored tensor at a time (a memory map of a remote object does not
+exist: the slice-by-slice bound of local files becomes tensor by tensor). With several processes,
+each fetches every tensor it needs whole. A PyTorch `.bin` / `.pt` on an object store is copied to
+a local temporary file first (torch memory-maps only local files), in chunks.
+
+PyTorch pickles need torch (`pip install "specjax[torch]"`); without it opening one raises
+`MissingTorchError` naming the file.
 """
 
 from __future__ import annotations
@@ -19,7 +31,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import struct
+import tempfile
 from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import jax
@@ -27,8 +41,39 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from specjax.atomic_io import as_path, is_local
+
 __all__ = ["Entry", "LazyTensors", "open_tensors", "lazy_from_mapping", "place",
-           "tensors_equal", "stored_bytes"]
+           "tensors_equal", "stored_bytes", "MissingTorchError", "REMOTE_CHUNK_BYTES"]
+
+# Largest single read from an object store: a tensor's byte range is fetched in pieces of this
+# size into one buffer (bounding what the file object buffers beside it).
+REMOTE_CHUNK_BYTES = 64 << 20
+
+TORCH_INSTALL = 'pip install "specjax[torch]"'
+
+
+class MissingTorchError(ImportError):
+  """A PyTorch pickle (`.bin` / `.pt` / `.pth`) was asked for and torch is not installed.
+
+  Attributes:
+    path: the checkpoint file.
+  """
+
+  def __init__(self, path: str, reason: str = "not installed"):
+    self.path = path
+    super().__init__(f"{path} is a PyTorch pickle, which needs torch to read ({reason}): "
+                     f"{TORCH_INSTALL} (or convert it to safetensors where torch is installed)",
+                     name="torch")
+
+
+def _import_torch(path: str):
+  """The torch module, or a `MissingTorchError` naming `path` (and why the import failed)."""
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError as err:
+    raise MissingTorchError(path, f"import torch: {err}") from err
+  return torch
 
 _ST_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -94,9 +139,31 @@ class LazyTensors(Mapping):
     return LazyTensors(lambda n: reader(existing if n == name else n), meta, self.source)
 
 
+def _open_binary(path: str):
+  """A binary file object of a local path or a URL (epath)."""
+  return open(path, "rb") if is_local(path) else as_path(path).open("rb")
+
+
+def _size(path: str) -> int:
+  return os.path.getsize(path) if is_local(path) else int(as_path(path).stat().length)
+
+
+def _exists(path: str) -> bool:
+  return os.path.exists(path) if is_local(path) else as_path(path).exists()
+
+
+def _isdir(path: str) -> bool:
+  return os.path.isdir(path) if is_local(path) else as_path(path).is_dir()
+
+
+def _join(directory: str, name: str) -> str:
+  return os.path.join(directory, name) if is_local(directory) else (
+      f"{directory.rstrip('/')}/{name}")
+
+
 def _safetensors_header(path: str) -> Dict[str, _Stored]:
-  size = os.path.getsize(path)
-  with open(path, "rb") as f:
+  size = _size(path)
+  with _open_binary(path) as f:
     raw = f.read(8)
     if len(raw) < 8:
       raise ValueError(f"{path} is not a safetensors file: {size} bytes, no header length")
@@ -127,11 +194,37 @@ def _safetensors_header(path: str) -> Dict[str, _Stored]:
   return out
 
 
+def _read_range(path: str, offset: int, nbytes: int) -> bytearray:
+  """Bytes [offset, offset + nbytes) of a file on any filesystem, read in chunks of
+  `REMOTE_CHUNK_BYTES` into one buffer."""
+  buf = bytearray(nbytes)
+  view = memoryview(buf)
+  got = 0
+  with _open_binary(path) as f:
+    f.seek(offset)
+    while got < nbytes:
+      chunk = f.read(min(nbytes - got, REMOTE_CHUNK_BYTES))
+      if not chunk:
+        raise ValueError(f"{path} is truncated: byte {offset + got} could not be read "
+                         f"(wanted {nbytes} bytes from offset {offset})")
+      view[got:got + len(chunk)] = chunk
+      got += len(chunk)
+  return buf
+
+
 def _map(stored: _Stored) -> np.ndarray:
+  """The stored tensor: a read-only memory map of a local file, the fetched bytes of a remote
+  one (read-only too)."""
   if int(np.prod(stored.shape, dtype=np.int64)) == 0:
     return np.zeros(stored.shape, stored.dtype)
-  return np.memmap(stored.file, dtype=stored.dtype, mode="r", offset=stored.offset,
-                   shape=stored.shape)
+  if is_local(stored.file):
+    return np.memmap(stored.file, dtype=stored.dtype, mode="r", offset=stored.offset,
+                     shape=stored.shape)
+  nbytes = int(np.prod(stored.shape, dtype=np.int64)) * stored.dtype.itemsize
+  out = np.frombuffer(_read_range(stored.file, stored.offset, nbytes), stored.dtype)
+  out = out.reshape(stored.shape)
+  out.flags.writeable = False
+  return out
 
 
 def _open_safetensors(files: Sequence[str], source: str) -> LazyTensors:
@@ -146,7 +239,7 @@ def _open_safetensors(files: Sequence[str], source: str) -> LazyTensors:
 
 
 def _torch_to_numpy(t) -> np.ndarray:
-  import torch
+  import torch  # pylint: disable=import-outside-toplevel  (a torch tensor was given)
   t = t.detach().cpu()
   if t.dtype == torch.bfloat16:
     return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
@@ -161,35 +254,58 @@ def lazy_from_mapping(tensors: Mapping[str, Any], source: str = "state dict") ->
                      source)
 
 
-def open_tensors(path: str) -> LazyTensors:
+def _load_torch(path: str) -> Mapping[str, Any]:
+  """A PyTorch state dict, memory-mapped (`weights_only`: tensors and containers, never code);
+  a remote file is first copied to a local temporary file, which is unlinked once mapped."""
+  torch = _import_torch(path)
+  if not is_local(path):
+    with tempfile.TemporaryDirectory(prefix="specjax-torch-", ignore_cleanup_errors=True) as d:
+      local = os.path.join(d, os.path.basename(path))
+      with _open_binary(path) as src, open(local, "wb") as dst:
+        shutil.copyfileobj(src, dst, REMOTE_CHUNK_BYTES)
+      return _load_torch(local)  # the mapping outlives the unlinked file (POSIX)
+  try:
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+  except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def open_tensors(path: Any) -> LazyTensors:
   """The tensors of a checkpoint file or directory, lazily.
 
   Accepts a `.safetensors` file, a sharded `*.safetensors.index.json`, a PyTorch `.bin` / `.pt` /
-  `.pth` state dict (memory-mapped by torch, never unpickled beyond tensors), or a directory
-  holding `model.safetensors`, `model.safetensors.index.json` or `pytorch_model.bin`.
+  `.pth` state dict (memory-mapped by torch, never unpickled beyond tensors; needs torch), or a
+  directory holding `model.safetensors`, `model.safetensors.index.json` or `pytorch_model.bin`;
+  a local path or a URL (`gs://...`, read through `etils.epath`: see the module doc).
+
+  Raises:
+    FileNotFoundError: no such file, or a directory without weights / an index naming absent
+      shards.
+    ValueError: an unknown format, a damaged file (named).
+    MissingTorchError: a PyTorch pickle where torch is not installed.
   """
   path = os.fspath(path)
-  if os.path.isdir(path):
+  if _isdir(path):
     for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
-      candidate = os.path.join(path, name)
-      if os.path.exists(candidate):
+      candidate = _join(path, name)
+      if _exists(candidate):
         return open_tensors(candidate)
     raise FileNotFoundError(
         f"{path} holds no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
-  if not os.path.exists(path):
+  if not _exists(path):
     raise FileNotFoundError(f"checkpoint file {path} does not exist")
   if path.endswith(".index.json"):
-    with open(path, encoding="utf-8") as f:
+    with _open_binary(path) as f:
       try:
-        index = json.load(f)
-      except json.JSONDecodeError as err:
+        index = json.loads(f.read())
+      except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is not a valid index file: {err}") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
       raise ValueError(f"{path} has no weight_map")
     folder = os.path.dirname(path)
-    files = [os.path.join(folder, f) for f in sorted(set(weight_map.values()))]
-    missing = [f for f in files if not os.path.exists(f)]
+    files = [_join(folder, f) for f in sorted(set(weight_map.values()))]
+    missing = [f for f in files if not _exists(f)]
     if missing:
       raise FileNotFoundError(f"{path} names shards that do not exist: {missing}")
     lazy = _open_safetensors(files, path)
@@ -200,11 +316,7 @@ def open_tensors(path: str) -> LazyTensors:
   if path.endswith(".safetensors"):
     return _open_safetensors([path], path)
   if path.endswith((".bin", ".pt", ".pth")):
-    import torch
-    try:
-      state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError:  # the legacy (non-zip) format cannot be memory-mapped
-      state = torch.load(path, map_location="cpu", weights_only=True)
+    state = _load_torch(path)
     if not isinstance(state, Mapping):
       raise ValueError(f"{path} does not hold a state dict (got {type(state).__name__})")
     return lazy_from_mapping(state, path)

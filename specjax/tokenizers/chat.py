@@ -19,8 +19,9 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-import os
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+
+from specjax.tokenizers import _files
 
 __all__ = ["read_eos_ids", "read_chat_template", "render_chat"]
 
@@ -29,11 +30,11 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 def _read_json(path: str) -> Optional[dict]:
-  if not os.path.isfile(path):
+  """The JSON object in `path` (local or a URL), None when absent."""
+  if not _files.is_file(path):
     return None
   try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
+    value = json.loads(_files.read_text(path))
   except (OSError, ValueError) as e:
     raise ValueError(f"{path} is not valid JSON: {e}") from None
   if not isinstance(value, dict):
@@ -46,7 +47,7 @@ def read_eos_ids(directory: str, vocab_size: int, fallback: Optional[int]) -> Tu
   or a list) of ``generation_config.json``, else of ``config.json``, else `fallback` (None:
   ()). An id outside [0, vocab_size) is a ValueError naming the file."""
   for name in (GENERATION_CONFIG, "config.json"):
-    path = os.path.join(directory, name)
+    path = _files.join(directory, name)
     config = _read_json(path)
     if config is None or config.get("eos_token_id") is None:
       continue
@@ -63,11 +64,10 @@ def read_eos_ids(directory: str, vocab_size: int, fallback: Optional[int]) -> Tu
 def read_chat_template(directory: str) -> Optional[str]:
   """The checkpoint's chat template: ``chat_template.jinja``, else ``tokenizer_config.json``'s
   ``chat_template`` (a string, or a list of ``{"name", "template"}``: "default"); else None."""
-  path = os.path.join(directory, CHAT_TEMPLATE_FILE)
-  if os.path.isfile(path):
-    with open(path, encoding="utf-8") as f:
-      return f.read()
-  config_path = os.path.join(directory, "tokenizer_config.json")
+  path = _files.join(directory, CHAT_TEMPLATE_FILE)
+  if _files.is_file(path):
+    return _files.read_text(path)
+  config_path = _files.join(directory, "tokenizer_config.json")
   template = (_read_json(config_path) or {}).get("chat_template")
   if template is None or isinstance(template, str):
     return template

@@ -14,6 +14,9 @@ arguments of `HFTokenizer` override all of it.
 
 Padding: without a pad token, batches are padded with the EOS id (or 0 without EOS); padding is
 never a real token, so read ``lengths`` to know where each row ends. Usage: docs/checkpoints.md.
+
+Every path may be a URL (``gs://bucket/llama``, through `etils.epath`): the files are read as
+they are, with no local copy.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 import numpy as np
 
 from specjax._checks import check_int
+from specjax.tokenizers import _files
 from specjax.tokenizers.chat import read_chat_template, read_eos_ids, render_chat
 from specjax.tokenizers.sentencepiece import SentencePieceTokenizer, token_rows
 
@@ -50,11 +54,10 @@ AnyTokenizer = Union["HFTokenizer", SentencePieceTokenizer]
 
 def _read_json_object(path: str) -> dict[str, Any] | None:
   """The JSON object in `path`, or None when absent (ValueError: not JSON / not an object)."""
-  if not os.path.isfile(path):
+  if not _files.is_file(path):
     return None
   try:
-    with open(path, encoding="utf-8") as f:
-      value = json.load(f)
+    value = json.loads(_files.read_text(path))
   except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ValueError(f"{path} is not valid JSON: {e}") from None
   if not isinstance(value, dict):
@@ -100,7 +103,7 @@ class HFTokenizer:
 
     Args:
       path: a ``tokenizer.json`` file, or a directory that holds one; the side files are read
-        from the same directory when present.
+        from the same directory when present. Local, or a URL (``gs://...``).
       bos_token, eos_token, pad_token: override the special tokens found in the side files (each
         must be a token of the vocabulary).
 
@@ -115,14 +118,17 @@ class HFTokenizer:
     except ImportError as e:
       raise ImportError("HFTokenizer needs the `tokenizers` package "
                         "(pip install tokenizers)") from e
-    path = os.fspath(path)
-    if os.path.isdir(path):
-      path = os.path.join(path, TOKENIZER_JSON)
-    if not os.path.isfile(path):
+    path = _files.fspath(path)
+    if _files.is_dir(path):
+      path = _files.join(path, TOKENIZER_JSON)
+    if not _files.is_file(path):
       raise FileNotFoundError(f"tokenizer file not found: {path}")
     self.path = path
     try:
-      self._tok = tokenizers.Tokenizer.from_file(path)
+      if os.path.isfile(path):
+        self._tok = tokenizers.Tokenizer.from_file(path)
+      else:  # a URL
+        self._tok = tokenizers.Tokenizer.from_str(_files.read_text(path))
     except Exception as e:  # tokenizers raises a bare Exception.
       raise ValueError(f"{path} is not a valid tokenizer.json: {e}") from None
     vocab = self._tok.get_vocab(with_added_tokens=True)
@@ -132,7 +138,7 @@ class HFTokenizer:
     self._vocab_size = max(vocab.values()) + 1
     self._resolve_special_tokens(
         {"bos": bos_token, "eos": eos_token, "pad": pad_token})
-    directory = os.path.dirname(os.path.abspath(path))
+    directory = _files.parent(path)
     self.eos_ids = read_eos_ids(directory, self._vocab_size, self.eos_id)
     self.chat_template = read_chat_template(directory)
 
@@ -140,11 +146,11 @@ class HFTokenizer:
 
   def _resolve_special_tokens(self, overrides: dict[str, str | None]) -> None:
     """Sets bos/eos/pad tokens and `add_bos_by_default` from the side files."""
-    directory = os.path.dirname(os.path.abspath(self.path))
-    configs = [(os.path.join(directory, name),
-                _read_json_object(os.path.join(directory, name)))
+    directory = _files.parent(self.path)
+    configs = [(_files.join(directory, name),
+                _read_json_object(_files.join(directory, name)))
                for name in _TOKEN_CONFIGS]
-    model_path = os.path.join(directory, _MODEL_CONFIG)
+    model_path = _files.join(directory, _MODEL_CONFIG)
     model_config = _read_json_object(model_path)
     for name in _SPECIAL_NAMES:
       token = self._find_special(name, overrides[name], configs, model_path,
@@ -443,26 +449,26 @@ def load_tokenizer(path: str | os.PathLike, *, require_t5_ids: bool = True
   Args:
     path: a ``*.json`` file → `HFTokenizer`; a ``*.model`` SentencePiece file →
       `SentencePieceTokenizer`; or a directory holding ``tokenizer.json`` (preferred when both
-      kinds are there), ``spiece.model`` or ``tokenizer.model``.
+      kinds are there), ``spiece.model`` or ``tokenizer.model``. Local, or a URL (``gs://...``).
     require_t5_ids: passed to `SentencePieceTokenizer` (pad 0 / EOS 1).
 
   Raises:
     FileNotFoundError: `path` does not exist, or the directory holds none of the files above.
     ValueError: `path` is a file of another kind, or a broken tokenizer file.
   """
-  path = os.fspath(path)
-  if os.path.isdir(path):
-    if os.path.isfile(os.path.join(path, TOKENIZER_JSON)):
+  path = _files.fspath(path)
+  if _files.is_dir(path):
+    if _files.is_file(_files.join(path, TOKENIZER_JSON)):
       return HFTokenizer(path)
     for name in SENTENCEPIECE_NAMES:
-      candidate = os.path.join(path, name)
-      if os.path.isfile(candidate):
+      candidate = _files.join(path, name)
+      if _files.is_file(candidate):
         return SentencePieceTokenizer(candidate, require_t5_ids=require_t5_ids)
     raise FileNotFoundError(
         f"no tokenizer in directory {path}: looked for {TOKENIZER_JSON} "
         f"(Hugging Face tokenizers) and {' / '.join(SENTENCEPIECE_NAMES)} "
         f"(SentencePiece)")
-  if not os.path.exists(path):
+  if not _files.exists(path):
     raise FileNotFoundError(f"tokenizer not found: {path}")
   if path.endswith(".json"):
     return HFTokenizer(path)

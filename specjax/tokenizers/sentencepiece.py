@@ -18,6 +18,8 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from specjax.tokenizers import _files
+
 __all__ = ["SentencePieceTokenizer"]
 
 
@@ -32,7 +34,8 @@ class SentencePieceTokenizer:
     """Loads the ``spiece.model``-style file at `path`.
 
     Args:
-      path: a serialized SentencePiece model.
+      path: a serialized SentencePiece model, local or a URL (``gs://...``, read through
+        `etils.epath`).
       require_t5_ids: check that the model has pad id 0 and EOS id 1.
 
     Raises:
@@ -40,13 +43,12 @@ class SentencePieceTokenizer:
       ValueError: the file is not a SentencePiece model, or (with `require_t5_ids`) its pad /
         EOS ids are not 0 / 1. Messages name the path.
     """
-    self.path = os.fspath(path)
-    if not os.path.isfile(self.path):
+    self.path = _files.fspath(path)
+    if not _files.is_file(self.path):
       raise FileNotFoundError(
           f"SentencePiece model not found: {self.path} (build one with "
           f"`python -m experiments.data.build --task=... --spm_vocab_size=N`)")
-    with open(self.path, "rb") as f:
-      proto = f.read()
+    proto = _files.read_bytes(self.path)
     self._sp = spm.SentencePieceProcessor()
     try:
       self._sp.LoadFromSerializedProto(proto)
