@@ -10,7 +10,11 @@ Run:
       --config.teacher.path=/tmp/sum_target/final --config.train.distill_weight=0.5
 
 Killed and restarted with the same command, a run resumes from its last
-checkpoint and ends with the same parameters. Data: build the tasks first
+checkpoint and ends with the same parameters (a damaged checkpoint is set aside
+and the one before used). A NaN / infinite loss or gradient norm stops the run
+by name with its good checkpoints kept (`--config.train.on_nonfinite=stop`, the
+default); `--config.train.on_nonfinite=skip_step` drops such updates instead
+(`--config.train.max_skipped_steps` in a row still stop it). Data: build the tasks first
 (`python -m experiments.data.build --task=... --cache_dir=/tmp/specjax_data
 --spm_vocab_size=8000`) and point `data.tokenizer` at the vocabulary.
 

@@ -5,6 +5,12 @@ against it, raising ValueError / TypeError naming the field (an unknown field to
 closest known name), so a typo never trains silently with a default. The fields that change the
 trajectory (all but `RUN_ONLY_FIELDS`) are stored with each checkpoint; resuming with a
 different value is an error naming the field.
+
+`on_nonfinite` says what a NaN / infinite loss or gradient norm does (`training.nonfinite`):
+"stop" (the default: a `NonFiniteTrainingError` naming the step, the metric and its value,
+before anything is written or rotated) or "skip_step" (the update is dropped and logged;
+`max_skipped_steps` in a row stop the run). Both are run-only: a run stopped by a divergence may
+be resumed with "skip_step" (a different compiled step: it continues within float rounding).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 import ml_collections
 
+from specjax.training.nonfinite import ON_NONFINITE
 from specjax.training.optim import OPTIMIZERS, SCHEDULES
 from specjax._checks import check_bool, check_int, check_real
 
@@ -23,7 +30,8 @@ __all__ = ["default_config", "validate_config", "RUN_ONLY_FIELDS", "trajectory_f
 # Fields that may differ between a run and its resumption (a run may resume on another mesh,
 # continuing within float rounding: `specjax.training.mesh`).
 RUN_ONLY_FIELDS = ("log_every", "eval_every", "eval_batches", "checkpoint_every",
-                   "keep_checkpoints", "async_checkpointing", "mesh_data", "mesh_model")
+                   "keep_checkpoints", "async_checkpointing", "mesh_data", "mesh_model",
+                   "on_nonfinite", "max_skipped_steps")
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -49,7 +57,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.parallel_mask_id = 0       # the mask token (specjax's vocabularies: the pad id)
   c.parallel_decay = 0.8       # slot j's loss weight decay^j
   c.checkpoint_every = 500     # steps between orbax checkpoints (the last step always)
-  c.keep_checkpoints = 2       # the last k are kept
+  c.keep_checkpoints = 2       # the last k are kept (and always the newest verified one)
   c.async_checkpointing = True
   c.log_every = 50             # steps between progress lines
   c.eval_every = 500           # steps between validation losses (0: only at the end)
@@ -57,6 +65,10 @@ def default_config() -> ml_collections.ConfigDict:
   # A (data, model) device mesh for the train step (`training.mesh`); 1 x 1: one device.
   c.mesh_data = 1              # data-parallel ways; must divide batch_size
   c.mesh_model = 1             # ways each parameter / optimizer-state leaf is split
+  # A NaN / infinite loss or gradient norm: "stop" (NonFiniteTrainingError, nothing written) |
+  # "skip_step" (that update dropped, logged; `max_skipped_steps` in a row stop the run).
+  c.on_nonfinite = "stop"
+  c.max_skipped_steps = 10
   return c
 
 
@@ -134,6 +146,12 @@ def validate_config(config: Any) -> ml_collections.ConfigDict:
   _int(config, "eval_batches", 0)
   _int(config, "mesh_data", 1)
   _int(config, "mesh_model", 1)
+  if config["on_nonfinite"] == "restore_lower_lr":
+    raise ValueError("config.on_nonfinite='restore_lower_lr' is not implemented (the learning "
+                     f"rate fixes the trajectory); use one of {ON_NONFINITE}, and for a lower "
+                     "learning rate a new workdir")
+  _choice(config, "on_nonfinite", ON_NONFINITE)
+  _int(config, "max_skipped_steps", 0)
   if config["batch_size"] % config["mesh_data"]:
     raise ValueError(f"config.batch_size ({config['batch_size']}) must be divisible by "
                      f"config.mesh_data ({config['mesh_data']}): each data shard takes "

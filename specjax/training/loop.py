@@ -13,6 +13,14 @@ data or trajectory field is an error naming what changed.
 No host sync per step: metrics stay on the device until a log step (`log_every`). The first
 step (compilation) is timed separately.
 
+Nothing is lost to a damaged checkpoint or a divergence (`checkpoint`, `nonfinite`): each step
+checkpoint carries a digest verified on resume (a damaged step is moved aside and the newest
+intact one used); before any metrics line, checkpoint or `final/` is written the steps' losses
+and gradient norms are checked, a non-finite one stopping the run with a
+`NonFiniteTrainingError` (or skipping the step: `config.on_nonfinite`); rotation never deletes
+the newest verified checkpoint; and a resumed run first rewinds metrics.jsonl and TensorBoard to
+the step it resumes from (`rewind`), so each step is logged once.
+
 With `config.mesh_data` x `config.mesh_model` > 1 the step runs over that device mesh (batch
 rows over `data`, params and optimizer state split over `model`: `specjax.training.mesh`);
 checkpoints keep the single-device format and restore straight onto the mesh.
@@ -41,14 +49,16 @@ from specjax.models.decoder import DecoderLM
 from specjax.models.t5 import T5
 from specjax.parallel.distributed import is_main_process
 from specjax.training import batching, mesh as mesh_lib, steps as steps_lib
-from specjax.training.checkpoint import Checkpointer, save_final_params
+from specjax.training.checkpoint import Checkpointer, CheckpointWriteError, save_final_params
 from specjax.training.config import trajectory_fields, validate_config
+from specjax.training.nonfinite import NonFiniteGuard, NonFiniteTrainingError, train_step_for
 from specjax.training.optim import OptimizerSpec
 from specjax.training.parallel import ParallelObjective
-from specjax.training.steps import StepSpec, TrainState, eval_step, init_state, train_step
+from specjax.training.rewind import rewind_logs
+from specjax.training.steps import StepSpec, TrainState, eval_step, init_state
 
 __all__ = ["train_model", "evaluate_loss", "summarize_metrics", "quiet_orbax_info_logs",
-           "training_meta", "meta_difference"]
+           "training_meta", "meta_difference", "NonFiniteTrainingError", "CheckpointWriteError"]
 
 
 class _DropOrbaxInfo(py_logging.Filter):
@@ -225,12 +235,16 @@ class _Progress:
     fetched = jax.device_get([m for m, _ in self.pending])
     timed_tokens = float(sum(m["tokens"] for m, (_, t) in zip(fetched, self.pending) if t))
     self.pending = []
-    sums = {k: float(np.sum([m[k] for m in fetched])) for k in fetched[0]
-            if k.endswith(("_sum", "_correct", "_tokens")) or k in ("correct", "tokens")}
-    rec = {"step": step, "loss": float(np.mean([m["loss"] for m in fetched])),
-           "learning_rate": float(fetched[-1]["learning_rate"]),
-           "grad_norm": float(np.mean([m["grad_norm"] for m in fetched]))}
-    rec.update({f"train_{k}": v for k, v in summarize_metrics(sums).items()})
+    applied = [m for m in fetched if not float(m.get("skipped", 0.0))]  # on_nonfinite=skip_step
+    rec = {"step": step, "learning_rate": float(fetched[-1]["learning_rate"])}
+    if applied:
+      sums = {k: float(np.sum([m[k] for m in applied])) for k in applied[0]
+              if k.endswith(("_sum", "_correct", "_tokens")) or k in ("correct", "tokens")}
+      rec.update(loss=float(np.mean([m["loss"] for m in applied])),
+                 grad_norm=float(np.mean([m["grad_norm"] for m in applied])))
+      rec.update({f"train_{k}": v for k, v in summarize_metrics(sums).items()})
+    if len(applied) < len(fetched):
+      rec["skipped_steps"] = len(fetched) - len(applied)
     t = now()
     if self.t0 is not None and self.steps_since:
       dt = max(t - self.t0 - self.excluded, 1e-9)
@@ -245,6 +259,10 @@ class _Progress:
     if "steps_per_s" in rec:
       extra = (f" | {rec['tokens_per_s']:.0f} tok/s ({rec['positions_per_s']:.0f} pos/s)"
                f" | {rec['steps_per_s']:.2f} steps/s | ETA {rec['eta_s'] / 60:.1f} min")
+    if not applied:
+      logging.info("step %d/%d | every step since the last line skipped (non-finite)", step,
+                   self.end_step)
+      return
     kl = f" kl {rec['train_kl']:.4f}" if "train_kl" in rec else ""
     logging.info("step %d/%d | loss %.4f (ce %.4f%s, acc %.3f%s) | lr %.2e | gnorm %.3f%s", step,
                  self.end_step, rec["loss"], rec["train_ce"], kl, rec["train_accuracy"],
@@ -356,6 +374,8 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
     start = int(state.step)
     if start > end:
       raise ValueError(f"the checkpoint is at step {start}, past the requested end {end}")
+    if is_main_process():
+      rewind_logs(workdir, start)  # the steps after `start` are logged again below
 
     eval_sets = {}
     if eval_dataset is not None and config.eval_batches:
@@ -381,8 +401,11 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
 
     if start == 0 and eval_sets:
       run_eval(0, state.params)  # The starting point (e.g. the KL to the teacher before).
-    step_fn = (train_step(spec) if mesh is None
-               else mesh_lib.sharded_train_step(spec, mesh, state))
+    step_fn = train_step_for(spec, config.on_nonfinite, mesh, state)
+    guard = NonFiniteGuard(
+        config.on_nonfinite, config.max_skipped_steps,
+        lambda: f"the step checkpoints in {ckpt.directory} are {ckpt.steps()}, the newest "
+                "good one is where a rerun resumes")
     compile_s = None
     t_run = now()
     for step in range(start, end):
@@ -400,21 +423,29 @@ def train_model(model, init_params, dataset, config, workdir: str, teacher=None,
       else:
         state, metrics = step_fn(state, batch, teacher_params)
       done = step + 1
+      guard.add(done, metrics)
+      save_now = done % config.checkpoint_every == 0 or done == end
+      eval_now = bool(eval_sets) and ((config.eval_every and done % config.eval_every == 0)
+                                      or done == config.steps)
+      if save_now or eval_now or done % config.log_every == 0:
+        guard.check()  # before anything of these steps is written (NonFiniteTrainingError)
       progress.add(done, metrics, timed=not first)
-      if done % config.checkpoint_every == 0 or done == end:
-        ckpt.save(done, state.to_dict(), meta)
-      if eval_sets and ((config.eval_every and done % config.eval_every == 0)
-                        or done == config.steps):
+      if save_now:
+        ckpt.save(done, state.to_dict(), meta)  # refuses a non-finite state
+      if eval_now:
         run_eval(done, state.params)
-    ckpt.wait()
+    guard.check()
+    ckpt.wait()  # the last save complete (CheckpointWriteError if not), then rotation
     finished = int(state.step) == config.steps
     if finished:
       final = None
       if dataclasses.is_dataclass(getattr(model, "config", None)):
-        final = save_final_params(workdir, state.params, model.config, meta)
+        final = save_final_params(workdir, state.params, model.config, meta,
+                                  step=int(state.step))
       summary = {"step": int(state.step), "final_params": final,
                  "compile_s": compile_s, "wall_s_this_run": now() - t_run,
                  "steps_this_run": end - start, "last_train": progress.last,
+                 "skipped_steps_this_run": guard.skipped_steps,
                  "last_eval": progress.last_eval,
                  "data": [s.stats.__dict__ for s in mixture.sources]}
       atomic_io.atomic_write_json(os.path.join(workdir, "summary.json"), summary, default=str)
