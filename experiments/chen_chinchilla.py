@@ -10,4 +10,4 @@ from experiments.programs import chen
 _CONFIG = launch.config_flag("chen_chinchilla.py")
 
 if __name__ == "__main__":
-  launch.run(_CONFIG, chen.run, results_md=True)
+  launch.run(_CONFIG, chen.run, results_md=True, extras=("experiments", "eval"))

@@ -10,6 +10,7 @@ import os
 from absl import app, flags
 
 from experiments.programs import seeds
+from specjax._app import run_app
 
 _OUT_DIR = flags.DEFINE_string(
     "out_dir", os.path.join(os.path.dirname(__file__), "..", "results", "seeds"),
@@ -26,4 +27,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run_app(main)

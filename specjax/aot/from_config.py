@@ -14,7 +14,7 @@ from specjax.models.decoder import DecoderLM, decoder_config
 from specjax.models.sections import decoder_from_section, t5_from_section
 from specjax.models.t5 import T5, t5_config
 
-__all__ = ["run_from_config"]
+__all__ = ["run_from_config", "run_from_names"]
 
 
 def _named(name: str, dtype: str):
@@ -22,6 +22,25 @@ def _named(name: str, dtype: str):
   if name.startswith("t5"):
     return T5(t5_config(name, **kw))
   return DecoderLM(decoder_config(name, **kw))
+
+
+def run_from_names(target: str, drafts=(), topology: str = "", **fields: Any) -> AotRun:
+  """The `AotRun` of named shapes (`specjax.DECODER_CONFIGS` / `T5_CONFIGS`), no config file.
+
+  `specjax-aot --target=llama-3.1-8b --drafts=llama-3.2-1b --topology=v5e:2x4` from an installed
+  wheel. `fields`: `AotRun` fields (gammas, batch_size, prompt_len, max_new_tokens, ...) and
+  `dtype` (default bfloat16, as the checkpoints are served).
+  """
+  if not topology:
+    raise ValueError("no topology: pass --topology=v5e:2x4")
+  dtype = str(fields.pop("dtype", "bfloat16"))
+  t5 = target.startswith("t5")
+  for name in drafts:
+    if name.startswith("t5") != t5:
+      raise ValueError(f"drafts={list(drafts)!r}: draft {name!r} is not of the target "
+                       f"{target!r}'s family (T5 drafts for T5 targets, decoders for decoders)")
+  return AotRun(topology=topology, target=_named(target, dtype),
+                drafts=tuple((n, _named(n, dtype)) for n in drafts), **fields)
 
 
 def _retyped(model, dtype: str):

@@ -13,6 +13,8 @@ from typing import Callable, List, Optional, Sequence
 
 from absl import app, flags
 
+from specjax._app import run_app
+
 __all__ = ["call", "run"]
 
 DefineFlags = Callable[[flags.FlagValues], List[str]]
@@ -48,4 +50,4 @@ def run(define_flags: DefineFlags, body: Body, doc: str) -> None:
       raise app.UsageError(f"unexpected arguments: {list(argv[1:])}")
     body(flags.FLAGS)
 
-  app.run(app_main)
+  run_app(app_main)
