@@ -17,9 +17,11 @@ from experiments.data import code as code_lib
 from experiments.data import common
 from experiments.data import debian
 from experiments.data import gettext_mo
+from experiments.data import pypi
 from experiments.data import sources
 from experiments.data import tasks
 from data_helpers import lists_dir
+from test_data_pypi import use_distributions
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "data")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +44,12 @@ CATALOG = [
     gettext_mo.MoEntry("Connection to max_connections failed",
                        "Verbindung zu max_connections fehlgeschlagen"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def no_installed_packages(monkeypatch):
+  """The default sources never read the machine's own Python packages here."""
+  use_distributions(monkeypatch, [])
 
 
 def _write(path, payload):
@@ -416,10 +424,19 @@ def test_summarize_debian_build_and_cache_reuse(tmp_path, monkeypatch):
   assert sum(third.meta["counts"].values()) == 1
 
 
-def test_summarize_debian_without_index_explains(tmp_path):
-  with pytest.raises(FileNotFoundError, match="--apt_update"):
+def test_summarize_debian_without_index_explains(tmp_path, monkeypatch):
+  sudo = r"sudo apt-get update -o Acquire::Languages=en"
+  with pytest.raises(FileNotFoundError, match=sudo):
+    data.build_task("summarize_debian", tmp_path / "c", source="apt",
+                    lists_dir=str(tmp_path), show_progress=False)
+  # The default ("auto") tries the installed Python packages next: with none,
+  # the error names both sources.
+  monkeypatch.setattr(pypi, "distributions", lambda d=None: [])
+  with pytest.raises(FileNotFoundError) as e:
     data.build_task("summarize_debian", tmp_path / "c",
                     lists_dir=str(tmp_path), show_progress=False)
+  assert "source apt: no *_i18n_Translation-en* index" in str(e.value)
+  assert "source pypi: no installed Python distribution" in str(e.value)
 
 
 def test_translate_en_de_from_local_catalogs(tmp_path):

@@ -11,6 +11,13 @@ from experiments.data import debian
 from experiments.data import gettext_mo
 from experiments.data import sentences
 from experiments.data import tasks
+from test_data_pypi import use_distributions
+
+
+@pytest.fixture(autouse=True)
+def no_installed_packages(monkeypatch):
+  """The default sources never read the machine's own Python packages here."""
+  use_distributions(monkeypatch, [])
 
 
 # -----------------------------------------------------------------------------
@@ -210,11 +217,13 @@ def test_summarize_debian_lead_is_registered_like_summarize_debian(tmp_path):
   assert isinstance(lead, tasks.AptDescriptionsTask)
   assert isinstance(plain, tasks.AptDescriptionsTask)
   assert lead.mapping == plain.mapping and lead.option_names == ("lists_dir",)
-  with pytest.raises(FileNotFoundError, match="--apt_update"):
-    data.build_task("summarize_debian_lead", tmp_path / "c",
+  with pytest.raises(FileNotFoundError,
+                     match=r"sudo apt-get update -o Acquire::Languages=en"):
+    data.build_task("summarize_debian_lead", tmp_path / "c", source="apt",
                     lists_dir=str(tmp_path), show_progress=False)
   assert data.host_problems("summarize_debian_lead", tmp_path / "c",
-                            lists_dir=str(tmp_path))
+                            source="apt", lists_dir=str(tmp_path))
+  assert lead.auto_sources == plain.auto_sources == ("apt", "pypi")
 
 
 # -----------------------------------------------------------------------------

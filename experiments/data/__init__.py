@@ -7,6 +7,8 @@ One interface for every task (see `experiments.data.tasks` for the table):
   load_task(task, split, cache_dir, build_if_missing=False) -> list[dict]
   is_built(task, cache_dir, options=None, **option_overrides) -> bool
   host_problems(task, cache_dir, options=None, **option_overrides) -> list[str]
+  resolve_source(task, cache_dir, options=None, **option_overrides)
+      -> (BuildOptions, note)
   train_sentencepiece(task_names, cache_dir, vocab_size=8000, ...) -> path
 
 (`build_task` / `load_task` are `experiments.data.tasks.build` / `.load`; the
@@ -17,10 +19,12 @@ Records are dicts with ``"inputs"`` and ``"targets"`` strings (plus
 task-specific fields); splits are "train", "validation" and "test". The
 command line is ``python -m experiments.data.build --task=... --cache_dir=...``.
 
-Tasks built from what a Debian machine has offline: ``translate_en_de``
-(German gettext catalogs), ``summarize_debian`` and ``summarize_debian_lead``
-(package descriptions),
-``code_python`` (the standard library), ``humaneval``; with internet and
+Tasks built offline: ``translate_en_de`` (German gettext catalogs),
+``summarize_debian`` and ``summarize_debian_lead`` (package descriptions) from
+a Debian machine's files, or, where there are none (macOS, Colab, a TPU VM
+without root), from what installed Python packages ship (source "auto",
+`experiments.data.tasks.resolve_source`); ``code_python`` (the standard
+library), ``humaneval``; with internet and
 ``pip install specjax[tfds]``: ``wmt14_translate/de-en``,
 ``cnn_dailymail``, ``xsum`` (each also buildable from local JSONL/TSV).
 """
@@ -40,6 +44,7 @@ from experiments.data.tasks import get_builder
 from experiments.data.tasks import host_problems
 from experiments.data.tasks import is_built
 from experiments.data.tasks import load as load_task
+from experiments.data.tasks import resolve_source
 from experiments.data.tasks import task_dir
 from experiments.data.tasks import task_names
 from experiments.data.tasks import TaskBuilder
@@ -62,6 +67,7 @@ __all__ = [
     "load_task",
     "read_jsonl",
     "records_from_examples",
+    "resolve_source",
     "split_of",
     "task_dir",
     "task_names",

@@ -39,7 +39,10 @@ _TASK = flags.DEFINE_list(
 _CACHE_DIR = flags.DEFINE_string("cache_dir", None, "Cache root directory.")
 _SOURCE = flags.DEFINE_string(
     "source", None, "Override the source: jsonl:PATH, tsv:PATH (PATH may hold "
-    "{split}), tfds[:NAME], dir:PATH (code_python); default: the task's own.")
+    "{split}), tfds[:NAME], dir:PATH (code_python); debian, apt, pypi, "
+    "debian+pypi (translate_en_de / summarize_*); default: the task's own "
+    "(auto for the Debian-backed tasks: Debian's files, else installed Python "
+    "packages').")
 _MAX_PACKAGES = flags.DEFINE_integer(
     "max_packages", 0, "translate_en_de: Debian packages to download for "
     "their German catalogs (0: only the catalogs already on this machine).")
@@ -104,6 +107,7 @@ def main(argv: list[str]) -> int:
                       for s in ("train", "validation", "test"))
     print(f"{task}: {counts} (read {meta['num_read']}, unique "
           f"{meta['num_unique']}, filtered out {meta['num_filtered_out']}) "
+          f"from {meta['config'].get('source')} "
           f"{'reused' if result.reused else 'built'} in "
           f"{time.time() - start:.1f}s -> {result.directory}")
   if _SPM_VOCAB_SIZE.value > 0:

@@ -33,6 +33,7 @@ from experiments.data import common
 
 __all__ = [
     "APT_LISTS_DIR",
+    "SUDO_APT_UPDATE",
     "GERMAN_LOCALES",
     "TranslationEntry",
     "parse_deb822",
@@ -55,6 +56,10 @@ __all__ = [
 ]
 
 APT_LISTS_DIR = "/var/lib/apt/lists"
+# The one command an ordinary user of a Debian/Ubuntu host runs once so that
+# every later build reads apt's English descriptions and Packages index
+# without root (`apt_update` runs the same, when it runs as root).
+SUDO_APT_UPDATE = "sudo apt-get update -o Acquire::Languages=en"
 # Locale folders read for German, in order of preference: when a text domain
 # exists in several, only the first is used (de_CH writes "ss" for "ß").
 GERMAN_LOCALES: tuple[str, ...] = ("de", "de_DE", "de_AT", "de_CH")
@@ -243,7 +248,8 @@ def apt_update(languages: str = "en", extra_args: Sequence[str] = ()) -> None:
   if result.returncode != 0:
     raise RuntimeError(
         f"`{' '.join(cmd)}` failed with exit code {result.returncode} (root "
-        f"is needed):\n{result.stderr.strip()}")
+        f"is needed: as an ordinary user run `{SUDO_APT_UPDATE}` once, then "
+        f"build without apt_update):\n{result.stderr.strip()}")
 
 
 def apt_problems(update: bool = False, download: bool = False,
@@ -263,7 +269,8 @@ def apt_problems(update: bool = False, download: bool = False,
   geteuid = getattr(os, "geteuid", None)
   if update and geteuid is not None and geteuid() != 0:
     problems.append(f"`apt-get update` needs root and this process runs as uid "
-                    f"{geteuid()}")
+                    f"{geteuid()}: run `{SUDO_APT_UPDATE}` once (later builds "
+                    f"read apt's lists without root)")
   if download:
     if shutil.which("dpkg-deb") is None:
       problems.append("this host has no dpkg-deb (it unpacks the downloaded "

