@@ -66,7 +66,8 @@ NO_DESCRIPTIONS = ("no installed Python distribution has a long description "
 
 
 def normalize_name(name: str) -> str:
-  """A distribution name as PEP 503 normalises it (``Foo_Bar`` -> ``foo-bar``)."""
+  """A distribution name as PEP 503 normalises it (``Foo_Bar`` ->
+  ``foo-bar``)."""
   return re.sub(r"[-_.]+", "-", name).lower()
 
 

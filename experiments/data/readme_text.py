@@ -50,7 +50,8 @@ _HTML_BLOCK_RE = re.compile(r"^\s*<(?:!--|[A-Za-z/!?])")
 _IMAGE_RE = re.compile(r"!\[[^\]]*\]\([^)]*\)|!\[[^\]]*\]\[[^\]]*\]")
 _MD_LINK_RE = re.compile(r"\[([^\]]*)\]\([^)]*\)|\[([^\]]+)\]\[[^\]]*\]")
 _RST_LINK_RE = re.compile(r"`([^`<]*?)\s*<[^>`]*>`_{1,2}")
-_RST_REF_RE = re.compile(r"`([^`]+)`_{1,2}|\b([A-Za-z0-9][\w-]*[A-Za-z0-9])_(?!\w)")
+_RST_REF_RE = re.compile(
+    r"`([^`]+)`_{1,2}|\b([A-Za-z0-9][\w-]*[A-Za-z0-9])_(?!\w)")
 _ROLE_RE = re.compile(r":[\w.+-]+:`(?:([^`<]*?)\s*<[^>`]*>|([^`]*))`")
 _CODE_RE = re.compile(r"``([^`]+)``|`([^`]+)`")
 _EMPH_RE = re.compile(r"(?<!\w)(\*\*|__|\*|_)(?=\S)(.+?)(?<=\S)\1(?!\w)")
@@ -214,7 +215,3 @@ def readme_sections(text: str, content_type: str | None = None
   end_paragraph()
   return [(title, paras) for title, paras in sections if paras]
 
-
-def section_text(paragraphs: Sequence[str]) -> str:
-  """The paragraphs of a section as one text (joined by spaces)."""
-  return " ".join(p for p in paragraphs if p)
