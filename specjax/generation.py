@@ -85,7 +85,8 @@ class DecodeStats:
     accepted_hist: `[B, G + 1]` iterations that accepted exactly k drafts:
       P(position i accepted) = sum(hist[k] for k >= i) / sum(hist).
     nonfinite: `[B]` target calls (prefill included) whose logits held a NaN or +inf, or no
-      finite value, at some position (a broken checkpoint, a bfloat16 overflow): their tokens
+      finite value, at some position, or (T > 0) whose processed distribution (temperature,
+      top-k, top-p) did (a broken checkpoint, a bfloat16 overflow): their tokens
       mean nothing. `generate` / `speculative_generate` raise on it by default (`nonfinite=`).
     gamma_trace: for `gamma="auto"` (`specjax.adaptive`): int32 `[max_new_tokens]`, the γ of
       each iteration (-1 past the last); None otherwise.
@@ -218,16 +219,24 @@ class DecodeState:
   adapt: Optional[adapt_lib.AdaptState] = None  # gamma="auto" only
 
 
-def nonfinite_rows(logits_BV: jax.Array) -> jax.Array:
+def nonfinite_rows(logits_BV: jax.Array, probs_BV: Optional[jax.Array] = None) -> jax.Array:
   """int32 `[B]`: 1 where row b's logits (`[B, V]` or `[B, T, V]`) hold a NaN or +inf, or no
   finite value, at some position; -inf alone (a token ruled out) is fine. One max over V per
-  position (NaN propagates)."""
-  top = jnp.max(logits_BV, axis=-1).reshape(logits_BV.shape[0], -1)
-  return jnp.any(~jnp.isfinite(top), axis=1).astype(jnp.int32)
+  position (NaN propagates). With `probs_BV` (the processed distributions of these logits,
+  same shape): also where one of them is not finite (one sum over V per position)."""
+  b = logits_BV.shape[0]
+  bad = ~jnp.isfinite(jnp.max(logits_BV, axis=-1).reshape(b, -1))
+  if probs_BV is not None:
+    bad = bad | ~jnp.isfinite(jnp.sum(probs_BV, axis=-1).reshape(b, -1))
+  return jnp.any(bad, axis=1).astype(jnp.int32)
 
 
-def _count_nonfinite(dec, logits_BTV: jax.Array):
-  return nonfinite_rows(logits_BTV) if dec.count_nonfinite else 0
+def _count_nonfinite(dec, logits_BTV: jax.Array, probs_BTV: Optional[jax.Array] = None):
+  """One target call's `DecodeStats.nonfinite` count: its raw logits and, at T > 0, the
+  processed distributions drawn from (greedy's one-hot is finite by construction)."""
+  if not dec.count_nonfinite:
+    return 0
+  return nonfinite_rows(logits_BTV, None if dec.sampling.is_greedy else probs_BTV)
 
 
 def _fold_keys(keys_B: jax.Array, data) -> jax.Array:
@@ -280,13 +289,17 @@ def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B, pref
   if prefilled is not None:
     return prefilled.first, prefilled.last, prefilled.cache, prefilled.nonfinite
   logits_BV, last_B, cache = model.prefill(params, prompts_BP, lengths_B, cache)
-  return _first_token(logits_BV, sampling, keys_B), last_B, cache, nonfinite_rows(logits_BV)
+  first_B, bad_B = _first_token(logits_BV, sampling, keys_B)
+  return first_B, last_B, cache, bad_B
 
 
 def _first_token(logits_BV, sampling, keys_B):
-  """The first generated token, drawn from the prefill's logits."""
+  """The first generated token, drawn from the prefill's logits, and `nonfinite_rows` of the
+  logits and (T > 0) of the distribution it was drawn from."""
   u_B = row_uniforms(_fold_keys(keys_B, 0), 1)[:, 0]
-  return draw(u_B, process_logits(logits_BV, sampling), sampling)
+  probs_BV = process_logits(logits_BV, sampling)
+  bad_B = nonfinite_rows(logits_BV, None if sampling.is_greedy else probs_BV)
+  return draw(u_B, probs_BV, sampling), bad_B
 
 
 @jax.jit(static_argnums=(0, 2), donate_argnames=("cache",))
@@ -357,13 +370,14 @@ class AutoregressiveDecoder:
     cache = state.target_cache.replace(lengths=state.seq_len)
     logits_B1V, cache = self.model.extend(params, state.pending[:, None], cache)
     u_B = row_uniforms(_fold_keys(state.keys, state.step + 1), 1)[:, 0]
-    next_B = draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
+    q_BV = process_logits(logits_B1V[:, 0], self.sampling)
+    next_B = draw(u_B, q_BV, self.sampling)
     state, _ = _commit(state, next_B[:, None], jnp.ones_like(next_B), self.max_new_tokens,
                        self.eos_id)
     a = active_B.astype(jnp.int32)
     stats = state.stats.replace(target_calls=state.stats.target_calls + a,
                                 nonfinite=state.stats.nonfinite
-                                + _count_nonfinite(self, logits_B1V) * a)
+                                + _count_nonfinite(self, logits_B1V, q_BV[:, None]) * a)
     return state.replace(step=state.step + 1, target_cache=cache, stats=stats)
 
   def run(self, params, prompts_BP, lengths_B, keys_B, cache,
@@ -432,8 +446,7 @@ class SpeculativeDecoder:
       logits_BV, last_B, target_cache, draft_cache = self.target.prefill_with_hidden(
           target_params, prompts_BP, lengths_B, target_cache, layers=drafter.hidden_layers,
           fold=(absorb, draft_cache))
-      first_B = _first_token(logits_BV, self.sampling, keys_B)
-      bad_B = nonfinite_rows(logits_BV)
+      first_B, bad_B = _first_token(logits_BV, self.sampling, keys_B)
       draft_state = drafter.start(draft_params, draft_cache, prompts_BP, lengths_B, first_B,
                                   target_cache)
     else:
@@ -664,7 +677,8 @@ class SpeculativeDecoder:
                                                     target_cache)
     # The verifier's first uniform, as a row with no valid drafts draws in any branch.
     u_B = row_uniforms(keys_B2[:, 1], 1)[:, 0]
-    next_B = draw(u_B, process_logits(logits_B1V[:, 0], self.sampling), self.sampling)
+    q_BV = process_logits(logits_B1V[:, 0], self.sampling)
+    next_B = draw(u_B, q_BV, self.sampling)
     state, count_B = _commit(state, next_B[:, None], jnp.ones_like(next_B),
                              self.max_new_tokens, self.eos_id)
     zero_B = jnp.zeros_like(count_B)
@@ -681,7 +695,7 @@ class SpeculativeDecoder:
         target_calls=s.target_calls + a,
         draft_calls=s.draft_calls + drafter.calls_per_iteration(0) * a,
         accepted_hist=s.accepted_hist.at[:, 0].add(a),
-        nonfinite=s.nonfinite + _count_nonfinite(self, logits_B1V) * a)
+        nonfinite=s.nonfinite + _count_nonfinite(self, logits_B1V, q_BV[:, None]) * a)
     state = state.replace(step=state.step + 1, target_cache=target_cache,
                           draft_cache=draft_state, stats=stats)
     return state, zero_B, zero_B
@@ -765,7 +779,7 @@ class SpeculativeDecoder:
         drafted=s.drafted + drafted_B * a, accepted=s.accepted + n_B * a,
         accepted_hist=s.accepted_hist + jax.nn.one_hot(
             n_B, s.accepted_hist.shape[1], dtype=jnp.int32) * a[:, None],
-        nonfinite=s.nonfinite + _count_nonfinite(self, logits_BTV) * a)
+        nonfinite=s.nonfinite + _count_nonfinite(self, logits_BTV, q_BTV) * a)
     state = state.replace(step=state.step + 1, target_cache=target_cache,
                           draft_cache=draft_state, stats=stats)
     return state, n_B, drafted_B

@@ -15,6 +15,7 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from specjax._checks import check_int, check_probability, check_real
@@ -145,6 +146,14 @@ def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
 
   Greedy configs give a one-hot on the argmax (first index on ties), so the rejection rule
   reduces to "accept iff the draft is the target's argmax", the residual to that argmax.
+
+  At any finite T > 0 the result is softmax(logits / T) after top-k and top-p, computed
+  without a numeric cliff: top-k on the raw logits (the same set: dividing by T > 0 keeps the
+  order), then exp((logits - max) / T), each row's largest logit giving exactly exp(0) = 1, so
+  the row's mass is >= 1 and never 0 / 0 however small T is. Where 1 / T is beyond float32
+  (T below its smallest normal number) the limit itself: uniform over the argmax ties (one-hot
+  on the argmax without ties, greedy's token). A row of logits that is not finite (a NaN, +inf,
+  or no finite value) gives a row of NaN (`stats.nonfinite` counts it).
   """
   if not isinstance(config, SamplingConfig):
     raise TypeError(f"config must be a SamplingConfig, got {type(config).__name__}")
@@ -152,14 +161,26 @@ def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:
   vocab = logits.shape[-1]
   if config.is_greedy:
     return jax.nn.one_hot(argmax_first(logits), vocab, dtype=jnp.float32)
-  logits = logits / config.temperature
+  # One buffer read by the max and the subtraction: XLA may otherwise recompute the logits in
+  # each fusion (contracting a multiply into the subtraction as an FMA), leaving the largest
+  # logit a rounding error away from 0, which 1 / T then blows up (0 / 0 or inf / inf).
+  logits = jax.lax.optimization_barrier(logits)
   if 0 < config.top_k < vocab:
     kth = top_k_over_vocab(logits, config.top_k)[0][..., -1:]
     logits = jnp.where(logits >= kth, logits, -jnp.inf)
-  probs = jax.nn.softmax(logits, axis=-1)
+  z = logits - jnp.max(logits, axis=-1, keepdims=True)  # <= 0, exactly 0 at the max (NaN: bad)
+  if config.temperature >= _F32_TINY:
+    scaled = z / jnp.float32(config.temperature)        # <= 0; -inf where it overflows
+  else:
+    scaled = jnp.where(z < 0, -jnp.inf, z)              # the T -> 0 limit (z / T overflows)
+  weights = jnp.exp(scaled)                             # in [0, 1], 1 at the argmax ties
+  probs = weights / jnp.sum(weights, axis=-1, keepdims=True)
   if config.top_p < 1.0:
     probs = _nucleus(probs, config.top_p)
   return probs
+
+
+_F32_TINY = float(np.finfo(np.float32).tiny)   # the smallest normal float32: 1 / T stays finite
 
 
 _UNROLL_MIN_VOCAB = 1024
