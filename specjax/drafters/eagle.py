@@ -44,6 +44,7 @@ from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Pr
 from specjax.models.eagle_head import (EagleConfig, attend, finish, fuse_features, head_logits,
                                        init_eagle, layer_params, mask_inputs, pair_inputs, qkv,
                                        shared_weights)
+from specjax.models.padding import mask_padding
 from specjax.parallel.rules import on_mesh
 from specjax.protocol import check_tree
 from specjax.tree import TokenTree, check_child_mode, draw_children
@@ -295,6 +296,7 @@ class Eagle(Drafter):
     feats_BCE = fuse_features(c, hp, hidden_BCX)
     b, n = feats_BCE.shape[:2]
     pos_C = start + jnp.arange(n, dtype=jnp.int32)
+    prompts_BP = mask_padding(prompts_BP, lengths_B)   # the stand-in: a valid id, never padding's
     next_BC = jnp.take(prompts_BP, jnp.minimum(pos_C + 1, prompts_BP.shape[1] - 1), axis=1)
     x = pair_inputs(c, hp, emb, feats_BCE, next_BC)
     state = _write_pairs(c, hp, state, x, jnp.broadcast_to(pos_C[None], (b, n)),

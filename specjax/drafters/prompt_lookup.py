@@ -22,6 +22,7 @@ from flax import struct
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               chain_layout)
 from specjax._checks import check_int
+from specjax.models.padding import mask_padding
 
 __all__ = ["PromptLookup", "LookupState", "alloc_history", "start_history", "append_history"]
 
@@ -49,8 +50,9 @@ def alloc_history(batch_size: int, prompt_len: int, cache_len: int, depth: int) 
 
 
 def start_history(state: LookupState, prompts_BP, lengths_B, first_B) -> LookupState:
-  """The histories after the prefill: each row's prompt, then its first token."""
-  history = state.history.at[:, :prompts_BP.shape[1]].set(prompts_BP.astype(jnp.int32))
+  """The histories after the prefill: each row's prompt (its padding never copied), then its
+  first token."""
+  history = state.history.at[:, :prompts_BP.shape[1]].set(mask_padding(prompts_BP, lengths_B))
   history = _rows_update(history, first_B[:, None], lengths_B)
   return LookupState(history=history, length=lengths_B.astype(jnp.int32) + 1)
 

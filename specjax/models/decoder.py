@@ -36,6 +36,7 @@ from specjax.models import decoder_layout, matvec_cache, rope
 from specjax.models.attention_kernel import KERNELS
 from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, block_boundary,
                                    contract, copy_slots, replace_layer)
+from specjax.models.padding import mask_padding
 from specjax.parallel.rules import whole_vocab
 from specjax._checks import check_bool, check_int, check_optional_int
 
@@ -492,6 +493,7 @@ class DecoderLM:
     them chunk by chunk (`config.prefill_chunk`; `start` the chunk's first position, an int or
     a traced int32), starting from `init`: the `[B, P, X]` states are never whole in memory."""
     p = prompts_BP.shape[1]
+    prompts_BP = mask_padding(prompts_BP, prompt_lengths_B)   # padding is never read
     if p > cache.max_len:
       raise ValueError(f"prompts length {p} exceeds the cache's {cache.max_len} slots")
     chunk = min(self.config.prefill_chunk or p, p)

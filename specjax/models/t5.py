@@ -38,6 +38,7 @@ from specjax.models.layers import (RMSNorm, accumulate_f32_dot, attend, attend_c
                                    block_boundary, copy_slots, kv_specs, replace_layer,
                                    to_cache_layout, zero_arrays)
 from specjax.parallel.rules import whole_vocab
+from specjax.models.padding import mask_padding
 from specjax.models.t5_config import FEED_FORWARDS, T5_CONFIGS, T5Config, t5_config
 from specjax._checks import check_int
 
@@ -323,6 +324,7 @@ class T5Module(nn.Module):
 
   def encode(self, inputs_BP: jax.Array, lengths_B: jax.Array) -> jax.Array:
     """Right-padded encoder inputs → final-normed encoder states `[B, P, E]`."""
+    inputs_BP = mask_padding(inputs_BP, lengths_B, self.config.pad_id)  # never read
     return self.encoder(self.shared(inputs_BP), lengths_B)
 
   def start(self, inputs_BP: jax.Array, lengths_B: jax.Array, cache: T5Cache) -> T5Cache:
