@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Optional, Tuple
+import os
+from typing import Any, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,11 @@ import numpy as np
 
 __all__ = ["check_int", "check_optional_int", "check_real", "check_optional_real",
            "check_probability", "check_real_array", "check_int_array", "first_bad",
-           "check_bool", "is_concrete", "check_prompts", "check_token_ids"]
+           "check_bool", "is_concrete", "check_prompts", "check_token_ids", "INT32_MAX",
+           "format_bytes", "memory_stats_of", "free_memory_bytes", "check_memory",
+           "MEMORY_LIMIT_ENV"]
+
+INT32_MAX = 2**31 - 1  # token ids, positions and lengths are int32 on the device
 
 
 def _num(x) -> str:
@@ -257,3 +262,105 @@ def check_token_ids(name: str, tokens: Any, lengths: Any, vocab_size: int) -> No
     raise ValueError(
         f"{name} must hold token ids in [0, {vocab_size}) (the model's vocabulary); row {row} "
         f"position {pos} holds {tok} ({count} ids out of range)")
+
+
+# ---------------------------------------------------------------- memory before allocation
+
+MEMORY_LIMIT_ENV = "SPECJAX_MEMORY_LIMIT_BYTES"
+# Below this a call's buffers are not compared with the free memory (no query per small call),
+# unless a limit is stated (`MEMORY_LIMIT_ENV`).
+_SMALL_BYTES = 64 * 2**20
+
+
+def format_bytes(n: float) -> str:
+  """`n` bytes in decimal units: "512 B", "3.1 KB", "34.2 GB"."""
+  for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+    if abs(n) >= size:
+      return f"{n / size:.1f} {unit}"
+  return f"{int(n)} B"
+
+
+def memory_stats_of(device: Any) -> Optional[dict]:
+  """`device.memory_stats()`, or None where the backend offers none (XLA:CPU) or fails."""
+  try:
+    stats = device.memory_stats()
+  except Exception:  # noqa: BLE001 - backends without stats raise various errors
+    return None
+  return stats or None
+
+
+def _host_available_bytes() -> Optional[int]:
+  """The host's available memory (Linux `MemAvailable`, else free pages), or None."""
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+  except (AttributeError, OSError, ValueError):
+    return None
+
+
+def free_memory_bytes(device: Any) -> Tuple[Optional[int], str]:
+  """(bytes free, what they are) on `device`: its allocator's `bytes_limit - bytes_in_use`
+  (GPU, TPU), the host's available memory for XLA:CPU, or (None, "") where neither is known."""
+  stats = memory_stats_of(device)
+  if stats and stats.get("bytes_limit"):
+    free = int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    return max(free, 0), f"free on {device.platform} device {device.id}"
+  if getattr(device, "platform", None) == "cpu":
+    avail = _host_available_bytes()
+    if avail is not None:
+      return avail, "the host's available memory, XLA:CPU"
+  return None, ""
+
+
+def _stated_limit() -> Optional[int]:
+  raw = os.environ.get(MEMORY_LIMIT_ENV)
+  if raw is None or not raw.strip():
+    return None
+  try:
+    value = int(float(raw))
+  except ValueError:
+    raise ValueError(f"{MEMORY_LIMIT_ENV} must be a number of bytes >= 1, got {raw!r}") from None
+  return check_int(MEMORY_LIMIT_ENV, value, 1)
+
+
+def check_memory(what: str, parts: Sequence[Tuple[str, int]], devices: Sequence[Any],
+                 advice: str) -> None:
+  """ValueError naming every part and its bytes when the buffers `parts` ((description,
+  bytes) pairs) that `what` is about to allocate, split evenly over `devices` (a lower bound of
+  any layout), exceed the memory they can use: the limit stated in `SPECJAX_MEMORY_LIMIT_BYTES`,
+  else each device's free memory (CPU devices share the host's, so they are compared
+  together). Where nothing is known about the memory, nothing is checked. `advice` ends the
+  message (what to lower)."""
+  total = sum(int(n) for _, n in parts)
+  limit = _stated_limit()
+  if limit is None and total < _SMALL_BYTES:
+    return
+  devices = list(devices)
+  n = max(len(devices), 1)
+  if limit is not None:
+    need, capacity, where = total, limit, f"the stated limit, {MEMORY_LIMIT_ENV}"
+  elif devices and all(getattr(d, "platform", None) == "cpu" for d in devices):
+    need = total
+    capacity, where = free_memory_bytes(devices[0])
+  else:
+    need = -(-total // n)
+    known = [free for free, _ in map(free_memory_bytes, devices) if free is not None]
+    if not known:
+      return
+    capacity = min(known)
+    where = (f"free on the emptiest of its {n} devices" if n > 1
+             else free_memory_bytes(devices[0])[1])
+  if capacity is None or need <= capacity:
+    return
+  shown = "; ".join(f"{name} {format_bytes(b)}" for name, b in parts if b)
+  per = f" ({format_bytes(need)} per device over {n} devices)" if need != total else ""
+  raise ValueError(
+      f"{what} needs {format_bytes(total)} for its caches and buffers ({shown}){per}, more "
+      f"than the {format_bytes(capacity)} available ({where}): refused before allocating. "
+      f"{advice}")

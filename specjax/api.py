@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import numbers
 import warnings
 from typing import Any, Callable, Optional, Sequence, Tuple, Union
@@ -16,15 +17,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax._checks import check_int, check_prompts, is_concrete
+from specjax._checks import INT32_MAX, check_int, check_memory, check_prompts, is_concrete
 from specjax.adaptive import (Acceptance, AdaptiveGamma, check_acceptance, check_costs,
                               prior_may_draft, probe_due)
 from specjax.calibration import resolve_gamma_costs
 from specjax.compiled import enforce_limit
 from specjax.drafters.model import ModelDrafter
+from specjax.drafters.suffix import SuffixCorpus
 from specjax.drafting import Drafter
 from specjax.generation import (AutoregressiveDecoder, EosIds, GenerationOutput, Prefill,
-                                SpeculativeDecoder, check_adaptive, run_prefill)
+                                PrefillOrigin, SpeculativeDecoder, check_adaptive,
+                                check_verify_fn, run_prefill)
 from specjax.parallel.sharding import decode_mesh, params_mesh, place_cache_like, place_state
 from specjax.protocol import check_model, check_params, required_cache_len
 from specjax.sampling import SamplingConfig
@@ -34,7 +37,10 @@ __all__ = ["generate", "speculative_generate", "plan_speculative", "SpeculativeP
            "required_cache_len"]
 
 _NONFINITE = ("raise", "warn", "ignore")
-_MAX_SLOTS = 2**31 - 1  # cache positions and lengths are int32
+_MAX_SLOTS = INT32_MAX  # cache positions and lengths are int32
+_DEFAULT_GAMMA = 4  # `speculative_generate`'s γ when none is given (and the drafter fixes none)
+_MEMORY_ADVICE = ("Lower max_new_tokens, cache_len or the batch, or state the memory the call may "
+                  "use in SPECJAX_MEMORY_LIMIT_BYTES")
 
 
 @functools.lru_cache(maxsize=64)
@@ -77,7 +83,7 @@ def _row_keys(key, batch: int, sampling: SamplingConfig) -> jax.Array:
 def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_len, params=None,
                  allocate: bool = True):
   """`cache` checked, or (None) one allocated for these sizes (`allocate` False: only
-  `cache_len` checked; None returned)."""
+  `cache_len` checked and the slots to allocate returned)."""
   need = required_cache_len(model, prompt_len, max_new, gamma)
   if cache is None:
     if need > _MAX_SLOTS:
@@ -97,7 +103,7 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
           f"{model.prefill_positions(prompt_len)} positions) + max_new_tokens ({max_new}) "
           f"+ gamma ({gamma}) needs {need} slots")
     if not allocate:
-      return None
+      return cache_len
     # Placed like the params: on their mesh, split, never whole on every device.
     return place_cache_like(model.init_cache(batch, cache_len, prompt_len), params)
   if np.ndim(getattr(cache, "lengths", None)) != 1 or not hasattr(cache, "max_len"):
@@ -141,6 +147,47 @@ def _check_cache_fits(name, model, cache, prompt_len) -> None:
                        f"{tuple(w.shape)} (another model's cache?)")
 
 
+def _tree_bytes(tree) -> int:
+  """Bytes of the arrays (or `jax.ShapeDtypeStruct`s) of `tree`."""
+  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+             for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "dtype"))
+
+
+@functools.lru_cache(maxsize=64)
+def _cache_bytes(model, batch: int, slots: int, prompt_len: int) -> int:
+  """Bytes of `model.init_cache(batch, slots, prompt_len)`, from its shapes (`jax.eval_shape`:
+  nothing allocated)."""
+  return _tree_bytes(jax.eval_shape(lambda: model.init_cache(batch, slots, prompt_len)))
+
+
+@functools.lru_cache(maxsize=64)
+def _state_bytes(drafter: Drafter, batch: int, prompt_len: int, slots: int, gamma: int) -> int:
+  """Bytes of `drafter.alloc(...)`'s state, from its shapes."""
+  return _tree_bytes(jax.eval_shape(lambda: drafter.alloc(batch, prompt_len, slots, gamma)))
+
+
+def _token_buffers(batch: int, max_new: int, width: int) -> Tuple[str, int]:
+  """The loop's int32 token buffer `[B, N + width]` and the output `[B, N]`."""
+  return (f"token buffers (batch {batch} x {max_new} tokens)",
+          4 * batch * (2 * max_new + width))
+
+
+def _devices_of(params) -> list:
+  """The devices the caches of a call over `params` are placed on (`place_cache_like`)."""
+  mesh = params_mesh(params)
+  if mesh is not None:
+    return list(mesh.devices.flat)
+  for x in jax.tree_util.tree_leaves(params):
+    if isinstance(x, jax.Array) and is_concrete(x):
+      return sorted(x.devices(), key=lambda d: d.id)[:1]
+  return jax.local_devices()[:1]
+
+
+def _cache_part(name: str, model, batch: int, slots: int, prompt_len: int) -> Tuple[str, int]:
+  return (f"{name} (batch {batch} x {slots} slots)",
+          _cache_bytes(model, batch, slots, prompt_len))
+
+
 def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size, nonfinite="raise"):
   if not isinstance(nonfinite, str) or nonfinite not in _NONFINITE:
     raise ValueError(f"nonfinite must be one of {_NONFINITE}, got {nonfinite!r}")
@@ -148,7 +195,7 @@ def _check_common(max_new_tokens, sampling, eos_id, pad_id, vocab_size, nonfinit
   if not isinstance(sampling, SamplingConfig):
     raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
   eos_id = _check_eos(eos_id, vocab_size)
-  pad_id = check_int("pad_id", pad_id, 0)
+  pad_id = check_int("pad_id", pad_id, 0, INT32_MAX, note=" (the output tokens are int32)")
   return max_new_tokens, eos_id, pad_id
 
 
@@ -215,11 +262,20 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
   check_params(model, params, "params")
   prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, model.vocab_size)
   b, p = prompts.shape
-  if prefilled is None:
-    cache = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len, params)
-  else:
-    _check_prefilled(prefilled, cache, model, b, p, max_new_tokens, 0)
   keys = _row_keys(key, b, sampling)
+  parts = [_token_buffers(b, max_new_tokens, 1)]
+  if prefilled is None:
+    slots = _check_cache("cache", model, cache, b, p, max_new_tokens, 0, cache_len,
+                         allocate=False)
+    if cache is None:
+      parts.insert(0, _cache_part("cache", model, b, slots, p))
+  else:
+    _check_prefilled(prefilled, cache, model, b, p, max_new_tokens, 0, prompts, prompt_lengths,
+                     sampling, keys)
+  check_memory("generate", parts, _devices_of(params), _MEMORY_ADVICE)
+  if prefilled is None and cache is None:
+    # Placed like the params: on their mesh, split, never whole on every device.
+    cache = place_cache_like(model.init_cache(b, slots, p), params)
   dec = AutoregressiveDecoder(model, sampling, max_new_tokens, eos_id, pad_id)
   out = dec.run(params, prompts, prompt_lengths, keys, cache, prefilled)
   enforce_limit()
@@ -247,15 +303,33 @@ def _check_finite(out: GenerationOutput, nonfinite: str, params_name: str,
   return out
 
 
-def _check_prefilled(prefilled, cache, model, batch, prompt_len, max_new, gamma) -> None:
+def _check_prefilled(prefilled, cache, model, batch, prompt_len, max_new, gamma, prompts,
+                     prompt_lengths, sampling, keys) -> None:
+  """ValueError / TypeError naming `prefilled` when it is not a prefill of this call: made
+  (`specjax.prefill`, `Prefill.origin`) from other prompts or lengths, another target, sampling
+  or key, or sized for fewer tokens than the call needs; every difference is listed."""
   if not isinstance(prefilled, Prefill):
     raise TypeError(f"prefilled must be a specjax.Prefill (from specjax.prefill), got "
                     f"{type(prefilled).__name__}")
   if cache is not None:
     raise ValueError("pass either a cache to prefill into or prefilled (already prefilled), "
                      "not both")
-  _check_cache("prefilled.cache", model, prefilled.cache, batch, prompt_len, max_new, gamma,
-               None)
+  origin = prefilled.origin
+  if origin is not None:
+    call = PrefillOrigin.of(model, prompts, prompt_lengths, sampling, keys, max_new, gamma)
+    diffs = origin.differences(call)
+    if diffs:
+      raise ValueError("prefilled is not a prefill of this call (specjax.prefill it with the "
+                       "call's arguments): " + "; ".join(diffs))
+  try:
+    _check_cache("prefilled.cache", model, prefilled.cache, batch, prompt_len, max_new, gamma,
+                 None)
+  except ValueError as e:
+    if origin is None:
+      raise
+    raise ValueError(f"{e} (prefilled was made with max_new_tokens={origin.max_new_tokens}, "
+                     f"gamma={origin.gamma}: prefill with this call's max_new_tokens and "
+                     "gamma)") from None
 
 
 def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
@@ -270,8 +344,14 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
   `gamma` (the largest γ, or the drafter's call length − 1, it will serve; default:
   autoregressive), or `cache_len` slots. For long prompts set `DecoderConfig.prefill_chunk`.
 
+  The `Prefill` records what it was made from (`Prefill.origin`: the target, a fingerprint
+  of each row's prompt ids and length, the sampling, the rows' keys, `max_new_tokens` and
+  `gamma`); a decoding call whose target, prompts, lengths, sampling or key (when sampling)
+  differ, or that needs more tokens or a larger γ, refuses it naming each difference. A
+  copy keeps the record.
+
   Returns:
-    `Prefill` (first token `[B]`, last prompt token `[B]`, the cache).
+    `Prefill` (first token `[B]`, last prompt token `[B]`, the cache, its origin).
   """
   check_model(model, "model")
   max_new_tokens, _, _ = _check_common(max_new_tokens, sampling, None, 0, model.vocab_size)
@@ -279,19 +359,27 @@ def prefill(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int,
   check_params(model, params, "params")
   prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, model.vocab_size)
   b, p = prompts.shape
-  cache = _check_cache("cache", model, None, b, p, max_new_tokens, gamma, cache_len, params)
+  keys = _row_keys(key, b, sampling)
+  slots = _check_cache("cache", model, None, b, p, max_new_tokens, gamma, cache_len,
+                       allocate=False)
+  check_memory("prefill", [_cache_part("cache", model, b, slots, p)], _devices_of(params),
+               _MEMORY_ADVICE)
+  cache = place_cache_like(model.init_cache(b, slots, p), params)
   with decode_mesh(params):
-    out = run_prefill(model, params, sampling, prompts, prompt_lengths,
-                      _row_keys(key, b, sampling), cache)
+    out = run_prefill(model, params, sampling, prompts, prompt_lengths, keys, cache)
   enforce_limit()
-  return out
+  return out.replace(origin=PrefillOrigin.of(model, prompts, prompt_lengths, sampling, keys,
+                                             max_new_tokens, gamma))
 
 
-def resolve_drafter(target, target_params, draft, draft_params, gamma):
+def resolve_drafter(target, target_params, draft, draft_params, gamma, adaptive: bool = False):
   """`(drafter, draft_params, gamma)` for a draft model (wrapped in `ModelDrafter`) or a drafter.
 
-  A drafter that fixes its own γ (lookahead) overrides `gamma`; γ (int >= 1) and the drafter are
-  checked against the target; self-drafters get the target's params when `draft_params` is None.
+  `gamma` None: 4, or the γ of a drafter that fixes its own (lookahead, trees, suffix); such a
+  drafter refuses any other γ by name (`adaptive`: `gamma` is max Γ, which such a drafter
+  replaces). γ (int >= 1) and the drafter are checked against the target; self-drafters get
+  the target's params when `draft_params` is None; token ids in the drafter's params (a
+  `SuffixCorpus`) must lie in the target's vocabulary.
   """
   if isinstance(draft, Drafter):
     drafter = draft
@@ -302,13 +390,24 @@ def resolve_drafter(target, target_params, draft, draft_params, gamma):
       raise TypeError(f"draft must be a draft model (a specjax LanguageModel) or a drafter "
                       f"(specjax.drafters), got {type(draft).__name__}: {e}") from None
     drafter = ModelDrafter(draft)
-  if drafter.fixed_gamma is not None:
-    gamma = drafter.fixed_gamma
+  fixed = drafter.fixed_gamma
+  if fixed is not None:
+    if gamma is not None and not adaptive and (
+        isinstance(gamma, (bool, np.bool_)) or not isinstance(gamma, numbers.Integral)
+        or gamma != fixed):
+      raise (ValueError if isinstance(gamma, numbers.Integral) else TypeError)(
+          f"gamma must be None (omitted) or {fixed} for {type(drafter).__name__}, which fixes "
+          f"its own γ = {fixed}, got gamma={gamma!r}")
+    gamma = fixed
+  elif gamma is None:
+    gamma = _DEFAULT_GAMMA
   gamma = check_int("gamma", gamma, 1)
   drafter.check(target, gamma)
   if drafter.uses_target_params and draft_params is None:
     draft_params = target_params
   drafter.check_params(draft_params)
+  if isinstance(draft_params, SuffixCorpus):
+    draft_params.check_vocab(target.vocab_size, "draft_params")
   return drafter, draft_params, gamma
 
 
@@ -431,7 +530,7 @@ def _validate_and_plan(target, target_params, draft, draft_params, prompts, prom
   if acceptance is not None:
     acceptance = check_acceptance(acceptance)
   drafter, draft_params, gamma = resolve_drafter(target, target_params, draft, draft_params,
-                                                 gamma)
+                                                 gamma, adaptive=adaptive is not None)
   if not callable(verify_fn):
     raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
@@ -444,12 +543,15 @@ def _validate_and_plan(target, target_params, draft, draft_params, prompts, prom
       gamma_costs = given.costs_of(adaptive, check_costs(given, gamma_costs))
   else:
     gamma = usable_gamma(target, drafter, gamma, max_new_tokens)
+  check_verify_fn(drafter, gamma, verify_fn, adaptive)
   prompts, prompt_lengths = check_prompts(prompts, prompt_lengths, target.vocab_size)
   b, p = prompts.shape
   call_len = drafter.layout(gamma).length
+  keys = _row_keys(key, b, sampling)
   try:
     if prefilled is not None:
-      _check_prefilled(prefilled, target_cache, target, b, p, max_new_tokens, call_len - 1)
+      _check_prefilled(prefilled, target_cache, target, b, p, max_new_tokens, call_len - 1,
+                       prompts, prompt_lengths, sampling, keys)
     else:
       _check_cache("target_cache", target, target_cache, b, p, max_new_tokens, call_len - 1,
                    cache_len, target_params, allocate=False)
@@ -469,7 +571,6 @@ def _validate_and_plan(target, target_params, draft, draft_params, prompts, prom
   elif draft_cache is not None:
     raise ValueError(f"draft_cache is for a draft model; {type(drafter).__name__} allocates "
                      "its own state (pass draft_cache=None)")
-  keys = _row_keys(key, b, sampling)
   given_cache = prefilled.cache if prefilled is not None else target_cache
   slots = (given_cache.max_len if given_cache is not None
            else int(cache_len) if cache_len is not None
@@ -489,6 +590,8 @@ def _validate_and_plan(target, target_params, draft, draft_params, prompts, prom
                    or prior_may_draft(adaptive, np.asarray(costs, np.float32), acceptance))
     if plain and given_cache is None and cache_len is None:
       slots = required_cache_len(target, p, max_new_tokens, 0)  # no room for drafts
+  _check_decode_memory(target, target_params, drafter, b, p, max_new_tokens, gamma, slots,
+                       draft_cache_len, plain, given_cache is None, draft_cache is None)
   plan = SpeculativePlan(
       target=target, drafter=drafter, gamma=gamma, adaptive=adaptive, call_len=call_len,
       batch_size=b, prompt_len=p, max_new_tokens=max_new_tokens, cache_len=slots,
@@ -497,6 +600,24 @@ def _validate_and_plan(target, target_params, draft, draft_params, prompts, prom
       mesh=params_mesh(target_params))
   return plan, (draft_params, prompts, prompt_lengths, keys, target_cache, draft_cache,
                 acceptance)
+
+
+def _check_decode_memory(target, target_params, drafter: Drafter, b: int, p: int, max_new: int,
+                         gamma: int, slots: int, draft_slots: Optional[int], plain: bool,
+                         new_target_cache: bool, new_draft_cache: bool) -> None:
+  """Refuses (`_checks.check_memory`) a `speculative_generate` whose caches, drafter state and
+  token buffers (those `_decode` would allocate) exceed the devices' free memory."""
+  lay = drafter.layout(gamma)
+  parts = [_token_buffers(b, max_new, (0 if plain else lay.chain_len) + 1)]
+  if new_target_cache:
+    parts.insert(0, _cache_part("target cache", target, b, slots, p))
+  if not plain and new_draft_cache:
+    if drafter.owns_model:
+      parts.append(_cache_part("draft cache", drafter.model, b, draft_slots, p))
+    else:
+      parts.append((f"{type(drafter).__name__} state",
+                    _state_bytes(drafter, b, p, slots, gamma)))
+  check_memory("speculative_generate", parts, _devices_of(target_params), _MEMORY_ADVICE)
 
 
 def _decode(plan: SpeculativePlan, target_params, draft_params, prompts, prompt_lengths, keys,
@@ -530,7 +651,7 @@ def _decode(plan: SpeculativePlan, target_params, draft_params, prompts, prompt_
 
 
 def plan_speculative(target, target_params, draft, draft_params, prompts, prompt_lengths=None,
-                     *, max_new_tokens: int, gamma: Union[int, str, AdaptiveGamma] = 4,
+                     *, max_new_tokens: int, gamma: Union[None, int, str, AdaptiveGamma] = None,
                      sampling: SamplingConfig = SamplingConfig(), key=None,
                      eos_id: Union[None, int, Sequence[int]] = None, pad_id: int = 0,
                      target_cache=None, draft_cache=None, cache_len: Optional[int] = None,
@@ -553,7 +674,7 @@ def plan_speculative(target, target_params, draft, draft_params, prompts, prompt
 
 def speculative_generate(target, target_params, draft, draft_params, prompts,
                          prompt_lengths=None, *, max_new_tokens: int,
-                         gamma: Union[int, str, AdaptiveGamma] = 4,
+                         gamma: Union[None, int, str, AdaptiveGamma] = None,
                          sampling: SamplingConfig = SamplingConfig(), key=None,
                          eos_id: Union[None, int, Sequence[int]] = None, pad_id: int = 0,
                          target_cache=None, draft_cache=None, cache_len: Optional[int] = None,
@@ -574,8 +695,9 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       params, or a drafter (`specjax.drafters`: `PromptLookup`, `LayerSkip`, `Lookahead`, ...;
       `draft_params` None for drafters that need none or run on the target's weights).
     prompts, prompt_lengths, max_new_tokens, sampling, key, eos_id, pad_id: as in `generate`.
-    gamma: γ ≥ 1 drafted tokens per iteration (static: one compilation per value; lookahead
-      fixes its own). A γ above max(1, max_new_tokens - 1) is lowered to it with a warning
+    gamma: γ ≥ 1 drafted tokens per iteration (static: one compilation per value); None (the
+      default): 4, or the γ of a drafter that fixes its own (lookahead, token trees, suffix,
+      which refuse any other γ by name). A γ above max(1, max_new_tokens - 1) is lowered to it with a warning
       (`usable_gamma`). `"auto"` (or a `specjax.AdaptiveGamma`): each iteration chooses γ in-graph
       from Γ = {0, 1, 2, 4, 8} (0: a plain target step) by each row's running acceptance and the
       measured cost of each γ (`specjax.adaptive`, `specjax.calibration`; exact, greedy output
@@ -583,8 +705,15 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
       `generate`'s program and allocates no draft cache (returned as given); docs/adaptive.md.
     target_cache, draft_cache: caches to reuse (donated; `draft_cache` only for a draft model),
       or `cache_len` for both (default: the minimum).
-    verify_fn: the accept/reject rule for drafts with distributions (`specjax.verify`); the
-      default is exact.
+    verify_fn: the accept/reject rule for a chain of drafts with distributions (a draft model,
+      LayerSkip, WindowedKV, PARD; `specjax.verify`); the default is exact. A custom rule is
+      called as `verify_fn(keys_B, drafts_BG, draft_probs_BGV, target_probs_BG1V, num_valid_B)`
+      (`num_valid_B` by keyword where it takes one of that name, else as the fifth positional
+      argument where it takes five: row b proposes only its first num_valid_B[b] drafts), or
+      without `num_valid_B` where it takes four (refused with gamma="auto", whose rows may
+      propose fewer drafts than γ). Drafters whose drafts have no distributions (prompt
+      lookup, lookahead, suffix, top-k trees) or form a tree (EAGLE, Medusa) refuse a custom
+      rule by name: theirs is `SpeculativeDecoder(candidates_fn=)` / `(tree_fn=)`.
     prefilled: a `Prefill` of the target on these prompts (`specjax.prefill` with `gamma`,
       donated): decoding starts from it (`target_cache` must be None); a draft model still
       prefills its own cache.

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Optional, Tuple, Union
+import inspect
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,7 @@ import numpy as np
 from flax import struct
 
 from specjax import adaptive as adapt_lib
+from specjax._checks import is_concrete
 from specjax.adaptive import AdaptiveGamma
 from specjax.drafting import CallLayout, DraftFeedback, DraftInput, Drafter, Proposal
 from specjax.parallel.sharding import decode_mesh
@@ -56,8 +58,9 @@ from specjax.verify import (candidates_verify, greedy_candidates_verify, greedy_
 
 __all__ = [
     "DecodeStats", "GenerationOutput", "DecodeState", "AutoregressiveDecoder",
-    "SpeculativeDecoder", "Prefill", "run_prefill", "autoregressive_loop", "speculative_loop",
-    "EosIds", "is_eos",
+    "SpeculativeDecoder", "Prefill", "PrefillOrigin", "run_prefill", "autoregressive_loop",
+    "speculative_loop", "EosIds", "is_eos", "check_verify_fn", "verify_takes_num_valid",
+    "call_verify",
 ]
 
 # End-of-sequence ids: none, one, or a tuple (instruct checkpoints end on any of several).
@@ -271,18 +274,129 @@ def _commit(state: DecodeState, new_BC: jax.Array, count_B: jax.Array, max_new: 
   return state, count_B
 
 
+# Per-position multipliers of the prompt fingerprint (odd, fixed): a row's fingerprint is
+# Σ_j (id_j + 1) · w_j mod 2**64 over its first `length` ids, mixed with the length.
+_FINGERPRINT_SEED = 0x5EC7A5
+
+
+@functools.lru_cache(maxsize=16)
+def _fingerprint_weights(prompt_len: int) -> np.ndarray:
+  rng = np.random.default_rng(_FINGERPRINT_SEED)
+  return rng.integers(0, 2**63, size=prompt_len, dtype=np.uint64) * 2 + 1
+
+
+def _row_fingerprints(prompts_BP, lengths_B) -> Optional[Tuple[int, ...]]:
+  """One 64-bit fingerprint per row of its ids within its length (padding not read), read on
+  the host; None for tracers (inside an outer `jit`) and multi-host arrays."""
+  if not (is_concrete(prompts_BP) and is_concrete(lengths_B)):
+    return None
+  t = np.asarray(prompts_BP).astype(np.uint64)
+  lens = np.asarray(lengths_B).astype(np.int64)
+  inside = np.arange(t.shape[1])[None] < lens[:, None]
+  with np.errstate(over="ignore"):
+    h = np.sum(np.where(inside, t + np.uint64(1), np.uint64(0)) * _fingerprint_weights(t.shape[1]),
+               axis=1, dtype=np.uint64)
+    h ^= lens.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+  return tuple(int(x) for x in h)
+
+
+def _key_fingerprints(keys_B) -> Optional[Tuple[bytes, ...]]:
+  """Each row's key data as bytes (None for tracers and multi-host arrays)."""
+  if not is_concrete(keys_B):
+    return None
+  data = np.asarray(jax.random.key_data(keys_B))
+  return tuple(row.tobytes() for row in data.reshape(data.shape[0], -1))
+
+
+def _rows(rows: List[int]) -> str:
+  shown = ", ".join(str(r) for r in rows[:8])
+  return f"row{'s' if len(rows) > 1 else ''} {shown}{', ...' if len(rows) > 8 else ''}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillOrigin:
+  """What a `Prefill` was made from (`specjax.prefill`), so that a decoding call it does not
+  belong to is refused: the target, batch B and padded length P, each row's prompt
+  fingerprint (its ids within its length; None where unread) and length, the sampling, each
+  row's key data (None where unread) and the `max_new_tokens` / `gamma` it was sized for.
+  Static (not traced): a decoder drops it before its jitted program (one compilation for
+  every prefill of a shape)."""
+
+  model: Any
+  batch_size: int
+  prompt_len: int
+  prompts: Optional[Tuple[int, ...]]
+  lengths: Optional[Tuple[int, ...]]
+  sampling: SamplingConfig
+  keys: Optional[Tuple[bytes, ...]]
+  max_new_tokens: int
+  gamma: int
+
+  @classmethod
+  def of(cls, model, prompts_BP, lengths_B, sampling: SamplingConfig, keys_B, max_new_tokens: int,
+         gamma: int) -> "PrefillOrigin":
+    """The origin of a prefill (or a call) with these checked arguments."""
+    b, p = prompts_BP.shape
+    lengths = (tuple(int(n) for n in np.asarray(lengths_B)) if is_concrete(lengths_B)
+               else None)
+    return cls(model=model, batch_size=int(b), prompt_len=int(p),
+               prompts=_row_fingerprints(prompts_BP, lengths_B), lengths=lengths,
+               sampling=sampling, keys=_key_fingerprints(keys_B),
+               max_new_tokens=int(max_new_tokens), gamma=int(gamma))
+
+  def differences(self, call: "PrefillOrigin") -> List[str]:
+    """What differs between this prefill's origin and `call`'s (empty: it belongs to the
+    call), one phrase each. Token budgets are not compared: the cache's slots are."""
+    out = []
+    if call.model != self.model:
+      out.append(f"it was made with another target ({type(self.model).__name__}), not this "
+                 f"{type(call.model).__name__}")
+    if (call.batch_size, call.prompt_len) != (self.batch_size, self.prompt_len):
+      out.append(f"prompts have shape {(call.batch_size, call.prompt_len)}, the prefill's "
+                 f"{(self.batch_size, self.prompt_len)}")
+      return out   # rows do not correspond
+    if self.lengths is not None and call.lengths is not None:
+      rows = [r for r, (a, b) in enumerate(zip(self.lengths, call.lengths)) if a != b]
+      if rows:
+        r = rows[0]
+        out.append(f"prompt_lengths differ in {_rows(rows)} (row {r}: {call.lengths[r]}, the "
+                   f"prefill's {self.lengths[r]})")
+    if self.prompts is not None and call.prompts is not None:
+      rows = [r for r, (a, b) in enumerate(zip(self.prompts, call.prompts)) if a != b]
+      if rows:
+        out.append(f"prompts differ in {_rows(rows)} (their ids within the lengths)")
+    if call.sampling != self.sampling:
+      out.append(f"sampling is {call.sampling}, the prefill's {self.sampling}")
+    elif (not self.sampling.is_greedy and self.keys is not None and call.keys is not None):
+      rows = [r for r, (a, b) in enumerate(zip(self.keys, call.keys)) if a != b]
+      if rows:   # the first token was drawn with the prefill's keys
+        out.append(f"key differs in {_rows(rows)} (the first token was drawn with the "
+                   f"prefill's key)")
+    return out
+
+
 @struct.dataclass
 class Prefill:
   """A target's prefill, done once and decoded from by any decoder.
 
   first `[B]` int32: the first generated token (drawn with the rows' keys, as a decoder's own
   prefill draws it); last `[B]` int32: each prompt's last token; cache: the target's cache
-  holding the prompts; nonfinite `[B]` int32: 1 where the prefill logits were not finite."""
+  holding the prompts; nonfinite `[B]` int32: 1 where the prefill logits were not finite;
+  origin: what `specjax.prefill` made it from (`PrefillOrigin`; static, kept by
+  `jax.tree.map` copies), None for a `run_prefill` of one's own (then nothing is compared)."""
 
   first: jax.Array
   last: jax.Array
   cache: Any
   nonfinite: jax.Array
+  origin: Optional[PrefillOrigin] = struct.field(pytree_node=False, default=None)
+
+
+def _without_origin(prefilled: Optional[Prefill]) -> Optional[Prefill]:
+  """`prefilled` as its jitted program takes it: one compilation for every origin."""
+  if prefilled is None or prefilled.origin is None:
+    return prefilled
+  return prefilled.replace(origin=None)
 
 
 def _prefill(model, params, sampling, prompts_BP, lengths_B, cache, keys_B, prefilled=None):
@@ -388,8 +502,8 @@ class AutoregressiveDecoder:
     if acceptance is not None and self.report_adaptive is None:
       raise ValueError("acceptance is reported by a decoder with report_adaptive set")
     with decode_mesh(params):
-      return autoregressive_loop(self, params, prompts_BP, lengths_B, keys_B, cache, prefilled,
-                                 acceptance)
+      return autoregressive_loop(self, params, prompts_BP, lengths_B, keys_B, cache,
+                                 _without_origin(prefilled), acceptance)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,6 +534,7 @@ class SpeculativeDecoder:
     if not isinstance(self.drafter, Drafter):
       raise TypeError(f"drafter must be a specjax.drafting.Drafter (wrap a draft model in "
                       f"specjax.drafters.ModelDrafter), got {type(self.drafter).__name__}")
+    check_verify_fn(self.drafter, self.gamma, self.verify_fn)
     if self.adaptive is not None:
       check_adaptive(self.drafter, self.adaptive)
       if self.gamma != self.adaptive.max_gamma:
@@ -501,11 +616,11 @@ class SpeculativeDecoder:
     if proposal.probs_BGV is not None and lay.num_chains == 1:
       drafts_BG = cands_BKN[:, 0]
       q_BG1V = jnp.concatenate([q_BTV[:, :1], q_BTV[:, chains[0]]], axis=1)
-      if self.verify_fn is rejection_verify:  # the built-in rules know invalid drafts
-        num_valid_B = jnp.sum(valid_BKN[:, 0], axis=1).astype(jnp.int32)
-        n_B, next_B = self._verify(key_B, drafts_BG, proposal.probs_BGV, q_BG1V, num_valid_B)
-      else:
-        n_B, next_B = self._verify(key_B, drafts_BG, proposal.probs_BGV, q_BG1V)
+      # Every rule that takes num_valid_B gets it, the built-in ones and custom ones alike
+      # (`verify_takes_num_valid`): rows proposing fewer than G drafts stay exact.
+      num_valid_B = jnp.sum(valid_BKN[:, 0], axis=1).astype(jnp.int32)
+      n_B, next_B = call_verify(self._verify, (key_B, drafts_BG, proposal.probs_BGV, q_BG1V),
+                                num_valid_B)
       return jnp.zeros_like(n_B), n_B, next_B
     if proposal.probs_BGV is not None:
       raise ValueError("proposal distributions are supported for one chain only (K = 1)")
@@ -801,7 +916,84 @@ class SpeculativeDecoder:
                        "(adaptive=AdaptiveGamma(...))")
     with decode_mesh(target_params):
       return speculative_loop(self, target_params, draft_params, prompts_BP, lengths_B, keys_B,
-                              target_cache, draft_cache, prefilled, gamma_costs, acceptance)
+                              target_cache, draft_cache, _without_origin(prefilled),
+                              gamma_costs, acceptance)
+
+
+def _uncached_takes_num_valid(fn: Callable) -> Optional[str]:
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):   # no signature to read: called with the four arguments
+    return None
+  for mode, args, kw in (("keyword", (0,) * 4, {"num_valid_B": 0}), ("positional", (0,) * 5, {})):
+    try:
+      sig.bind(*args, **kw)
+    except TypeError:
+      continue
+    return mode
+  return None
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_takes_num_valid(fn: Callable) -> Optional[str]:
+  return _uncached_takes_num_valid(fn)
+
+
+def verify_takes_num_valid(fn: Callable) -> Optional[str]:
+  """How the verify rule `fn` takes `num_valid_B` (the protocol of `specjax.verify`, as
+  `rejection_verify` takes it): "keyword" where it accepts `num_valid_B=` (a parameter of that
+  name or **kwargs), "positional" where it accepts a fifth positional argument (e.g.
+  `lambda *a: rejection_verify(*a)`), None where it takes only the four (it then sees every
+  row's G drafts as proposed)."""
+  try:
+    return _cached_takes_num_valid(fn)
+  except TypeError:  # unhashable callable
+    return _uncached_takes_num_valid(fn)
+
+
+def call_verify(fn: Callable, args: tuple, num_valid_B: jax.Array):
+  """`fn(*args)` with `num_valid_B` passed as `fn` takes it (`verify_takes_num_valid`)."""
+  mode = verify_takes_num_valid(fn)
+  if mode == "keyword":
+    return fn(*args, num_valid_B=num_valid_B)
+  if mode == "positional":
+    return fn(*args, num_valid_B)
+  return fn(*args)
+
+
+def _fn_name(fn: Callable) -> str:
+  return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def check_verify_fn(drafter: Drafter, gamma: int, verify_fn: Callable,
+                    adaptive: Optional[AdaptiveGamma] = None) -> None:
+  """ValueError naming `verify_fn` where a rule other than `rejection_verify` would be ignored:
+  the drafter's call at `gamma` is a token tree (`tree_fn` verifies it), several candidate
+  chains or deterministic drafts (`candidates_fn`); or, with `adaptive` (rows may propose
+  fewer drafts than γ), where the rule takes no `num_valid_B` (`verify_takes_num_valid`)."""
+  if verify_fn is rejection_verify:
+    return
+  if not callable(verify_fn):
+    raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
+  name = type(drafter).__name__
+  lay = drafter.layout(gamma)
+  if lay.is_tree or drafter.deterministic or lay.num_chains != 1:
+    what = ("a token tree" if lay.is_tree
+            else "deterministic drafts (no proposal distributions)" if drafter.deterministic
+            else f"{lay.num_chains} candidate chains")
+    rule, default = (("tree_fn", "tree_verify") if lay.is_tree
+                     else ("candidates_fn", "candidates_verify"))
+    raise ValueError(
+        f"verify_fn={_fn_name(verify_fn)} cannot apply to {name}: its call holds {what}, "
+        f"verified by specjax.verify.{default}, never by verify_fn. Pass verify_fn only with a "
+        "chain drafter whose drafts have distributions (a draft model, LayerSkip, WindowedKV, "
+        f"PARD); to replace {name}'s rule use SpeculativeDecoder({rule}=...)")
+  if adaptive is not None and verify_takes_num_valid(verify_fn) is None:
+    raise ValueError(
+        f"verify_fn={_fn_name(verify_fn)} takes no num_valid_B: with gamma='auto' a row may "
+        "propose fewer drafts than the call holds, and a rule that cannot be told would verify "
+        "the drafts it did not propose. Give it a num_valid_B parameter (int32 [B], None: all "
+        "G valid) as specjax.rejection_verify has, or accept *args")
 
 
 def check_adaptive(drafter: Drafter, ad: AdaptiveGamma) -> None:

@@ -78,6 +78,23 @@ class SuffixCorpus:
     size = int(self.tokens_C.shape[0])
     return SuffixCorpus(tokens_C=jnp.asarray(np.concatenate(parts)[-size:]))
 
+  def check_vocab(self, vocab_size: int, name: str = "corpus") -> None:
+    """ValueError naming `name`, the first id and its index when the corpus holds a token id
+    >= `vocab_size` (a corpus built for another vocabulary: the target would be fed ids its
+    embedding does not have). Tracers and multi-host arrays are not read."""
+    tokens = self.tokens_C
+    if not is_concrete(tokens) or not tokens.size:
+      return
+    t = np.asarray(tokens)
+    bad = t >= vocab_size
+    if bad.any():
+      i = int(np.argmax(bad))
+      raise ValueError(
+          f"{name} (a SuffixCorpus) must hold token ids in [0, {vocab_size}) (the target's "
+          f"vocabulary) and -1 separators; index {i} holds {int(t[i])} ({int(bad.sum())} ids "
+          f"out of range): build it with SuffixCorpus.build(..., vocab_size="
+          f"target.vocab_size)")
+
 
 def outputs_of(out) -> list:
   """Each row's generated tokens (`out.tokens[b, :out.lengths[b]]`), for `SuffixCorpus.add`."""

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import AbstractMesh
 
-from specjax._checks import check_bool, check_int
+from specjax._checks import check_bool, check_int, format_bytes, memory_stats_of
 from specjax.models import attention_kernel
 from specjax.models.decoder import DecoderConfig, DecoderLM
 from specjax.parallel.rules import GATHER_MAX_BYTES
@@ -44,14 +44,6 @@ ModelConfig = Union[DecoderConfig, T5Config]
 _HIDDEN_BUFFERS = 4   # residual stream, its normed copy, attention output, the call's input
 _MLP_BUFFERS = 3      # gate, up and their product (relu MLPs: fewer, counted the same)
 _SCORE_BUFFERS = 2    # float32 attention scores and their softmax, one layer at a time
-
-
-def format_bytes(n: float) -> str:
-  """`n` bytes in decimal units: "512 B", "3.1 KB", "34.2 GB"."""
-  for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-    if abs(n) >= size:
-      return f"{n / size:.1f} {unit}"
-  return f"{int(n)} B"
 
 
 def _as_config(config: Any, name: str) -> ModelConfig:
@@ -342,10 +334,7 @@ def device_memory_bytes(device: Optional[jax.Device] = None) -> Optional[int]:
   `memory_stats()["bytes_limit"]`; None where the backend reports none (CPU)."""
   if device is None:
     device = jax.local_devices()[0]
-  try:
-    stats = device.memory_stats()
-  except Exception:  # noqa: BLE001 - backends without stats raise various errors
-    return None
+  stats = memory_stats_of(device)
   if not stats or not stats.get("bytes_limit"):
     return None
   return int(stats["bytes_limit"])
