@@ -21,7 +21,6 @@ Writes `bad_input_cost.json` and `bad_input_cost.md` into --out_dir.
 
 import json
 import os
-import platform
 
 import jax
 import numpy as np
@@ -135,7 +134,7 @@ def main(argv):
   for batch in ((1,) if quick else (1, 8)):
     loop += loop_cost(target, tp, draft, dp, batch, repeats)
   result = {
-      "meta": {**provenance(), "machine": f"{platform.machine()} {os.cpu_count()} cores",
+      "meta": {**provenance(),
                "jax": jax.__version__, "target": names[0], "draft": names[1],
                "repeats": repeats, "load_average_at_start": os.getloadavg()[0]},
       "loop": loop, "checks": check_costs(target, tp, quick)}

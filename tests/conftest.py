@@ -58,7 +58,7 @@ def _isolated_tuning_cache(tmp_path_factory, monkeypatch):
 # The heaviest modules first (idle worker-seconds, measured): with whole
 # modules per worker, a heavy module handed out last would leave the other
 # worker idle at the end. The rest keep their collection order.
-_HEAVY_FIRST = ("test_bench_drafters", "test_leviathan", "test_benchmarks", "test_drafters",
+_HEAVY_FIRST = ("test_install_resolves", "test_bench_drafters", "test_leviathan", "test_benchmarks", "test_drafters",
                 "test_bench_scripts", "test_chen", "test_eagle", "test_paper_presets",
                 "test_long_context", "test_trees", "test_suffix", "test_generation",
                 "test_shakespeare", "test_notebooks", "test_properties", "test_adaptive",

@@ -2,6 +2,7 @@
 code's git commit, the command line and the UTC time, never an exception; one real writer
 (the sampling benchmark's smoke mode) records them in its JSON meta and markdown header."""
 
+import importlib.metadata
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ from experiments.programs import report
 from specjax.measure import provenance as prov
 
 KEYS = {"machine", "jax", "jaxlib", "flax", "orbax_checkpoint", "optax", "numpy", "libtpu",
-        "git_commit", "git_dirty", "command", "utc"}
+        "git_commit", "git_dirty", "command", "utc", "cpu", "specjax"}
 
 
 def _git(cwd, *args):
@@ -27,7 +28,8 @@ def _git(cwd, *args):
 def test_the_dict_has_every_key():
   p = prov.provenance()
   assert set(p) == KEYS
-  assert re.fullmatch(r"\S+ \d+ cores", p["machine"])  # the format results always had
+  # The format results always had, then the CPU's model where the system names it.
+  assert re.fullmatch(r"\S+ \d+ cores( \(.+\))?", p["machine"])
   assert p["jax"] == jax.__version__ and p["jaxlib"] and p["numpy"] and p["flax"]
   assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", p["utc"])
   json.dumps(p)  # every value serialisable
@@ -73,7 +75,7 @@ def test_commit_and_dirty_count_tracked_files_only(tmp_path, monkeypatch):
   (pkg / "a.py").write_text("x = 2\n")
   assert prov.git_state(str(pkg)) == (head, True)
   p = prov.provenance(source_dir=str(pkg))
-  assert prov.provenance_line(p).startswith(f"code {head[:12]} (dirty) · jaxlib ")
+  assert prov.provenance_line(p).startswith(f"code {head[:12]} (dirty) · specjax ")
   # A directory of the checkout that git does not track (an installed copy, say): unknown.
   (repo / "site").mkdir()
   (repo / "site" / "b.py").write_text("")
@@ -101,3 +103,12 @@ def test_a_benchmark_records_provenance(tmp_path):
   assert meta["iters"] == 2 and meta["load_average_at_start"] >= 0  # the old keys stay
   md = (tmp_path / "sampling.md").read_text()
   assert "µs per call. Provenance: code " in md and f"· {meta['utc']} UTC." in md
+
+
+def test_provenance_names_the_cpu_model_and_the_specjax_version(monkeypatch):
+  monkeypatch.setattr(prov, "cpu_model", lambda: "Test CPU 9000")
+  p = prov.provenance()
+  assert p["cpu"] == "Test CPU 9000" and p["machine"].endswith("cores (Test CPU 9000)")
+  assert p["specjax"] == importlib.metadata.version("specjax")
+  monkeypatch.setattr(prov, "cpu_model", lambda: None)
+  assert prov.provenance()["machine"].endswith(" cores")

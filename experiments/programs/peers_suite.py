@@ -530,7 +530,7 @@ def run_suite(cfg: SuiteConfig, log: Callable[[str], None] = print,
   import torch
   import transformers
   results = {
-      "meta": {**provenance(), "machine": f"{platform.machine()} {os.cpu_count()} cores",
+      "meta": {**provenance(),
                "python": platform.python_version(), "jax": jax.__version__,
                "backend": jax.default_backend(), "torch": torch.__version__,
                "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),

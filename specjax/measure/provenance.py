@@ -3,8 +3,11 @@
 Every result file (the experiments' `results.json` and markdown header, the benchmarks' JSON
 `meta`) carries `provenance()`:
 
-  machine           "x86_64 16 cores" (`platform.machine()`, `os.cpu_count()`)
-  jax, jaxlib, ...  installed versions of `PACKAGES` (`importlib.metadata`); None if absent
+  machine           "x86_64 16 cores (AMD EPYC 9B14)" (`platform.machine()`, `os.cpu_count()`,
+                    `cpu_model()` where the system names it)
+  cpu               `cpu_model()`: /proc/cpuinfo's model name (Linux), sysctl's brand string
+                    (macOS), else `platform.processor()`; None when nothing names it
+  specjax, jax, ... installed versions of `PACKAGES` (`importlib.metadata`); None if absent
   git_commit        `git rev-parse HEAD` in specjax's source directory (`git_state`)
   git_dirty         tracked files modified; None when the commit is None
   command           `shlex.join(sys.argv)`;  utc: when, "2025-01-31T12:00:00Z"
@@ -25,11 +28,11 @@ import sys
 from typing import Dict, Optional, Tuple
 
 __all__ = ["provenance", "provenance_line", "provenance_sentence", "git_state",
-           "package_versions", "PACKAGES"]
+           "package_versions", "cpu_model", "PACKAGES"]
 
 # result key -> the distributions that provide it (the first one installed wins).
 PACKAGES: Dict[str, Tuple[str, ...]] = {
-    "jax": ("jax",), "jaxlib": ("jaxlib",), "flax": ("flax",),
+    "specjax": ("specjax",), "jax": ("jax",), "jaxlib": ("jaxlib",), "flax": ("flax",),
     "orbax_checkpoint": ("orbax-checkpoint",), "optax": ("optax",), "numpy": ("numpy",),
     "libtpu": ("libtpu", "libtpu-nightly"),
 }
@@ -50,6 +53,26 @@ def package_versions() -> Dict[str, Optional[str]]:
       except Exception:  # PackageNotFoundError, or broken metadata: not installed as far as we know
         continue
   return out
+
+
+def cpu_model() -> Optional[str]:
+  """The CPU's model name, or None where the system does not say."""
+  try:
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+      for line in f:
+        if line.startswith(("model name", "Model")):
+          return line.split(":", 1)[1].strip() or None
+  except OSError:
+    pass
+  if sys.platform == "darwin":
+    try:
+      out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True,
+                           text=True, timeout=_GIT_TIMEOUT_S, stdin=subprocess.DEVNULL)
+      if out.returncode == 0 and out.stdout.strip():
+        return out.stdout.strip()
+    except Exception:  # no sysctl, or it hangs
+      pass
+  return platform.processor() or None
 
 
 def _git(args, cwd: str) -> Optional[str]:
@@ -80,8 +103,10 @@ def git_state(source_dir: Optional[str] = None) -> Tuple[Optional[str], Optional
 def provenance(source_dir: Optional[str] = None) -> dict:
   """The run's provenance (module docstring); `source_dir` overrides where git looks."""
   commit, dirty = git_state(source_dir)
+  cpu = cpu_model()
   return {
-      "machine": f"{platform.machine()} {os.cpu_count()} cores",
+      "machine": f"{platform.machine()} {os.cpu_count()} cores" + (f" ({cpu})" if cpu else ""),
+      "cpu": cpu,
       **package_versions(),
       "git_commit": commit, "git_dirty": dirty,
       "command": shlex.join(sys.argv),
