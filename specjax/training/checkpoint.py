@@ -28,8 +28,8 @@ since the one before it, nothing else. A step written before digests existed is 
 orbax's checks only (logged).
 
 Rotation (`keep`): after a save completes (`wait`, or the start of the next `save`) the steps
-beyond the newest `keep` are deleted, but only once a newer step has been verified (read back),
-and never the newest verified one: a damaged or unreadable newest write never costs the last
+beyond the newest `keep` are deleted, but only once a newer step has been verified (read back:
+one read of a step per rotation), and never the newest verified one: a damaged or unreadable newest write never costs the last
 good checkpoint. `save` refuses a state holding a NaN / infinity (`NonFiniteTrainingError`,
 nothing written or deleted), and a failed write (disk full, ...) is a `CheckpointWriteError`
 naming the step, the cause and the steps still on disk; nothing is deleted after it.
