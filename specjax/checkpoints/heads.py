@@ -27,23 +27,38 @@ def final_dir(directory: str) -> str:
   return f"{directory}/final"
 
 
-def load_medusa_heads(directory: str) -> Tuple[MedusaConfig, Dict[str, Any], Optional[np.ndarray]]:
-  """(config, params, top-k accuracy `[K, R]` or None) from `<dir>` or `<dir>/final`."""
+def load_medusa_heads(directory: str, *, strict: bool = False
+                      ) -> Tuple[MedusaConfig, Dict[str, Any], Optional[np.ndarray]]:
+  """(config, params, top-k accuracy `[K, R]` or None) from `<dir>` or `<dir>/final`.
+
+  `strict`: as in `restore_params` (refuse heads saved without an integrity digest).
+
+  Raises:
+    ValueError: the directory holds another config, or `accuracy.json` is not
+      {"topk_accuracy": [[fractions]]} (naming the file).
+  """
   d = final_dir(directory)
-  params, config = restore_params(d)
+  params, config = restore_params(d, strict=strict)
   if not isinstance(config, MedusaConfig):
     raise ValueError(f"{d} holds a {type(config).__name__}, not Medusa heads")
   acc = None
   path = as_path(d) / "accuracy.json"
   if path.exists():
-    acc = np.asarray(json.loads(path.read_text())["topk_accuracy"])
+    try:
+      acc = np.asarray(json.loads(path.read_text())["topk_accuracy"], np.float64)
+      if acc.ndim != 2 or not np.all((acc >= 0) & (acc <= 1)):
+        raise ValueError(f"topk_accuracy of shape {acc.shape}")
+    except (OSError, KeyError, TypeError, ValueError) as e:
+      raise ValueError(f"{path}: not a record of top-k accuracy by head "
+                       f"({{\"topk_accuracy\": [[fractions in [0, 1]]]}}): {e}") from e
   return config, params, acc
 
 
-def load_eagle_head(directory: str) -> Tuple[EagleConfig, Dict[str, Any]]:
-  """(config, params) of a trained EAGLE head from `<dir>` or `<dir>/final`."""
+def load_eagle_head(directory: str, *, strict: bool = False) -> Tuple[EagleConfig, Dict[str, Any]]:
+  """(config, params) of a trained EAGLE head from `<dir>` or `<dir>/final` (`strict`: as in
+  `restore_params`)."""
   d = final_dir(directory)
-  params, config = restore_params(d)
+  params, config = restore_params(d, strict=strict)
   if not isinstance(config, EagleConfig):
     raise ValueError(f"{d} holds a {type(config).__name__}, not an EAGLE head")
   return config, params

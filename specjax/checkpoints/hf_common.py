@@ -8,7 +8,8 @@
 * `check_state_dict(expected_shapes, tensors)`: a ValueError naming missing, unexpected or
   mis-shaped tensors.
 * `config_beside(path)`: the `config.json` of a checkpoint directory or of the folder holding a
-  weights file, local or a URL; `read_json` reads it.
+  weights file, local or a URL; `read_json` reads it (`read_config_json`: a JSON object), a
+  ValueError naming the file when it is not JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from specjax.atomic_io import PathLike, as_path, atomic_path, is_local
 from specjax.checkpoints import streaming
 
 __all__ = ["load_state_dict", "save_safetensors", "check_state_dict", "read_json",
-           "config_beside", "make_directory"]
+           "read_config_json", "config_beside", "make_directory"]
 
 
 def load_state_dict(path: PathLike) -> Dict[str, np.ndarray]:
@@ -67,8 +68,26 @@ def check_state_dict(expected_shapes: Mapping[str, Tuple[int, ...]],
 
 
 def read_json(path: PathLike) -> Any:
-  """The JSON value in the file `path` (local or a URL)."""
-  return json.loads(as_path(path).read_text(encoding="utf-8"))
+  """The JSON value in the file `path` (local or a URL).
+
+  Raises:
+    ValueError: the file is not UTF-8 JSON; the message names the file (the JSON error is its
+      `__cause__`).
+  """
+  try:
+    return json.loads(as_path(path).read_text(encoding="utf-8"))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{os.fspath(path)} is not valid JSON: {e}") from e
+
+
+def read_config_json(path: PathLike) -> Dict[str, Any]:
+  """The JSON object of a transformers `config.json` (`read_json`; a ValueError naming the file
+  when it holds another JSON value)."""
+  value = read_json(path)
+  if not isinstance(value, dict):
+    raise ValueError(f"{os.fspath(path)} must hold a JSON object (a transformers config), got "
+                     f"{type(value).__name__} {str(value)[:60]}")
+  return value
 
 
 def config_beside(path: PathLike) -> str:

@@ -50,8 +50,10 @@ import numpy as np
 
 from specjax.atomic_io import as_path, atomic_write_json
 from specjax.checkpoints import streaming
+from specjax.checkpoints.config_checks import (check_model_config, hf_bool, hf_int,
+                                               hf_positive_real, positive_real, with_source)
 from specjax.checkpoints.hf_common import (check_state_dict, config_beside, make_directory,
-                                           read_json, save_safetensors)
+                                           read_config_json, save_safetensors)
 from specjax.models import decoder_layout, rope
 from specjax.models.decoder import DecoderConfig
 from specjax.parallel import sharding as sharding_lib
@@ -100,27 +102,29 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Any]:
           "original_max_position_embeddings", hf.get("max_position_embeddings"))
     if kind == "yarn" and params.get("factor") is None and params.get(
         "original_max_position_embeddings"):
-      params["factor"] = hf["max_position_embeddings"] / params["original_max_position_embeddings"]
+      original = hf_int(params, "original_max_position_embeddings")
+      params["factor"] = hf_int(hf, "max_position_embeddings") / original
     try:
       rule = rope.canonical_scaling(params)
     except ValueError as err:
       raise ValueError(f"config {key}: {err}") from None
     if rule is not None:
       scaling = rule
-  return float(10000.0 if theta is None else theta), scaling
+  return positive_real("rope_theta", 10000.0 if theta is None else theta), scaling
 
 
 def _sliding_window_from_hf(hf: Mapping[str, Any], model_type: str) -> Optional[int]:
   window = hf.get("sliding_window")
   if model_type == "mistral":
-    return None if window is None else int(window)
+    return hf_int(hf, "sliding_window", None)
   if model_type in ("qwen2", "qwen3"):
-    if not hf.get("use_sliding_window") or window is None:
+    if not hf_bool(hf, "use_sliding_window", False) or window is None:
       return None
-    n = hf["num_hidden_layers"]
+    window = hf_int(hf, "sliding_window")
+    n = hf_int(hf, "num_hidden_layers")
+    first_sliding = hf_int(hf, "max_window_layers", n, minimum=0)
     types = hf.get("layer_types") or [
-        "sliding_attention" if i >= hf.get("max_window_layers", n) else "full_attention"
-        for i in range(n)]
+        "sliding_attention" if i >= first_sliding else "full_attention" for i in range(n)]
     if all(t == "full_attention" for t in types):
       return None
     if all(t == "sliding_attention" for t in types):
@@ -133,6 +137,21 @@ def _sliding_window_from_hf(hf: Mapping[str, Any], model_type: str) -> Optional[
     raise ValueError(f"unsupported config sliding_window={window!r} for model_type "
                      f"{model_type!r}")
   return None
+
+
+def _check_architectures(hf: Mapping[str, Any]) -> None:
+  """`architectures` (when given) names causal-LM classes of the decoder families: another class
+  (a classifier, an encoder, another family's model) has other tensors or other numerics."""
+  names = hf.get("architectures")
+  if names is None:
+    return
+  allowed = sorted(set(_ARCHITECTURES.values()))
+  if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    raise ValueError(f"config architectures must be a list of class names, got {names!r}")
+  unknown = [n for n in names if n not in allowed]
+  if unknown:
+    raise ValueError(f"config architectures names {unknown[0]!r}, not a model class the decoder "
+                     f"importer reads; allowed: {', '.join(allowed)}")
 
 
 def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> DecoderConfig:
@@ -149,6 +168,7 @@ def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Decoder
   if model_type not in HF_DECODER_TYPES:
     raise ValueError(f"config model_type is {model_type!r}; the decoder importer reads "
                      f"{', '.join(repr(t) for t in HF_DECODER_TYPES)} checkpoints")
+  _check_architectures(hf)
   # Llama's and Qwen3's attention_bias also biases o_proj; Qwen2 always has q/k/v biases only.
   for key in ("attention_bias", "mlp_bias"):
     if hf.get(key):
@@ -158,34 +178,38 @@ def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> Decoder
   if act not in _SUPPORTED_ACTS:
     raise ValueError(f"unsupported config hidden_act={act!r}: the specjax decoder's MLP "
                      "is SwiGLU (hidden_act 'silu')")
-  for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-              "intermediate_size"):
-    if hf.get(key) is None:
-      raise ValueError(f"config lacks {key}")
-  hidden, heads = hf["hidden_size"], hf["num_attention_heads"]
-  kv_heads = hf.get("num_key_value_heads")
-  if kv_heads is None:
-    kv_heads = heads
-  head_dim = hf.get("head_dim")
+  sizes = {key: hf_int(hf, key) for key in ("vocab_size", "hidden_size", "num_hidden_layers",
+                                             "num_attention_heads", "intermediate_size")}
+  hidden, heads = sizes["hidden_size"], sizes["num_attention_heads"]
+  kv_heads = hf_int(hf, "num_key_value_heads", heads)
+  if heads % kv_heads:
+    raise ValueError(f"config num_key_value_heads must divide num_attention_heads ({heads}), got "
+                     f"{kv_heads} (the DecoderConfig's num_kv_heads: each kv head serves a "
+                     "whole group of query heads)")
+  head_dim = hf_int(hf, "head_dim", None)
   if head_dim is None:
-    if not isinstance(hidden, int) or not isinstance(heads, int) or heads <= 0 or hidden % heads:
+    if hidden % heads:
       raise ValueError(f"config has no head_dim and hidden_size ({hidden}) is not a multiple "
                        f"of num_attention_heads ({heads})")
     head_dim = hidden // heads
+  if head_dim % 2:
+    raise ValueError(f"config head_dim must be even (rotary positions rotate pairs), got "
+                     f"{head_dim}" + ("" if hf.get("head_dim") is not None else
+                                      f" (hidden_size {hidden} / num_attention_heads {heads})"))
   theta, scaling = _rope_from_hf(hf)
   default_eps = 1e-5 if model_type == "mistral" else 1e-6
   fields = dict(
-      vocab_size=hf["vocab_size"],
+      vocab_size=sizes["vocab_size"],
       d_model=hidden,
-      num_layers=hf["num_hidden_layers"],
+      num_layers=sizes["num_hidden_layers"],
       num_heads=heads,
       num_kv_heads=kv_heads,
       head_dim=head_dim,
-      mlp_dim=hf["intermediate_size"],
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+      mlp_dim=sizes["intermediate_size"],
+      tie_embeddings=hf_bool(hf, "tie_word_embeddings", False),
       rope_theta=theta,
       rope_scaling=scaling,
-      norm_eps=float(hf.get("rms_norm_eps", default_eps)),
+      norm_eps=hf_positive_real(hf, "rms_norm_eps", default_eps),
       qkv_bias=model_type == "qwen2",
       qk_norm=model_type == "qwen3",
       sliding_window=_sliding_window_from_hf(hf, model_type),
@@ -381,8 +405,10 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
     params in the parameter dtype, and the config.
 
   Raises:
-    ValueError naming every missing, unexpected or mis-shaped tensor, or the unsupported config
-    feature; `streaming.MissingTorchError` for a PyTorch pickle without torch.
+    ValueError naming every missing, unexpected or mis-shaped tensor; a tensor stored as an
+    integer or bool (file, tensor, both dtypes); the unsupported config feature or out-of-domain
+    config value (with the config.json path); a config.json that is not JSON;
+    `streaming.MissingTorchError` for a PyTorch pickle without torch.
   """
   if isinstance(path_or_state_dict, Mapping):
     tensors = streaming.lazy_from_mapping(path_or_state_dict)
@@ -395,15 +421,21 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
       config_path = config_beside(path)
       if not as_path(config_path).exists():
         raise FileNotFoundError(f"no config.json beside {path}; pass config= explicitly")
-      config = decoder_config_from_hf(read_json(config_path))
+      hf_config = read_config_json(config_path)
+      try:
+        config = decoder_config_from_hf(hf_config)
+      except (TypeError, ValueError) as e:
+        raise with_source(e, config_path) from e
     tensors = streaming.open_tensors(path)
   if not isinstance(config, DecoderConfig):
     raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
+  check_model_config(config)
   if dtype is not None:
     config = config.replace(param_dtype=str(dtype))
   tensors = tensors.without([k for k in tensors if _IGNORED_RE.fullmatch(k)])
   optional = ("lm_head.weight",) if config.tie_embeddings else ()
   check_state_dict(hf_llama_shapes(config), {k: tensors[k] for k in tensors}, optional=optional)
+  streaming.check_float_tensors(tensors, list(tensors), config.param_dtype)
   if config.tie_embeddings and "lm_head.weight" in tensors:
     if not streaming.tensors_equal(tensors, "lm_head.weight", "model.embed_tokens.weight"):
       raise ValueError("config ties the embeddings (tie_word_embeddings) but the checkpoint's "

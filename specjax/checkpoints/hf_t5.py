@@ -24,8 +24,10 @@ import jax
 import numpy as np
 
 from specjax.checkpoints import streaming
+from specjax.checkpoints.config_checks import (check_model_config, hf_bool, hf_int,
+                                               hf_positive_real, with_source)
 from specjax.checkpoints.hf_common import (
-    check_state_dict, config_beside, make_directory, read_json, save_safetensors)
+    check_state_dict, config_beside, make_directory, read_config_json, save_safetensors)
 from specjax.atomic_io import as_path, atomic_write_json
 from specjax.models.t5_config import T5Config
 from specjax.parallel import sharding as sharding_lib
@@ -34,6 +36,20 @@ __all__ = ["import_hf_t5", "export_hf_t5", "t5_config_from_hf", "hf_config_from_
            "hf_t5_shapes"]
 
 _FF_FROM_HF = {"relu": "relu", "gated-gelu": "gated-gelu"}
+# transformers classes holding T5's encoder-decoder with its LM head (T5WithLMHeadModel: the
+# name in configs written before transformers 4).
+_ARCHITECTURES = ("T5ForConditionalGeneration", "MT5ForConditionalGeneration",
+                  "T5WithLMHeadModel")
+
+
+def _special_id(hf: Mapping[str, Any], key: str, default: int) -> int:
+  """`key` (an id, a non-empty list of ids: the first, or null: `default`) as an int >= 0."""
+  value = hf.get(key)
+  if isinstance(value, (list, tuple)):
+    if not value:
+      raise ValueError(f"config {key} must be an id, a non-empty list of ids or null, got []")
+    value = value[0]
+  return hf_int({key: value}, key, default, minimum=0)
 
 
 def t5_config_from_hf(hf: Mapping[str, Any], **overrides) -> T5Config:
@@ -42,30 +58,46 @@ def t5_config_from_hf(hf: Mapping[str, Any], **overrides) -> T5Config:
   transformers 5 always writes `tie_word_embeddings: true` for T5 and keeps the v1.0 / v1.1
   difference in `scale_decoder_outputs`; older versions only have `tie_word_embeddings`. Both
   are understood.
+
+  Raises:
+    TypeError: `hf` is not a dict.
+    ValueError: an unsupported model type, architecture or feed-forward kind, or a value out of
+      its domain (sizes not ints >= 1, a `layer_norm_epsilon` that is not a finite number > 0,
+      non-bool flags, negative or empty special ids), naming the field, the value and what is
+      allowed.
   """
+  if not isinstance(hf, Mapping):
+    raise TypeError(f"hf must be a dict (a config.json), got {type(hf).__name__}")
   model_type = hf.get("model_type", "t5")
   if model_type not in ("t5", "mt5"):  # mT5 is T5 v1.1 with a larger vocabulary.
     raise ValueError(f"config.json model_type must be 't5' or 'mt5', got {model_type!r}")
+  names = hf.get("architectures")
+  if names is not None:
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+      raise ValueError(f"config architectures must be a list of class names, got {names!r}")
+    unknown = [n for n in names if n not in _ARCHITECTURES]
+    if unknown:
+      raise ValueError(f"config architectures names {unknown[0]!r}, not a model class the T5 "
+                       f"importer reads; allowed: {', '.join(_ARCHITECTURES)}")
   ff = hf.get("feed_forward_proj", "relu")
-  if ff not in _FF_FROM_HF:
+  if not isinstance(ff, str) or ff not in _FF_FROM_HF:
     raise ValueError(f"feed_forward_proj {ff!r} is not supported; expected one of "
                      f"{sorted(_FF_FROM_HF)}")
-  tied = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
-  eos = hf.get("eos_token_id", 1)
-  if isinstance(eos, (list, tuple)):
-    eos = eos[0]
-  pad = hf.get("pad_token_id", 0)
-  start = hf.get("decoder_start_token_id")
+  tied = hf_bool(hf, "scale_decoder_outputs", hf_bool(hf, "tie_word_embeddings", True))
+  pad = _special_id(hf, "pad_token_id", 0)
+  eos = _special_id(hf, "eos_token_id", 1)
+  start = _special_id(hf, "decoder_start_token_id", pad)
+  num_layers = hf_int(hf, "num_layers", 6)
   fields = dict(
-      vocab_size=hf.get("vocab_size", 32128), d_model=hf.get("d_model", 512),
-      d_kv=hf.get("d_kv", 64), num_heads=hf.get("num_heads", 8), d_ff=hf.get("d_ff", 2048),
-      num_layers=hf.get("num_layers", 6), num_decoder_layers=hf.get("num_decoder_layers"),
-      relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
-      relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
-      feed_forward=_FF_FROM_HF[ff], tie_word_embeddings=bool(tied),
-      layer_norm_epsilon=float(hf.get("layer_norm_epsilon", 1e-6)),
-      pad_id=0 if pad is None else pad, eos_id=1 if eos is None else eos,
-      decoder_start_id=(0 if pad is None else pad) if start is None else start)
+      vocab_size=hf_int(hf, "vocab_size", 32128), d_model=hf_int(hf, "d_model", 512),
+      d_kv=hf_int(hf, "d_kv", 64), num_heads=hf_int(hf, "num_heads", 8),
+      d_ff=hf_int(hf, "d_ff", 2048), num_layers=num_layers,
+      num_decoder_layers=hf_int(hf, "num_decoder_layers", num_layers),
+      relative_attention_num_buckets=hf_int(hf, "relative_attention_num_buckets", 32),
+      relative_attention_max_distance=hf_int(hf, "relative_attention_max_distance", 128),
+      feed_forward=_FF_FROM_HF[ff], tie_word_embeddings=tied,
+      layer_norm_epsilon=hf_positive_real(hf, "layer_norm_epsilon", 1e-6),
+      pad_id=pad, eos_id=eos, decoder_start_id=start)
   fields.update(overrides)
   return T5Config(**fields)
 
@@ -185,9 +217,10 @@ def _get(tree: Mapping[str, Any], path: Tuple[str, ...]):
   return tree
 
 
-def _find_hf_config(path: str) -> Optional[Dict[str, Any]]:
+def _find_hf_config(path: str) -> Tuple[Optional[Dict[str, Any]], str]:
+  """(the config.json object beside `path` or None, its path)."""
   candidate = config_beside(path)
-  return read_json(candidate) if as_path(candidate).exists() else None
+  return (read_config_json(candidate) if as_path(candidate).exists() else None), candidate
 
 
 def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
@@ -200,8 +233,10 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
   returned config); with `mesh`, each leaf goes straight into its `NamedSharding` (`param_spec`),
   each device's slice read on its own (`specjax.checkpoints.streaming`).
 
-  Raises ValueError naming every missing, unexpected or mis-shaped tensor, and when a copy that
-  must equal `shared.weight` differs from it.
+  Raises ValueError naming every missing, unexpected or mis-shaped tensor, a tensor stored as
+  an integer or bool (file, tensor, both dtypes), an unsupported or out-of-domain config value
+  (with the config.json path), a config.json that is not JSON, and a copy that must equal
+  `shared.weight` but differs from it.
   """
   hf_config = None
   if isinstance(path_or_state_dict, Mapping):
@@ -209,14 +244,18 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
   else:
     path = os.fspath(path_or_state_dict)
     tensors = streaming.open_tensors(path)
-    hf_config = _find_hf_config(path)
+    hf_config, config_path = _find_hf_config(path)
   if config is None:
     if hf_config is None:
       raise ValueError("config is required: pass a T5Config, or keep transformers' "
                        "config.json next to the weights")
-    config = t5_config_from_hf(hf_config)
+    try:
+      config = t5_config_from_hf(hf_config)
+    except (TypeError, ValueError) as e:
+      raise with_source(e, config_path) from e
   if not isinstance(config, T5Config):
     raise TypeError(f"config must be a T5Config, got {type(config).__name__}")
+  check_model_config(config)
   if dtype is not None:
     config = config.replace(param_dtype=str(dtype))
 
@@ -229,6 +268,7 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
   if head_from_shared and "shared.weight" in tensors:
     tensors = tensors.with_alias("lm_head.weight", "shared.weight")
   check_state_dict({**expected, **optional}, {k: tensors[k] for k in tensors}, optional=optional)
+  streaming.check_float_tensors(tensors, list(tensors), config.param_dtype)
   for copy in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
     if copy in optional and copy in tensors and not streaming.tensors_equal(tensors, copy,
                                                                             "shared.weight"):

@@ -9,7 +9,8 @@ A model directory written by `orbax_io.save_params` holds, besides `params/` (or
 `check_files` compares the directory against it before orbax opens anything, so a truncated or
 missing file is named in one line (not a tensorstore message and asyncio tracebacks), and the
 restored values' `params_digest` is compared with the stored one (corrupt bytes of the right
-length). Directories without a manifest still load, with orbax's own checks only.
+length). Directories without a manifest still load, with orbax's own checks only and an
+`UnverifiedCheckpointWarning` (`restore_params(strict=True)` refuses them).
 
 Every problem with a checkpoint is a `CheckpointError` (a ValueError) that names the directory,
 says what is wrong and what to do.
@@ -30,7 +31,7 @@ import jax
 import numpy as np
 from specjax import atomic_io
 
-__all__ = ["CheckpointError", "params_digest", "file_manifest", "check_files",
+__all__ = ["CheckpointError", "UnverifiedCheckpointWarning", "params_digest", "file_manifest", "check_files",
            "quiet_asyncio_errors", "first_line"]
 
 MANIFEST = "integrity.json"
@@ -60,6 +61,11 @@ class CheckpointError(ValueError):
         "training run and re-finalise it.")
     super().__init__(f"checkpoint {directory} is {kind.replace('_', ' ')}: {problem}. "
                      f"{self.remedy}")
+
+
+class UnverifiedCheckpointWarning(UserWarning):
+  """A saved model loaded without a digest to verify it against (no `integrity.json`, or one
+  without `params_sha256`): a damaged byte would have loaded as a wrong value unnoticed."""
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:

@@ -9,7 +9,8 @@ Layout of a saved model directory:
 `restore_params(dir, expected_config)` checks the stored config against the expected one, the
 files against their manifest and the restored values against their digest; every problem is a
 `CheckpointError` naming the directory, what is wrong and what to do, never orbax's tensorstore
-stack. A checkpoint of another size never loads silently.
+stack. A checkpoint of another size never loads silently; one without `integrity.json` loads
+with an `UnverifiedCheckpointWarning` (`strict=True`: refused).
 """
 
 from __future__ import annotations
@@ -18,20 +19,21 @@ import dataclasses
 import importlib
 import json
 import os
-from typing import Any, Optional, Tuple
+import warnings
+from typing import Any, Mapping, Optional, Tuple
 
 import jax
 import numpy as np
 
 from specjax.atomic_io import as_path, atomic_write_json
-from specjax.checkpoints import integrity
-from specjax.checkpoints.integrity import CheckpointError, first_line
+from specjax.checkpoints import config_checks, integrity
+from specjax.checkpoints.integrity import CheckpointError, UnverifiedCheckpointWarning, first_line
 from specjax.models import decoder, decoder_layout
 from specjax.models.t5 import T5
 from specjax.models.t5_config import T5Config
 
 __all__ = ["save_params", "restore_params", "restore_model", "model_for_config", "config_to_dict",
-           "config_from_dict", "CheckpointError", "read_config"]
+           "config_from_dict", "CheckpointError", "UnverifiedCheckpointWarning", "read_config"]
 
 
 def config_to_dict(config: Any) -> dict:
@@ -50,19 +52,45 @@ _MOVED_CLASSES = {
 
 
 def config_from_dict(d: dict) -> Any:
-  """Inverse of `config_to_dict` (only classes from the specjax package)."""
-  qualname = d.get("class", "")
+  """Inverse of `config_to_dict` (only config dataclasses of the specjax package).
+
+  Raises:
+    ValueError: `d` is not {"class": <qualified name>, "fields": {...}}, the class is not a
+      specjax config dataclass (an unknown module or class is named, the import error is the
+      `__cause__`), a field is unknown to it, or a value is out of its domain.
+  """
+  if not isinstance(d, Mapping):
+    raise ValueError(f"a stored config must be a JSON object {{\"class\": ..., \"fields\": "
+                     f"...}}, got {type(d).__name__}")
+  qualname = d.get("class")
+  if not isinstance(qualname, str) or not qualname:
+    raise ValueError(f"a stored config must name its class (\"class\": \"specjax.models....\"), "
+                     f"got {qualname!r}")
   qualname = _MOVED_CLASSES.get(qualname, qualname)
   module_name, _, cls_name = qualname.rpartition(".")
   if not module_name.startswith("specjax."):
     raise ValueError(f"refusing to build config class {qualname!r}: not a specjax config")
-  cls = getattr(importlib.import_module(module_name), cls_name)
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ValueError(f"config class {qualname!r} is unknown: there is no module {module_name} "
+                     f"in this specjax ({first_line(e)}); saved by another version?") from e
+  cls = getattr(module, cls_name, None)
+  if cls is None:
+    raise ValueError(f"config class {qualname!r} is unknown: {module_name} has no {cls_name}; "
+                     "saved by another version?")
+  if not isinstance(cls, type) or not dataclasses.is_dataclass(cls):
+    raise ValueError(f"refusing to build {qualname!r}: not a config dataclass")
+  stored = d.get("fields")
+  if not isinstance(stored, Mapping):
+    raise ValueError(f"a stored config must hold its \"fields\" as an object, got {stored!r:.80}")
   fields = {f.name for f in dataclasses.fields(cls)}
   removed = set(getattr(cls, "REMOVED_FIELDS", ()))  # compute-only fields of earlier versions
-  unknown = sorted(set(d["fields"]) - fields - removed)
+  unknown = sorted(set(stored) - fields - removed)
   if unknown:
     raise ValueError(f"stored config has fields {unknown} unknown to {qualname}")
-  return cls(**{k: v for k, v in d["fields"].items() if k not in removed})
+  config = cls(**{k: v for k, v in stored.items() if k not in removed})
+  return config_checks.check_model_config(config)
 
 
 _MISMATCH_REMEDY = ("Load it with the config it was saved with, or give the new model "
@@ -100,7 +128,7 @@ def read_config(directory: str) -> Any:
     return config_from_dict(stored)
   except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
     raise CheckpointError(directory, "unreadable",
-                          f"config.json cannot be read ({first_line(e)})") from None
+                          f"config.json cannot be read ({path}: {first_line(e)})") from e
 
 
 def save_params(directory: str, params: Any, config: Any, *, force: bool = True) -> None:
@@ -121,13 +149,19 @@ def save_params(directory: str, params: Any, config: Any, *, force: bool = True)
 
 
 def restore_params(directory: str, expected_config: Optional[Any] = None, *,
-                   verify: bool = True) -> Tuple[Any, Any]:
+                   verify: bool = True, strict: bool = False) -> Tuple[Any, Any]:
   """Restores `(params, config)`.
 
   With `expected_config`, a differing stored config is a CheckpointError ("config_mismatch")
   naming the first differing field. Files missing or of another size than saved, an unreadable
   config.json, orbax read errors and (with `verify`) values differing from the stored digest are
-  CheckpointErrors too; a missing directory is a FileNotFoundError."""
+  CheckpointErrors too; a missing directory is a FileNotFoundError.
+
+  A directory without `integrity.json` (saved before manifests, or copied without it), or whose
+  manifest holds no digest, cannot be verified: a damaged byte would load as a wrong value. It
+  loads with an `UnverifiedCheckpointWarning` (with `verify`), or, with `strict=True`, is
+  refused: a CheckpointError ("missing") naming the file. Saving it again with `save_params`
+  writes the manifest."""
   import orbax.checkpoint as ocp
   directory = str(as_path(directory))  # local (absolute) or gs://...
   config = read_config(directory)
@@ -140,6 +174,18 @@ def restore_params(directory: str, expected_config: Optional[Any] = None, *,
   manifest = integrity.read_manifest(directory)
   if manifest is not None:
     integrity.check_files(directory, manifest)
+  if manifest is None or not manifest.get("params_sha256"):
+    problem = (f"{integrity.MANIFEST} is missing" if manifest is None else
+               f"{integrity.MANIFEST} holds no params_sha256 digest")
+    problem += ", so its values cannot be verified (a damaged byte would load as a wrong value)"
+    if strict:
+      raise CheckpointError(directory, "missing", problem,
+                            "Load it with strict=False to accept it unverified, or save it "
+                            "again with save_params (which writes the manifest).")
+    if verify:
+      warnings.warn(f"checkpoint {directory}: {problem}; loading it unverified (strict=True "
+                    "refuses it; save_params writes the manifest)", UnverifiedCheckpointWarning,
+                    stacklevel=2)
   params_dir = as_path(directory) / "params"
   if not params_dir.is_dir():
     raise CheckpointError(directory, "missing", "params/ is missing")
@@ -161,11 +207,13 @@ def model_for_config(config: Any) -> Any:
   return T5(config) if isinstance(config, T5Config) else decoder.DecoderLM(config)
 
 
-def restore_model(directory: str, packed: bool = False) -> Tuple[Any, Any]:
+def restore_model(directory: str, packed: bool = False, *,
+                  strict: bool = False) -> Tuple[Any, Any]:
   """`(model, params)` from a saved model directory: a `DecoderLM` or a `T5` by the stored
   config, params on the default device; `packed`: a decoder's params in the packed decode
-  layout (`DecoderLM.pack_params`), packed on the host before placement."""
-  params, config = restore_params(directory)
+  layout (`DecoderLM.pack_params`), packed on the host before placement; `strict`: as in
+  `restore_params` (refuse a directory without an integrity digest)."""
+  params, config = restore_params(directory, strict=strict)
   model = model_for_config(config)
   if packed and isinstance(model, decoder.DecoderLM):
     params = model.pack_params(jax.tree_util.tree_map(np.asarray, params))

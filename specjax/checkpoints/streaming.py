@@ -44,7 +44,7 @@ import numpy as np
 from specjax.atomic_io import as_path, is_local
 
 __all__ = ["Entry", "LazyTensors", "open_tensors", "lazy_from_mapping", "place",
-           "tensors_equal", "stored_bytes", "MissingTorchError", "REMOTE_CHUNK_BYTES"]
+           "check_float_tensors", "tensors_equal", "stored_bytes", "MissingTorchError", "REMOTE_CHUNK_BYTES"]
 
 # Largest single read from an object store: a tensor's byte range is fetched in pieces of this
 # size into one buffer (bounding what the file object buffers beside it).
@@ -104,10 +104,16 @@ class LazyTensors(Mapping):
   """Name → `jax.ShapeDtypeStruct` of stored tensors (nothing read); `read(name)` maps one."""
 
   def __init__(self, reader: Callable[[str], np.ndarray],
-               meta: Mapping[str, Tuple[Tuple[int, ...], Any]], source: str):
+               meta: Mapping[str, Tuple[Tuple[int, ...], Any]], source: str,
+               files: Optional[Mapping[str, str]] = None):
     self._reader = reader
     self._meta = dict(meta)
     self.source = source
+    self._files = dict(files or {})
+
+  def file_of(self, name: str) -> str:
+    """The file holding tensor `name` (a shard of a sharded checkpoint), else `source`."""
+    return self._files.get(name, self.source)
 
   def __getitem__(self, name: str) -> jax.ShapeDtypeStruct:
     shape, dtype = self._meta[name]
@@ -129,14 +135,16 @@ class LazyTensors(Mapping):
     """The same tensors minus `names` (e.g. ignored buffers)."""
     drop = set(names)
     return LazyTensors(self._reader, {k: v for k, v in self._meta.items() if k not in drop},
-                       self.source)
+                       self.source, self._files)
 
   def with_alias(self, name: str, existing: str) -> "LazyTensors":
     """The same tensors plus `name`, reading `existing` (a tied copy)."""
     meta = dict(self._meta)
     meta[name] = self._meta[existing]
+    files = dict(self._files)
+    files[name] = self.file_of(existing)
     reader = self._reader
-    return LazyTensors(lambda n: reader(existing if n == name else n), meta, self.source)
+    return LazyTensors(lambda n: reader(existing if n == name else n), meta, self.source, files)
 
 
 def _open_binary(path: str):
@@ -235,7 +243,7 @@ def _open_safetensors(files: Sequence[str], source: str) -> LazyTensors:
         raise ValueError(f"tensor {name} is stored twice ({stored[name].file}, {file})")
       stored[name] = s
   return LazyTensors(lambda n: _map(stored[n]), {k: (s.shape, s.dtype) for k, s in stored.items()},
-                     source)
+                     source, {k: s.file for k, s in stored.items()})
 
 
 def _torch_to_numpy(t) -> np.ndarray:
@@ -324,6 +332,27 @@ def open_tensors(path: Any) -> LazyTensors:
                    ".safetensors.index.json, .bin, .pt or .pth")
 
 
+def check_float_tensors(tensors: LazyTensors, names: Sequence[str], dtype: Any) -> None:
+  """Every tensor of `names` present in `tensors` is stored as a float (F16 / BF16 / F32 / F64).
+
+  An integer or bool tensor where a float weight is expected (a quantized or mis-exported
+  checkpoint) would be cast to `dtype` silently and give a model of wrong values: refused.
+
+  Raises:
+    ValueError: naming the file, the tensor, its stored dtype and the expected one.
+  """
+  target = np.dtype(jnp.dtype(dtype))
+  for name in names:
+    if name not in tensors:
+      continue
+    stored = np.dtype(tensors[name].dtype)
+    if not jnp.issubdtype(stored, jnp.floating):
+      raise ValueError(
+          f"{tensors.file_of(name)}: tensor {name} is stored as {stored.name}, expected a float "
+          f"weight (float16 / bfloat16 / float32 / float64, read as {target.name}); an integer "
+          "or bool tensor here is a quantized or mis-exported checkpoint and is not cast")
+
+
 def tensors_equal(tensors: LazyTensors, a: str, b: str, rows: int = 4096) -> bool:
   """Whether two stored tensors hold the same values (compared in blocks of rows, so a tied
   embedding check never holds two whole copies)."""
@@ -360,6 +389,7 @@ def place(entries: Sequence[Entry], tensors: LazyTensors, dtype: Any,
   slice; None: the default device.
   """
   np_dtype = np.dtype(jnp.dtype(dtype))
+  check_float_tensors(tensors, [entry.name for entry in entries], dtype)
   params: Dict[str, Any] = {}
   if sharding_for is None:
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence, Union
 
 import numpy as np
 
-from specjax._checks import check_int
+from specjax._checks import check_bool, check_int
 from specjax.tokenizers import _files
+from specjax.tokenizers._ids import read_id, read_ids, text_list, token_rows
 from specjax.tokenizers.chat import read_chat_template, read_eos_ids, render_chat
-from specjax.tokenizers.sentencepiece import SentencePieceTokenizer, token_rows
+from specjax.tokenizers.sentencepiece import SentencePieceTokenizer
 
 if TYPE_CHECKING:
   import tokenizers
@@ -262,11 +263,18 @@ class HFTokenizer:
     return None if unk is None else self._tok.token_to_id(unk)
 
   def id_to_token(self, token_id: int) -> str | None:
-    """The token string of `token_id`, or None for an unused id."""
-    return self._tok.id_to_token(int(token_id))
+    """The token string of `token_id`, or None for an unused id.
+
+    Raises:
+      TypeError: `token_id` is not an int (a float, a bool).
+      ValueError: `token_id` is outside ``[0, vocab_size)``.
+    """
+    return self._tok.id_to_token(read_id("token_id", token_id, self._vocab_size, self.path))
 
   def token_to_id(self, token: str) -> int | None:
-    """The id of `token`, or None when it is not in the vocabulary."""
+    """The id of `token`, or None when it is not in the vocabulary (TypeError: not a str)."""
+    if not isinstance(token, str):
+      raise TypeError(f"token must be a str, got {token!r:.80} ({type(token).__name__})")
     return self._tok.token_to_id(token)
 
   def tokens(self) -> list[str | None]:
@@ -304,6 +312,9 @@ class HFTokenizer:
   def _specials_for(self, add_bos: bool | None, add_eos: bool
                     ) -> tuple[list[int], list[int]]:
     """(prefix, suffix) ids for the `add_bos` / `add_eos` options."""
+    check_bool("add_eos", add_eos)
+    if add_bos is not None:
+      check_bool("add_bos", add_bos)
     if add_bos is None:
       add_bos = self.add_bos_by_default
     prefix, suffix = [], []
@@ -331,44 +342,39 @@ class HFTokenizer:
       add_bos: prepend BOS; None: `add_bos_by_default`.
 
     Raises:
-      TypeError: `text` is not a str.
+      TypeError: `text` is not a str, or a flag is not a bool (or None for `add_bos`).
       ValueError: BOS / EOS asked for but the tokenizer has none.
     """
     if not isinstance(text, str):
-      raise TypeError(f"text must be a str, got {type(text).__name__}")
+      raise TypeError(f"text must be a str (ids are decoded with decode), got {text!r:.80} "
+                      f"({type(text).__name__})")
     prefix, suffix = self._specials_for(add_bos, add_eos)
     ids = self._tok.encode(text, add_special_tokens=False).ids
     return prefix + ids + suffix
-
-  def _check_ids(self, ids: Sequence[int]) -> None:
-    bad = [i for i in ids if not 0 <= i < self._vocab_size]
-    if bad:
-      raise ValueError(
-          f"token id {bad[0]} is outside the vocabulary [0, {self._vocab_size})"
-          f" of {self.path}")
 
   def decode(self, ids: Iterable[int], skip_special_tokens: bool = True
              ) -> str:
     """Text of `ids`: stops at the first EOS and drops the pad token's ids.
 
     Args:
-      ids: token ids (any integer iterable or array).
+      ids: one sequence of token ids: a list or iterable of ints, or a 1-D integer array (numpy
+        or jax, any integer dtype); one int is a sequence of one.
       skip_special_tokens: leave special tokens (BOS, chat markers...) out of the text.
 
     Raises:
-      ValueError: an id before the first EOS is outside the vocabulary.
+      TypeError: `ids` is None, a string, or holds a non-integer (a float, a bool, None); the
+        message names the position. `skip_special_tokens` is not a bool.
+      ValueError: `ids` is nested (ragged lists, or a 2-D batch: `decode_batch`), or an id
+        before the first EOS is outside ``[0, vocab_size)``.
     """
-    eos = self.eos_id
+    return self._decode(ids, "ids", skip_special_tokens)
+
+  def _decode(self, ids, name: str, skip_special_tokens: bool) -> str:
+    check_bool("skip_special_tokens", skip_special_tokens)
     pad = None if self.pad_token is None else self.pad_id
-    kept = []
-    for i in np.asarray(list(ids), dtype=np.int64).reshape(-1).tolist():
-      if i == eos:
-        break
-      if i == pad:
-        continue
-      kept.append(int(i))
-    self._check_ids(kept)
-    return self._tok.decode(kept, skip_special_tokens=skip_special_tokens)
+    kept = read_ids(ids, vocab_size=self._vocab_size, stop_id=self.eos_id, skip_id=pad,
+                    source=self.path, name=name)
+    return self._tok.decode(kept, skip_special_tokens=bool(skip_special_tokens))
 
   # --- Batches ---
 
@@ -396,12 +402,9 @@ class HFTokenizer:
     """
     if isinstance(texts, str):
       raise TypeError("texts must be a sequence of strings, not one string")
-    texts = list(texts)
-    for row, text in enumerate(texts):
-      if not isinstance(text, str):
-        raise TypeError(f"texts[{row}] must be a str, got "
-                        f"{type(text).__name__}")
+    texts = text_list(texts)
     max_len = check_int("max_len", max_len, 1)
+    check_bool("truncate", truncate)
     prefix, suffix = self._specials_for(add_bos, add_eos)
     encodings = self._tok.encode_batch(texts, add_special_tokens=False)
     tokens_bp = np.full((len(texts), max_len), self.pad_id, dtype=np.int32)
@@ -432,10 +435,13 @@ class HFTokenizer:
       lengths_b: ``[B]`` tokens to read per row (default: the whole row); a row also stops at
         its first EOS.
       skip_special_tokens: as in `decode`.
+
+    Raises:
+      TypeError / ValueError: as `decode` (naming the row), or `lengths_b` not integers in
+        ``[0, N]`` of shape ``[B]``.
     """
     tokens_bn, lengths_b = token_rows(tokens_bn, lengths_b)
-    return [self.decode(tokens_bn[b, :int(lengths_b[b])],
-                        skip_special_tokens=skip_special_tokens)
+    return [self._decode(tokens_bn[b, :int(lengths_b[b])], f"tokens[{b}]", skip_special_tokens)
             for b in range(tokens_bn.shape[0])]
 
 

@@ -18,9 +18,11 @@ from typing import Iterable, Sequence
 import numpy as np
 import sentencepiece as spm
 
+from specjax._checks import check_bool, check_int
 from specjax.tokenizers import _files
+from specjax.tokenizers._ids import read_ids, text_list, token_rows
 
-__all__ = ["SentencePieceTokenizer"]
+__all__ = ["SentencePieceTokenizer", "token_rows"]
 
 
 class SentencePieceTokenizer:
@@ -113,35 +115,37 @@ class SentencePieceTokenizer:
     return self.pad_id
 
   def encode(self, text: str, add_eos: bool = True) -> list[int]:
-    """Token ids of `text`, with EOS appended when `add_eos`."""
+    """Token ids of `text`, with EOS appended when `add_eos`.
+
+    Raises:
+      TypeError: `text` is not a str (ids are decoded with `decode`), or `add_eos` not a bool.
+    """
     if not isinstance(text, str):
-      raise TypeError(f"text must be a str, got {type(text).__name__}")
+      raise TypeError(f"text must be a str, got {text!r:.80} ({type(text).__name__})")
+    check_bool("add_eos", add_eos)
     ids = list(self._sp.encode(text, out_type=int))
     if add_eos:
       ids.append(self.eos_id)
     return ids
 
-  def _check_ids(self, ids: Sequence[int]) -> None:
-    bad = [i for i in ids if not 0 <= i < self.vocab_size]
-    if bad:
-      raise ValueError(
-          f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})"
-          f" of {self.path}")
-
   def decode(self, ids: Iterable[int]) -> str:
     """Text of `ids`: stops at the first EOS and drops pad ids.
 
+    Args:
+      ids: one sequence of token ids: a list or iterable of ints, or a 1-D integer array (numpy
+        or jax, any integer dtype); one int is a sequence of one.
+
     Raises:
-      ValueError: an id before the first EOS is outside the vocabulary.
+      TypeError: `ids` is None, a string, or holds a non-integer (a float, a bool, None); the
+        message names the position.
+      ValueError: `ids` is nested (ragged lists, or a 2-D batch: `decode_batch`), or an id
+        before the first EOS is outside ``[0, vocab_size)``.
     """
-    kept = []
-    for i in np.asarray(list(ids), dtype=np.int64).reshape(-1).tolist():
-      if i == self.eos_id:
-        break
-      if i == self.pad_id:
-        continue
-      kept.append(int(i))
-    self._check_ids(kept)
+    return self._decode(ids, "ids")
+
+  def _decode(self, ids, name: str) -> str:
+    kept = read_ids(ids, vocab_size=self.vocab_size, stop_id=self.eos_id, skip_id=self.pad_id,
+                    source=self.path, name=name)
     return self._sp.decode(kept)
 
   def encode_batch(self, texts: Sequence[str], max_len: int, *,
@@ -161,13 +165,17 @@ class SentencePieceTokenizer:
       real tokens per row, EOS included).
 
     Raises:
+      TypeError: `texts` is one string or holds a non-string (naming the row), `max_len` is not
+        an int, or a flag is not a bool.
       ValueError: `max_len` < 1, or a row is longer than `max_len` and `truncate` is False
         (the message names the row and its length).
     """
     if isinstance(texts, str):
       raise TypeError("texts must be a sequence of strings, not one string")
-    if max_len < 1:
-      raise ValueError(f"max_len must be >= 1, got {max_len}")
+    texts = text_list(texts)
+    max_len = check_int("max_len", max_len, 1)
+    check_bool("add_eos", add_eos)
+    check_bool("truncate", truncate)
     tokens_bp = np.full((len(texts), max_len), self.pad_id, dtype=np.int32)
     lengths_b = np.zeros((len(texts),), dtype=np.int32)
     for row, text in enumerate(texts):
@@ -197,24 +205,11 @@ class SentencePieceTokenizer:
 
     Returns:
       B strings.
+
+    Raises:
+      TypeError / ValueError: as `decode` (naming the row), or `lengths_b` not integers in
+        ``[0, N]`` of shape ``[B]``.
     """
     tokens_bn, lengths_b = token_rows(tokens_bn, lengths_b)
-    return [self.decode(tokens_bn[b, :int(lengths_b[b])])
+    return [self._decode(tokens_bn[b, :int(lengths_b[b])], f"tokens[{b}]")
             for b in range(tokens_bn.shape[0])]
-
-
-def token_rows(tokens_bn, lengths_b=None) -> tuple[np.ndarray, np.ndarray]:
-  """`tokens [B, N]` and `lengths [B]` (default: N per row) as checked numpy arrays."""
-  tokens_bn = np.asarray(tokens_bn)
-  if tokens_bn.ndim != 2:
-    raise ValueError(f"tokens must have shape [B, N], got {tokens_bn.shape}")
-  if lengths_b is None:
-    lengths_b = np.full((tokens_bn.shape[0],), tokens_bn.shape[1])
-  lengths_b = np.asarray(lengths_b)
-  if lengths_b.shape != (tokens_bn.shape[0],):
-    raise ValueError(f"lengths must have shape [{tokens_bn.shape[0]}], got "
-                     f"{lengths_b.shape}")
-  if (lengths_b < 0).any() or (lengths_b > tokens_bn.shape[1]).any():
-    raise ValueError(f"lengths must lie in [0, {tokens_bn.shape[1]}], got "
-                     f"{lengths_b.tolist()}")
-  return tokens_bn, lengths_b
