@@ -191,9 +191,11 @@ def test_the_repository_url_agrees_with_every_badge():
     assert {r for r, _ in badges} == {repo}, (readme, badges)
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     urls = tomllib.load(f).get("project", {}).get("urls", {})
-  for key, value in urls.items():  # none yet; when set, they name the same repository
+  assert urls, "pyproject.toml names the repository in [project.urls]"
+  for key, value in urls.items():  # the repository, or pages inside it
     if "github.com/" in value:
-      assert value.rstrip("/").removesuffix(".git").endswith("github.com/" + repo), (key, value)
+      path = value.split("github.com/", 1)[1].rstrip("/").removesuffix(".git")
+      assert path == repo or path.startswith(repo + "/"), (key, value)
 
 
 # -----------------------------------------------------------------------------
