@@ -21,7 +21,7 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["REQUIRED", "hf_int", "hf_positive_real", "hf_bool", "positive_real",
+__all__ = ["check_architectures", "REQUIRED", "hf_int", "hf_positive_real", "hf_bool", "positive_real",
            "check_model_config", "with_source"]
 
 
@@ -101,3 +101,18 @@ def with_source(error: BaseException, source: str) -> BaseException:
   `raise with_source(e, path) from e`."""
   cls = TypeError if isinstance(error, TypeError) else ValueError
   return cls(f"{source}: {error}")
+
+
+def check_architectures(hf: Mapping[str, Any], allowed, importer: str) -> None:
+  """`architectures` (when given) is a list of class names, each one of `allowed` (the classes
+  `importer`, e.g. "decoder" or "T5", reads); ValueError naming the first other class."""
+  names = hf.get("architectures")
+  if names is None:
+    return
+  allowed = list(allowed)
+  if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+    raise ValueError(f"config architectures must be a list of class names, got {names!r}")
+  unknown = [n for n in names if n not in allowed]
+  if unknown:
+    raise ValueError(f"config architectures names {unknown[0]!r}, not a model class the "
+                     f"{importer} importer reads; allowed: {', '.join(allowed)}")

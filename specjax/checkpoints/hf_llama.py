@@ -50,8 +50,8 @@ import numpy as np
 
 from specjax.atomic_io import as_path, atomic_write_json
 from specjax.checkpoints import streaming
-from specjax.checkpoints.config_checks import (check_model_config, hf_bool, hf_int,
-                                               hf_positive_real, positive_real, with_source)
+from specjax.checkpoints.config_checks import (check_architectures, check_model_config,
+                                               hf_bool, hf_int, hf_positive_real, positive_real, with_source)
 from specjax.checkpoints.hf_common import (check_state_dict, config_beside, make_directory,
                                            read_config_json, save_safetensors)
 from specjax.models import decoder_layout, rope
@@ -142,16 +142,7 @@ def _sliding_window_from_hf(hf: Mapping[str, Any], model_type: str) -> Optional[
 def _check_architectures(hf: Mapping[str, Any]) -> None:
   """`architectures` (when given) names causal-LM classes of the decoder families: another class
   (a classifier, an encoder, another family's model) has other tensors or other numerics."""
-  names = hf.get("architectures")
-  if names is None:
-    return
-  allowed = sorted(set(_ARCHITECTURES.values()))
-  if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-    raise ValueError(f"config architectures must be a list of class names, got {names!r}")
-  unknown = [n for n in names if n not in allowed]
-  if unknown:
-    raise ValueError(f"config architectures names {unknown[0]!r}, not a model class the decoder "
-                     f"importer reads; allowed: {', '.join(allowed)}")
+  check_architectures(hf, sorted(set(_ARCHITECTURES.values())), "decoder")
 
 
 def decoder_config_from_hf(hf_config: Mapping[str, Any], **overrides) -> DecoderConfig:

@@ -24,8 +24,8 @@ import jax
 import numpy as np
 
 from specjax.checkpoints import streaming
-from specjax.checkpoints.config_checks import (check_model_config, hf_bool, hf_int,
-                                               hf_positive_real, with_source)
+from specjax.checkpoints.config_checks import (check_architectures, check_model_config,
+                                               hf_bool, hf_int, hf_positive_real, with_source)
 from specjax.checkpoints.hf_common import (
     check_state_dict, config_beside, make_directory, read_config_json, save_safetensors)
 from specjax.atomic_io import as_path, atomic_write_json
@@ -71,14 +71,7 @@ def t5_config_from_hf(hf: Mapping[str, Any], **overrides) -> T5Config:
   model_type = hf.get("model_type", "t5")
   if model_type not in ("t5", "mt5"):  # mT5 is T5 v1.1 with a larger vocabulary.
     raise ValueError(f"config.json model_type must be 't5' or 'mt5', got {model_type!r}")
-  names = hf.get("architectures")
-  if names is not None:
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-      raise ValueError(f"config architectures must be a list of class names, got {names!r}")
-    unknown = [n for n in names if n not in _ARCHITECTURES]
-    if unknown:
-      raise ValueError(f"config architectures names {unknown[0]!r}, not a model class the T5 "
-                       f"importer reads; allowed: {', '.join(_ARCHITECTURES)}")
+  check_architectures(hf, _ARCHITECTURES, "T5")
   ff = hf.get("feed_forward_proj", "relu")
   if not isinstance(ff, str) or ff not in _FF_FROM_HF:
     raise ValueError(f"feed_forward_proj {ff!r} is not supported; expected one of "
