@@ -21,7 +21,8 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-__all__ = ["check_architectures", "REQUIRED", "hf_int", "hf_positive_real", "hf_bool", "positive_real",
+__all__ = ["check_architectures",
+           "REQUIRED", "hf_int", "hf_positive_real", "hf_bool", "positive_real",
            "check_model_config", "with_source"]
 
 

@@ -51,7 +51,8 @@ import numpy as np
 from specjax.atomic_io import as_path, atomic_write_json
 from specjax.checkpoints import streaming
 from specjax.checkpoints.config_checks import (check_architectures, check_model_config,
-                                               hf_bool, hf_int, hf_positive_real, positive_real, with_source)
+                                               hf_bool, hf_int, hf_positive_real, positive_real,
+                                               with_source)
 from specjax.checkpoints.hf_common import (check_state_dict, config_beside, make_directory,
                                            read_config_json, save_safetensors)
 from specjax.models import decoder_layout, rope
