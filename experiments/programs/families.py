@@ -479,7 +479,7 @@ def _run(target, tp, entry, x, n, key, sampling, max_new, acceptance=None):
     if g == SERIES:
       g, kw = "auto", {"acceptance": acceptance or specjax.Acceptance.fresh()}
     out = specjax.speculative_generate(target, tp, d, dp, x, n, max_new_tokens=max_new,
-                                       gamma=g if g is not None else 4, sampling=sampling,
+                                       gamma=g, sampling=sampling,
                                        key=key, **kw)
   out.tokens.block_until_ready()
   return out

@@ -248,9 +248,9 @@ def run(cfg) -> Dict[str, Any]:
   systems = {
       "autoregressive": (None, None, 1),
       "heads, chain (3)": (Medusa(heads_cfg, TokenTree.chain(3)),
-                           {"heads": joint["heads"], "target": None}, 3),
+                           {"heads": joint["heads"], "target": None}, None),
       f"heads, tree ({tree.size} nodes)": (Medusa(heads_cfg, tree),
-                                           {"heads": joint["heads"], "target": None}, 3),
+                                           {"heads": joint["heads"], "target": None}, None),
       f"pruned draft ({cfg.draft.layers} layer), γ 3": (draft, draft_params, 3),
   }
   rows = []

@@ -88,7 +88,7 @@ def _batches(n: int, batch_size: int) -> List[np.ndarray]:
 
 
 def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=None, *,
-            batch_size: int, max_new_tokens: int, gamma: int = 4,
+            batch_size: int, max_new_tokens: int, gamma: Optional[int] = None,
             sampling: SamplingConfig = GREEDY, seed: int = 0, eos_id: Optional[int] = None,
             pad_id: int = 0) -> Measurement:
   """Baseline and candidate latencies, and α, of a drafter at one batch size: every prompt
@@ -101,7 +101,8 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
     prompt_lengths: int `[num_prompts]` in [1, P]; default all P.
     batch_size: requests decoded together, 1..num_prompts.
     max_new_tokens: tokens per request, >= 1 (>= 2 for an ITL).
-    gamma: drafts per iteration, >= 1 (a drafter with a fixed γ keeps its).
+    gamma: drafts per iteration, >= 1; None: 4, or the γ of a drafter that fixes its own
+      (which refuses any other γ).
     sampling: a `SamplingConfig`; default greedy.
     seed: the PRNG seed of sampled runs (both arms use the same keys).
     eos_id, pad_id: as in `specjax.generate`.
@@ -111,7 +112,8 @@ def measure(target, target_params, draft, draft_params, prompts, prompt_lengths=
   check_model(target, "target")
   batch_size = check_int("batch_size", batch_size, 1)
   max_new = check_int("max_new_tokens", max_new_tokens, 1)
-  gamma = check_int("gamma", gamma, 1)
+  if gamma is not None:
+    gamma = check_int("gamma", gamma, 1)
   seed = check_int("seed", seed, 0)
   if not isinstance(sampling, SamplingConfig):
     raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
