@@ -141,7 +141,8 @@ def test_main_job_stops_before_anything_on_a_host_without_apt(tmp_path, no_apt, 
   with pytest.raises(DataHostError) as e:
     leviathan.run(cfg)
   msg = str(e.value)
-  assert "needs apt-get on a Debian/Ubuntu host" in msg
+  assert "from this host's Debian catalogs (apt-get; `sudo apt-get update" in msg
+  assert "from the catalogs and READMEs inside installed Python packages" in msg
   # the quick default, from neither source
   assert "summarize_debian_lead: source apt: this host has no apt-get" in msg
   assert "source pypi: no installed Python package ships a German gettext catalog" in msg

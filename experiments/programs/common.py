@@ -56,17 +56,20 @@ def check_data_host(builds: Mapping[str, Mapping[str, Any]], cache_dir: str,
                     alternatives: str) -> None:
   """Raises `DataHostError` when a dataset of `builds` ({task: build_task options}, as the
   program will build them) is not in `cache_dir` yet and this host lacks what building it
-  needs (`experiments.data.host_problems`: apt-get, root, the Debian files); the message names
+  needs (`experiments.data.host_problems`: Debian's apt-get and files, or the Python packages
+  holding German catalogs); the message names
   what is missing and `alternatives` (the config fields for other sources). Runs nothing."""
   missing = {task: host_problems(task, cache_dir, **opts) for task, opts in builds.items()}
   missing = {task: p for task, p in missing.items() if p}
   if not missing:
     return
   raise DataHostError(
-      "the built-in default data (Debian package descriptions and German gettext catalogs) "
-      "needs apt-get on a Debian/Ubuntu host (root and network to the Debian mirrors for "
-      "`apt-get update` / `apt-get download`) the first time it is built; it is then cached "
-      f"in {os.path.abspath(cache_dir)}, which does not hold it yet. Missing here: "
+      "the built-in default data (German gettext catalogs and package descriptions) is built "
+      "the first time from this host's Debian catalogs (apt-get; `sudo apt-get update -o "
+      "Acquire::Languages=en` once on a non-root host) or, where there are none, from the "
+      "catalogs and READMEs inside installed Python packages (`pip install -e \".[experiments]\"` "
+      "brings Django, Sphinx, plone.app.locales and JupyterLab's German language pack); it is "
+      f"then cached in {os.path.abspath(cache_dir)}, which does not hold it yet. Missing here: "
       + "; ".join(f"{task}: {', '.join(p)}" for task, p in missing.items())
       + f". Nothing was trained. Alternatives: {alternatives}")
 
