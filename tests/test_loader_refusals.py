@@ -198,10 +198,16 @@ def test_invalid_config_json_is_named_with_the_file(tmp_path):
   assert isinstance(err.value.__cause__, json.JSONDecodeError)
 
 
-def test_explicit_decoder_config_out_of_domain_is_refused_at_load(decoder_dir):
+def test_explicit_decoder_config_out_of_domain_is_refused(decoder_dir):
   for field, value in (("rope_theta", -1.0), ("norm_eps", float("nan")), ("rope_theta", 0.0)):
+    # The config itself refuses it, before any loader sees it.
     with pytest.raises(ValueError, match=f"{field} must be a finite number > 0, got {value}"):
-      import_hf_decoder(decoder_dir, CONFIG.replace(**{field: value}))
+      CONFIG.replace(**{field: value})
+    # One that got past its constructor (object.__setattr__) is still refused at load.
+    bad = CONFIG.replace()
+    object.__setattr__(bad, field, value)
+    with pytest.raises(ValueError, match=f"{field} must be a finite number > 0, got {value}"):
+      import_hf_decoder(decoder_dir, bad)
 
 
 @pytest.mark.parametrize("changes, field", [

@@ -9,17 +9,19 @@ value as they read it instead:
 * `hf_field` reads one field of a transformers `config.json` dict (an int >= 1, a finite real
   > 0, a bool ...), raising a ValueError `config <field> must be <allowed>, got <value>`;
 * `check_model_config(config, where)` checks the real-valued fields of a specjax config
-  dataclass that its constructor leaves unchecked (`rope_theta`, `norm_eps`, ...), naming
-  `where` (the file or directory it came from).
+  dataclass (`rope_theta`, `norm_eps`, ...; `DecoderConfig` and `T5Config` refuse them on
+  construction too, with the same rule) again, naming `where` (the file or directory it came
+  from).
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Any, Mapping, Optional
 
 import numpy as np
+
+from specjax._checks import check_real
 
 __all__ = ["check_architectures",
            "REQUIRED", "hf_int", "hf_positive_real", "hf_bool", "positive_real",
@@ -60,13 +62,13 @@ def hf_int(hf: Mapping[str, Any], key: str, default: Any = REQUIRED, minimum: in
 
 
 def positive_real(key: str, value: Any) -> float:
-  """`value` as a finite float > 0 (bools and strings refused), a ValueError naming `key`."""
-  if isinstance(value, bool) or not isinstance(value, numbers.Real):
-    raise ValueError(f"config {key} must be a finite number > 0, got {value!r}")
-  v = float(value)
-  if not (math.isfinite(v) and v > 0):
-    raise ValueError(f"config {key} must be a finite number > 0, got {value!r}")
-  return v
+  """`value` as a finite float > 0 (bools and strings refused), a ValueError naming `key`: the
+  rule of `specjax._checks.check_real` (which the config classes apply to their own fields), as
+  a ValueError for a config file's values of the wrong type too."""
+  try:
+    return check_real(f"config {key}", value, 0.0, lo_open=True)
+  except TypeError as e:
+    raise ValueError(str(e)) from None
 
 
 def hf_positive_real(hf: Mapping[str, Any], key: str, default: Any = REQUIRED) -> float:

@@ -38,7 +38,7 @@ from specjax.models.layers import (KVCache, RMSNorm, apply_rope, attend_cached, 
                                    contract, copy_slots, replace_layer)
 from specjax.models.padding import mask_padding
 from specjax.parallel.rules import whole_vocab
-from specjax._checks import check_bool, check_int, check_optional_int
+from specjax._checks import check_bool, check_int, check_optional_int, check_real
 
 __all__ = ["DecoderConfig", "DecoderLM", "DECODER_CONFIGS", "decoder_config"]
 
@@ -58,7 +58,7 @@ class DecoderConfig:
     num_kv_heads: K key/value heads (K == H: multi-head; K < H: grouped-query; divides H).
     mlp_dim: F, the SwiGLU hidden width.
     tie_embeddings: output projection = embedding transposed.
-    rope_theta: rotary base.
+    rope_theta: rotary base, a finite number > 0.
     rope_scaling: a context-extension rule of the rotary frequencies (`models.rope`: linear,
       llama3, yarn), as a dict or its canonical (key, value) pairs; None: plain rotary.
     qkv_bias: q, k and v projections carry biases (Qwen2 / Qwen2.5).
@@ -66,7 +66,7 @@ class DecoderConfig:
       embedding (Qwen3), one scale `[D]` each for q and k.
     sliding_window: a token attends only to the last `sliding_window` positions, itself
       included (Mistral); None: the whole context.
-    norm_eps: RMSNorm epsilon.
+    norm_eps: RMSNorm epsilon, a finite number > 0.
     dtype: compute dtype name; param_dtype: parameter dtype name.
     matvec_max_rows: how a call on N = B * T tokens computes each projection: 1 < N <= this,
       one matrix-vector product per token, back to back on the same kernel; otherwise one
@@ -116,6 +116,9 @@ class DecoderConfig:
           f"num_kv_heads ({self.num_kv_heads}) must divide num_heads ({self.num_heads})")
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for rotary positions, got {self.head_dim}")
+    # Out of these domains the first call's logits are NaN (a broken checkpoint, it would seem).
+    check_real("rope_theta", self.rope_theta, 0.0, lo_open=True)
+    check_real("norm_eps", self.norm_eps, 0.0, lo_open=True)
     object.__setattr__(self, "rope_scaling", rope.canonical_scaling(self.rope_scaling))
     w = self.sliding_window
     if w is not None:
