@@ -397,10 +397,10 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
     params in the parameter dtype, and the config.
 
   Raises:
-    ValueError naming every missing, unexpected or mis-shaped tensor; a tensor stored as an
-    integer or bool (file, tensor, both dtypes); the unsupported config feature or out-of-domain
-    config value (with the config.json path); a config.json that is not JSON;
-    `streaming.MissingTorchError` for a PyTorch pickle without torch.
+    ValueError: naming every missing, unexpected or mis-shaped tensor; a tensor stored as an
+      integer or bool (file, tensor, both dtypes); the unsupported config feature or
+      out-of-domain config value (with the config.json path); a config.json that is not JSON.
+    streaming.MissingTorchError: for a PyTorch pickle without torch.
   """
   if isinstance(path_or_state_dict, Mapping):
     tensors = streaming.lazy_from_mapping(path_or_state_dict)

@@ -102,7 +102,7 @@ def latency_stats(token_times: Sequence[Sequence[float]],
     The `LatencyStats` (definitions in the module doc).
 
   Raises:
-    ValueError when no request has two tokens (no inter-token latency exists).
+    ValueError: when no request has two tokens (no inter-token latency exists).
   """
   if isinstance(token_times, (str, bytes)) or not isinstance(token_times, Sequence):
     raise TypeError(f"token_times must be a sequence of per-request sequences of seconds, got "
