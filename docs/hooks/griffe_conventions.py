@@ -51,6 +51,8 @@ class GroupedParams(griffe.Extension):
               griffe.logger.warning(f"{obj.relative_filepath}:{obj.lineno}: {obj.path}: its Args "
                                     f"name '{name}', which is not a parameter of the signature")
 
+  on_package_loaded = on_package   # the event's name before griffe 2
+
 
 def fence_indented_blocks(text: str) -> str:
   """`text` with each two-space-indented block of its prose fenced (the module doc)."""
@@ -82,3 +84,5 @@ class IndentedExamples(griffe.Extension):
     for obj in [pkg, *_objects(pkg)]:
       if obj.docstring is not None:
         obj.docstring.value = fence_indented_blocks(obj.docstring.value)
+
+  on_package_loaded = on_package
