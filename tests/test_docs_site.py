@@ -4,6 +4,7 @@ the nav or a docstring the API reference cannot read fails CI. The API pages hol
 functions' docstrings; a copy of the config over pages with broken links fails (the negative
 control); the hooks of docs/hooks/ are tested on their own."""
 
+import fcntl
 import html
 import importlib
 import importlib.util
@@ -66,10 +67,19 @@ def _config() -> dict:
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-  out = tmp_path_factory.mktemp("site")
-  res = _mkdocs_build(out)
-  assert res.returncode == 0, res.stderr[-6000:]
+def site(tmp_path_factory, request):
+  """The site built from mkdocs.yml, once per run: xdist's workers share the folder above their
+  own temporary folders, and the first to take the lock builds."""
+  shared = tmp_path_factory.getbasetemp()
+  if hasattr(request.config, "workerinput"):
+    shared = shared.parent
+  out = shared / "docs_site"
+  with open(shared / "docs_site.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not (shared / "docs_site.ok").exists():
+      res = _mkdocs_build(out)
+      assert res.returncode == 0, res.stderr[-6000:]
+      (shared / "docs_site.ok").touch()
   return out
 
 
