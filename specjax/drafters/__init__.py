@@ -19,8 +19,11 @@ protocol is `specjax.drafting` (re-exported here); Medusa's and EAGLE's head net
                                 the other rows and a corpus (SuffixCorpus)
   eagle          Eagle          a one-layer head on the target's features (EAGLE-1/3),
                                 static trees or EAGLE-2's dynamic tree (DynamicTree)
+  dflash         DFlash         a block draft of several layers over the target's fused
+                                context features (DFlash): a chain or a static tree per call
 """
 
+from specjax.drafters.dflash import DFlash, DFlashState, load_dflash
 from specjax.drafters.eagle import DynamicTree, Eagle, load_eagle
 from specjax.drafters.layer_skip import LayerSkip, LayerSkipLM
 from specjax.drafters.lookahead import Lookahead, LookaheadState
@@ -33,6 +36,7 @@ from specjax.drafters.windowed import WindowCache, WindowedKV, WindowedLM
 from specjax.checkpoints.heads import read_agreement
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               chain_layout, is_drafter)
+from specjax.models.dflash_head import DFlashConfig, init_dflash
 from specjax.models.eagle_head import EagleConfig, init_eagle
 from specjax.models.medusa_head import MedusaConfig, init_heads
 
@@ -42,4 +46,5 @@ __all__ = ["CallLayout", "DraftFeedback", "DraftInput", "Drafter", "Proposal", "
            "SuffixCorpus", "outputs_of", "LayerSkip",
            "LayerSkipLM", "WindowedKV", "WindowedLM", "WindowCache", "Lookahead",
            "LookaheadState", "Medusa", "MedusaConfig", "init_heads", "choose_tree", "load_medusa",
-           "Eagle", "EagleConfig", "DynamicTree", "init_eagle", "load_eagle", "read_agreement"]
+           "Eagle", "EagleConfig", "DynamicTree", "init_eagle", "load_eagle", "read_agreement",
+           "DFlash", "DFlashConfig", "DFlashState", "init_dflash", "load_dflash"]
