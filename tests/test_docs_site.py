@@ -269,9 +269,14 @@ def test_two_space_blocks_of_prose_are_fenced_and_sections_and_lists_are_not():
 
         y: another.
       Text again.""")
-  assert conventions.fence_indented_blocks(doc).splitlines() == [
+  fenced = conventions.fence_indented_blocks(doc)
+  assert fenced.splitlines() == [
       "Summary.", "",
       "```", "out = speculative_generate(target, tp, draft, dp,",
       "                           prompts, lengths)", "```", "",
       "* a list item", "  continued", "", "  1. a numbered item", "",
       "Args:", "  x: a parameter", "    continued.", "", "  y: another.", "Text again."]
+  # A fence (its own, or one made here) is kept as it is: fencing twice changes nothing.
+  assert conventions.fence_indented_blocks(fenced) == fenced
+  own = "Text.\n\n```\ndef f():\n\n  return 1\n```"
+  assert conventions.fence_indented_blocks(own) == own

@@ -56,13 +56,15 @@ class GroupedParams(griffe.Extension):
 
 def fence_indented_blocks(text: str) -> str:
   """`text` with each two-space-indented block of its prose fenced (the module doc)."""
-  lines, out, i, in_section = text.split("\n"), [], 0, False
+  lines, out, i, in_section, in_fence = text.split("\n"), [], 0, False, False
   while i < len(lines):
     line = lines[i]
-    if line.strip() and not line.startswith(" "):
+    if line.lstrip().startswith("```"):
+      in_fence = not in_fence   # a fence of its own (or one fenced here already): kept
+    elif line.strip() and not line.startswith(" "):
       in_section = bool(_SECTION.match(line))
-    if (in_section or not line.startswith("  ") or not line.strip() or _LIST_ITEM.match(line)
-        or (i > 0 and lines[i - 1].strip())):
+    if (in_fence or in_section or not line.startswith("  ") or not line.strip()
+        or _LIST_ITEM.match(line) or (i > 0 and lines[i - 1].strip())):
       out.append(line)
       i += 1
       continue
