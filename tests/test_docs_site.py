@@ -185,7 +185,8 @@ def _rewrite(markdown, src="where-it-pays.md"):
 def test_repo_links_rewrites_links_out_of_docs_and_keeps_the_rest():
   md = textwrap.dedent("""\
       [page](library.md#the-two-decoders) [api](api/index.md)
-      [folder](../results/) [file](../pyproject.toml#L1) ![plot](../results/long_context/speedup_surface.png)
+      [folder](../results/) [file](../pyproject.toml#L1)
+      ![plot](../results/long_context/speedup_surface.png)
       ```
       [in a fence](../pyproject.toml)
       ```
@@ -193,9 +194,10 @@ def test_repo_links_rewrites_links_out_of_docs_and_keeps_the_rest():
   out = _rewrite(md).splitlines()
   assert out[0] == "[page](library.md#the-two-decoders) [api](api/index.md)"
   assert out[1] == ("[folder](https://github.com/o/r/tree/main/results) "
-                    "[file](https://github.com/o/r/blob/main/pyproject.toml#L1) "
-                    "![plot](https://github.com/o/r/raw/main/results/long_context/speedup_surface.png)")
-  assert out[3] == "[in a fence](../pyproject.toml)"
+                    "[file](https://github.com/o/r/blob/main/pyproject.toml#L1)")
+  assert out[2] == "![plot](https://github.com/o/r/raw/main/results/long_context/" \
+                   "speedup_surface.png)"
+  assert out[4] == "[in a fence](../pyproject.toml)"
   # From a page in a subfolder, one more level up.
   assert _rewrite("[s](../../specjax/api.py)", "api/specjax.md") == \
       "[s](https://github.com/o/r/blob/main/specjax/api.py)"
