@@ -149,11 +149,9 @@ def test_broken_internal_links_fail_the_build(tmp_path):
                                  "[no heading](other.md#no-such-heading)\n")
   (docs / "other.md").write_text("# Other\n\n## A heading\n\n[home](index.md)\n")
   (docs / "orphan.md").write_text("# Orphan\n")
-  with open(os.path.join(ROOT, "mkdocs.yml"), encoding="utf-8") as f:
-    head, nav = f.read().split("\nnav:\n")
-  assert "\ndocs_dir: docs\n" in head
-  config = head.replace("\ndocs_dir: docs\n", f"\ndocs_dir: {docs}\n")
-  config += "\nnav:\n  - index.md\n  - other.md\n"
+  import yaml
+  config = yaml.safe_dump({**_config(), "docs_dir": str(docs), "nav": ["index.md", "other.md"]},
+                          allow_unicode=True)
   res = _mkdocs_build(tmp_path / "site", config)
   assert res.returncode != 0
   warnings = [line for line in res.stderr.splitlines() if line.startswith("WARNING")]
