@@ -24,9 +24,16 @@ HOOKS = os.path.join(ROOT, "docs", "hooks")
 MODULES = ("mkdocs", "mkdocstrings", "mkdocstrings_handlers.python", "griffe")
 
 
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # its parent package is missing
+    return False
+
+
 @pytest.fixture(scope="module", autouse=True)
 def docs_tools():
-  missing = [m for m in MODULES if importlib.util.find_spec(m) is None]
+  missing = [m for m in MODULES if not _installed(m)]
   if missing:
     pytest.fail(f"{', '.join(missing)} not installed: the docs build needs the [docs] extra "
                 "(pip install -e \".[docs]\"; [test] includes it)", pytrace=False)
