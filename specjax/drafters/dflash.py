@@ -8,7 +8,7 @@ is the draft distribution of the token j places after the anchor, so one call gi
 distributions of drafts 1 .. γ (γ <= K - 1) at once.
 
 State: per draft layer, the keys and values of the context features at every committed
-position (`DFlashState`, a static `[L, B, S, H, D]` buffer with a length per row). The prompt's
+position (`DFlashState`, a static `[B, L, S, H, D]` buffer with a length per row). The prompt's
 are written chunk by chunk during the target's prefill (`absorb`, from the target's hidden
 states after `DFlashConfig.target_layers`); after each commit, those of the call's root and of
 the accepted tokens (`update`, from the target's hidden states of the verify call) — each row
@@ -57,19 +57,20 @@ __all__ = ["DFlash", "DFlashState", "load_dflash"]
 
 @struct.dataclass
 class DFlashState:
-  """k_LBSHD, v_LBSHD: each draft layer's keys / values of the context features, slot s holding
-  position s (the target's dtype); lengths_B: int32 `[B]`, positions held (the pending token's
-  position: the row's committed length)."""
+  """k_BLSHD, v_BLSHD: each draft layer's keys / values of the context features, slot s holding
+  position s (the target's dtype; rows first: on a mesh, rows over `data`); lengths_B: int32
+  `[B]`, positions held (the pending token's position: the row's committed length)."""
 
-  k_LBSHD: jax.Array
-  v_LBSHD: jax.Array
+  k_BLSHD: jax.Array
+  v_BLSHD: jax.Array
   lengths_B: jax.Array
 
 
-def _write(buf_LBSHD, new_LBTHD, start_B):
-  """`new_LBTHD` written into every layer's buffer at each row's `start_B`."""
-  put = jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (s, 0, 0)))
-  return jax.vmap(put, in_axes=(0, 0, None))(buf_LBSHD, new_LBTHD, start_B)
+def _write(buf_BLSHD, new_BLTHD, start_B):
+  """`new_BLTHD` written into every layer's buffer at each row's `start_B`."""
+  return jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice(c, n.astype(c.dtype),
+                                                               (0, s, 0, 0)))(
+      buf_BLSHD, new_BLTHD, start_B)
 
 
 @functools.lru_cache(maxsize=16)
@@ -168,9 +169,9 @@ class DFlash(Drafter):
 
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> DFlashState:
     c = self.config
-    shape = (c.num_layers, batch_size, cache_len, c.num_heads, c.head_dim)
+    shape = (batch_size, c.num_layers, cache_len, c.num_heads, c.head_dim)
     kv = jnp.dtype(self.target.config.dtype)
-    return DFlashState(k_LBSHD=jnp.zeros(shape, kv), v_LBSHD=jnp.zeros(shape, kv),
+    return DFlashState(k_BLSHD=jnp.zeros(shape, kv), v_BLSHD=jnp.zeros(shape, kv),
                        lengths_B=jnp.zeros((batch_size,), jnp.int32))
 
   def _written(self, params, state: DFlashState, hidden_BCX, start_B) -> DFlashState:
@@ -178,8 +179,8 @@ class DFlash(Drafter):
     ctx = context_features(self.config, params["head"], hidden_BCX)
     pos_BC = start_B[:, None] + jnp.arange(ctx.shape[1], dtype=jnp.int32)[None]
     k, v = context_kv(self.config, params["head"], ctx, pos_BC)
-    return state.replace(k_LBSHD=_write(state.k_LBSHD, k, start_B),
-                         v_LBSHD=_write(state.v_LBSHD, v, start_B))
+    return state.replace(k_BLSHD=_write(state.k_BLSHD, k, start_B),
+                         v_BLSHD=_write(state.v_BLSHD, v, start_B))
 
   def absorb(self, params, state: DFlashState, prompts_BP, lengths_B, start,
              hidden_BCX) -> DFlashState:
@@ -203,10 +204,10 @@ class DFlash(Drafter):
     emb, lm = shared_weights(self.target, params["target"])
     x_BTE = block_inputs(hp, emb, anchor_B.astype(jnp.int32)[:, None], slots)[:, 0]
     pos_BT = state.lengths_B[:, None] + jnp.arange(slots, dtype=jnp.int32)[None]
-    s = state.k_LBSHD.shape[2]
+    s = state.k_BLSHD.shape[2]
     ctx_mask = (jnp.arange(s)[None, :] < state.lengths_B[:, None])[:, None, :]
     causal = np.tril(np.ones((slots, slots), bool))
-    out = block_hidden(c, hp, x_BTE, pos_BT, state.k_LBSHD, state.v_LBSHD, ctx_mask, causal)
+    out = block_hidden(c, hp, x_BTE, pos_BT, state.k_BLSHD, state.v_BLSHD, ctx_mask, causal)
     return jax.nn.log_softmax(block_logits(lm, out[:, 1:]), axis=-1)
 
   def propose(self, params, state: DFlashState, inp: DraftInput, u_BT, sampling: SamplingConfig,

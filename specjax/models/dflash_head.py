@@ -163,14 +163,14 @@ def _heads(config: DFlashConfig, x_BTx: jax.Array) -> jax.Array:
 def context_kv(config: DFlashConfig, params, ctx_BSE: jax.Array, positions_BS: jax.Array
                ) -> Tuple[jax.Array, jax.Array]:
   """Every draft layer's keys (rotated at `positions_BS`) and values of context features
-  `ctx_BSE`: `(k_LBSHD, v_LBSHD)`, float32."""
+  `ctx_BSE`: `(k_BLSHD, v_BLSHD)`, float32 (rows first: a cache laid out by rows)."""
   ks, vs = [], []
   for i in range(config.num_layers):
     p = _layer(params, i)
     h = _rms(ctx_BSE, p["ctx_norm"], config.norm_eps)
     ks.append(apply_rope(_heads(config, h @ p["k"]), positions_BS, config.rope_theta))
     vs.append(_heads(config, h @ p["v"]))
-  return jnp.stack(ks), jnp.stack(vs)
+  return jnp.stack(ks, axis=1), jnp.stack(vs, axis=1)
 
 
 def block_inputs(params, embedding_VE: jax.Array, anchors_xA: jax.Array, slots: int
@@ -182,7 +182,7 @@ def block_inputs(params, embedding_VE: jax.Array, anchors_xA: jax.Array, slots: 
 
 
 def block_hidden(config: DFlashConfig, params, x_BTE: jax.Array, positions_BT: jax.Array,
-                 ctx_k_LBSHD: jax.Array, ctx_v_LBSHD: jax.Array, ctx_mask_BTS: jax.Array,
+                 ctx_k_BLSHD: jax.Array, ctx_v_BLSHD: jax.Array, ctx_mask_BTS: jax.Array,
                  self_mask_TT: jax.Array) -> jax.Array:
   """The draft layers over slot inputs `x_BTE` at `positions_BT` → final-normed outputs `[B, T,
   E]`. Query t attends to context slot s where `ctx_mask_BTS[b, t, s]` (broadcastable) and to
@@ -190,7 +190,7 @@ def block_hidden(config: DFlashConfig, params, x_BTE: jax.Array, positions_BT: j
   scale = config.head_dim ** -0.5
   x = x_BTE.astype(jnp.float32)
   b, t = x.shape[:2]
-  ctx_mask = jnp.broadcast_to(ctx_mask_BTS, (b, t, ctx_k_LBSHD.shape[2]))[:, None]
+  ctx_mask = jnp.broadcast_to(ctx_mask_BTS, (b, t, ctx_k_BLSHD.shape[2]))[:, None]
   self_mask = jnp.asarray(self_mask_TT, bool)[None, None]
   for i in range(config.num_layers):
     p = _layer(params, i)
@@ -198,8 +198,8 @@ def block_hidden(config: DFlashConfig, params, x_BTE: jax.Array, positions_BT: j
     q = apply_rope(_heads(config, h @ p["q"]), positions_BT, config.rope_theta)
     k = apply_rope(_heads(config, h @ p["k"]), positions_BT, config.rope_theta)
     v = _heads(config, h @ p["v"])
-    ck = ctx_k_LBSHD[i].astype(jnp.float32)
-    cv = ctx_v_LBSHD[i].astype(jnp.float32)
+    ck = ctx_k_BLSHD[:, i].astype(jnp.float32)
+    cv = ctx_v_BLSHD[:, i].astype(jnp.float32)
     s_ctx = jnp.where(ctx_mask, jnp.einsum("bthd,bshd->bhts", q, ck) * scale, -1e30)
     s_self = jnp.where(self_mask, jnp.einsum("bthd,buhd->bhtu", q, k) * scale, -1e30)
     w = jax.nn.softmax(jnp.concatenate([s_ctx, s_self], axis=-1), axis=-1)
