@@ -22,6 +22,7 @@ from reference import chi_square_pvalue
 from specjax.checkpoints.heads import read_agreement
 from specjax.drafters import DFlash, DFlashConfig, init_dflash, load_dflash
 from specjax.drafting import DraftFeedback
+from specjax.measure.compiles import TraceCounter
 from specjax.models.dflash_head import shared_weights
 from specjax.sampling import GREEDY, SamplingConfig
 from specjax.training.dflash import (DFlashLoss, _states, anchor_positions, anchored_log_probs,
@@ -92,7 +93,7 @@ def _feedback(hidden_BCX, count_B, seq_len_B):
 
 
 def test_one_call_after_ragged_commits_equals_the_training_forward():
-  """Prefill (ragged prompts), then two commits of a different count per row whose rejected
+  """A chunked prefill (ragged prompts), then two commits of a different count per row whose rejected
   entries carry garbage features: the draft's block at each row's pending token equals the
   training forward's block at that anchor over the true sequence (its cache is rolled back per
   row, the stale entries masked and overwritten); a shorter block is the longer's prefix."""
@@ -106,14 +107,15 @@ def test_one_call_after_ragged_commits_equals_the_training_forward():
   _, hidden = jax.jit(lm.forward_with_hidden, static_argnums=2)(params, tokens,
                                                                 config.target_layers)
   lengths = jnp.array([9, 5, 3], jnp.int32)
+  chunked = specjax.DecoderLM(lm.config.replace(prefill_chunk=4))   # chunks of 4, 4 and 1
 
   @jax.jit
   def prefill(dp, prompts_BP, lengths_B):
     absorb = lambda state, start, hidden_BCX: drafter.absorb(dp, state, prompts_BP, lengths_B,
                                                              start, hidden_BCX)
-    _, _, _, state = lm.prefill_with_hidden(dp["target"], prompts_BP, lengths_B,
-                                            lm.init_cache(3, 24), layers=config.target_layers,
-                                            fold=(absorb, drafter.alloc(3, 9, 24, 3)))
+    _, _, _, state = chunked.prefill_with_hidden(
+        dp["target"], prompts_BP, lengths_B, chunked.init_cache(3, 24),
+        layers=config.target_layers, fold=(absorb, drafter.alloc(3, 9, 24, 3)))
     return drafter.start(dp, state, prompts_BP, lengths_B, None, None)
   state = prefill(dp, tokens[:, :9], lengths)
   garbage = 5.0 * jax.random.normal(jax.random.key(0), (3, 4, hidden.shape[-1]))
@@ -145,7 +147,8 @@ def test_one_call_after_ragged_commits_equals_the_training_forward():
 def test_greedy_equals_plain_greedy(trained, tree):
   """The trained draft (loaded from its workdir) on ragged prompts, rows ending by EOS and by
   length: token for token plain greedy decoding; one draft call per iteration; its drafts are
-  accepted (an untrained draft's almost never are)."""
+  accepted (an untrained draft's almost never are); other prompts of the same shape run the
+  compiled loop again (one compilation per block size)."""
   lm, params = target()
   prompts, lengths = _distill()[:2]
   ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=20, sampling=GREEDY,
@@ -163,22 +166,26 @@ def test_greedy_equals_plain_greedy(trained, tree):
   # One draft call per iteration (the prefill is a target call too).
   np.testing.assert_array_equal(out.stats.draft_calls, np.asarray(out.stats.target_calls) - 1)
   assert out.acceptance_rate > 0.1, out.acceptance_rate
+  with TraceCounter() as traces:
+    specjax.speculative_generate(lm, params, drafter, dp, *ragged_prompts(16, 6, seed=6),
+                                 max_new_tokens=20, gamma=BLOCK - 1 if tree is None else None,
+                                 sampling=GREEDY, eos_id=EOS)
+  assert traces.decode_loops == 0, traces.counts
 
 
-@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
-def test_a_row_alone_equals_it_in_a_batch_and_no_retrace(tree):
+def test_a_row_alone_equals_it_in_a_batch_and_no_retrace():
+  """A sampled tree at T = 1 (the chain's compilation count: the greedy test)."""
   lm, params = target()
   config = _config(lm)
   assert_rows_independent_and_no_retrace(
-      lm, params, DFlash(config, lm, tree), {"head": _random_head(config), "target": params},
-      max_new_tokens=12, gamma=BLOCK - 1 if tree is None else None,
-      sampling=SamplingConfig(1.0), eos_id=EOS)
+      lm, params, DFlash(config, lm, TREE), {"head": _random_head(config), "target": params},
+      max_new_tokens=12, sampling=SamplingConfig(1.0), eos_id=EOS)
 
 
 def _exact_draft():
   lm, params = exact_lm()
   config = DFlashConfig(d_model=16, vocab_size=lm.vocab_size, target_layers=(0, 1),
-                        num_layers=2, block=BLOCK, num_heads=2, mlp_dim=32)
+                        num_layers=1, block=BLOCK, num_heads=2, mlp_dim=32)
   return lm, params, config, {"head": _random_head(config, scale=0.5), "target": params}
 
 
