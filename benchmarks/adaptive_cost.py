@@ -34,7 +34,7 @@ from absl import app, flags
 import specjax
 from specjax.adaptive import AdaptiveGamma
 from specjax.atomic_io import atomic_write_text
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance, provenance_sentence
 from specjax.measure.timing import interleaved_rounds
 from specjax.models.t5_config import T5Config
 
@@ -161,8 +161,8 @@ def main(argv):
   del argv
   quick = _QUICK.value
   repeats = 2 if quick else _REPEATS.value
-  res = {"machine": f"{os.uname().machine} {os.cpu_count()} cores", "repeats": repeats,
-         "pairs": {}, **provenance()}
+  res = {"machine": machine_line(), "repeats": repeats, "pairs": {},
+         "provenance": provenance()}
   for name, (t, tp, d, dp, p) in _pairs(quick).items():
     res["pairs"][name] = measure_pair(t, tp, d, dp, p, repeats)
   os.makedirs(_OUT.value, exist_ok=True)

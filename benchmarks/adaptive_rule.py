@@ -176,7 +176,7 @@ def run_case(case: dict, rule: _Rule, trials: int) -> dict:
 
 def render(result: dict) -> str:
   lines = ["# `gamma=\"auto\"`'s rule against fixed γ (simulated acceptance)", "",
-           result["provenance"], "",
+           provenance_sentence(result).strip(), "",
            f"{result['trials']} simulated calls of {MAX_NEW} tokens per case and policy, the same "
            "seed per trial for every policy; speed = plain decoding's time / the policy's "
            "(1.00 = plain decoding). No wall clock: the rule's decisions alone.", "",
@@ -209,8 +209,7 @@ def main(argv):
           f"{r['auto_vs_best_fixed']:.3f}x best fixed (γ = {r['best_fixed']})", flush=True)
   result = {"trials": trials, "max_new": MAX_NEW,
             "rule": "AdaptiveGamma() defaults but prior_alpha (per case)",
-            "cases": results, "provenance_fields": provenance()}
-  result["provenance"] = provenance_sentence(result["provenance_fields"])
+            "cases": results, "provenance": provenance()}
   stem = "adaptive_rule" + ("_quick" if quick else "")
   os.makedirs(_OUT.value, exist_ok=True)
   atomic_write_text(os.path.join(_OUT.value, stem + ".json"), json.dumps(result, indent=1))

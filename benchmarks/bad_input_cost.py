@@ -31,7 +31,7 @@ from specjax._checks import check_token_ids
 from specjax.atomic_io import atomic_write_text
 from specjax.drafters import ModelDrafter
 from specjax.generation import AutoregressiveDecoder, SpeculativeDecoder
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance, provenance_sentence
 from specjax.measure.timing import interleaved_rounds, now, time_call
 from specjax.protocol import check_params
 
@@ -109,7 +109,7 @@ def to_markdown(result):
       f"{meta['machine']}; jax {meta['jax']}; target `{meta['target']}`, draft "
       f"`{meta['draft']}`, greedy, {MAX_NEW} new tokens, prompts of 16, γ = {GAMMA}; whole "
       f"`run` calls with and without the non-finite count, interleaved, median of "
-      f"{meta['repeats']} rounds." + provenance_sentence(meta),
+      f"{meta['repeats']} rounds." + provenance_sentence(result),
       "",
       "| decoder | batch | with the count (ms) | without (ms) | ratio |",
       "|---|---|---|---|---|",
@@ -134,8 +134,9 @@ def main(argv):
   for batch in ((1,) if quick else (1, 8)):
     loop += loop_cost(target, tp, draft, dp, batch, repeats)
   result = {
-      "meta": {**provenance(),
-               "jax": jax.__version__, "target": names[0], "draft": names[1],
+      "provenance": provenance(),
+      "meta": {"machine": machine_line(), "jax": jax.__version__, "target": names[0],
+               "draft": names[1],
                "repeats": repeats, "load_average_at_start": os.getloadavg()[0]},
       "loop": loop, "checks": check_costs(target, tp, quick)}
   os.makedirs(_OUT.value, exist_ok=True)

@@ -21,7 +21,6 @@ Writes `core.json` and `core.md` into --out_dir.
 """
 
 import os
-import platform
 import time
 
 import jax
@@ -30,7 +29,7 @@ import numpy as np
 from absl import app, flags, logging
 
 import specjax
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance, provenance_sentence
 from specjax.measure.timing import count_params, step_times, time_call
 from specjax.models.decoder import DecoderLM, decoder_config
 
@@ -97,14 +96,15 @@ def measure_cell(target, tp, draft, dp, draft_name, batch, gamma, prompt_len, ma
   }
 
 
-def to_markdown(meta, rows):
+def to_markdown(meta, rows, record=None):
+  """The report's markdown; `record` is the run's provenance (`meta` holds it in older JSON)."""
   lines = [
       "# Core benchmark: autoregressive vs speculative (greedy)", "",
       f"{meta['machine']} · JAX {meta['jax']} · target {meta['target']} "
       f"({meta['target_params'] / 1e6:.1f}M params) · draft {meta['draft']} "
       f"({meta['draft_params'] / 1e6:.2f}M, ratio {meta['ratio']:.0f}x) · prompt "
       f"{rows[0]['prompt_len']} · {rows[0]['max_new_tokens']} new tokens · median of "
-      f"{meta['repeats']} interleaved runs." + provenance_sentence(meta), "",
+      f"{meta['repeats']} interleaved runs." + provenance_sentence(record or meta), "",
       "Times per row-step (a batch step advances every row). `overhead` = predicted speedup / "
       "measured speedup − 1 (the loop's cost beyond its components); `AR ovh` / `SP ovh` = wall "
       "time / time predicted from components − 1.", "",
@@ -132,9 +132,9 @@ def main(argv):
   tp = jax.jit(target.init)(jax.random.PRNGKey(0))
   dp = jax.jit(draft.init)(jax.random.PRNGKey(1))
   batches, gammas, max_new = ([1], [4], 16) if _QUICK.value else ([1, 8], [2, 4, 7], 64)
+  record = provenance()
   meta = {
-      **provenance(),
-      "machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
+      "machine": machine_line(), "jax": jax.__version__,
       "backend": jax.default_backend(), "target": _TARGET.value, "draft": _DRAFT.value,
       "target_params": count_params(tp), "draft_params": count_params(dp),
       "ratio": count_params(tp) / count_params(dp), "repeats": _REPEATS.value,
@@ -154,9 +154,9 @@ def main(argv):
   os.makedirs(_OUT.value, exist_ok=True)
   name = "core_quick" if _QUICK.value else "core"
   from specjax.atomic_io import atomic_write_json, atomic_write_text
-  atomic_write_json(os.path.join(_OUT.value, f"{name}.json"), {"meta": meta, "rows": rows},
-                    indent=2)
-  md = to_markdown(meta, rows)
+  atomic_write_json(os.path.join(_OUT.value, f"{name}.json"),
+                    {"meta": meta, "rows": rows, "provenance": record}, indent=2)
+  md = to_markdown(meta, rows, record)
   atomic_write_text(os.path.join(_OUT.value, f"{name}.md"), md)
   print(md)
 

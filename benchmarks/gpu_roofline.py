@@ -79,7 +79,7 @@ def main(argv):
                                      token_counts=[1, 2], **common)
   summary, goals = roofline.summarize(rows, gammas)
   print(roofline.format_table(rows, summary, goals, bw["bandwidth"]))
-  result = {"meta": {**provenance(), "device": str(dev), "device_kind": dev.device_kind,
+  result = {"provenance": provenance(), "meta": {"device": str(dev), "device_kind": dev.device_kind,
                      "platform": dev.platform, "jax": jax.__version__,
                      "date": time.strftime("%Y-%m-%d %H:%M"), "cpu_smoke": smoke,
                      "batch": _BATCH.value, "prompt_len": prompt_len, "cache_len": cache_len,

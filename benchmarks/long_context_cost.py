@@ -51,7 +51,7 @@ from absl import app, flags, logging
 from specjax import theory
 from specjax.atomic_io import atomic_write_text
 from specjax.drafters.windowed import WindowedLM
-from specjax.measure.provenance import provenance_sentence
+from specjax.measure.provenance import provenance, provenance_sentence
 from specjax.measure.timing import cache_step_times, now
 from experiments.programs.long_context_measure import (component_times,
                                                       kv_bytes_per_position)
@@ -187,7 +187,7 @@ def render(res: dict) -> str:
   out = ["# Long contexts × batch: what a step, a verify and a draft step cost", "",
          res["hardware"] + f"; random weights, float32; γ = {g}; self-draft window "
          f"{res['window']} + {res['sinks']} sinks; medians of {res['repeats']} interleaved "
-         "rounds; no prefill in the timed loop." + provenance_sentence(res.get("machine", {})),
+         "rounds; no prefill in the timed loop." + provenance_sentence(res),
          "",
          "Target: 8 layers × 384 (17.3M params, 69 MB); classic draft: 1 layer × 160 (1.0M).", "",
          "| B | context | weights + KV MB | step ms | GB/s | verify (γ+1) / step | "
@@ -255,7 +255,7 @@ def main(argv):
   if _FORMS.value:
     fb, fs = (2, 64) if quick else (16, 4096)
     forms = {"batch": fb, "slots": fs, "rows": measure_formulations(fb, fs, gamma, repeats)}
-  res = {"hardware": hardware, "machine": m, "formulations": forms,
+  res = {"hardware": hardware, "machine": m, "provenance": provenance(), "formulations": forms,
          "gamma": gamma, "window": window.window, "sinks": window.sinks, "repeats": repeats,
          "cells": cells, "waste": waste}
   os.makedirs(_OUT.value, exist_ok=True)

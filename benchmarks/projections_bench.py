@@ -42,7 +42,6 @@ Writes `projections.json` and `projections.md` into --out_dir.
 
 import json
 import os
-import platform
 import statistics
 
 import jax
@@ -52,7 +51,7 @@ from absl import app, flags, logging
 
 import specjax
 from specjax.atomic_io import atomic_write_text
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance, provenance_sentence
 from specjax.measure.timing import step_times_side_by_side, time_call
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 
@@ -135,8 +134,8 @@ def main(argv):
     rows.append(_row(f"generate B={b}, ms per step (N={max_new}, P={prompt_len})", per_token,
                      "matrix-vector (every variant)" if b == 1 else
                      "one product per row (tuned: if B <= its rows; matmul: one B-row product)"))
-  meta = {**provenance(),
-          "machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
+  record = provenance()
+  meta = {"machine": machine_line(), "jax": jax.__version__,
           "model": "tiny" if quick else "Chen target shape (17.3M)", "params": config.num_params(),
           "repeats": repeats, "cache_len": cache_len, "matvec_max_rows": rows_max,
           "tuned_matvec_max_rows": choice.rows, "tuning": choice.to_dict(),
@@ -154,7 +153,7 @@ def main(argv):
            + f"); standard = the standard layout, products up to {rows_max} tokens; matmul = the "
            f"standard layout, one matrix-matrix product per call (`matvec_max_rows=0`). Greedy "
            f"tokens identical across the variants: {'yes' if same else 'NO'}."
-           + provenance_sentence(meta), "",
+           + provenance_sentence(record), "",
            "| measurement | " + " | ".join(f"{k} ms" for k in VARIANTS) + " | "
            + " | ".join(f"{k} speedup" for k in VARIANTS if k != BASELINE)
            + " | products (packed, standard) |", "|---" * (2 * len(VARIANTS) + 1) + "|"]
@@ -164,7 +163,8 @@ def main(argv):
                                       if k != BASELINE) + f" | {row['path']} |")
   md = "\n".join(lines) + "\n"
   os.makedirs(_OUT.value, exist_ok=True)
-  for name, text in [("projections.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),
+  for name, text in [("projections.json", json.dumps({"meta": meta, "rows": rows,
+                                                          "provenance": record}, indent=1)),
                      ("projections.md", md)]:
     atomic_write_text(os.path.join(_OUT.value, name), text)
   print(md)

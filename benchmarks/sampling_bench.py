@@ -22,14 +22,13 @@ for shapes [B, V] (a draft step) and [B, γ+1, V] (a verify). Writes
 
 import json
 import os
-import platform
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags, logging
 
 from specjax.atomic_io import atomic_write_text
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance, provenance_sentence
 from specjax.measure.timing import now
 from specjax.sampling import SamplingConfig, process_logits, sample_tokens
 
@@ -103,13 +102,14 @@ def measure(shape, iters, repeats):
   return row
 
 
-def to_markdown(rows, meta):
+def to_markdown(rows, meta, record=None):
+  """The report's markdown; `record` is the run's provenance (`meta` holds it in older JSON)."""
   lines = [
       "# Sampling: per-token work outside the model call",
       "",
       f"{meta['machine']}; jax {meta['jax']}; in-graph (one jitted fori_loop of "
       f"{meta['iters']} calls), median of {meta['repeats']} loops; µs per call."
-      + provenance_sentence(meta),
+      + provenance_sentence(record or meta),
       "",
       "| shape [B, (T,) V] | draw: categorical | draw: specjax | × | top-p 0.8: sort | "
       "top-p 0.8: specjax | × | softmax | same kept set |",
@@ -136,15 +136,16 @@ def main(argv):
                  r["draw_categorical_us"], r["draw_specjax_us"], r["top_p_sort_us"],
                  r["top_p_specjax_us"])
     rows.append(r)
-  meta = {**provenance(),
-          "machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
+  record = provenance()
+  meta = {"machine": machine_line(), "jax": jax.__version__,
           "iters": _ITERS.value, "repeats": _REPEATS.value,
           "load_average_at_start": os.getloadavg()[0]}
   os.makedirs(_OUT.value, exist_ok=True)
-  for name, text in [("sampling.json", json.dumps({"meta": meta, "rows": rows}, indent=1)),
-                     ("sampling.md", to_markdown(rows, meta))]:
+  result = {"meta": meta, "rows": rows, "provenance": record}
+  for name, text in [("sampling.json", json.dumps(result, indent=1)),
+                     ("sampling.md", to_markdown(rows, meta, record))]:
     atomic_write_text(os.path.join(_OUT.value, name), text)
-  print(to_markdown(rows, meta))
+  print(to_markdown(rows, meta, record))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,6 @@ import collections
 import glob
 import json
 import os
-import platform
 import re
 import shutil
 import sys
@@ -57,7 +56,7 @@ from absl import app, flags, logging
 
 from specjax.atomic_io import atomic_write_text
 from specjax.measure.hlo import computations, while_bodies
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance, provenance_sentence
 from specjax.measure.timing import StepTimer, floor_step_seconds, now
 from specjax.models.decoder import DecoderConfig, DecoderLM, decoder_config
 from specjax.models.t5 import T5
@@ -335,7 +334,7 @@ def render(results: dict) -> str:
            f"load average at start {meta['load_average_at_start']:.2f}; "
            f"run {meta.get('label') or '(unlabelled)'}"
            + (f", before = {results['before']['meta'].get('label') or 'an earlier run'}"
-              if before else "") + "." + provenance_sentence(meta), ""]
+              if before else "") + "." + provenance_sentence(results), ""]
   lines += ["## Goals", "", "| goal | measured | status |", "|---|---|---|"]
   lines += _goal_lines(results["cells"], before) or ["| (no goal cells measured) | | |"]
   tokens = list(results["cells"][0]["ratio"]) if results["cells"] else ["1"]
@@ -431,12 +430,12 @@ def main(argv):
     atomic_write_text(_CELLS_JSON.value, json.dumps(cells))
     return
   repeats = 2 if quick else _REPEATS.value
-  meta = {**provenance(),
-          "machine": f"{platform.machine()} {os.cpu_count()} cores ({_cpu_name()})",
+  meta = {"machine": machine_line(),
           "jax": jax.__version__, "repeats": repeats, "label": _LABEL.value, "quick": quick,
           "load_average_at_start": os.getloadavg()[0]}
   models = ["chen", "t5"] if quick else list(_MODELS.value)
-  results = {"meta": meta, "cells": [], "products": [], "profile": []}
+  results = {"meta": meta, "cells": [], "products": [], "profile": [],
+             "provenance": provenance()}
   if _BEFORE.value:
     with open(_BEFORE.value, encoding="utf-8") as f:
       results["before"] = {k: v for k, v in json.load(f).items() if k in ("meta", "cells")}
@@ -463,17 +462,6 @@ def main(argv):
   atomic_write_text(os.path.join(_OUT.value, "verify_cost.json"), json.dumps(results, indent=1))
   atomic_write_text(os.path.join(_OUT.value, "verify_cost.md"), md)
   print(md)
-
-
-def _cpu_name() -> str:
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-      for line in f:
-        if line.startswith("model name"):
-          return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":

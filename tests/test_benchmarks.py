@@ -78,7 +78,7 @@ def test_peers_bench_smoke(tmp_path):
   _run(["benchmarks/peers_bench.py", "--smoke", "--pairs=decoder", f"--out_dir={tmp_path}"])
   results = json.loads((tmp_path / "peers_smoke.json").read_text())
   md = (tmp_path / "peers_smoke.md").read_text()
-  assert set(results) == {"meta", "pairs", "goals"}
+  assert set(results) == {"meta", "pairs", "goals", "provenance"}
   assert set(results["pairs"]) == {"decoder"}
   for name, p in results["pairs"].items():
     assert not p["trained"] and "random init" in p["source"]

@@ -16,8 +16,9 @@ from bench_helpers import run_script
 from experiments.programs import report
 from specjax.measure import provenance as prov
 
-KEYS = {"machine", "jax", "jaxlib", "flax", "orbax_checkpoint", "optax", "numpy", "libtpu",
-        "git_commit", "git_dirty", "command", "utc", "cpu", "specjax"}
+KEYS = {"recorded", "commit", "dirty", "specjax_version", "cpu_model", "cores", "machine",
+        "python", "jax", "jaxlib", "flax", "orbax_checkpoint", "optax", "numpy", "libtpu",
+        "command", "utc"}
 
 
 def _git(cwd, *args):
@@ -48,7 +49,7 @@ def test_the_command_line_is_recorded(monkeypatch):
 def test_outside_a_git_checkout_the_commit_is_none(tmp_path, monkeypatch):
   monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # never a repository above
   p = prov.provenance(source_dir=str(tmp_path))
-  assert p["git_commit"] is None and p["git_dirty"] is None
+  assert p["commit"] is None and p["dirty"] is None
   assert prov.provenance_line(p).startswith("code unknown commit")
 
 
@@ -87,28 +88,29 @@ def test_results_written_before_provenance_render_without_it():
   assert prov.provenance_line(old) == "" and prov.provenance_sentence(old) == ""
 
 
-def test_machine_info_keeps_its_keys_and_adds_provenance():
+def test_machine_info_describes_the_machine_and_leaves_provenance_to_its_record():
   m = report.machine_info()
-  assert KEYS <= set(m)
-  assert {"python", "backend", "devices", "date", "load_average"} <= set(m)
+  assert {"machine", "python", "backend", "devices", "date", "load_average"} <= set(m)
+  assert not {"commit", "git_commit", "command"} & set(m)  # one home: the "provenance" key
   assert m["jax"] == jax.__version__
 
 
 def test_a_benchmark_records_provenance(tmp_path):
   run_script(["benchmarks/sampling_bench.py", "--quick", "--iters=2", "--repeats=1",
               f"--out_dir={tmp_path}"], timeout=600)
-  meta = json.loads((tmp_path / "sampling.json").read_text())["meta"]
-  assert KEYS <= set(meta)
-  assert meta["command"].startswith("benchmarks/sampling_bench.py --quick")
+  result = json.loads((tmp_path / "sampling.json").read_text())
+  meta, rec = result["meta"], result["provenance"]
+  assert set(rec) == KEYS and rec["recorded"] is True
+  assert rec["command"].startswith("benchmarks/sampling_bench.py --quick")
   assert meta["iters"] == 2 and meta["load_average_at_start"] >= 0  # the old keys stay
   md = (tmp_path / "sampling.md").read_text()
-  assert "µs per call. Provenance: code " in md and f"· {meta['utc']} UTC." in md
+  assert "µs per call. Provenance: code " in md and f"· {rec['utc']} UTC." in md
 
 
 def test_provenance_names_the_cpu_model_and_the_specjax_version(monkeypatch):
   monkeypatch.setattr(prov, "cpu_model", lambda: "Test CPU 9000")
   p = prov.provenance()
-  assert p["cpu"] == "Test CPU 9000" and p["machine"].endswith("cores (Test CPU 9000)")
-  assert p["specjax"] == importlib.metadata.version("specjax")
+  assert p["cpu_model"] == "Test CPU 9000" and p["machine"].endswith("cores (Test CPU 9000)")
+  assert p["specjax_version"] == importlib.metadata.version("specjax")
   monkeypatch.setattr(prov, "cpu_model", lambda: None)
   assert prov.provenance()["machine"].endswith(" cores")

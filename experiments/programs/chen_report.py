@@ -210,7 +210,7 @@ def write_chen(results: dict, out_dir: str, paper: Dict[str, dict],
       f"{m['date']} "
       f"· batch 1 unless stated · {ev['max_new_tokens']} tokens per sample"
       f"{' (EOS ignored, as in the K sweep of the paper)' if ev['ignore_eos'] else ''}."
-      + provenance_sentence(m), "",
+      + provenance_sentence(results), "",
       "## Models", "",
       "| model | params | layers | d_model | heads × dim | MLP | tied emb. | trained on "
       "(steps, positions, min) | val. CE code / synopsis |",

@@ -31,6 +31,7 @@ import numpy as np
 from absl import logging
 
 from specjax.atomic_io import as_path, atomic_write_bytes, atomic_write_json, is_local
+from specjax.measure.provenance import provenance
 from specjax.checkpoints.integrity import CheckpointError
 from specjax.checkpoints.orbax_io import restore_params
 from experiments.data import host_problems
@@ -152,7 +153,8 @@ def copy_results(src_dir: str, dest_dir: str, names: Sequence[str] = ()) -> None
 
 
 def publish_results(results: dict, cfg, workdir: str, scalars, write_report) -> dict:
-  """A reproduction's last step: `results` gains the config, the machine and "_out_dir"
+  """A reproduction's last step: `results` gains the config, the machine, the provenance
+  record (`specjax.measure.provenance.provenance()`) and "_out_dir"
   (<workdir>/results); process 0 then writes the TensorBoard scalars (`scalars()`: {tag:
   value}), results.json (all but "_out_dir") and the report (`write_report(out_dir)`),
   copies them to `cfg.results_dir` when set and logs where they are. Returns `results`."""
@@ -160,6 +162,7 @@ def publish_results(results: dict, cfg, workdir: str, scalars, write_report) -> 
                                            # imports this module.
   results["config"] = cfg.to_dict()
   results["machine"] = report.machine_info()
+  results["provenance"] = provenance()
   out_dir = os.path.join(workdir, "results")
   results["_out_dir"] = out_dir
   if not placement.is_main_process():  # Only process 0 writes.

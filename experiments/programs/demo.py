@@ -26,6 +26,7 @@ from absl import logging
 
 import specjax
 from specjax.atomic_io import atomic_write_json
+from specjax.measure.provenance import provenance
 from specjax.drafters import PromptLookup
 from experiments.programs import long_context, report
 from experiments.programs.chen import decoder
@@ -156,6 +157,7 @@ def run(cfg) -> dict:
                "the timings)")
   result.update(result["drafters"][names[0]])   # the first drafter's numbers at the top level
   result["machine"] = report.machine_info()
+  result["provenance"] = provenance()
   atomic_write_json(os.path.join(workdir, "demo.json"), result)
   print("\n".join(lines))
   return result

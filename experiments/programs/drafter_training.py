@@ -37,6 +37,7 @@ from experiments.programs.common import (find_tokenizer, open_workdir, pad_batch
 from experiments.programs.stages import fingerprint
 from specjax.models.eagle_head import EagleConfig
 from specjax.models.medusa_head import MedusaConfig
+from specjax.measure.provenance import provenance
 from specjax.training.eagle import EagleLoss, head_name, train_eagle
 from specjax.training.batching import Example, LMSource
 from specjax.training.heads import DistillData, distillation_data, train_medusa
@@ -137,6 +138,7 @@ def run(cfg) -> Dict[str, Any]:
                       "expected_tokens_per_call": expected_tokens_per_call(chain_values)}
     out["topk_accuracy"] = np.asarray(acc).tolist()
     out["trees"] = trees
+    out["provenance"] = provenance()
     dirs = [workdir] + ([open_workdir(cfg.results_dir)] if cfg.get("results_dir") else [])
     for d in dirs:  # the committed copy names the heads relative to the working directory
       atomic_io.atomic_write_json(f"{d}/trees.json", out if d == workdir else dict(
@@ -210,6 +212,7 @@ def _run_eagle(cfg, target, tp, train_data, valid, workdir) -> Dict[str, Any]:
              "| agreement | " + " | ".join(f"{a:.3f}" for a in agree) + " |", "",
              f"Expected tokens per call of a greedy chain of {len(agree)}: "
              f"{out['expected_chain_tokens_per_call']:.2f}."]
+    out["provenance"] = provenance()
     dirs = [workdir] + ([open_workdir(cfg.results_dir)] if cfg.get("results_dir") else [])
     for d in dirs:
       atomic_io.atomic_write_json(f"{d}/{cfg.kind}.json", out if d == workdir
@@ -252,7 +255,7 @@ def _run_pard(cfg, target, train_data, valid, workdir) -> Dict[str, Any]:
   summary = record_pard_agreement(workdir)
   out = {"config": cfg.to_dict(), "final": os.path.join(workdir, "final"),
          "draft_dir": draft_dir, "draft_params": draft.config.num_params(),
-         "summary": summary}
+         "summary": summary, "provenance": provenance()}
   dirs = [workdir] + ([open_workdir(cfg.results_dir)] if cfg.get("results_dir") else [])
   for d in dirs:
     atomic_io.atomic_write_json(f"{d}/pard.json", out if d == workdir

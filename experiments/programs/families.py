@@ -67,7 +67,7 @@ from experiments.programs.stages import Stages, array_digest
 from specjax.measure.beta import measure_beta, position_distributions
 from specjax.measure.compiles import DECODE_LOOPS, TraceCounter
 from specjax.measure.layers import choose_layers
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance, provenance_sentence
 from specjax.measure.timing import (StepTimer, count_params, floor_step_seconds,
                                     interleaved_rounds, now)
 from specjax.models.decoder import DecoderLM, decoder_config
@@ -610,7 +610,8 @@ def render(results: dict) -> str:
            f"sinks + {m['window']} recent; lookahead W/N/G = {m['lookahead']}; load average at "
            f"start {m['load_average_at_start']:.2f}. α = E[β] along the target's greedy tokens "
            "(drafters with distributions); τ = tokens per target call; speedup = AR ms/token ÷ "
-           "drafter ms/token, measured in the same run, batch by batch." + provenance_sentence(m),
+           "drafter ms/token, measured in the same run, batch by batch."
+           + provenance_sentence(results),
            "", "## Goals", "",
            "| goal | measured | status |", "|---|---|---|"]
   for g in results["goals"]:
@@ -817,8 +818,9 @@ def run_options(opts: "FamilyOptions") -> dict:
       raise ValueError(f"only names rows {unknown} that this run does not have; its rows: "
                        f"{sorted(entries)}")
     entries = {k: v for k, v in entries.items() if k in opts.only}
-  results = {"meta": {
-      **provenance(), "pair": pair, "target_params": specjax.measure.timing.count_params(tp),
+  results = {"provenance": provenance(), "meta": {
+      "machine": machine_line(), "jax": jax.__version__, "pair": pair,
+      "target_params": specjax.measure.timing.count_params(tp),
       "draft_params": specjax.measure.timing.count_params(dp), "prompts": n, "prompt_len": p,
       "max_new": max_new, "gamma": opts.gamma, "lookup_gamma": opts.lookup_gamma,
       "window": min(opts.window, 8) if smoke else opts.window, "sinks": opts.sinks,

@@ -28,6 +28,7 @@ from experiments.programs.common import Progress
 from experiments.programs.long_context_report import (AUTO, is_auto, parse_variant, plot,
                                                      render)
 from experiments.programs.report import machine_info
+from specjax.measure.provenance import provenance
 from experiments.programs.speed import call_order
 from experiments.programs.stages import array_digest
 from specjax.generation import DecodeStats
@@ -329,6 +330,7 @@ def measure_and_report(cfg, tok, streams, target, tp, draft, dp, workdir: str, s
              key=lambda cd: cd[0]["summary"][cd[1]]["speedup"], default=None)
   m = machine_info()
   res = {"hardware": f"{m['machine']}, {m['devices']}, jax {m['jax']}", "machine": m,
+         "provenance": provenance(),
          "command": f"python experiments/long_context.py --config=configs/long_context.py:"
                     f"{cfg.preset} --config.workdir=<workdir>",
          "gamma": gamma, "max_new_tokens": int(cfg.eval.max_new_tokens),

@@ -125,7 +125,7 @@ def render(res: dict) -> str:
   drafts = list(res["drafts"]) + list(res.get("variants", [])) + list(res.get("auto", []))
   lines = ["# Long contexts × batch: where speculative decoding pays on this CPU", "",
            f"{res['hardware']}. Command: `{res['command']}`"
-           + provenance_sentence(res.get("machine", {})), "",
+           + provenance_sentence(res), "",
            f"Target {res['target_params'] / 1e6:.1f}M params ({res['weights_mb']:.0f} MB); "
            f"KV {res['kv_bytes_per_position'] / 1e3:.1f} KB per position and row. "
            f"γ = {g}; {res['max_new_tokens']} new tokens per row; self-draft window "

@@ -27,7 +27,7 @@ from experiments.programs import peers as bp
 from specjax.generation import DecodeStats
 from specjax.measure.beta import measure_beta
 from specjax.measure.latency import emission_times, latency_stats
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance, provenance_sentence
 from specjax.measure.timing import count_params, now, step_times
 from specjax.parallel import sharding
 from specjax.sampling import SamplingConfig
@@ -530,7 +530,8 @@ def run_suite(cfg: SuiteConfig, log: Callable[[str], None] = print,
   import torch
   import transformers
   results = {
-      "meta": {**provenance(),
+      "provenance": provenance(),
+      "meta": {"machine": machine_line(),
                "python": platform.python_version(), "jax": jax.__version__,
                "backend": jax.default_backend(), "torch": torch.__version__,
                "transformers": transformers.__version__, "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -883,7 +884,7 @@ def to_markdown(results: Dict[str, Any]) -> str:
       f"{m['machine']} · Python {m['python']} · JAX {m['jax']} ({m['backend']}) · torch "
       f"{m['torch']} · transformers {m['transformers']} · {m['date']} · mode `{cfg['mode']}` · "
       f"total {m['total_s'] / 60:.1f} min · load average at start "
-      f"{_f(m['load_average'] and m['load_average'][0])}." + provenance_sentence(m), "",
+      f"{_f(m['load_average'] and m['load_average'][0])}." + provenance_sentence(results), "",
       f"Greedy decoding, EOS ignored: every system generates exactly N = {cfg['max_new']} tokens "
       f"per row from the same prompts; float32 everywhere. Batch 1 serves {cfg['b1_prompts']} "
       f"request(s) one after another per timed call; batch B > 1 decodes prompts 0..B-1 at once. "

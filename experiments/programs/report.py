@@ -13,15 +13,16 @@ import numpy as np
 from specjax.atomic_io import as_path, atomic_path, atomic_write_text
 from experiments.programs.speed import AUTO_CELLS, cell_speedup
 from specjax.measure.timing import now
-from specjax.measure.provenance import provenance, provenance_sentence
+from specjax.measure.provenance import machine_line, provenance_sentence
 
 __all__ = ["machine_info", "write_leviathan", "plot_lines", "plot_bars", "hardware_line",
            "subplots", "save", "plot_gamma_traces"]
 
 
 def machine_info() -> dict:
-  """The run's machine and devices, plus `provenance()` (versions, git commit, command, UTC)."""
-  return {**provenance(), "python": platform.python_version(),
+  """The run's machine and devices (the commit, versions and command are the result's
+  "provenance" record, `specjax.measure.provenance.provenance()`)."""
+  return {"machine": machine_line(), "python": platform.python_version(),
           "jax": jax.__version__, "backend": jax.default_backend(),
           "devices": f"{jax.device_count()} x {jax.devices()[0].device_kind}"
                      + (f" over {jax.process_count()} processes" if jax.process_count() > 1 else ""),
@@ -258,7 +259,7 @@ def write_leviathan(results, out_dir, paper2, paper3, tasks_meta) -> None:
       f"Preset `{cfg['preset']}` · {m['machine']} · {hardware_line(results)}JAX {m['jax']} "
       f"({m['backend']}) · {m['date']} · "
       f"batch 1 · {next(iter(results['tasks'].values()))['num_prompts']} test prompts per task."
-      + provenance_sentence(m), "",
+      + provenance_sentence(results), "",
       "Models (parameters; ratio to the target): target "
       f"{params['target'] / 1e6:.2f}M · " + " · ".join(
           f"{d} {params[d] / 1e6:.3f}M (1:{params['target'] / params[d]:.0f})" for d in drafts)

@@ -200,7 +200,7 @@ def _summarize_task(cfg):
 def render(res: dict) -> str:
   lines = ["# Suffix drafting vs prompt lookup", "",
            "Batch 1, greedy; each drafter interleaved with plain decoding request by request; "
-           "τ = tokens per target call. " + res["provenance"], ""]
+           "τ = tokens per target call." + provenance_sentence(res), ""]
   for task, r in res["tasks"].items():
     lines += [f"## {task}: {r['source']}", "",
               f"{r['requests']} requests, {r['max_new']} new tokens at most; plain decoding "
@@ -225,8 +225,8 @@ def run(cfg) -> dict:
     raise ValueError(f"config.tasks must name some of ['code_edits', 'summarize'], got "
                      f"{list(cfg.tasks)}")
   workdir = open_workdir(cfg.workdir)
-  res = {"tasks": {}, "config": cfg.to_dict(), "machine": report.machine_info()}
-  res["provenance"] = provenance_sentence(provenance())
+  res = {"tasks": {}, "config": cfg.to_dict(), "machine": report.machine_info(),
+         "provenance": provenance()}
   for task in tasks:
     if task == "code_edits":
       model, params, reqs, source = _code_task(cfg)

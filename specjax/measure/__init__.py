@@ -11,7 +11,8 @@
   compiles     counting traces (a timed region must compile nothing)
   tuning       `tune_matvec_rows`: a decoder's CPU product path for this machine
   tensorboard  TensorBoard scalars and profiler traces
-  provenance   what produced a result: machine, versions, git commit, command, UTC time
+  provenance   what produced a result: commit, dirty flag, versions, CPU model, cores, command,
+               UTC time (every results JSON's "provenance" record)
 
 Speed claims live in the benchmarks and the results folders, never in timed tests.
 """

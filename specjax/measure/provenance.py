@@ -1,18 +1,23 @@
-"""What produced a result: the machine, the library versions, the code's commit, the command.
+"""What produced a result: the code's commit, the machine, the library versions, the command.
 
-Every result file (the experiments' `results.json` and markdown header, the benchmarks' JSON
-`meta`) carries `provenance()`:
+Every results JSON (the experiments' `results.json`, the benchmarks' JSON, the TPU AOT
+reports) carries one record, `provenance()`, under its top-level "provenance" key:
 
-  machine           "x86_64 16 cores (AMD EPYC 9B14)" (`platform.machine()`, `os.cpu_count()`,
-                    `cpu_model()` where the system names it)
-  cpu               `cpu_model()`: /proc/cpuinfo's model name (Linux), sysctl's brand string
+  recorded          True: measured by the run itself (`backfill_provenance` writes False for
+                    files that predate the record: see `experiments/tools/backfill_provenance.py`)
+  commit, dirty     `git rev-parse HEAD` of specjax's checkout and whether tracked files were
+                    modified (`git_state`); both None outside a checkout (an installed copy)
+  specjax_version   the installed distribution's version, else `specjax.__version__`
+  cpu_model         `cpu_model()`: /proc/cpuinfo's model name (Linux), sysctl's brand string
                     (macOS), else `platform.processor()`; None when nothing names it
-  specjax, jax, ... installed versions of `PACKAGES` (`importlib.metadata`); None if absent
-  git_commit        `git rev-parse HEAD` in specjax's source directory (`git_state`)
-  git_dirty         tracked files modified; None when the commit is None
+  cores             `os.cpu_count()`
+  machine           "x86_64 16 cores (AMD EPYC 9B14)" (`machine_line()`)
+  python, jax, ...  the interpreter's and `PACKAGES`' versions (`importlib.metadata`); None
+                    if absent
   command           `shlex.join(sys.argv)`;  utc: when, "2025-01-31T12:00:00Z"
 
-It never raises: whatever it cannot find is None. `provenance_line` / `provenance_sentence`
+It never raises: whatever it cannot find is None. `record_problems(result)` says what a loaded
+results JSON lacks (the check the results tests run); `provenance_line` / `provenance_sentence`
 are the short forms for a markdown header.
 """
 
@@ -28,7 +33,8 @@ import sys
 from typing import Dict, Optional, Tuple
 
 __all__ = ["provenance", "provenance_line", "provenance_sentence", "git_state",
-           "package_versions", "cpu_model", "PACKAGES"]
+           "package_versions", "cpu_model", "machine_line", "specjax_version",
+           "record_problems", "PACKAGES", "REQUIRED"]
 
 # result key -> the distributions that provide it (the first one installed wins).
 PACKAGES: Dict[str, Tuple[str, ...]] = {
@@ -36,6 +42,9 @@ PACKAGES: Dict[str, Tuple[str, ...]] = {
     "orbax_checkpoint": ("orbax-checkpoint",), "optax": ("optax",), "numpy": ("numpy",),
     "libtpu": ("libtpu", "libtpu-nightly"),
 }
+
+# What every record names; values may be None only where "recorded" is False.
+REQUIRED: Tuple[str, ...] = ("commit", "dirty", "specjax_version", "cpu_model", "cores")
 
 _SOURCE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # specjax/
 _GIT_TIMEOUT_S = 10
@@ -100,32 +109,112 @@ def git_state(source_dir: Optional[str] = None) -> Tuple[Optional[str], Optional
   return commit.strip(), (None if status is None else bool(status.strip()))
 
 
+def specjax_version() -> Optional[str]:
+  """The installed distribution's version, else the source tree's `specjax.__version__`."""
+  version = package_versions().get("specjax")
+  if version:
+    return version
+  try:
+    import specjax  # pylint: disable=g-import-not-at-top
+    return getattr(specjax, "__version__", None)
+  except Exception:  # a broken import must not stop a result from being written
+    return None
+
+
+def machine_line(cpu: Optional[str] = None) -> str:
+  """"x86_64 16 cores (AMD EPYC 9B14)": the architecture, `os.cpu_count()` and the CPU model
+  (`cpu`, default `cpu_model()`) where one is known."""
+  cpu = cpu_model() if cpu is None else cpu
+  return f"{platform.machine()} {os.cpu_count()} cores" + (f" ({cpu})" if cpu else "")
+
+
 def provenance(source_dir: Optional[str] = None) -> dict:
-  """The run's provenance (module docstring); `source_dir` overrides where git looks."""
+  """The run's provenance record (module docstring); `source_dir` overrides where git looks.
+
+  Args:
+    source_dir: the directory whose git checkout names the commit; default specjax's own.
+
+  Returns:
+    A JSON-serialisable dict with "recorded" True and `REQUIRED`'s keys among others.
+  """
   commit, dirty = git_state(source_dir)
   cpu = cpu_model()
+  versions = package_versions()
+  version = versions.pop("specjax", None) or specjax_version()
   return {
-      "machine": f"{platform.machine()} {os.cpu_count()} cores" + (f" ({cpu})" if cpu else ""),
-      "cpu": cpu,
-      **package_versions(),
-      "git_commit": commit, "git_dirty": dirty,
+      "recorded": True,
+      "commit": commit, "dirty": dirty, "specjax_version": version,
+      "cpu_model": cpu, "cores": os.cpu_count(),
+      "machine": machine_line(cpu or ""),
+      "python": platform.python_version(),
+      **versions,
       "command": shlex.join(sys.argv),
       "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
   }
 
 
+def record_problems(result) -> list:
+  """What a loaded results JSON lacks of a provenance record; [] when it has one.
+
+  Args:
+    result: the parsed JSON (any value).
+
+  Returns:
+    Sentences, one per problem: no "provenance" dict at the top level, a `REQUIRED` key or
+    "recorded" missing, or a None value in a record that says it was recorded at run time.
+  """
+  if not isinstance(result, dict):
+    return ["the file is not a JSON object"]
+  rec = result.get("provenance")
+  if not isinstance(rec, dict):
+    return ["no \"provenance\" dict at the top level"]
+  problems = [f"provenance lacks {k!r}" for k in ("recorded", *REQUIRED) if k not in rec]
+  if not isinstance(rec.get("recorded"), bool):
+    problems.append("provenance's 'recorded' is not true or false")
+  elif rec["recorded"]:
+    problems += [f"provenance's {k!r} is null though recorded is true" for k in REQUIRED
+                 if k in rec and rec[k] is None]
+  else:
+    if not rec.get("committed_in") or not rec.get("note"):
+      problems.append("a reconstructed provenance names no 'committed_in' and 'note'")
+  return problems
+
+
+def _record_of(meta) -> Optional[dict]:
+  """The provenance fields of `meta`: a record, a result holding one, or a flat dict of the
+  older keys (git_commit, git_dirty, ...); None when it has none."""
+  if not isinstance(meta, dict):
+    return None
+  if isinstance(meta.get("provenance"), dict):
+    meta = meta["provenance"]
+  if "commit" in meta or "git_commit" in meta:
+    return meta
+  return None
+
+
 def provenance_line(meta: dict) -> str:
-  """"code 0123abcd4567 (dirty) · jaxlib 0.4.30 · flax 0.8.5 · ... · 2025-01-31T12:00:00Z UTC"
-  from a dict holding `provenance()`'s keys; "" for results written before they existed."""
-  if not isinstance(meta, dict) or "git_commit" not in meta:
+  """"code 0123abcd4567 (dirty) · specjax 0.1.0 · jaxlib 0.4.30 · ... · 2025-01-31T12:00:00Z
+  UTC" from a record, a result holding one (its "provenance" key) or a dict of the older flat
+  keys; "" for results that hold none."""
+  rec = _record_of(meta)
+  if rec is None:
     return ""
-  commit = meta.get("git_commit")
-  parts = ["code " + (f"{commit[:12]}{' (dirty)' if meta.get('git_dirty') else ''}"
-                      if commit else "unknown commit")]
-  parts += [f"{k.replace('_', '-')} {meta[k]}" for k in PACKAGES
-            if k != "jax" and meta.get(k)]
-  if meta.get("utc"):
-    parts.append(f"{meta['utc']} UTC")
+  commit = rec.get("commit", rec.get("git_commit"))
+  dirty = rec.get("dirty", rec.get("git_dirty"))
+  if commit:
+    code = f"code {commit[:12]}{' (dirty)' if dirty else ''}"
+  elif rec.get("recorded") is False and rec.get("committed_in"):
+    code = f"code not recorded (results committed in {rec['committed_in'][:12]})"
+  else:
+    code = "code unknown commit"
+  parts = [code]
+  version = rec.get("specjax_version", rec.get("specjax"))
+  if version:
+    parts.append(f"specjax {version}")
+  parts += [f"{k.replace('_', '-')} {rec[k]}" for k in PACKAGES
+            if k not in ("jax", "specjax") and rec.get(k)]
+  if rec.get("utc"):
+    parts.append(f"{rec['utc']} UTC")
   return " · ".join(parts)
 
 
