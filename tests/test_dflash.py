@@ -19,6 +19,7 @@ import specjax
 from exact_helpers import (N_SAMPLES, assert_tree_drafter_exact, counts_t2_t4, exact_lm,
                            joint_t2_t4, optimized_codegen)
 from reference import chi_square_pvalue
+from specjax.adaptive import AdaptiveGamma
 from specjax.checkpoints.heads import read_agreement
 from specjax.drafters import DFlash, DFlashConfig, init_dflash, load_dflash
 from specjax.drafting import DraftFeedback
@@ -173,6 +174,28 @@ def test_greedy_equals_plain_greedy(trained, tree):
   assert traces.decode_loops == 0, traces.counts
 
 
+@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
+def test_auto_gamma_over_blocks_equals_plain_greedy(trained, tree):
+  """`gamma="auto"` over Γ = (0, 1, 3) (blocks of 2 and 4 slots, plain steps), each row its own
+  γ: plain greedy's tokens; rows take plain steps and draft again after them, accepted."""
+  lm, params = target()
+  prompts, lengths = _distill()[:2]
+  ref = specjax.generate(lm, params, prompts, lengths, max_new_tokens=20, sampling=GREEDY,
+                         eos_id=EOS)
+  drafter, dp = load_dflash(trained["final"], lm, params, tree,
+                            None if tree is None else "top_k")
+  out = specjax.speculative_generate(
+      lm, params, drafter, dp, prompts, lengths, max_new_tokens=20, sampling=GREEDY, eos_id=EOS,
+      gamma=AdaptiveGamma(gammas=(0, 1, 3), per_row=True, prior_alpha=0.4),
+      gamma_costs=(1.0, 1.3, 1.6))
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+  drafts, iterations = (int(np.sum(out.stats.draft_calls)),
+                        int(np.sum(out.stats.target_calls)) - len(prompts))
+  assert 0 < drafts < iterations, (drafts, iterations)   # plain steps, and drafting after them
+  assert out.acceptance_rate > 0.1, out.acceptance_rate
+
+
 def test_a_row_alone_equals_it_in_a_batch_and_no_retrace():
   """A sampled tree at T = 1 (the chain's compilation count: the greedy test)."""
   lm, params = target()
@@ -275,7 +298,7 @@ def test_misuse_is_named():
   run = functools.partial(specjax.speculative_generate, lm, params, prompts=prompts,
                           prompt_lengths=lengths, max_new_tokens=4, sampling=GREEDY)
   with pytest.raises(ValueError, match=r"gamma must be in \[1, 3\] for a block of 4 slots"):
-    run(draft=DFlash(config, lm), draft_params=dp, gamma=4)
+    run(draft=DFlash(config, lm), draft_params=dp, gamma=4, max_new_tokens=8)
   with pytest.raises(ValueError, match=r"layers must be block indices in \[0, 2\)"):
     run(draft=DFlash(_config(lm, layers=(0, 5)), lm), draft_params=dp, gamma=2)
   other = {"head": init_dflash(_config(lm, num_layers=1), jax.random.key(0)), "target": params}

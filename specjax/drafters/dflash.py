@@ -88,6 +88,10 @@ class DFlash(Drafter):
       after `config.target_layers` read).
     tree: None: a chain of the caller's γ (<= config.block - 1); or a static `TokenTree` of
       depth <= config.block - 1 (γ is its depth).
+
+  `gamma="auto"` (Γ <= the block's drafts, or the tree's depth) chooses each iteration's block:
+  γ + 1 slots (a tree's top γ levels); the block is causal, so its first slots do not depend on
+  how many follow. Plain target steps (γ = 0) write their position's context like a commit.
     children: a tree's children: "top_k", "iid" or "without" (default None: "without"; at T = 0
       every mode takes the top-k). Chains take None.
 
@@ -102,6 +106,7 @@ class DFlash(Drafter):
   needs_hidden = True
   needs_prompt_hidden = True
   reads_target_lm_head = True
+  adaptive = True   # γ <= the block's drafts (a tree: its top γ levels); plain steps write context
 
   def __post_init__(self):
     if not isinstance(self.config, DFlashConfig):
@@ -164,8 +169,12 @@ class DFlash(Drafter):
     check_tree(_shapes(self.config), params["head"], "draft_params['head']",
                "the DFlash draft (init_dflash")
 
+  def _tree_at(self, gamma: int) -> TokenTree:
+    """The tree drafted at γ: its nodes at most γ deep (`gamma="auto"`)."""
+    return self.tree.truncated(gamma)
+
   def layout(self, gamma: int) -> CallLayout:
-    return chain_layout(gamma) if self.tree is None else self.tree.layout()
+    return chain_layout(gamma) if self.tree is None else self._tree_at(gamma).layout()
 
   def alloc(self, batch_size: int, prompt_len: int, cache_len: int, gamma: int) -> DFlashState:
     c = self.config
@@ -212,11 +221,12 @@ class DFlash(Drafter):
 
   def propose(self, params, state: DFlashState, inp: DraftInput, u_BT, sampling: SamplingConfig,
               gamma: int) -> Tuple[Proposal, DFlashState]:
-    depth = gamma if self.tree is None else self.tree.depth
-    logp_BGV = self.block_log_probs(params, state, inp.pending_B, depth + 1)
     if self.tree is None:
+      logp_BGV = self.block_log_probs(params, state, inp.pending_B, gamma + 1)
       return self._chain(logp_BGV, inp, u_BT, sampling), state
-    return self._tree(logp_BGV, inp, u_BT, sampling), state
+    tree = self._tree_at(gamma)
+    logp_BGV = self.block_log_probs(params, state, inp.pending_B, tree.depth + 1)
+    return self._tree(tree, logp_BGV, inp, u_BT, sampling), state
 
   def _chain(self, logp_BGV, inp: DraftInput, u_BG, sampling) -> Proposal:
     b, g = logp_BGV.shape[:2]
@@ -227,9 +237,8 @@ class DFlash(Drafter):
     return Proposal(tokens_BT=tokens_BT, valid_BKN=jnp.ones((b, 1, g), bool),
                     probs_BGV=probs_BGV)
 
-  def _tree(self, logp_BGV, inp: DraftInput, u_BT, sampling) -> Proposal:
+  def _tree(self, tree: TokenTree, logp_BGV, inp: DraftInput, u_BT, sampling) -> Proposal:
     """A node at depth d: its children from slot d + 1's distribution (module doc)."""
-    tree = self.tree
     b, n = logp_BGV.shape[0], tree.size
     depths, kids = tree.depths, tree.children
     tokens = [inp.pending_B.astype(jnp.int32)] + [None] * (n - 1)
