@@ -88,14 +88,14 @@ class DFlash(Drafter):
       after `config.target_layers` read).
     tree: None: a chain of the caller's γ (<= config.block - 1); or a static `TokenTree` of
       depth <= config.block - 1 (γ is its depth).
-
-  `gamma="auto"` (Γ <= the block's drafts, or the tree's depth) chooses each iteration's block:
-  γ + 1 slots (a tree's top γ levels); the block is causal, so its first slots do not depend on
-  how many follow. Plain target steps (γ = 0) write their position's context like a commit.
     children: a tree's children: "top_k", "iid" or "without" (default None: "without"; at T = 0
       every mode takes the top-k). Chains take None.
 
   Params: {"head": the draft's params (`init_dflash`), "target": the target's params}.
+
+  `gamma="auto"` (Γ <= the block's drafts, or the tree's depth) chooses each iteration's block:
+  γ + 1 slots (a tree's top γ levels); the block is causal, so its first slots do not depend on
+  how many follow. Plain target steps (γ = 0) write their position's context like a commit.
   """
 
   config: DFlashConfig
