@@ -31,7 +31,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax._checks import check_bool, check_int, check_probability, check_real
+from specjax._checks import (check_bool, check_int, check_probability, check_real,
+                             check_real_array)
 
 __all__ = ["BATCH_OBJECTIVES", "AdaptiveGamma", "AdaptState", "Acceptance", "DEFAULT_GAMMAS",
            "expected_tokens", "choose", "observe", "idle_block", "estimated_alpha", "may_draft",
@@ -156,7 +157,9 @@ class AdaptState:
   accepted_B2, rejected_B2: float32 `[B, 2]` decayed counts of accepted and rejected drafts,
   first drafts in column 0, later ones in 1; branch: int32 `[]` the index into Γ of the next
   iteration; limit_B: int32 `[B]` each row's valid drafts in the next iteration; trace_I: int32
-  `[I]` the γ of each iteration (-1 past the last); synced_B: int32 `[B]` stream positions a
+  `[I]` the γ of each iteration's call (-1 past the last); trace_BI: int32 `[B, I]` in per-row
+  mode (`AdaptiveGamma.per_row`, else None): the valid drafts row b chose in iteration i (its
+  own γ; 0: a plain step), -1 where the row was no longer active or past the last; synced_B: int32 `[B]` stream positions a
   drafter that `catches_up` holds; peek_B: int32 `[B]` for a drafter that `offers_room`, the
   previewed draft right after the row's valid ones (-1: none), which `observe` compares with
   the target's token; probe_B: int32 `[B]` drafting iterations left in the row's probe;
@@ -177,6 +180,7 @@ class AdaptState:
   slow_B2: Optional[jax.Array] = None
   idle_B: Optional[jax.Array] = None
   backoff_B: Optional[jax.Array] = None
+  trace_BI: Optional[jax.Array] = None
   # Static: the estimate is carried across calls (rows without evidence probe).
   explore: bool = struct.field(pytree_node=False, default=False)
   # Static: rows that stopped drafting retry (set for drafters without previews).
@@ -184,8 +188,9 @@ class AdaptState:
 
   @classmethod
   def zeros(cls, batch: int, iterations: int, start: Optional["Acceptance"] = None,
-            retries: bool = False) -> "AdaptState":
-    """No evidence (the prior), or every row at a carried `start` (`explore` then set)."""
+            retries: bool = False, per_row: bool = False) -> "AdaptState":
+    """No evidence (the prior), or every row at a carried `start` (`explore` then set);
+    `per_row`: keep each row's own trace (`trace_BI`)."""
     z = jnp.zeros((batch, 2), jnp.float32)
     acc, rej = z, z
     if start is not None:
@@ -196,9 +201,15 @@ class AdaptState:
     slow = jnp.stack([acc[:, 0], rej[:, 0]], axis=1)
     if start is not None and start.long_run_2 is not None:
       slow = jnp.broadcast_to(jnp.asarray(start.long_run_2, jnp.float32), (batch, 2))
+    rows = jnp.full((batch, iterations), -1, jnp.int32) if per_row else None
     return cls(acc, rej, jnp.zeros((), jnp.int32), zi, trace, zi,
-               jnp.full((batch,), -1, jnp.int32), zi, slow, zi - 1, zi,
+               jnp.full((batch,), -1, jnp.int32), zi, slow, zi - 1, zi, rows,
                explore=start is not None, retries=retries)
+
+  def gamma_trace(self) -> jax.Array:
+    """What `DecodeStats.gamma_trace` reports: each row's trace (`trace_BI`) in per-row mode,
+    else the call's (`trace_I`)."""
+    return self.trace_I if self.trace_BI is None else self.trace_BI
 
   def pooled(self) -> "Acceptance":
     """What this call learned, for the next (`Acceptance`): the rows' counts averaged."""
@@ -480,7 +491,11 @@ def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: 
     seen_B = seen_B | peeked_B
   d = jnp.where(seen_B, cfg.decay, cfg.idle_decay)[:, None]
   gam_G = jnp.asarray(cfg.gammas, jnp.int32)
-  trace = st.trace_I.at[jnp.minimum(step, st.trace_I.shape[0] - 1)].set(gam_G[st.branch])
+  at = jnp.minimum(step, st.trace_I.shape[0] - 1)
+  trace = st.trace_I.at[at].set(gam_G[st.branch])
+  rows = st.trace_BI
+  if rows is not None:   # each row's own choice (its valid drafts), -1 once it finished
+    rows = rows.at[:, at].set(jnp.where(active_B, jnp.minimum(st.limit_B, gam_G[st.branch]), -1).astype(jnp.int32))
   probe_B = st.probe_B
   if st.explore:   # a probe starts at a fresh row's drafting iteration, counts them down
     drafted_B = active_B & (valid_B > 0)
@@ -499,7 +514,8 @@ def observe(cfg: AdaptiveGamma, st: AdaptState, accepted_B: jax.Array, valid_B: 
         drafted_B & (st.idle_B > 0), jnp.minimum(backoff + 1, _MAX_BACKOFF), backoff))
   return st.replace(accepted_B2=d * st.accepted_B2 + acc_B2 * a[:, None],
                     rejected_B2=d * st.rejected_B2 + rej_B2 * a[:, None], trace_I=trace,
-                    probe_B=probe_B, slow_B2=slow, idle_B=idle, backoff_B=backoff)
+                    probe_B=probe_B, slow_B2=slow, idle_B=idle, backoff_B=backoff,
+                    trace_BI=rows)
 
 
 def _fresh(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
@@ -509,20 +525,26 @@ def _fresh(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
 
 def check_costs(cfg: AdaptiveGamma, costs) -> np.ndarray:
   """`costs` as a float32 `[len(Γ)]` array of positive finite numbers."""
-  c = np.asarray(costs, np.float64)
-  if c.shape != (len(cfg.gammas),) or not np.all(np.isfinite(c)) or np.any(c <= 0):
+  c = check_real_array("gamma costs", costs, 0.0, lo_open=True)   # strings, NaN, <= 0 named
+  if c.shape != (len(cfg.gammas),):
     raise ValueError(f"gamma costs must be {len(cfg.gammas)} positive finite numbers (one per "
                      f"γ of {cfg.gammas}), got {costs!r}")
   return c.astype(np.float32)
 
 
-def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Array
-               ) -> AdaptState:
+def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Array,
+               steps_B: Optional[jax.Array] = None) -> AdaptState:
   """The estimate after plain iterations start .. end - 1 (the idle decay for each), recorded
-  as γ = 0 in the trace."""
+  as γ = 0 in the trace. `steps_B`: int32 `[B]` the iterations of the block in which each row
+  was active (the first ones; None: all), for the per-row trace (`trace_BI`)."""
   d = jnp.power(jnp.float32(cfg.idle_decay), (end - start).astype(jnp.float32))
   i_I = jnp.arange(st.trace_I.shape[0])
   trace = jnp.where((i_I >= start) & (i_I < end), 0, st.trace_I)
+  rows = st.trace_BI
+  if rows is not None:
+    stop_B = end if steps_B is None else start + steps_B
+    stop_B = jnp.broadcast_to(jnp.asarray(stop_B, jnp.int32), rows.shape[:1])
+    rows = jnp.where((i_I[None] >= start) & (i_I[None] < stop_B[:, None]), 0, rows)
   slow = st.slow_B2
   if slow is not None:
     slow = slow * jnp.power(jnp.float32(cfg.slow_idle_decay), (end - start).astype(jnp.float32))
@@ -530,4 +552,4 @@ def idle_block(cfg: AdaptiveGamma, st: AdaptState, start: jax.Array, end: jax.Ar
   if idle is not None:
     idle = jnp.where(idle >= 0, idle + (end - start).astype(jnp.int32), idle)
   return st.replace(accepted_B2=st.accepted_B2 * d, rejected_B2=st.rejected_B2 * d,
-                    trace_I=trace, slow_B2=slow, idle_B=idle)
+                    trace_I=trace, slow_B2=slow, idle_B=idle, trace_BI=rows)

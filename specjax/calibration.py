@@ -170,7 +170,8 @@ def calibrate_gamma_costs(target: Any, target_params: Any, drafter: Drafter, dra
     tc, dc = jax.block_until_ready(fresh())   # allocation: in the base's time too
     out = dec.run(target_params, draft_params, prompts, lengths, keys, tc, dc,
                   gamma_costs=costs)
-    return int(np.sum(np.asarray(out.stats.gamma_trace) >= 0))   # blocks on the run
+    ran = np.asarray(out.stats.gamma_trace) >= 0   # blocks on the run
+    return int(np.sum(ran if ran.ndim == 1 else np.any(ran, axis=0)))   # per row: [B, I]
 
   def run_base() -> None:
     tc, dc = jax.block_until_ready(fresh())

@@ -60,7 +60,7 @@ __all__ = [
     "DecodeStats", "GenerationOutput", "DecodeState", "AutoregressiveDecoder",
     "SpeculativeDecoder", "Prefill", "PrefillOrigin", "run_prefill", "autoregressive_loop",
     "speculative_loop", "EosIds", "is_eos", "check_verify_fn", "verify_takes_num_valid",
-    "call_verify",
+    "call_verify", "check_verify_result",
 ]
 
 # End-of-sequence ids: none, one, or a tuple (instruct checkpoints end on any of several).
@@ -92,7 +92,11 @@ class DecodeStats:
       top-k, top-p) did (a broken checkpoint, a bfloat16 overflow): their tokens
       mean nothing. `generate` / `speculative_generate` raise on it by default (`nonfinite=`).
     gamma_trace: for `gamma="auto"` (`specjax.adaptive`): int32 `[max_new_tokens]`, the γ of
-      each iteration (-1 past the last); None otherwise.
+      each iteration's call (-1 past the last); in per-row mode (`AdaptiveGamma(per_row=True)`)
+      int32 `[B, max_new_tokens]`, the γ row b chose in iteration i (its valid drafts: at most
+      its γ where the drafter offered fewer, e.g. prompt lookup; 0: a plain step; -1 once the
+      row finished, or past the last), the same whether the row is decoded alone or in a
+      batch. None otherwise.
     acceptance: for `gamma="auto"`: the final acceptance estimate (`specjax.Acceptance`), to
       start the next call of a series from (`acceptance=`); None otherwise.
   """
@@ -444,7 +448,8 @@ def _finalize(state: DecodeState, max_new: int, pad_id: int) -> GenerationOutput
   tokens = jnp.where(jnp.arange(max_new)[None] < state.out_len[:, None], tokens, pad_id)
   stats = state.stats
   if state.adapt is not None:
-    stats = stats.replace(gamma_trace=state.adapt.trace_I, acceptance=state.adapt.pooled())
+    stats = stats.replace(gamma_trace=state.adapt.gamma_trace(),
+                          acceptance=state.adapt.pooled())
   return GenerationOutput(tokens=tokens, lengths=state.out_len, stats=stats,
                           target_cache=state.target_cache, draft_cache=state.draft_cache)
 
@@ -534,7 +539,7 @@ class SpeculativeDecoder:
     if not isinstance(self.drafter, Drafter):
       raise TypeError(f"drafter must be a specjax.drafting.Drafter (wrap a draft model in "
                       f"specjax.drafters.ModelDrafter), got {type(self.drafter).__name__}")
-    check_verify_fn(self.drafter, self.gamma, self.verify_fn)
+    check_verify_fn(self.drafter, self.gamma, self.verify_fn, self.adaptive)
     if self.adaptive is not None:
       check_adaptive(self.drafter, self.adaptive)
       if self.gamma != self.adaptive.max_gamma:
@@ -577,7 +582,8 @@ class SpeculativeDecoder:
       # The drafter's prefill holds positions < seq_len. Rows that stopped drafting retry,
       # unless plain steps observe the drafts anyway (a drafter that previews them).
       adapt = adapt_lib.AdaptState.zeros(first_B.shape[0], self.max_new_tokens, acceptance,
-                                         retries=not drafter.offers_room)
+                                         retries=not drafter.offers_room,
+                                         per_row=self.adaptive.per_row)
       state = state.replace(adapt=adapt.replace(synced_B=state.seq_len))
     return state
 
@@ -740,7 +746,7 @@ class SpeculativeDecoder:
         # Its drafts change token by token: one observed step at a time.
         return self._adaptive_iteration(ad.gammas.index(0), target_params, draft_params, st,
                                         gamma_costs)
-      start = st.step
+      start, calls_B = st.step, st.stats.target_calls
       # No γ > 0 can pay even at the estimate's ceiling: plain decoding to the end.
       end = jnp.where(adapt_lib.may_draft(ad, st.adapt, gamma_costs, ~st.done,
                                           max_iters - st.step),
@@ -752,7 +758,7 @@ class SpeculativeDecoder:
           lambda x: running(x) & (x.step < end),
           lambda x: self._plain_iterate(target_params, draft_params, x)[0], st)
       return self.choose(draft_params, st.replace(adapt=adapt_lib.idle_block(
-          ad, st.adapt, start, st.step)), gamma_costs)
+          ad, st.adapt, start, st.step, st.stats.target_calls - calls_B)), gamma_costs)
 
     def segment(index):
       def run(s):
@@ -952,13 +958,35 @@ def verify_takes_num_valid(fn: Callable) -> Optional[str]:
 
 
 def call_verify(fn: Callable, args: tuple, num_valid_B: jax.Array):
-  """`fn(*args)` with `num_valid_B` passed as `fn` takes it (`verify_takes_num_valid`)."""
+  """`fn(*args)` with `num_valid_B` passed as `fn` takes it (`verify_takes_num_valid`); its
+  result checked (`check_verify_result`)."""
   mode = verify_takes_num_valid(fn)
   if mode == "keyword":
-    return fn(*args, num_valid_B=num_valid_B)
-  if mode == "positional":
-    return fn(*args, num_valid_B)
-  return fn(*args)
+    out = fn(*args, num_valid_B=num_valid_B)
+  elif mode == "positional":
+    out = fn(*args, num_valid_B)
+  else:
+    out = fn(*args)
+  return check_verify_result(fn, out, args[1].shape[0], args[1].shape[1])
+
+
+def check_verify_result(fn: Callable, out: Any, batch: int, gamma: int):
+  """`out` when it is what a verify rule returns: `(accepted_B, next_B)`, two integer arrays of
+  shape `[B]` (accepted counts in [0, G], the token after them); else a ValueError / TypeError
+  naming `verify_fn` and what it returned (shapes and dtypes are static: checked at trace time)."""
+  name = _fn_name(fn)
+  if not isinstance(out, (tuple, list)) or len(out) != 2:
+    what = (f"{len(out)} values" if isinstance(out, (tuple, list))
+            else f"{type(out).__name__} {getattr(out, 'shape', '')}".strip())
+    raise TypeError(f"verify_fn={name} must return (accepted_B, next_B), two int arrays of "
+                    f"shape [{batch}], got {what}")
+  for what, x in zip(("accepted_B", "next_B"), out):
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape != (batch,) or dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+      raise ValueError(f"verify_fn={name} must return (accepted_B, next_B), two int arrays of "
+                       f"shape [{batch}] (accepted_B in [0, {gamma}]), got {what} of shape "
+                       f"{shape} and dtype {dtype}")
+  return out[0].astype(jnp.int32), out[1].astype(jnp.int32)
 
 
 def _fn_name(fn: Callable) -> str:
@@ -975,6 +1003,14 @@ def check_verify_fn(drafter: Drafter, gamma: int, verify_fn: Callable,
     return
   if not callable(verify_fn):
     raise TypeError(f"verify_fn must be callable, got {verify_fn!r}")
+  try:
+    inspect.signature(verify_fn).bind(*(0,) * 4)
+  except TypeError:
+    raise TypeError(f"verify_fn={_fn_name(verify_fn)} must take the four arguments (keys_B, "
+                    "drafts_BG, draft_probs_BGV, target_probs_BG1V) and optionally num_valid_B "
+                    "(specjax.rejection_verify's signature)") from None
+  except ValueError:   # no signature to read (a builtin): called as it is
+    pass
   name = type(drafter).__name__
   lay = drafter.layout(gamma)
   if lay.is_tree or drafter.deterministic or lay.num_chains != 1:
@@ -1049,11 +1085,14 @@ def autoregressive_loop(dec: AutoregressiveDecoder, params, prompts_BP, lengths_
 def _as_plain_adaptive(stats: DecodeStats, ad: AdaptiveGamma, iterations: int,
                        acceptance: Optional[adapt_lib.Acceptance]) -> DecodeStats:
   """Plain decoding's stats as an adaptive loop that stayed at γ = 0 reports them: 0 of 0
-  drafts accepted per iteration, γ 0 in the trace (`[iterations]`, -1 past the last), the
-  estimate idled."""
+  drafts accepted per iteration, γ 0 in the trace (`[iterations]`, -1 past the last; per-row
+  mode: `[B, iterations]`, -1 past each row's last), the estimate idled."""
   it_B = stats.target_calls - 1    # the prefill is a target call
   hist = jnp.zeros((it_B.shape[0], ad.max_gamma + 1), jnp.int32).at[:, 0].set(it_B)
-  trace = jnp.where(jnp.arange(iterations) < jnp.max(it_B), 0, -1).astype(jnp.int32)
+  if ad.per_row:
+    trace = jnp.where(jnp.arange(iterations)[None] < it_B[:, None], 0, -1).astype(jnp.int32)
+  else:
+    trace = jnp.where(jnp.arange(iterations) < jnp.max(it_B), 0, -1).astype(jnp.int32)
   if acceptance is None:
     acceptance = adapt_lib.Acceptance.fresh()
   acceptance = adapt_lib.after_idle(ad, acceptance, it_B)

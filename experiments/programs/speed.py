@@ -260,8 +260,9 @@ def _measure_chunk(chunk_batches, cells, keys_for, run_ar, run_sp, keep_ar_token
       c["hist"].append(np.asarray(sp.stats.accepted_hist).sum(0).tolist())
       c.setdefault("drafted", []).append(int(np.asarray(sp.stats.drafted).sum()))
       if sp.stats.gamma_trace is not None:   # gamma="auto": how often each γ ran
-        trace = np.asarray(sp.stats.gamma_trace)
-        c.setdefault("gamma_trace", []).append(trace[trace >= 0].tolist())
+        trace = np.asarray(sp.stats.gamma_trace)   # per-row mode: [B, I], one trace a row
+        c.setdefault("gamma_trace", []).extend(
+            t[t >= 0].tolist() for t in (trace if trace.ndim == 2 else trace[None]))
       c["identical"].append(bool(np.array_equal(np.asarray(sp.tokens), toks)))
       if cell_name(d, g) in keep_cell_tokens:
         sp_lens, sp_toks = np.asarray(sp.lengths), np.asarray(sp.tokens)
