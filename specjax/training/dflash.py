@@ -143,8 +143,7 @@ def slot_agreement(config: DFlashConfig, params, shared, hidden, final, data: Di
   """`[K - 1]`: how often slot j's top-1 draft equals the target's argmax, over every anchor
   among the generated tokens and slots whose position holds a generated token (teacher-forced:
   slot j's greedy acceptance given slots < j accepted)."""
-  fn = jax.jit(lambda p, h, f, t, g, a, w: _agreement_counts(config, p, shared, h, f, t, g, a,
-                                                             w))
+  fn = _agreement_fn(config)
   l = data.tokens.shape[1]
   hits, counts = np.zeros(config.block - 1), np.zeros(config.block - 1)
   anchors = np.arange(1, l - 1, dtype=np.int32)
@@ -153,7 +152,7 @@ def slot_agreement(config: DFlashConfig, params, shared, hidden, final, data: Di
     gen = data.generated[sl]
     a_BA = np.broadcast_to(anchors[None], (len(gen), len(anchors)))
     w_BA = np.take_along_axis(gen, a_BA, axis=1)
-    h, c = fn(params, jnp.asarray(hidden[sl]), jnp.asarray(final[sl]),
+    h, c = fn(params, shared, jnp.asarray(hidden[sl]), jnp.asarray(final[sl]),
               jnp.asarray(data.tokens[sl]), jnp.asarray(gen), jnp.asarray(a_BA),
               jnp.asarray(w_BA))
     hits += np.asarray(h)
@@ -161,8 +160,14 @@ def slot_agreement(config: DFlashConfig, params, shared, hidden, final, data: Di
   return hits / np.maximum(counts, 1)
 
 
+@functools.lru_cache(maxsize=8)
+def _agreement_fn(config: DFlashConfig):
+  return jax.jit(functools.partial(_agreement_counts, config))
+
+
 def _agreement_counts(config, params, shared, hidden, final, tokens, generated, anchors,
                       weight):
+  """Per slot: (hits, counted) of `slot_agreement` over one batch."""
   logp = anchored_log_probs(config, params, shared, hidden, tokens, anchors)
   tgt, ok = _slot_targets(final, shared[1], anchors, generated, config.block)
   mask = ok & weight[:, :, None]
