@@ -114,3 +114,13 @@ def test_provenance_names_the_cpu_model_and_the_specjax_version(monkeypatch):
   assert p["specjax_version"] == importlib.metadata.version("specjax")
   monkeypatch.setattr(prov, "cpu_model", lambda: None)
   assert prov.provenance()["machine"].endswith(" cores")
+
+
+def test_an_uninstalled_source_tree_reads_its_version_from_pyproject(monkeypatch):
+  """Without the installed distribution, the version is the checkout's pyproject.toml's."""
+  import os, tomllib  # pylint: disable=g-import-not-at-top,multiple-imports
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+    expected = tomllib.load(f)["project"]["version"]
+  monkeypatch.setattr(prov, "package_versions", lambda *a, **k: {})
+  assert prov.specjax_version() == expected

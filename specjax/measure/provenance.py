@@ -27,6 +27,7 @@ import datetime
 import importlib.metadata
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -110,15 +111,19 @@ def git_state(source_dir: Optional[str] = None) -> Tuple[Optional[str], Optional
 
 
 def specjax_version() -> Optional[str]:
-  """The installed distribution's version, else the source tree's `specjax.__version__`."""
+  """The installed distribution's version, else the source tree's (its pyproject.toml's
+  `version`; the package root is not imported from here)."""
   version = package_versions().get("specjax")
   if version:
     return version
+  pyproject = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "pyproject.toml")
   try:
-    import specjax  # pylint: disable=g-import-not-at-top
-    return getattr(specjax, "__version__", None)
-  except Exception:  # a broken import must not stop a result from being written
+    with open(pyproject, encoding="utf-8") as f:
+      found = re.search(r'^version\s*=\s*"([^"]+)"', f.read(), re.M)
+  except OSError:   # a missing file must not stop a result from being written
     return None
+  return found.group(1) if found else None
 
 
 def machine_line(cpu: Optional[str] = None) -> str:
