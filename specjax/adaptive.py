@@ -525,10 +525,14 @@ def _fresh(cfg: AdaptiveGamma, st: AdaptState) -> jax.Array:
 
 def check_costs(cfg: AdaptiveGamma, costs) -> np.ndarray:
   """`costs` as a float32 `[len(Γ)]` array of positive finite numbers."""
-  c = check_real_array("gamma costs", costs, 0.0, lo_open=True)   # strings, NaN, <= 0 named
+  what = (f"gamma costs must be {len(cfg.gammas)} positive finite numbers (one per γ of "
+          f"{cfg.gammas}), got {costs!r}")
+  try:   # strings, NaN, values <= 0: the first bad entry named
+    c = check_real_array("gamma costs", costs, 0.0, lo_open=True)
+  except (TypeError, ValueError) as e:
+    raise type(e)(f"{what}: {e}") from None
   if c.shape != (len(cfg.gammas),):
-    raise ValueError(f"gamma costs must be {len(cfg.gammas)} positive finite numbers (one per "
-                     f"γ of {cfg.gammas}), got {costs!r}")
+    raise ValueError(what)
   return c.astype(np.float32)
 
 

@@ -539,7 +539,11 @@ class SpeculativeDecoder:
     if not isinstance(self.drafter, Drafter):
       raise TypeError(f"drafter must be a specjax.drafting.Drafter (wrap a draft model in "
                       f"specjax.drafters.ModelDrafter), got {type(self.drafter).__name__}")
-    check_verify_fn(self.drafter, self.gamma, self.verify_fn, self.adaptive)
+    # Rows propose fewer drafts than the call holds in per-row mode, or where the drafter
+    # offers less (a lookup): there a rule must be told (num_valid_B).
+    uneven = self.adaptive is not None and (self.adaptive.per_row or self.drafter.offers_room)
+    check_verify_fn(self.drafter, self.gamma, self.verify_fn,
+                    self.adaptive if uneven else None)
     if self.adaptive is not None:
       check_adaptive(self.drafter, self.adaptive)
       if self.gamma != self.adaptive.max_gamma:
