@@ -109,6 +109,9 @@ def _check_cache(name, model, cache, batch, prompt_len, max_new, gamma, cache_le
   if np.ndim(getattr(cache, "lengths", None)) != 1 or not hasattr(cache, "max_len"):
     raise TypeError(f"{name} must be a cache from {type(model).__name__}.init_cache, got "
                     f"{type(cache).__name__}")
+  if cache_len is not None and cache_len != cache.max_len:
+    raise ValueError(f"cache_len={cache_len!r} contradicts the {cache.max_len} slots of {name}: "
+                     f"pass a cache or cache_len (the slots to allocate), not both")
   cache_b = cache.lengths.shape[0]
   if cache_b != batch:
     raise ValueError(f"{name} has batch {cache_b}, prompts have batch {batch}")
@@ -401,7 +404,7 @@ def resolve_drafter(target, target_params, draft, draft_params, gamma, adaptive:
     gamma = fixed
   elif gamma is None:
     gamma = _DEFAULT_GAMMA
-  gamma = check_int("gamma", gamma, 1)
+  gamma = check_int("gamma", gamma, 1, INT32_MAX, note=" (drafts per iteration)")
   drafter.check(target, gamma)
   if drafter.uses_target_params and draft_params is None:
     draft_params = target_params
@@ -419,20 +422,23 @@ def usable_gamma(target, drafter: Drafter, gamma: int, max_new_tokens: int) -> i
   a sampled output keeps its law) with a warning. A deeper tree, or a drafter that fixes its own
   γ, is kept and warned about."""
   useful = max(1, max_new_tokens - 1)
+  what = (f"the {useful} drafts per iteration that max_new_tokens={max_new_tokens} can use "
+          f"(max(1, max_new_tokens - 1))")
+  if drafter.fixed_gamma is None and gamma > useful:
+    # Lowered before the layout at γ is built: a γ of 2**31 would allocate its whole chain.
+    low = drafter.layout(useful)
+    if not low.is_tree and low.num_chains == 1 and low.chain_len == useful:
+      try:
+        drafter.check(target, useful)
+      except ValueError:
+        pass
+      else:
+        warnings.warn(f"gamma={gamma} is more than {what}: using gamma={useful}", UserWarning,
+                      stacklevel=4)
+        return useful
   lay = drafter.layout(gamma)
   if lay.chain_len <= useful:
     return gamma
-  what = (f"the {useful} drafts per iteration that max_new_tokens={max_new_tokens} can use "
-          f"(max(1, max_new_tokens - 1))")
-  if drafter.fixed_gamma is None and not lay.is_tree and lay.num_chains == 1:
-    try:
-      drafter.check(target, useful)
-    except ValueError:
-      pass
-    else:
-      warnings.warn(f"gamma={gamma} is more than {what}: using gamma={useful}", UserWarning,
-                    stacklevel=4)
-      return useful
   warnings.warn(f"{type(drafter).__name__} drafts {lay.chain_len} deep (gamma={gamma}), more "
                 f"than {what}: the deeper drafts are computed and never committed",
                 UserWarning, stacklevel=4)

@@ -266,6 +266,13 @@ class Drafter(abc.ABC):
     got the target's) do not fit the drafter. Default: nothing to check."""
     del params
 
+  def refuse_params(self, params: Any) -> None:
+    """`check_params` of a drafter that has no parameters: anything but None is a TypeError
+    naming `draft_params` (it would be ignored)."""
+    if params is not None:
+      raise TypeError(f"draft_params must be None for {type(self).__name__}, which has no "
+                      f"parameters (it would ignore them), got {type(params).__name__}")
+
   @abc.abstractmethod
   def layout(self, gamma: int) -> CallLayout:
     """The target call of one iteration (static)."""

@@ -96,6 +96,12 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> Tuple[float, Any]:
       raise ValueError(f"config {key} must be a dict or null, got {params!r}")
     params = dict(params)
     if params.get("rope_theta") is not None:
+      top = hf.get("rope_theta")
+      if top is not None and positive_real("rope_theta", top) != positive_real(
+          f"{key}.rope_theta", params["rope_theta"]):
+        raise ValueError(f"config rope_theta ({top!r}) and {key}.rope_theta "
+                         f"({params['rope_theta']!r}) disagree: transformers < 5 reads the "
+                         f"first, 5.x the second; make them equal")
       theta = params["rope_theta"]
     kind = params.get("rope_type", params.get("type", "default"))
     if kind in ("llama3", "yarn") and params.get("original_max_position_embeddings") is None:
@@ -419,6 +425,7 @@ def import_hf_decoder(path_or_state_dict: Any, config: Optional[DecoderConfig] =
       except (TypeError, ValueError) as e:
         raise with_source(e, config_path) from e
     tensors = streaming.open_tensors(path)
+    streaming.check_digest(tensors)   # a file specjax exported: a changed byte is named
   if not isinstance(config, DecoderConfig):
     raise TypeError(f"config must be a DecoderConfig, got {type(config).__name__}")
   check_model_config(config)
@@ -455,8 +462,10 @@ def export_hf_decoder(params: Mapping[str, Any], config: DecoderConfig, director
   optional = ("lm_head.weight",) if config.tie_embeddings else ()
   check_state_dict(hf_llama_shapes(config), tensors, optional=optional)
   directory = make_directory(directory)
+  # The tensors' digest in the file's metadata: `import_hf_decoder` verifies it.
   save_safetensors(tensors, os.path.join(directory, "model.safetensors"),
-                   metadata={"format": "pt"})
+                   metadata={"format": "pt",
+                             streaming.DIGEST_KEY: streaming.tensors_digest(tensors.items())})
   atomic_write_json(os.path.join(directory, "config.json"), hf_config, indent=2)
 
 

@@ -237,6 +237,7 @@ def import_hf_t5(path_or_state_dict, config: Optional[T5Config] = None, *,
   else:
     path = os.fspath(path_or_state_dict)
     tensors = streaming.open_tensors(path)
+    streaming.check_digest(tensors)   # a file specjax exported: a changed byte is named
     hf_config, config_path = _find_hf_config(path)
   if config is None:
     if hf_config is None:
@@ -286,5 +287,8 @@ def export_hf_t5(params, config: T5Config, directory: str) -> None:
     value = np.asarray(jax.device_get(_get(params, path)), np.float32)
     tensors[name] = np.ascontiguousarray(to_hf(value))
   check_state_dict(hf_t5_shapes(config), tensors)
-  save_safetensors(tensors, os.path.join(directory, "model.safetensors"))
+  # The tensors' digest in the file's metadata: `import_hf_t5` verifies it.
+  save_safetensors(tensors, os.path.join(directory, "model.safetensors"),
+                   metadata={"format": "pt",
+                             streaming.DIGEST_KEY: streaming.tensors_digest(tensors.items())})
   atomic_write_json(os.path.join(directory, "config.json"), hf_config_from_t5(config), indent=2)

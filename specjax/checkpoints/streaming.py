@@ -29,12 +29,13 @@ PyTorch pickles need torch (`pip install "specjax[torch]"`); without it opening 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
 import struct
 import tempfile
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +45,8 @@ import numpy as np
 from specjax.atomic_io import as_path, is_local
 
 __all__ = ["Entry", "LazyTensors", "open_tensors", "lazy_from_mapping", "place",
-           "check_float_tensors", "tensors_equal", "stored_bytes", "MissingTorchError", "REMOTE_CHUNK_BYTES"]
+           "check_float_tensors", "tensors_equal", "stored_bytes", "MissingTorchError", "REMOTE_CHUNK_BYTES",
+           "DIGEST_KEY", "tensors_digest", "safetensors_metadata", "check_digest"]
 
 # Largest single read from an object store: a tensor's byte range is fetched in pieces of this
 # size into one buffer (bounding what the file object buffers beside it).
@@ -200,6 +202,53 @@ def _safetensors_header(path: str) -> Dict[str, _Stored]:
                        f"the file has {size}")
     out[name] = _Stored(path, np.dtype(dtype), shape, 8 + n + begin)
   return out
+
+
+# The safetensors metadata key under which specjax's exporters store `tensors_digest` of a file.
+DIGEST_KEY = "specjax_tensors_sha256"
+
+
+def tensors_digest(named: Iterable[Tuple[str, np.ndarray]]) -> str:
+  """sha256 of named tensors: every name, dtype, shape and the bytes, in name order (what
+  `save_safetensors` writes and `check_digest` reads back)."""
+  h = hashlib.sha256()
+  for name, x in sorted(named, key=lambda kv: kv[0]):
+    x = np.ascontiguousarray(np.asarray(x))
+    h.update(f"{name}|{x.dtype.str}|{x.shape}|".encode())
+    h.update(x.reshape(-1).view(np.uint8))
+  return h.hexdigest()
+
+
+def safetensors_metadata(path: str) -> Dict[str, str]:
+  """The `__metadata__` of a safetensors file's header ({} where there is none)."""
+  with _open_binary(path) as f:
+    (n,) = struct.unpack("<Q", f.read(8))
+    meta = json.loads(f.read(n)).get("__metadata__") or {}
+  return dict(meta) if isinstance(meta, dict) else {}
+
+
+def check_digest(tensors: "LazyTensors") -> bool:
+  """For every safetensors file of `tensors` whose metadata carries `DIGEST_KEY` (written by
+  `export_hf_decoder` / `export_hf_t5`), its tensors as read now against that digest: a
+  ValueError naming the file where a byte changed since it was written. Returns whether any
+  file was verified (files from elsewhere carry no digest: nothing vouches for their values)."""
+  by_file: Dict[str, list] = {}
+  for name in tensors:
+    by_file.setdefault(tensors.file_of(name), []).append(name)
+  verified = False
+  for file, names in by_file.items():
+    if not str(file).endswith(".safetensors"):
+      continue
+    want = safetensors_metadata(file).get(DIGEST_KEY)
+    if want is None:
+      continue
+    got = tensors_digest((n, tensors.read(n)) for n in names)
+    if got != want:
+      raise ValueError(f"{file} is corrupt: its tensors' sha256 is {got[:16]}..., the export "
+                       f"wrote {want[:16]}... (a byte changed since it was written); export it "
+                       "again or restore a copy")
+    verified = True
+  return verified
 
 
 def _read_range(path: str, offset: int, nbytes: int) -> bytearray:

@@ -76,6 +76,9 @@ class Lookahead(Drafter):
     """Drafted tokens per candidate (N - 1): lookahead fixes γ."""
     return self.ngram - 1
 
+  def check_params(self, params: Any) -> None:
+    self.refuse_params(params)
+
   def check(self, target: Any, gamma: int) -> None:
     if gamma != self.fixed_gamma:
       raise ValueError(f"lookahead drafts ngram - 1 = {self.fixed_gamma} tokens per candidate; "

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from specjax.drafting import (CallLayout, DraftFeedback, DraftInput, Drafter, Proposal,
                               chain_layout)
+from specjax._checks import check_bool
 from specjax.protocol import check_model, check_params
 from specjax.sampling import SamplingConfig, draw, process_logits
 
@@ -51,6 +52,10 @@ class ModelDrafter(Drafter):
   deterministic = False
   adaptive = True
   catches_up = True
+
+  def __post_init__(self):
+    check_model(self.model, "model")
+    check_bool("uses_target_params", self.uses_target_params)
 
   @property
   def owns_model(self) -> bool:

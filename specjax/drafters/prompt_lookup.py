@@ -85,6 +85,9 @@ class PromptLookup(Drafter):
     if self.min_ngram > self.max_ngram:
       raise ValueError(f"min_ngram ({self.min_ngram}) must be <= max_ngram ({self.max_ngram})")
 
+  def check_params(self, params: Any) -> None:
+    self.refuse_params(params)
+
   def check(self, target: Any, gamma: int) -> None:
     del target, gamma  # Any target: the drafts are its own vocabulary's tokens.
 

@@ -190,6 +190,11 @@ def decoder_config(name: str, **overrides) -> DecoderConfig:
   """A named config, optionally with fields replaced (e.g. vocab_size=...)."""
   if name not in DECODER_CONFIGS:
     raise ValueError(f"unknown decoder config {name!r}; known: {sorted(DECODER_CONFIGS)}")
+  fields = [f.name for f in dataclasses.fields(DecoderConfig)]
+  unknown = sorted(set(overrides) - set(fields))
+  if unknown:
+    raise TypeError(f"decoder_config({name!r}): {unknown[0]} is not a DecoderConfig field; "
+                    f"the fields: {', '.join(fields)}")
   return DECODER_CONFIGS[name].replace(**overrides)
 
 

@@ -146,4 +146,9 @@ def t5_config(name: str, **overrides) -> T5Config:
   """A named config, optionally with fields replaced (e.g. vocab_size=...)."""
   if name not in T5_CONFIGS:
     raise ValueError(f"unknown T5 config {name!r}; known: {sorted(T5_CONFIGS)}")
+  fields = [f.name for f in dataclasses.fields(T5Config)]
+  unknown = sorted(set(overrides) - set(fields))
+  if unknown:
+    raise TypeError(f"t5_config({name!r}): {unknown[0]} is not a T5Config field; the fields: "
+                    f"{', '.join(fields)}")
   return T5_CONFIGS[name].replace(**overrides)

@@ -14,9 +14,17 @@ from specjax.atomic_io import PathLike, as_path, is_local
 __all__ = ["fspath", "is_dir", "is_file", "exists", "join", "parent", "read_text", "read_bytes"]
 
 
-def fspath(path: PathLike) -> str:
-  """`path` as a string (an `epath.Path` of a URL keeps its scheme)."""
-  return os.fspath(path)
+def fspath(path: PathLike, name: str = "path") -> str:
+  """`path` as a string (an `epath.Path` of a URL keeps its scheme); a TypeError naming `name`
+  for anything that is not a path (None, an int, bytes)."""
+  if isinstance(path, bytes):
+    raise TypeError(f"{name} must be a str or os.PathLike (a file, a directory or a URL), got "
+                    f"bytes {path!r:.80}")
+  try:
+    return os.fspath(path)
+  except TypeError:
+    raise TypeError(f"{name} must be a str or os.PathLike (a file, a directory or a URL), got "
+                    f"{path!r:.80} ({type(path).__name__})") from None
 
 
 def is_dir(path: str) -> bool:
