@@ -1015,9 +1015,9 @@ def _maybe_exact(fx: Fixtures, call: Callable, name: str) -> Any:
   return should_refuse(f"{name}: {verdict if verdict is not True else 'the reference'}")
 
 
-def _sampled_ok(fx: Fixtures, call: Callable, key: Any = "default") -> Any:
-  """A sampled call: sane tokens, the same for the same key, each row as it is alone."""
-  k = fx.keys if isinstance(key, str) else key
+def _sampled_ok(fx: Fixtures, call: Callable, key: Any = _DEFAULT) -> Any:
+  """A sampled call: sane tokens, the same for the same key."""
+  k = fx.keys if key is _DEFAULT else key
   a = call(key=k)
   v = sane(a)
   if v is not True:
