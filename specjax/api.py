@@ -404,7 +404,10 @@ def resolve_drafter(target, target_params, draft, draft_params, gamma, adaptive:
     gamma = fixed
   elif gamma is None:
     gamma = _DEFAULT_GAMMA
-  gamma = check_int("gamma", gamma, 1, INT32_MAX, note=" (drafts per iteration)")
+  gamma = check_int("gamma", gamma, 1)
+  if gamma > INT32_MAX:
+    raise ValueError(f"gamma must be at most {INT32_MAX} (2**31 - 1) drafts per iteration, got "
+                     f"{gamma}")
   drafter.check(target, gamma)
   if drafter.uses_target_params and draft_params is None:
     draft_params = target_params
