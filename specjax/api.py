@@ -255,9 +255,11 @@ def generate(model, params, prompts, prompt_lengths=None, *, max_new_tokens: int
     `GenerationOutput` (tokens `[B, N]`, lengths `[B]`, stats, final cache).
 
   Raises:
-    ValueError / TypeError naming the argument for bad input: token ids outside [0, vocab)
-    within the prompt lengths (row, position and id named), params that are not the model's tree
-    (`protocol.check_params`), lengths, sizes, keys or caches out of range.
+    ValueError: a value out of range, named with the argument: token ids outside [0, vocab)
+      within the prompt lengths (row, position and id named), lengths, sizes, keys or caches.
+    TypeError: an argument of the wrong kind, named: params that are not the model's tree
+      (`protocol.check_params`), arrays of the wrong dtype, a sampling that is not a
+      `SamplingConfig`.
   """
   check_model(model, "model")
   max_new_tokens, eos_id, pad_id = _check_common(max_new_tokens, sampling, eos_id, pad_id,
@@ -738,7 +740,8 @@ def speculative_generate(target, target_params, draft, draft_params, prompts,
     state (a draft model's cache).
 
   Raises:
-    As `generate`; `draft_params` are checked against a draft model's tree.
+    ValueError: as `generate`, and a `gamma` that the drafter or the target refuses.
+    TypeError: as `generate`, and `draft_params` that are not a draft model's tree.
   """
   plan, (draft_params, prompts, prompt_lengths, keys, target_cache, draft_cache,
          acceptance) = _validate_and_plan(

@@ -53,7 +53,7 @@ class NonFiniteTrainingError(FloatingPointError):
   Attributes:
     step: the step number (as in metrics.jsonl: the update that produced state `step`); None
       for parameters about to be written as `final/` without a step.
-    metric: "loss", "grad_norm" or the path of a state leaf ("params['embed']['embedding']").
+    metric: "loss", "grad_norm" or the path of a state leaf (`"params['embed']['embedding']"`).
     value: the offending value (a float).
     note: what was kept / what to do.
   """
