@@ -392,3 +392,22 @@ def test_config_type_errors_and_unexportable_configs(tmp_path):
   with pytest.raises(ValueError, match=r"layer_1/up/kernel: expected \(32, 64\), got \(32, 65\)"):
     export_hf_decoder(bad, lm.config, str(tmp_path / "x"))
   assert not (tmp_path / "x" / "model.safetensors").exists()
+
+
+def test_an_exported_file_names_a_flipped_byte(tmp_path):
+  """specjax's exports carry their tensors' sha256 in the safetensors metadata: a byte changed
+  in the data afterwards is named at import (an untouched export loads bit for bit)."""
+  import struct  # pylint: disable=g-import-not-at-top
+  lm, params = imported("mha")
+  out = tmp_path / "exported"
+  export_hf_decoder(params, lm.config, str(out))
+  path = out / "model.safetensors"
+  again, _ = import_hf_decoder(str(out))
+  for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  raw = bytearray(path.read_bytes())
+  (n,) = struct.unpack("<Q", bytes(raw[:8]))
+  raw[8 + n + (len(raw) - 8 - n) // 2] ^= 0x40   # one bit of a tensor's data
+  path.write_bytes(bytes(raw))
+  with pytest.raises(ValueError, match=r"model\.safetensors is corrupt: its tensors' sha256"):
+    import_hf_decoder(str(out))

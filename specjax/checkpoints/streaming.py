@@ -171,6 +171,11 @@ def _join(directory: str, name: str) -> str:
       f"{directory.rstrip('/')}/{name}")
 
 
+# The `__metadata__` of each safetensors file as its header was last parsed (so that reading
+# the digest after opening a file reads no byte twice).
+_HEADER_METADATA: Dict[str, Dict[str, str]] = {}
+
+
 def _safetensors_header(path: str) -> Dict[str, _Stored]:
   size = _size(path)
   with _open_binary(path) as f:
@@ -185,6 +190,8 @@ def _safetensors_header(path: str) -> Dict[str, _Stored]:
       header = json.loads(f.read(n))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
       raise ValueError(f"{path} is not a safetensors file: unreadable header ({err})") from None
+  meta = header.get("__metadata__")
+  _HEADER_METADATA[str(path)] = dict(meta) if isinstance(meta, dict) else {}
   out: Dict[str, _Stored] = {}
   for name, info in header.items():
     if name == "__metadata__":
@@ -220,7 +227,10 @@ def tensors_digest(named: Iterable[Tuple[str, np.ndarray]]) -> str:
 
 
 def safetensors_metadata(path: str) -> Dict[str, str]:
-  """The `__metadata__` of a safetensors file's header ({} where there is none)."""
+  """The `__metadata__` of a safetensors file's header ({} where there is none); the one
+  parsed when the file was opened, when it was."""
+  if str(path) in _HEADER_METADATA:
+    return dict(_HEADER_METADATA[str(path)])
   with _open_binary(path) as f:
     (n,) = struct.unpack("<Q", f.read(8))
     meta = json.loads(f.read(n)).get("__metadata__") or {}
