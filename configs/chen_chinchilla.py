@@ -106,8 +106,10 @@ def get_config(preset: str = "quick") -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.ks = list(range(0, 8))       # K = 0 is autoregressive
   c.eval.headline_k = 4
-  # Also a gamma="auto" cell per setting (K chosen per iteration from {0, 1, 2, 4, 8}).
+  # Also gamma="auto" cells per setting (K chosen per iteration from {0, 1, 2, 4, 8}): each call
+  # on its own, and the prompts as one series (each call from the previous call's estimate).
   c.eval.auto = True
+  c.eval.auto_cells = ["auto", "auto_series"]
   # Decode from DecoderLM.pack_params's layout: faster one-token steps on some CPUs, slower
   # verifies on others (benchmarks/README.md); the standard tree by default.
   c.eval.packed_layout = False

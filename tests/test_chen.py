@@ -305,6 +305,48 @@ def test_changed_settings_recompute_what_they_touch(micro_run, tmp_path):
     chen.run(changed)
 
 
+def test_auto_cells_share_one_calibration(micro_run, tmp_path, monkeypatch):
+  """Both gamma="auto" cells (each call on its own; the prompts as a series) in every setting,
+  from one cost table calibrated once for the pair and stored with the results; the report
+  has a row per setting and cell."""
+  from specjax import calibration
+  from experiments.programs import speed
+  calls = []
+
+  def calibrate(target, target_params, drafter, draft_params, adaptive, **kw):
+    calls.append(kw)   # rigged: the costs' measurement is calibration's own tests' job
+    return calibration.GammaCosts(adaptive.gammas, (1.0, 1.3, 1.5, 1.9, 2.7), measured=True,
+                                  calibration_seconds=3.0)
+
+  def no_calibration(*a, **kw):
+    raise AssertionError("an auto cell calibrated on its own")
+  monkeypatch.setattr(speed, "calibrate_gamma_costs", calibrate)
+  monkeypatch.setattr(calibration, "calibrate_gamma_costs", no_calibration)
+  cfg, _ = micro_run
+  run = tmp_path / "run"
+  shutil.copytree(cfg.workdir, run)
+  changed = chen_config.get_config("micro")
+  changed.update_from_flattened_dict({"workdir": str(run), "data.cache_dir": cfg.data.cache_dir,
+                                      "data.code_source": cfg.data.code_source,
+                                      "data.summarize_source": cfg.data.summarize_source,
+                                      "eval.auto": True})
+  changed.eval.auto_cells = ["auto", "auto_series"]
+  again = chen.run(changed)
+  assert len(calls) == 1 and calls[0]["sampling"].temperature == 1.0, calls
+  assert again["calibration"]["draft"]["seconds"] == [1.0, 1.3, 1.5, 1.9, 2.7]
+  calibrations = [p for p in (run / "stages").rglob("*.json") if "calibration" in p.parts]
+  assert len(calibrations) == 1, calibrations
+  report = (run / "results" / "results.md").read_text()
+  for name in chen.SETTINGS:
+    for cell in ("auto", "auto_series"):
+      a = again["settings"][name][cell]
+      assert sum(a["gamma_counts"].values()) > 0 and a["speedup"] > 0, (name, cell)
+      assert f"| {name} | {cell} | **" in report
+  changed.eval.auto_cells = ["auto", "every_call"]
+  with pytest.raises(ValueError, match="auto_cells"):
+    chen.run(changed)
+
+
 def test_medusa_heads_train_on_the_micro_target(micro_run, tmp_path):
   """experiments/train_drafter.py's job on the micro target: self-distilled
   data, heads, accuracies, trees; the trained heads draft exactly."""

@@ -417,6 +417,7 @@ def test_auto_cells_calibrate_once_per_draft(micro_run, tmp_path, monkeypatch):
   cfg, _ = micro_run
   cfg2 = _copy_of_run(cfg, tmp_path / "run")
   cfg2.eval.auto = True
+  cfg2.eval.auto_cells = ["auto_series"]   # one cell: the table's hand-over is the same for both
   first = leviathan.run(cfg2)
   assert len(calls) == len(cfg2.eval.drafts) == len(first["calibration"])
   assert all(kw["sampling"].temperature == 1.0 and kw["store"] is False for _, kw in calls)

@@ -53,8 +53,8 @@ from specjax import theory
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_llama import decoder_config_from_hf, import_hf_decoder
 from experiments.programs import placement
-from experiments.programs.speed import (cell_name, decode_ms_per_token, gamma_room, summarize,
-                                       sweep)
+from experiments.programs.speed import (calibrate_drafts, cell_name, configured_auto_cells,
+                                       decode_ms_per_token, gamma_room, summarize, sweep)
 from specjax.models.decoder import DecoderLM
 from specjax.models.sections import decoder_from_section
 from specjax.tokenizers.hf import check_tokenizers_compatible, load_tokenizer
@@ -345,10 +345,10 @@ def k_sweep_table(summary: dict, comp: dict, alpha: float, ks, n_prompts: int) -
   return rows
 
 
-def auto_summary(summary: dict, gammas) -> dict:
-  """The gamma="auto" cell beside the fixed K: its speedup, the best fixed
+def auto_summary(summary: dict, gammas, cell: str = "auto") -> dict:
+  """A gamma="auto" cell (`AUTO_CELLS`) beside the fixed K: its speedup, the best fixed
   K's, their ratio, and how often each γ ran."""
-  a = summary[cell_name(DRAFT, "auto")]
+  a = summary[cell_name(DRAFT, cell)]
   best = max(gammas, key=lambda k: summary[cell_name(DRAFT, k)]["speedup"])
   return {"speedup": a["speedup"], "ms_per_token": a["ms_per_token"],
           "tokens_per_iteration": a["tokens_per_iteration"],
@@ -371,6 +371,7 @@ def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str
   eos = None if cfg.eval.ignore_eos else (
       tok.eos_ids[0] if len(tok.eos_ids) == 1 else tok.eos_ids)
   results = {"settings": {}, "tasks": {}}
+  autos = configured_auto_cells(cfg.eval)
   prompts_by_task = {}
   for task in ("xsum", "humaneval"):
     prompts, lengths, records, cut = task_prompts(cfg, tok, task)
@@ -385,17 +386,32 @@ def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str
     stages.note(f"timing/{task}/components", time.time() - t0)
     results["tasks"][task] = {"components": comp, "num_prompts": int(len(prompts)),
                               "prompts_cut": int(cut), "prompt_len": int(p_len)}
+  gamma_costs = None
+  if autos:
+    # One cost table for the pair (not per setting and cell): at the largest prompt and cache
+    # of the sweeps, with sampled verification since some settings sample.
+    room = gamma_room(gammas + autos)
+    p_max = max(prompts_by_task[t][0].shape[1] for t in prompts_by_task)
+    cal_len = max(specjax.required_cache_len(m, p_max, cfg.eval.max_new_tokens, room)
+                  for m in (target[0], draft[0]))
+    t0 = time.time()
+    results["calibration"] = calibrate_drafts(
+        target[0], target[1], {DRAFT: draft}, prompt_len=p_max, cache_len=cal_len,
+        sampling=specjax.SamplingConfig(temperature=max(
+            float(s["temperature"]) for s in SETTINGS.values())),
+        stages=stages, fingerprints=fingerprints)
+    stages.note("timing/calibration", time.time() - t0)
+    gamma_costs = {DRAFT: results["calibration"][DRAFT]["seconds"]}
   for name in SETTINGS:
     task = SETTINGS[name]["task"]
     prompts, lengths, records = prompts_by_task[task]
     sampling = sampling_config(name)
     t0 = time.time()
-    auto = ["auto"] if cfg.eval.get("auto", False) else []   # a gamma="auto" cell
-    recs = sweep(target[0], target[1], {DRAFT: draft}, prompts, lengths, gammas=gammas + auto,
+    recs = sweep(target[0], target[1], {DRAFT: draft}, prompts, lengths, gammas=gammas + autos,
                  sampling=sampling, max_new_tokens=cfg.eval.max_new_tokens, eos_id=eos,
                  stages=stages, prefix=f"{name}/k", fingerprints=fingerprints,
                  chunk=cfg.eval.chunk, seed=cfg.seed, keep_cell_tokens=[cell_name(DRAFT, head)],
-                 place=place)
+                 place=place, gamma_costs=gamma_costs)
     summary = summarize(recs)
     ar_out = [o for r in recs for o in r["ar"]["outputs"]]
     sp_out = [o for r in recs for o in r["cells"][cell_name(DRAFT, head)]["outputs"]]
@@ -425,8 +441,8 @@ def measure(cfg, tok, target, draft, stages: Stages, fingerprints: Dict[str, str
         **SETTINGS[name], "cells": summary, "alpha": alpha, "quality": qual,
         "k_sweep": k_sweep_table(summary, comp, alpha["alpha"], ks, n),
         "compile_s": stages.get(f"{name}/k/compile_s")}
-    if auto:
-      results["settings"][name]["auto"] = auto_summary(summary, gammas)
+    for cell in autos:
+      results["settings"][name][cell] = auto_summary(summary, gammas, cell)
     jax.clear_caches()  # Free the finished executables (see leviathan.measure).
   comps = {t: r["components"] for t, r in results["tasks"].items()}
   results["batch"] = measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, head,
@@ -453,7 +469,7 @@ def measure_batch(cfg, target, draft, prompts_by_task, comps, stages, eos, k: in
                    fingerprints=fingerprints, batch_size=int(b),
                    chunk=max(int(cfg.eval.chunk), int(b)), seed=cfg.seed, keep_ar_tokens=False,
                    cache_gamma=gamma_room([int(x) for x in cfg.eval.ks]
-                                          + (["auto"] if cfg.eval.get("auto", False) else [])),
+                                          + configured_auto_cells(cfg.eval)),
                    place=place)
       s = summarize(recs)
       c = s[cell_name(DRAFT, k)]

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 from specjax import theory
 from specjax.atomic_io import as_path, atomic_write_text
 from experiments.programs.report import hardware_line, plot_lines
+from experiments.programs.speed import AUTO_CELLS
 from specjax.measure.provenance import provenance_sentence
 
 __all__ = ["write_chen", "findings", "best_k", "baseline_lines"]
@@ -274,19 +275,22 @@ def write_chen(results: dict, out_dir: str, paper: Dict[str, dict],
   lines += ["`pred. (components)`: measured tokens per iteration × target step / (measured "
             "draft time per iteration + measured verify time of K+1 tokens); `pred. (α, c)`: "
             "(1−α^(K+1))/((1−α)(Kc+1)).", ""]
-  autos = {name: s["auto"] for name, s in st.items() if s.get("auto")}
+  autos = {(name, cell): s[cell] for name, s in st.items() for cell in AUTO_CELLS
+           if s.get(cell)}
   if autos:
     lines += ["## gamma=\"auto\" (K chosen per iteration from {0, 1, 2, 4, 8})", "",
-              "| setting | speedup | tokens / iter | acceptance | best fixed K (speedup) "
-              "| auto / best | K chosen: iterations |", "|---|---|---|---|---|---|---|"]
-    for name, a in autos.items():
+              "`auto`: each call on its own, from the prior; `auto_series`: the prompts as one "
+              "series, each call starting from the estimate the previous call returned.", "",
+              "| setting | cell | speedup | tokens / iter | acceptance | best fixed K (speedup) "
+              "| auto / best | K chosen: iterations |", "|---|---|---|---|---|---|---|---|"]
+    for (name, cell), a in autos.items():
       chosen = ", ".join(f"{k}: {n}" for k, n in sorted(a["gamma_counts"].items(),
                                                        key=lambda kv: int(kv[0])))
-      lines.append(f"| {name} | **{a['speedup']:.2f}x** | {a['tokens_per_iteration']:.2f} | "
+      lines.append(f"| {name} | {cell} | **{a['speedup']:.2f}x** | {a['tokens_per_iteration']:.2f} | "
                    f"{_f(a['acceptance_rate'])} | {a['best_k']} ({a['best_k_speedup']:.2f}x) | "
                    f"{a['vs_best_k']:.2f} | {chosen} |")
-    lines += ["", "The one-time measurement of each K's iteration cost (`specjax.calibration`) "
-              "runs outside the timings.", ""]
+    lines += ["", "The one-time measurement of each K's iteration cost (`specjax.calibration`, "
+              "once for the pair: results.json `calibration`) runs outside the timings.", ""]
 
   lines += ["## α from exact distributions and component times", "",
             "| setting | α (all positions) | α on the synopsis | α after its EOS "

@@ -44,8 +44,8 @@ from experiments.programs.common import (Stages, array_digest, check_data_host,
                                         open_workdir, pad_batch, pretrained_dir,
                                         publish_results, train_config, train_or_restore)
 from experiments.programs.speed import (AUTO_CELLS, calibrate_drafts, cell_name, cell_speedup,
-                                       decode_ms_per_token, gamma_room, matched_speedup,
-                                       summarize, sweep, sweep_cache_len)
+                                       configured_auto_cells, decode_ms_per_token, gamma_room,
+                                       matched_speedup, summarize, sweep, sweep_cache_len)
 from specjax.checkpoints.hf_common import read_json
 from specjax.checkpoints.hf_t5 import import_hf_t5, t5_config_from_hf
 from experiments.programs import placement
@@ -193,14 +193,7 @@ def sweep_gammas(cfg) -> list:
   """The γ cells of the sweep: `eval.gammas`, and when `eval.auto` is set the `AUTO_CELLS`
   named by `eval.auto_cells` (default both: `gamma="auto"` per call, and the prompts as one
   series)."""
-  if not cfg.eval.get("auto", False):
-    return list(cfg.eval.gammas)
-  autos = list(cfg.eval.get("auto_cells", AUTO_CELLS))
-  unknown = [a for a in autos if a not in AUTO_CELLS]
-  if unknown:
-    raise ValueError(f"config.eval.auto_cells must name cells of {list(AUTO_CELLS)}, got "
-                     f"{unknown}")
-  return list(cfg.eval.gammas) + autos
+  return list(cfg.eval.gammas) + configured_auto_cells(cfg.eval)
 
 
 class TimeSplit:

@@ -44,7 +44,7 @@ from experiments.programs.stages import Stages, array_digest
 from specjax.generation import DecodeStats, EosIds
 
 __all__ = ["sweep", "summarize", "cell_name", "matched_speedup", "cell_speedup",
-           "calibrate_drafts", "AUTO_CELLS"]
+           "calibrate_drafts", "AUTO_CELLS", "configured_auto_cells"]
 
 
 AUTO_CELLS = ("auto", "auto_series")
@@ -55,6 +55,19 @@ def cell_name(draft: str, gamma) -> str:
   each call on its own) or "auto_series" (the prompts as one series: each
   call starts from the acceptance estimate the previous one returned)."""
   return f"{draft}/g{gamma}"
+
+
+def configured_auto_cells(eval_cfg) -> list:
+  """The `AUTO_CELLS` a config's eval section asks for: none unless `auto` is set, then
+  `auto_cells` (default both: `gamma="auto"` per call, and the prompts as one series)."""
+  if not eval_cfg.get("auto", False):
+    return []
+  autos = list(eval_cfg.get("auto_cells", AUTO_CELLS))
+  unknown = [a for a in autos if a not in AUTO_CELLS]
+  if unknown:
+    raise ValueError(f"config.eval.auto_cells must name cells of {list(AUTO_CELLS)}, got "
+                     f"{unknown}")
+  return autos
 
 
 def gamma_room(gammas: Sequence) -> int:
