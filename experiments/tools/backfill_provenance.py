@@ -36,11 +36,10 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if _ROOT not in sys.path:
-  sys.path.insert(0, _ROOT)
+from specjax.measure.provenance import PACKAGES, REQUIRED, record_problems
 
-from specjax.measure.provenance import PACKAGES, REQUIRED, record_problems  # noqa: E402
+# The repository root (the default --root: the checkout this file is in).
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 __all__ = ["result_files", "legacy_fields", "reconstruct", "dump_like", "backfill_file", "main"]
 
